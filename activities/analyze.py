@@ -1,0 +1,36 @@
+"""Analyze: detect rows, columns and the input/reference fields; normalize to tasks.jsonl →
+AnalyzeArtifact, DatasetTasksArtifact{count}."""
+
+from __future__ import annotations
+
+import json
+
+from temporalio import activity
+
+from activities.common import Deps, in_thread, phase
+from benchwright.datasets import analyze_dataset
+from benchwright.events import AgentTextEvent, AnalyzeArtifact, DatasetTasksArtifact
+from benchwright.pipeline import PhaseInput, PhaseResult
+
+
+class AnalyzeActivities:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    @activity.defn(name="analyze")
+    async def analyze(self, inp: PhaseInput) -> PhaseResult:
+        async with phase(self.deps, inp) as scope:
+            workdir = self.deps.workdir(inp.run_id)
+            fetched = json.loads((workdir / "fetch.json").read_text())
+            analysis = await in_thread(analyze_dataset, source=workdir / fetched["path"], fmt=fetched["format"],
+                                       tasks_path=workdir / "tasks.jsonl")
+            (workdir / "analysis.json").write_text(json.dumps(analysis.__dict__))
+            scope.emit("narration", AgentTextEvent(
+                phase="analyze",
+                text=f"{analysis.rows} rows of {analysis.format}; input field '{analysis.input_field}', "
+                     f"reference field '{analysis.reference_field}'."))
+            scope.emit("artifact", AnalyzeArtifact(format=analysis.format, rows=analysis.rows, columns=analysis.columns,
+                                                   input_field=analysis.input_field,
+                                                   reference_field=analysis.reference_field))
+            scope.emit("tasks", DatasetTasksArtifact(count=analysis.rows))
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, tasks=analysis.rows)

@@ -1,0 +1,28 @@
+"""Fetch: copy the dataset into the run's work directory → FetchArtifact{source, sha256, bytes}."""
+
+from __future__ import annotations
+
+import json
+
+from temporalio import activity
+
+from activities.common import Deps, in_thread, phase
+from benchwright.datasets import fetch_dataset
+from benchwright.events import FetchArtifact
+from benchwright.pipeline import PhaseInput, PhaseResult
+
+
+class FetchActivities:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    @activity.defn(name="fetch")
+    async def fetch(self, inp: PhaseInput) -> PhaseResult:
+        async with phase(self.deps, inp) as scope:
+            workdir = self.deps.workdir(inp.run_id)
+            fetched = await in_thread(fetch_dataset, source=inp.launch.dataset, dest_dir=workdir,
+                                      allow_local_paths=self.deps.settings.allow_local_paths)
+            (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
+            scope.emit("artifact", FetchArtifact(source=inp.launch.dataset, sha256=fetched.sha256, bytes=fetched.bytes,
+                                                 format=fetched.format))
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail={"bytes": fetched.bytes})

@@ -1,0 +1,53 @@
+"""Dependencies of the routes: settings, the store engine, the Temporal client, and the calling account."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
+from temporalio.client import Client
+
+from benchwright.errors import Unavailable
+from benchwright.settings import Settings
+from benchwright.store.accounts import authenticate
+from benchwright.store.models import Account
+from benchwright.temporal_client import connect
+
+
+class AppState:
+    """Built once per app by the lifespan; the Temporal connection is made on first need and then kept."""
+
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self._client: Client | None = None
+        self._lock = asyncio.Lock()
+
+    async def temporal(self) -> Client:
+        async with self._lock:
+            if self._client is None:
+                try:
+                    self._client = await connect(self.settings)
+                except Exception as exc:  # the SDK raises RuntimeError for connection failures
+                    raise Unavailable(f"cannot reach Temporal at {self.settings.temporal_address}: {exc}") from exc
+            return self._client
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.bw  # type: ignore[no-any-return]
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+async def current_account(request: Request, state: StateDep) -> Account:
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    token = key.strip() if scheme.lower() == "bearer" else None
+    return await run_in_threadpool(authenticate, state.engine, token)
+
+
+AccountDep = Annotated[Account, Depends(current_account)]

@@ -1,0 +1,86 @@
+"""The one place that maps errors to HTTP answers: ``{"error": {"code", "message"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from benchwright.errors import (
+    BenchwrightError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
+
+STATUS: dict[type[BenchwrightError], int] = {
+    InvalidInput: 400,
+    Unauthorized: 401,
+    NotFound: 404,
+    Conflict: 409,
+    Unavailable: 503,
+}
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def _status_for(exc: BenchwrightError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]  # type: ignore[index]
+    return 500
+
+
+async def _app_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BenchwrightError)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    return JSONResponse(error_body(exc.code, exc.message), status_code=_status_for(exc), headers=headers)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    where = ".".join(loc)
+    if err.get("type") == "extra_forbidden":
+        return f"unknown key '{where}'"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    message = "; ".join(_describe(e) for e in errors) or "invalid request"
+    details = [{"loc": [str(p) for p in e.get("loc", ())], "type": e.get("type"), "msg": e.get("msg")} for e in errors]
+    return JSONResponse(error_body("validation_error", message, details=details), status_code=422)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+
+
+async def _already_started(_: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body("already_started", str(exc)), status_code=409)
+
+
+async def _temporal_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(error_body("temporal_unavailable", f"the workflow service did not answer: {exc}"),
+                        status_code=503)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(BenchwrightError, _app_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(WorkflowAlreadyStartedError, _already_started)
+    app.add_exception_handler(RPCError, _temporal_unavailable)

@@ -1,0 +1,39 @@
+"""The FastAPI facade: launches and reads runs. Settings are read here, once, and passed down."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import errors
+from api.deps import AppState
+from api.routes import account, runs
+from benchwright.settings import Settings
+from benchwright.store.db import make_engine, migrate
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.resolved_database_url())
+        migrate(engine)
+        app.state.bw = AppState(settings, engine)
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="Benchwright", version="0.1.0", lifespan=lifespan,
+                  description="Run a model against a benchmark; get a comparable score with the full event log.")
+    errors.install(app)
+    app.include_router(runs.router)
+    app.include_router(account.router)
+
+    @app.get("/healthz", tags=["meta"])
+    def healthz() -> dict[str, bool]:
+        """Liveness: the API process is up."""
+        return {"ok": True}
+
+    return app

@@ -1,0 +1,135 @@
+"""Runs: launch, read, list, events (polling and SSE), task rows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+
+from api.deps import AccountDep, StateDep
+from benchwright.errors import Unavailable
+from benchwright.events import TERMINAL_EVENT
+from benchwright.launch import resolve_launch
+from benchwright.pipeline import MaterializeOptions, RunInput
+from benchwright.schemas import EventPage, EventView, LaunchRequest, RunList, RunView, TaskDetail, TaskList
+from benchwright.store.events import read_events
+from benchwright.store.models import EventRow
+from benchwright.store.runs import create_run, finish_run, get_run, list_runs, list_tasks, run_view, task_detail
+from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
+from workflows.run import RunWorkflow
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+SSE_POLL_S = 0.1
+SSE_KEEPALIVE_S = 15.0
+
+
+@router.post("", status_code=201, response_model=RunView)
+async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
+    """Launch a run: records RunLaunched (seq 0) and starts its workflow."""
+    settings = state.settings
+    resolved = resolve_launch(body, default_driver=settings.default_driver,
+                              allow_local_paths=settings.allow_local_paths)
+    client = await state.temporal()
+    run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
+                                  driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"))
+    inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver, trials=resolved.trials,
+                   materialize=MaterializeOptions(concurrency=settings.materialize_concurrency,
+                                                  batch_tasks=settings.materialize_batch_tasks,
+                                                  parallel_batches=settings.materialize_parallel_batches))
+    try:
+        await client.start_workflow(
+            RunWorkflow.run, inp, id=run.id, task_queue=settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
+                SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
+            ]),
+            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset},
+            static_summary=workflow_summary(model=body.model.identifier, dataset=body.dataset),
+            static_details=f"Benchwright run `{run.id}`  \nmodel `{body.model.identifier}`  \ndataset `{body.dataset}`",
+        )
+    except Exception as exc:
+        await run_in_threadpool(finish_run, state.engine, run_id=run.id, status="error",
+                                error=f"the workflow could not be started: {exc}")
+        raise Unavailable(f"run {run.id} was recorded but its workflow could not be started: {exc}") from exc
+    return await run_in_threadpool(run_view, state.engine, run)
+
+
+@router.get("", response_model=RunList)
+def get_runs(account: AccountDep, state: StateDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+             cursor: str | None = None) -> RunList:
+    """The caller's runs, newest first; follow ``next_cursor`` for older ones."""
+    return list_runs(state.engine, account_id=account.id, limit=limit, cursor=cursor)
+
+
+@router.get("/{run_id}", response_model=RunView)
+def get_one(run_id: str, account: AccountDep, state: StateDep) -> RunView:
+    """One run: status, halt fields, display_status, phase, cost and the task summary."""
+    return run_view(state.engine, get_run(state.engine, run_id=run_id, account_id=account.id))
+
+
+def _event_view(row: EventRow) -> EventView:
+    return EventView(seq=row.seq, type=row.type, data=row.data, created_at=row.created_at)
+
+
+@router.get("/{run_id}/events", response_model=EventPage)
+async def get_events(
+    run_id: str, request: Request, account: AccountDep, state: StateDep,
+    after: Annotated[int, Query(ge=-1)] = -1, limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventPage | StreamingResponse:
+    """The run's event log from ``after``; with ``Accept: text/event-stream``, a live SSE stream (id = seq) that
+    resumes from ``Last-Event-ID`` and closes after the terminal event."""
+    run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account.id)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        start = int(last_event_id) if last_event_id and last_event_id.lstrip("-").isdigit() else after
+        return StreamingResponse(_stream(state, run.id, start, request), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    rows = await run_in_threadpool(read_events, state.engine, run.id, after=after, limit=limit)
+    current = await run_in_threadpool(get_run, state.engine, run_id=run.id)
+    terminal = current.status != "running" and len(rows) < limit
+    return EventPage(events=[_event_view(r) for r in rows], next_after=rows[-1].seq if rows else after,
+                     terminal=terminal)
+
+
+async def _stream(state: StateDep, run_id: str, after: int, request: Request) -> AsyncIterator[str]:
+    idle = 0.0
+    while True:
+        rows = await run_in_threadpool(read_events, state.engine, run_id, after=after, limit=1000)
+        for row in rows:
+            view = _event_view(row)
+            yield f"id: {view.seq}\nevent: {view.type}\ndata: {json.dumps(view.model_dump(mode='json'))}\n\n"
+            after = row.seq
+            if row.type == TERMINAL_EVENT:
+                return
+        if rows:
+            idle = 0.0
+            continue
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(SSE_POLL_S)
+        idle += SSE_POLL_S
+        if idle >= SSE_KEEPALIVE_S:
+            idle = 0.0
+            yield ": keep-alive\n\n"
+
+
+@router.get("/{run_id}/tasks", response_model=TaskList)
+def get_tasks(run_id: str, account: AccountDep, state: StateDep, after: Annotated[int, Query(ge=-1)] = -1,
+              limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> TaskList:
+    """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
+    run = get_run(state.engine, run_id=run_id, account_id=account.id)
+    return list_tasks(state.engine, run_id=run.id, after=after, limit=limit)
+
+
+@router.get("/{run_id}/tasks/{index}", response_model=TaskDetail)
+def get_task(run_id: str, index: int, account: AccountDep, state: StateDep) -> TaskDetail:
+    """One task with each trial's score, meta and output."""
+    run = get_run(state.engine, run_id=run_id, account_id=account.id)
+    return task_detail(state.engine, run_id=run.id, index=index)

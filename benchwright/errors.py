@@ -1,0 +1,51 @@
+"""Expected, user-facing failures of the Benchwright domain.
+
+Domain code raises these; the API maps them to HTTP in one place (``api/errors.py``) and activities
+translate them to non-retryable Temporal ``ApplicationError``s.
+
+    BenchwrightError
+    ├── InvalidInput        400 — a value is present but not acceptable (bad enum, unenforceable limit)
+    │   └── DatasetError    400 — a dataset cannot be read or understood
+    ├── Unauthorized        401 — missing or wrong API key
+    ├── NotFound            404 — no such resource for this caller
+    ├── Conflict            409 — the resource is in a state that refuses the call
+    └── Unavailable         503 — a service Benchwright needs is not answering
+"""
+
+from __future__ import annotations
+
+
+class BenchwrightError(Exception):
+    """Base for expected, user-facing failures. ``code`` is the machine-readable error code."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidInput(BenchwrightError):
+    code = "invalid_input"
+
+
+class DatasetError(InvalidInput):
+    code = "dataset_error"
+
+
+class Unauthorized(BenchwrightError):
+    code = "unauthorized"
+
+
+class NotFound(BenchwrightError):
+    code = "not_found"
+
+
+class Conflict(BenchwrightError):
+    code = "conflict"
+
+
+class Unavailable(BenchwrightError):
+    code = "unavailable"

@@ -1,0 +1,129 @@
+"""One pydantic model per event type (§5). The log stores ``(run_id, seq, type, data)``; ``type`` is the class name.
+
+Events are built here and appended through ``benchwright.store.events.append_events`` with an idempotency key
+derived from (phase, invocation, what), so a retried activity never writes an event twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from benchwright.schemas import Outcome
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+
+class RunLaunched(Event):
+    """Written by the API at seq 0, before the workflow starts."""
+
+    launch: dict[str, Any]
+    account_id: str
+    driver: str
+
+
+class PipelineStarted(Event):
+    workflow_id: str
+    phases: list[dict[str, Any]]
+    """The plan: every phase with ``skip_reason`` null when it will run."""
+
+
+class PipelineFinished(Event):
+    status: str
+    error: str | None = None
+
+
+class PhaseStarted(Event):
+    phase: str
+
+
+class PhaseCompleted(Event):
+    phase: str
+    duration_ms: int
+
+
+class PhaseFailed(Event):
+    phase: str
+    error_type: str
+    detail: str
+    stack_trace: str
+
+
+class PhaseSkipped(Event):
+    phase: str
+    reason: str
+
+
+class AgentTextEvent(Event):
+    """The Driver talking (the builtin driver narrates its deterministic decisions)."""
+
+    phase: str
+    text: str
+
+
+class FetchArtifact(Event):
+    source: str
+    sha256: str
+    bytes: int
+    format: str
+
+
+class AnalyzeArtifact(Event):
+    format: str
+    rows: int
+    columns: list[str]
+    input_field: str
+    reference_field: str
+
+
+class DatasetTasksArtifact(Event):
+    count: int
+
+
+class SetupArtifact(Event):
+    python: str
+    requirements: list[str] = Field(default_factory=list)
+
+
+class ModelProxyArtifact(Event):
+    model_id: str
+    litellm_config_yaml: str
+
+
+class AtomizeArtifact(Event):
+    invocation: int
+    impl_sha256: str
+    source: str
+    """``launch`` when the launch brought task_impl.py, else the template the Driver used."""
+
+
+class MaterializeTaskResult(Event):
+    invocation: int
+    index: int
+    trial: int
+    score: float | None
+    outcome: Outcome
+    output: str | None
+    meta: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    cost_usd: float = 0.0
+
+
+class MaterializeTaskAggregated(Event):
+    invocation: int
+    index: int
+    score: float | None
+    outcome: Outcome
+    trial_scores: list[float | None]
+
+
+TERMINAL_EVENT = PipelineFinished.type_name()
+EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in Event.__subclasses__()}

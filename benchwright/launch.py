@@ -1,0 +1,40 @@
+"""Launch-time checks and resolution: everything refused here is refused with a 400 before a run exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchwright.datasets import is_url
+from benchwright.errors import InvalidInput
+from benchwright.schemas import LaunchRequest, suggest
+from benchwright.scoring.aggregators import TrialsConfig, validate_trials
+
+DRIVERS = ("builtin",)
+"""Drivers this deployment can run. ``builtin`` is the offline template driver; LLM drivers come later."""
+
+
+@dataclass(frozen=True)
+class ResolvedLaunch:
+    driver: str
+    trials: TrialsConfig
+
+
+def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_paths: bool) -> ResolvedLaunch:
+    """The driver and trials config a launch runs with.
+
+    Raises:
+        InvalidInput: unknown driver, bad trials config, or a local dataset path where they are not allowed.
+    """
+    driver = launch.driver or default_driver
+    if driver not in DRIVERS:
+        raise InvalidInput(f"unknown driver '{driver}'{suggest(driver, DRIVERS)}; available: {', '.join(DRIVERS)}",
+                           code="unknown_driver")
+    if not is_url(launch.dataset):
+        if "://" in launch.dataset:
+            raise InvalidInput(f"dataset must be an http(s) URL or a path, got {launch.dataset!r}",
+                               code="invalid_dataset")
+        if not allow_local_paths:
+            raise InvalidInput("this deployment does not read datasets from local paths; give an http(s) URL",
+                               code="local_paths_disabled")
+    trials = validate_trials(launch.trials or TrialsConfig())
+    return ResolvedLaunch(driver=driver, trials=trials)

@@ -1,0 +1,115 @@
+"""One Materialize batch: run every trial of tasks ``start <= index < stop`` and record the results.
+
+Resumable by construction: what an earlier attempt committed is read back from the store first and skipped, and
+every result is appended with its ``(invocation, index, trial)`` key, so a batch killed at any moment and run again
+ends with each trial present exactly once. Results are committed in small groups; the caller's ``progress``
+callback (the activity's heartbeat) runs only after a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.datasets import read_task_rows
+from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
+from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
+from benchwright.scoring.aggregators import TrialOutcome, aggregate
+from benchwright.scoring.host import TrialItem, TrialRecord, run_trials
+from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.models import TaskRow, TrialResult
+from benchwright.sut import SutClient
+
+FLUSH_EVERY = 200
+FLUSH_INTERVAL_S = 0.25
+
+
+def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dict[int, TrialOutcome]], set[int]]:
+    """Trials already recorded for this batch (by task) and the tasks already aggregated."""
+    with Session(engine) as session:
+        trials = session.execute(
+            select(TrialResult).where(TrialResult.run_id == inp.run_id, TrialResult.invocation == inp.invocation,
+                                      TrialResult.index >= inp.start, TrialResult.index < inp.stop)  # type: ignore[arg-type]
+        ).scalars()
+        by_task: dict[int, dict[int, TrialOutcome]] = {}
+        for t in trials:
+            by_task.setdefault(t.index, {})[t.trial] = TrialOutcome(trial=t.trial, score=t.score, meta=t.meta,
+                                                                     error=t.error)
+        aggregated = set(session.execute(
+            select(TaskRow.index).where(TaskRow.run_id == inp.run_id, TaskRow.invocation == inp.invocation,
+                                        TaskRow.index >= inp.start, TaskRow.index < inp.stop)  # type: ignore[arg-type]
+        ).scalars())
+    return by_task, aggregated
+
+
+async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: Path, impl_path: Path,
+                    workdir: Path, sut: SutClient, progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
+    """Run the batch to completion and return its outcome counts."""
+    k = inp.trials.plan.k
+    by_task, aggregated = await asyncio.to_thread(_recorded, engine, inp)
+    rows = await asyncio.to_thread(read_task_rows, tasks_path, inp.start, inp.stop)
+    items = [TrialItem(index=inp.start + i, trial=t, row=row)
+             for i, row in enumerate(rows) for t in range(k) if t not in by_task.get(inp.start + i, {})]
+    counts = {"pass": 0, "fail": 0, "err": 0}
+    pending: list[NewEvent] = []
+    written = 0
+    last_flush = time.monotonic()
+    flush_lock = asyncio.Lock()
+
+    def aggregate_task(index: int) -> None:
+        trials = sorted(by_task[index].values(), key=lambda t: t.trial)
+        row = aggregate(inp.trials.aggregator, trials)
+        counts[row.outcome] += 1
+        if index not in aggregated:
+            aggregated.add(index)
+            pending.append(NewEvent.of(
+                event_key(inp.run_id, "materialize", inp.invocation, index, "aggregated"),
+                MaterializeTaskAggregated(invocation=inp.invocation, index=index, score=row.score, outcome=row.outcome,
+                                          trial_scores=row.trial_scores),
+            ))
+
+    async def flush() -> None:
+        nonlocal pending, last_flush, written
+        async with flush_lock:
+            batch, pending = pending, []
+            last_flush = time.monotonic()
+            if batch:
+                await asyncio.to_thread(append_events, engine, inp.run_id, batch)
+                written += sum(1 for e in batch if e.type == "MaterializeTaskResult")
+            progress({"start": inp.start, "stop": inp.stop, "trials_recorded": written})
+
+    async def on_record(rec: TrialRecord) -> None:
+        by_task.setdefault(rec.index, {})[rec.trial] = TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta,
+                                                                     error=rec.error)
+        pending.append(NewEvent.of(
+            event_key(inp.run_id, "materialize", inp.invocation, rec.index, rec.trial, "result"),
+            MaterializeTaskResult(invocation=inp.invocation, index=rec.index, trial=rec.trial, score=rec.score,
+                                  outcome=rec.outcome, output=rec.output, meta=rec.meta, error=rec.error,  # type: ignore[arg-type]
+                                  usage=rec.usage, cost_usd=rec.cost_usd),
+        ))
+        if len(by_task[rec.index]) == k:
+            aggregate_task(rec.index)
+        if len(pending) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+            await flush()
+
+    # Tasks whose trials were all recorded by an earlier attempt that died before aggregating them.
+    for index, trials in by_task.items():
+        if len(trials) == k:
+            aggregate_task(index)
+    threads = max(1, min(inp.concurrency, len(items) or 1))
+    await run_trials(impl_path=impl_path, workdir=workdir, items=items, sut=sut, threads=threads, on_record=on_record)
+    await flush()
+    return MaterializeBatchResult(start=inp.start, stop=inp.stop, trials_recorded=written, passed=counts["pass"],
+                                  failed=counts["fail"], errored=counts["err"])
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())

@@ -1,0 +1,119 @@
+"""The run's plan and the payloads that cross into Temporal (workflow and activity inputs and results).
+
+``plan_phases`` is the skip logic of §2 as a plain function: which phases run for a launch, and why the others
+do not. The workflow executes the plan; it never decides skips itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from benchwright.schemas import PHASES, LaunchRequest
+from benchwright.scoring.aggregators import TrialsConfig
+
+
+class PlannedPhase(BaseModel):
+    phase: str
+    skip_reason: str | None = None
+
+
+def plan_phases(launch: LaunchRequest) -> list[PlannedPhase]:
+    """Every phase of §2 in order, each with the reason it is skipped (None when it runs).
+
+    Find resolves a benchmark name to a dataset; a dataset launch has nothing left to find.
+    """
+    plan: list[PlannedPhase] = []
+    for phase in PHASES:
+        reason = None
+        if phase == "find" and launch.dataset:
+            reason = "dataset given at launch"
+        plan.append(PlannedPhase(phase=phase, skip_reason=reason))
+    return plan
+
+
+class MaterializeOptions(BaseModel):
+    concurrency: int = Field(default=128, ge=1, le=4096)
+    batch_tasks: int = Field(default=250, ge=1)
+    parallel_batches: int = Field(default=4, ge=1, le=64)
+
+
+class RunInput(BaseModel):
+    """The argument of ``RunWorkflow.run``."""
+
+    run_id: str
+    account_id: str
+    launch: LaunchRequest
+    driver: str
+    trials: TrialsConfig
+    materialize: MaterializeOptions = Field(default_factory=MaterializeOptions)
+
+
+class RunResult(BaseModel):
+    run_id: str
+    status: str
+    error: str | None = None
+
+
+class PhaseInput(BaseModel):
+    run_id: str
+    phase: str
+    invocation: int
+    launch: LaunchRequest
+    driver: str
+
+
+class PhaseResult(BaseModel):
+    phase: str
+    invocation: int
+    tasks: int | None = None
+    """Analyze: how many tasks the dataset has."""
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventsInput(BaseModel):
+    """Events the workflow itself decides on (pipeline markers, skips, phase failures)."""
+
+    run_id: str
+    events: list[dict[str, Any]]
+    """Each ``{"key": <idempotency key suffix>, "type": <event type>, "data": {...}}``."""
+
+
+class FinishInput(BaseModel):
+    run_id: str
+    status: str
+    error: str | None = None
+
+
+class MaterializeBatchInput(BaseModel):
+    run_id: str
+    invocation: int
+    start: int
+    stop: int
+    """Task indices ``start <= index < stop``; every trial of a task stays in one batch."""
+    launch: LaunchRequest
+    trials: TrialsConfig
+    concurrency: int
+
+
+class MaterializeBatchResult(BaseModel):
+    start: int
+    stop: int
+    trials_recorded: int
+    """Trial results this attempt wrote (a resumed attempt skips what an earlier one committed)."""
+    passed: int
+    failed: int
+    errored: int
+
+
+class MaterializeCompleteInput(BaseModel):
+    run_id: str
+    invocation: int
+    duration_ms: int
+    """Measured by the workflow on its deterministic clock, from PhaseStarted to the last batch."""
+
+
+def batch_bounds(total: int, batch_tasks: int) -> list[tuple[int, int]]:
+    """Split task indices ``0..total-1`` into ``[start, stop)`` ranges of at most ``batch_tasks``."""
+    return [(start, min(start + batch_tasks, total)) for start in range(0, total, batch_tasks)]

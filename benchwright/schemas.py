@@ -1,0 +1,180 @@
+"""Pydantic payloads shared by the REST API and Temporal (one schema, one validation step).
+
+The launch body (``LaunchRequest``) is what ``POST /v1/runs`` accepts and what ``RunWorkflow`` receives; the
+run views are what the API returns. Table models never cross these boundaries.
+"""
+
+from __future__ import annotations
+
+import difflib
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from benchwright.scoring.aggregators import TrialsConfig
+
+PHASES: tuple[str, ...] = ("find", "fetch", "analyze", "setup", "attach", "atomize", "materialize")
+"""The pipeline's phases in execution order (§2). ``fork`` precedes them on forked launches."""
+
+RunStatus = Literal["running", "ok", "error"]
+DisplayStatus = Literal["running", "ok", "error", "halted", "killed", "waiting", "paused"]
+Outcome = Literal["pass", "fail", "err"]
+Visibility = Literal["private", "unlisted", "public"]
+
+MAX_TASK_IMPL_BYTES = 512 * 1024
+RETIRED_LAUNCH_KEYS = {"operator": "driver", "agent": "driver"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """The system under test: a LiteLLM model string plus where and how to reach it."""
+
+    identifier: str = Field(min_length=1, max_length=512)
+    """LiteLLM model string, e.g. ``openai/gpt-4o-mini`` or ``openai/dev`` for an OpenAI-compatible endpoint."""
+    source: Literal["litellm"] = "litellm"
+    api_base: str | None = Field(default=None, max_length=2048)
+    """Base URL of an OpenAI-compatible (or other LiteLLM-supported) endpoint."""
+    input_cost_per_token: float | None = Field(default=None, ge=0)
+    output_cost_per_token: float | None = Field(default=None, ge=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Sampling parameters set once for the run (temperature, max_tokens, ...)."""
+
+    @field_validator("api_base")
+    @classmethod
+    def _http_only(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("api_base must be an http:// or https:// URL")
+        return v
+
+
+class LaunchRequest(_Strict):
+    """Body of ``POST /v1/runs``: a dataset launch (§3)."""
+
+    dataset: str = Field(min_length=1, max_length=4096)
+    """An http(s) URL, or a path on the server's host where the deployment allows local paths.
+    JSONL, a JSON array of objects, or CSV."""
+    model: ModelSpec
+    """The SUT: a LiteLLM model string, or an object with ``identifier`` and optional ``api_base`` and prices."""
+    driver: str | None = Field(default=None, max_length=256)
+    """The Driver (§8). Defaults to the deployment's configured default (``builtin`` on the embedded stack)."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    visibility: Visibility = "private"
+    task_impl: str | None = Field(default=None, max_length=MAX_TASK_IMPL_BYTES)
+    """Python source of task_impl.py. When given, Atomize uses it verbatim instead of writing one."""
+    trials: TrialsConfig | None = None
+    """k trials per task and the aggregator that reduces them (§7). Default: k=1, any_pass."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_retired_and_unknown(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, replacement in RETIRED_LAUNCH_KEYS.items():
+                if key in data:
+                    raise ValueError(f"'{key}' is a retired launch key; use '{replacement}'")
+            if isinstance(data.get("model"), str):
+                data = {**data, "model": {"identifier": data["model"]}}
+        return data
+
+
+class TasksSummary(BaseModel):
+    passed: int = 0
+    failed: int = 0
+    errored: int = 0
+    running: int = 0
+    total: int = 0
+    pass_rate: float | None = None
+    """passed / (passed + failed); errors are excluded from the denominator (§12). None before any row settles."""
+
+
+class TasksBlock(BaseModel):
+    summary: TasksSummary
+
+
+class CostView(BaseModel):
+    """Spend by source, in USD (§9)."""
+
+    driver: float = 0.0
+    model: float = 0.0
+    sandbox: float = 0.0
+    narration: float = 0.0
+    incurred: float = 0.0
+    billed: float = 0.0
+
+
+class RunView(BaseModel):
+    """What ``GET /v1/runs/{id}`` returns."""
+
+    id: str
+    status: RunStatus
+    halted: bool
+    halt_reason: str | None
+    display_status: DisplayStatus
+    model: dict[str, Any]
+    driver: str
+    phase: str | None
+    visibility: Visibility
+    metadata: dict[str, Any]
+    trials_config: dict[str, Any] | None
+    cost: CostView
+    tasks: TasksBlock
+    error: str | None = None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class RunList(BaseModel):
+    runs: list[RunView]
+    next_cursor: str | None
+    """Pass as ``?cursor=`` to get the next (older) page; null on the last page."""
+
+
+class EventView(BaseModel):
+    seq: int
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+class EventPage(BaseModel):
+    events: list[EventView]
+    next_after: int | None
+    """The seq to pass as ``after`` for the next page (the last seq returned), or the given ``after`` if empty."""
+    terminal: bool
+    """True once the run's terminal event (PipelineFinished) is in the log and was returned or precedes ``after``."""
+
+
+class TrialView(BaseModel):
+    trial: int
+    score: float | None
+    outcome: Outcome
+    output: str | None
+    meta: dict[str, Any]
+    error: str | None
+
+
+class TaskRowView(BaseModel):
+    index: int
+    invocation: int
+    outcome: Outcome | Literal["running"]
+    score: float | None
+    output: str | None
+    trial_scores: list[float | None]
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskRowView]
+    next_after: int | None
+
+
+class TaskDetail(TaskRowView):
+    trials: list[TrialView]
+
+
+def suggest(value: str, allowed: list[str] | tuple[str, ...]) -> str:
+    """A ' (did you mean X?)' hint for a typo, or ''."""
+    close = difflib.get_close_matches(value, list(allowed), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

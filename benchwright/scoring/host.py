@@ -1,0 +1,219 @@
+"""The worker's side of the scorer runtime: start ``runner.py`` on task_impl.py, feed it trials, make its model
+calls, and turn what comes back into trial records.
+
+The runner process gets a clean environment (no provider keys, nothing of the worker's), and the model calls it
+asks for are made here with the run's SUT client, so untrusted scorer code never holds a credential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchwright.scoring.aggregators import normalize_score, outcome_for
+from benchwright.sut import SutClient, SutError
+
+RUNNER = Path(__file__).with_name("runner.py")
+_LINE_LIMIT = 64 * 1024 * 1024
+_STDERR_TAIL = 8192
+
+
+class ScorerLoadError(Exception):
+    """task_impl.py could not be loaded (syntax error, no Scorer class, missing methods)."""
+
+    def __init__(self, message: str, trace: str = "") -> None:
+        super().__init__(message)
+        self.trace = trace
+
+
+@dataclass(frozen=True)
+class TrialItem:
+    index: int
+    trial: int
+    row: dict[str, Any]
+
+
+@dataclass
+class TrialRecord:
+    index: int
+    trial: int
+    outcome: str
+    score: float | None
+    output: str | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    cost_usd: float = 0.0
+
+
+def runner_env(workdir: Path) -> dict[str, str]:
+    """The scorer's whole environment: nothing of the worker's (so no credentials) beyond a PATH."""
+    return {"PATH": os.defpath, "HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+            "LANG": "C.UTF-8"}
+
+
+async def check_impl(*, impl_path: Path, workdir: Path, timeout_s: float = 60.0) -> None:
+    """Load task_impl.py in a runner and return once it reports ready.
+
+    Raises:
+        ScorerLoadError: the file does not load or lacks the Scorer interface.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(RUNNER), "--impl", str(impl_path), "--check", cwd=str(workdir), env=runner_env(workdir),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        limit=_LINE_LIMIT,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise ScorerLoadError(f"task_impl.py did not load within {timeout_s:.0f} s") from None
+    first = out.decode(errors="replace").splitlines()[:1]
+    msg = json.loads(first[0]) if first else {}
+    if msg.get("op") != "ready":
+        detail = msg.get("error") or f"scorer runtime exited with {proc.returncode}: {err.decode(errors='replace')[-500:]}"
+        raise ScorerLoadError(f"task_impl.py failed to load: {detail}", msg.get("trace", ""))
+
+
+async def run_trials(*, impl_path: Path, workdir: Path, items: list[TrialItem], sut: SutClient, threads: int,
+                     on_record: Callable[[TrialRecord], Awaitable[None]]) -> None:
+    """Run every item through the scorer; ``on_record`` gets one record per item, in completion order.
+
+    An item whose scorer raised, whose model call failed for good, or whose runner died becomes an ``err`` record;
+    only a scorer that does not load at all raises.
+
+    Raises:
+        ScorerLoadError: task_impl.py did not load.
+    """
+    if not items:
+        return
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(RUNNER), "--impl", str(impl_path), "--threads", str(threads), cwd=str(workdir),
+        env=runner_env(workdir), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, limit=_LINE_LIMIT,
+    )
+    session = _Session(proc, items, sut, on_record)
+    try:
+        await session.run()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+class _Session:
+    def __init__(self, proc: asyncio.subprocess.Process, items: list[TrialItem], sut: SutClient,
+                 on_record: Callable[[TrialRecord], Awaitable[None]]) -> None:
+        self.proc = proc
+        self.items = dict(enumerate(items))
+        self.sut = sut
+        self.on_record = on_record
+        self.usage: dict[int, dict[str, int]] = {}
+        self.cost: dict[int, float] = {}
+        self.calls: set[asyncio.Task[None]] = set()
+        self.stderr_tail = b""
+        self.write_lock = asyncio.Lock()
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        async with self.write_lock:
+            self.proc.stdin.write((json.dumps(msg, ensure_ascii=False, default=str) + "\n").encode())
+            await self.proc.stdin.drain()
+
+    async def run(self) -> None:
+        assert self.proc.stdout is not None
+        drain = asyncio.create_task(self._drain_stderr())
+        try:
+            hello = await self.proc.stdout.readline()
+            msg = json.loads(hello) if hello.strip() else {}
+            if msg.get("op") != "ready":
+                await drain
+                raise ScorerLoadError(
+                    f"task_impl.py failed to load: {msg.get('error') or self._died()}", msg.get("trace", ""))
+            try:
+                for item_id, item in self.items.items():
+                    await self.send({"op": "task", "id": item_id, "row": item.row})
+                await self._read_until_done()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the runner died; what is left becomes err records below
+            for item_id in list(self.items):
+                await self._settle(item_id, ok=False, error=self._died())
+        finally:
+            for call in self.calls:
+                call.cancel()
+            if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+                self.proc.stdin.close()
+            if not drain.done():
+                drain.cancel()
+
+    async def _read_until_done(self) -> None:
+        assert self.proc.stdout is not None
+        while self.items:
+            line = await self.proc.stdout.readline()
+            if not line:
+                await self.proc.wait()
+                return
+            msg = json.loads(line)
+            if msg["op"] == "call":
+                task = asyncio.create_task(self._call(msg))
+                self.calls.add(task)
+                task.add_done_callback(self.calls.discard)
+            elif msg["op"] == "result":
+                if msg.get("ok"):
+                    await self._settle(msg["id"], ok=True, score=msg.get("score"), output=msg.get("output"))
+                else:
+                    error = f"{msg.get('stage', 'scorer')}: {msg.get('error')}"
+                    await self._settle(msg["id"], ok=False, error=error, trace=msg.get("trace"))
+
+    async def _call(self, msg: dict[str, Any]) -> None:
+        item_id = msg["task"]
+        try:
+            reply = await self.sut.complete(msg["messages"], msg.get("params") or {})
+        except SutError as exc:
+            answer: dict[str, Any] = {"op": "reply", "call": msg["call"], "ok": False, "error": str(exc)}
+        else:
+            usage = self.usage.setdefault(item_id, {})
+            for k, v in reply.usage.items():
+                usage[k] = usage.get(k, 0) + v
+            self.cost[item_id] = self.cost.get(item_id, 0.0) + reply.cost_usd
+            answer = {"op": "reply", "call": msg["call"], "ok": True, "text": reply.text}
+        try:
+            await self.send(answer)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    async def _settle(self, item_id: int, *, ok: bool, score: Any = None, output: str | None = None,
+                      error: str | None = None, trace: str | None = None) -> None:
+        item = self.items.pop(item_id, None)
+        if item is None:
+            return
+        meta: dict[str, Any] = {}
+        value: float | None = None
+        if ok:
+            try:
+                value, meta = normalize_score(score)
+            except ValueError as exc:
+                error = f"score: {exc}"
+        if trace:
+            meta = {**meta, "trace": trace}
+        outcome = "err" if error else outcome_for(value)
+        await self.on_record(TrialRecord(
+            index=item.index, trial=item.trial, outcome=outcome, score=None if error else value, output=output,
+            meta=meta, error=error, usage=self.usage.pop(item_id, {}), cost_usd=self.cost.pop(item_id, 0.0),
+        ))
+
+    def _died(self) -> str:
+        tail = self.stderr_tail.decode(errors="replace").strip()[-1000:]
+        return f"scorer runtime exited (code {self.proc.returncode})" + (f": {tail}" if tail else "")
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]

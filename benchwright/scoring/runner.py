@@ -1,0 +1,151 @@
+"""The scorer runtime: runs untrusted task_impl.py in its own process and talks JSON lines over stdio.
+
+Started by ``benchwright.scoring.host`` as ``python runner.py --impl task_impl.py --threads N`` (standard library
+only, so it starts fast and needs nothing installed where it runs). The scorer never sees model credentials: its
+``call_sut`` sends the messages to the host, which makes the call and sends back the reply text.
+
+Protocol (one JSON object per line):
+    host -> runner   {"op": "task", "id": I, "row": {...}}
+                     {"op": "reply", "call": C, "ok": true, "text": "..."} | {"op": "reply", "call": C, "ok": false, "error": "..."}
+                     end of input (the host closes stdin once every result is in, or when it gives up)
+    runner -> host   {"op": "ready"} | {"op": "fatal", "error": "...", "trace": "..."}
+                     {"op": "call", "call": C, "task": I, "messages": [...], "params": {...}}
+                     {"op": "result", "id": I, "ok": true, "score": <raw score()>, "output": "..."}
+                     {"op": "result", "id": I, "ok": false, "stage": "extract|solve|score", "error": "...", "trace": "..."}
+
+The scorer's own prints go to stderr: fd 1 is re-pointed there before task_impl.py is imported, and the protocol
+uses a private duplicate of the original stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+MAX_OUTPUT_CHARS = 20_000
+
+
+class SutCallError(Exception):
+    """The model call failed for good (the host already retried transient faults)."""
+
+
+class _Channel:
+    def __init__(self, out_fd: int) -> None:
+        self._out = os.fdopen(out_fd, "w", encoding="utf-8", buffering=1 << 16)
+        self._lock = threading.Lock()
+        self._calls = itertools.count()
+        self._pending: dict[int, tuple[threading.Event, list[Any]]] = {}
+
+    def send(self, msg: dict[str, Any]) -> None:
+        line = json.dumps(msg, ensure_ascii=False, default=str)
+        with self._lock:
+            self._out.write(line + "\n")
+            self._out.flush()
+
+    def call_sut(self, task_id: int, prompt_or_messages: Any, params: dict[str, Any]) -> str:
+        if isinstance(prompt_or_messages, str):
+            messages = [{"role": "user", "content": prompt_or_messages}]
+        elif isinstance(prompt_or_messages, list):
+            messages = prompt_or_messages
+        else:
+            raise TypeError("call_sut takes a prompt string or a list of chat messages")
+        done, box = threading.Event(), []
+        with self._lock:
+            call = next(self._calls)
+            self._pending[call] = (done, box)
+        self.send({"op": "call", "call": call, "task": task_id, "messages": messages, "params": params})
+        done.wait()
+        reply = box[0]
+        if not reply.get("ok"):
+            raise SutCallError(reply.get("error", "model call failed"))
+        return str(reply.get("text", ""))
+
+    def fail_pending(self, error: str) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for done, box in pending.values():
+            box.append({"ok": False, "error": error})
+            done.set()
+
+    def deliver(self, reply: dict[str, Any]) -> None:
+        with self._lock:
+            done, box = self._pending.pop(reply["call"])
+        box.append(reply)
+        done.set()
+
+
+def _load_scorer(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("task_impl", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["task_impl"] = module
+    spec.loader.exec_module(module)
+    scorer_cls = getattr(module, "Scorer", None)
+    if scorer_cls is None:
+        raise TypeError("task_impl.py defines no class Scorer")
+    scorer = scorer_cls()
+    for method in ("extract", "solve", "score"):
+        if not callable(getattr(scorer, method, None)):
+            raise TypeError(f"Scorer has no method {method}(...)")
+    return scorer
+
+
+def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any]) -> None:
+    stage = "extract"
+    try:
+        scorer.extract(row)
+        stage = "solve"
+        response = scorer.solve(row, lambda p, **params: channel.call_sut(task_id, p, params))
+        stage = "score"
+        score = scorer.score(row, response)
+        json.dumps(score)  # must travel as JSON; a non-serializable score is the scorer's error
+        channel.send({"op": "result", "id": task_id, "ok": True, "score": score,
+                      "output": None if response is None else str(response)[:MAX_OUTPUT_CHARS]})
+    except BaseException as exc:  # noqa: BLE001 - every scorer failure becomes an err row, never a dead runner
+        channel.send({"op": "result", "id": task_id, "ok": False, "stage": stage,
+                      "error": f"{type(exc).__name__}: {exc}"[:2000], "trace": traceback.format_exc()[-4000:]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argparse.ArgumentParser()
+    args.add_argument("--impl", required=True)
+    args.add_argument("--threads", type=int, default=32)
+    args.add_argument("--check", action="store_true", help="load the scorer, report ready or fatal, and exit")
+    opts = args.parse_args(argv)
+
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)  # the scorer's prints land on stderr, never in the protocol
+    sys.stdout = sys.stderr
+    channel = _Channel(protocol_fd)
+    try:
+        scorer = _load_scorer(opts.impl)
+    except BaseException as exc:  # noqa: BLE001
+        channel.send({"op": "fatal", "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-4000:]})
+        return 2
+    channel.send({"op": "ready"})
+    if opts.check:
+        return 0
+    pool = ThreadPoolExecutor(max_workers=max(opts.threads, 1), thread_name_prefix="task")
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("op") == "task":
+            pool.submit(_run_task, channel, scorer, msg["id"], msg["row"])
+        elif msg.get("op") == "reply":
+            channel.deliver(msg)
+    # stdin ended: the host has every result, or gave up. Unblock calls still waiting so the threads can end.
+    channel.fail_pending("the host closed the scorer channel")
+    pool.shutdown(wait=True, cancel_futures=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

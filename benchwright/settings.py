@@ -1,0 +1,64 @@
+"""Deployment settings, read once at the edges (``api/main.py``, ``worker.py``, the CLI) and passed down.
+
+Every field can be set from the environment as ``BENCHWRIGHT_<FIELD>``; workflows never read settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TASK_QUEUE = "benchwright-runs"
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".benchwright"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BENCHWRIGHT_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    """Where the embedded stack keeps its SQLite store, Temporal database, run work directories and dev.json."""
+
+    database_url: str | None = None
+    """SQLAlchemy URL of the store; default is ``sqlite:///<data_dir>/benchwright.db``. Postgres:
+    ``postgresql+psycopg://user@host:5432/db``."""
+
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    task_queue: str = TASK_QUEUE
+
+    default_driver: str = "builtin"
+    """Driver used when a launch names none. The embedded stack configures the offline ``builtin`` driver."""
+
+    allow_local_paths: bool = True
+    """Whether Fetch may read a dataset from a path on the worker's host. The embedded stack allows it; a shared
+    server must set this to false so a caller cannot read the host's files."""
+
+    allow_fault_injection: bool = False
+    """Honour ``metadata.fault_injection`` on launches (tests only): makes a phase fail once after its events."""
+
+    materialize_concurrency: int = 128
+    """SUT calls in flight per run during Materialize."""
+
+    materialize_batch_tasks: int = 250
+    """Tasks per Materialize batch activity (all trials of a task stay in one batch)."""
+
+    materialize_parallel_batches: int = 4
+    """Batch activities of one run in flight at once; the concurrency is split between them."""
+
+    sut_timeout_s: float = 120.0
+    sut_retries: int = 2
+
+    temporal_ui_url: str | None = None
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'benchwright.db'}"
+
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"

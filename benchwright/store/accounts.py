@@ -1,0 +1,71 @@
+"""Accounts and their API keys. Keys are random, shown once, and stored only as sha256 digests."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
+
+from benchwright.errors import Conflict, NotFound, Unauthorized
+from benchwright.store.db import session_scope
+from benchwright.store.models import Account, ApiKey
+
+KEY_PREFIX = "bw_"
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_account(engine: Engine, *, name: str) -> tuple[Account, str]:
+    """Create an account with one API key; returns the account and the key (the only time it is visible).
+
+    Raises:
+        Conflict: an account with this name exists.
+    """
+    account = Account(id=str(uuid.uuid4()), name=name)
+    try:
+        with session_scope(engine) as session:
+            session.add(account)
+            session.flush()
+            key = _add_key(session, account.id)
+    except IntegrityError as exc:
+        raise Conflict(f"an account named {name!r} already exists", code="account_exists") from exc
+    return account, key
+
+
+def create_key(engine: Engine, *, account_name: str) -> str:
+    """Issue another API key for an existing account."""
+    with session_scope(engine) as session:
+        account = session.execute(select(Account).where(Account.name == account_name)).scalar_one_or_none()
+        if account is None:
+            raise NotFound(f"no account named {account_name!r}")
+        return _add_key(session, account.id)
+
+
+def _add_key(session: Session, account_id: str) -> str:
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    session.add(ApiKey(id=str(uuid.uuid4()), account_id=account_id, key_hash=_digest(key), prefix=key[:10]))
+    return key
+
+
+def authenticate(engine: Engine, key: str | None) -> Account:
+    """The account owning ``key``.
+
+    Raises:
+        Unauthorized: no key, or not a known key.
+    """
+    if not key:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    with Session(engine) as session:
+        account = session.execute(
+            select(Account).join(ApiKey, ApiKey.account_id == Account.id).where(ApiKey.key_hash == _digest(key))  # type: ignore[arg-type]
+        ).scalar_one_or_none()
+    if account is None:
+        raise Unauthorized("invalid API key")
+    return account

@@ -1,0 +1,133 @@
+"""Appending to and reading the event log (§5, DESIGN.md invariant 1).
+
+seq is assigned inside the append transaction from the run row's ``next_seq`` counter. The first statement of
+every append is an UPDATE of that row, which takes the row lock on Postgres and the write lock on SQLite, so
+concurrent appenders in any number of processes queue up and seq stays gapless and monotonic. Each event carries
+an idempotency key; an append whose key is already in the log writes nothing (a retried activity re-appends the
+same keys), and since the check happens under the same lock no seq is consumed for it.
+
+Projections (task rows, trial rows, the run's phase and model spend) are updated in the same transaction, so a
+reader never sees an event without its projection or the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.errors import NotFound
+from benchwright.events import Event
+from benchwright.store.db import session_scope
+from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, utcnow
+
+_KEY_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append, with the idempotency key that makes the append safe to repeat."""
+
+    key: str
+    type: str
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, key: str, event: Event) -> NewEvent:
+        return cls(key=key, type=event.type_name(), data=event.model_dump(mode="json"))
+
+
+def event_key(run_id: str, *parts: object) -> str:
+    """The idempotency key ``{run_id}:{part}:{part}...`` (phase, invocation, task index, trial, what)."""
+    return ":".join([run_id, *(str(p) for p in parts)])
+
+
+def append_events(engine: Engine, run_id: str, events: list[NewEvent]) -> int:
+    """Append ``events`` to the run's log in one transaction; returns how many were new.
+
+    Raises:
+        NotFound: the run does not exist.
+    """
+    if not events:
+        return 0
+    with session_scope(engine) as session:
+        return append_in_session(session, run_id, events)
+
+
+def append_in_session(session: Session, run_id: str, events: list[NewEvent], **run_updates: Any) -> int:
+    """Like ``append_events`` inside a caller's transaction, optionally updating columns of the run row too."""
+    locked = session.execute(update(Run).where(Run.id == run_id).values(next_seq=Run.next_seq))  # type: ignore[arg-type]
+    if locked.rowcount == 0:  # type: ignore[attr-defined]
+        raise NotFound(f"run {run_id} not found")
+    fresh = _without_recorded(session, events)
+    next_seq = session.execute(select(Run.next_seq).where(Run.id == run_id)).scalar_one()
+    now = utcnow()
+    if fresh:
+        session.execute(
+            insert(EventRow),
+            [
+                {"run_id": run_id, "seq": next_seq + i, "type": e.type, "data": e.data, "idem_key": e.key,
+                 "created_at": now}
+                for i, e in enumerate(fresh)
+            ],
+        )
+    values = {**_project(session, run_id, fresh), **run_updates, "next_seq": next_seq + len(fresh)}
+    session.execute(update(Run).where(Run.id == run_id).values(**values))  # type: ignore[arg-type]
+    return len(fresh)
+
+
+def _without_recorded(session: Session, events: list[NewEvent]) -> list[NewEvent]:
+    keys = [e.key for e in events]
+    seen: set[str] = set()
+    for start in range(0, len(keys), _KEY_CHUNK):
+        chunk = keys[start : start + _KEY_CHUNK]
+        seen.update(session.execute(select(EventRow.idem_key).where(EventRow.idem_key.in_(chunk))).scalars())  # type: ignore[attr-defined]
+    fresh: list[NewEvent] = []
+    for e in events:
+        if e.key not in seen:
+            seen.add(e.key)
+            fresh.append(e)
+    return fresh
+
+
+def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str, Any]:
+    """Maintain the projections for newly appended events; returns updates for the run row."""
+    run_updates: dict[str, Any] = {}
+    trials: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    model_cost = 0.0
+    for e in events:
+        d = e.data
+        if e.type == "PhaseStarted":
+            run_updates["phase"] = d["phase"]
+        elif e.type == "DatasetTasksArtifact":
+            run_updates["tasks_total"] = d["count"]
+        elif e.type == "MaterializeTaskResult":
+            model_cost += float(d.get("cost_usd") or 0.0)
+            trials.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
+                           "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
+                           "error": d.get("error")})
+        elif e.type == "MaterializeTaskAggregated":
+            rows.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"],
+                         "outcome": d["outcome"], "score": d["score"], "trial_scores": d["trial_scores"]})
+    if trials:
+        session.execute(insert(TrialResult), trials)
+    if rows:
+        session.execute(insert(TaskRow), rows)
+    if model_cost:
+        run_updates["cost_model_usd"] = Run.cost_model_usd + model_cost
+    return run_updates
+
+
+def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 1000) -> list[EventRow]:
+    """Events with seq > ``after`` in seq order, at most ``limit``."""
+    with Session(engine) as session:
+        return list(
+            session.execute(
+                select(EventRow).where(EventRow.run_id == run_id, EventRow.seq > after)
+                .order_by(EventRow.seq).limit(limit)  # type: ignore[arg-type]
+            ).scalars()
+        )

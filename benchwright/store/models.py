@@ -1,0 +1,103 @@
+"""SQLModel tables (``table=True`` classes only). Rows never cross the Temporal or HTTP boundary; schemas do.
+
+``events`` is the source of truth (§5). ``task_rows`` and ``trial_results`` are projections maintained in the
+same transaction as the events they are derived from; the ``runs`` row carries the status fields and the
+per-run sequence counter that makes seq gapless.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Account(SQLModel, table=True):
+    __tablename__ = "accounts"
+
+    id: str = Field(primary_key=True, max_length=36)
+    name: str = Field(unique=True, index=True, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "api_keys"
+
+    id: str = Field(primary_key=True, max_length=36)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
+    key_hash: str = Field(unique=True, max_length=64)
+    """sha256 of the key; the key itself is shown once at creation and never stored."""
+    prefix: str = Field(max_length=16)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_account_created", "account_id", "created_at"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    account_id: str = Field(foreign_key="accounts.id", max_length=36)
+    status: str = Field(default="running", max_length=16)
+    halted: bool = False
+    halt_reason: str | None = Field(default=None, max_length=1000)
+    model: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    driver: str = Field(max_length=256)
+    launch: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    visibility: str = Field(default="private", max_length=16)
+    trials_config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    phase: str | None = Field(default=None, max_length=32)
+    error: str | None = Field(default=None, max_length=4000)
+    tasks_total: int = 0
+    cost_model_usd: float = 0.0
+    next_seq: int = 0
+    """The seq the next appended event gets; only ever changed inside an append transaction."""
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_events_run_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="runs.id", max_length=36)
+    seq: int
+    type: str = Field(max_length=64)
+    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    idem_key: str = Field(unique=True, max_length=300)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class TaskRow(SQLModel, table=True):
+    """Projection of MaterializeTaskAggregated: one row per (run, invocation, task index)."""
+
+    __tablename__ = "task_rows"
+
+    run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
+    invocation: int = Field(primary_key=True)
+    index: int = Field(primary_key=True)
+    outcome: str = Field(max_length=8)
+    score: float | None = None
+    trial_scores: list[float | None] = Field(sa_column=Column(JSON, nullable=False))
+
+
+class TrialResult(SQLModel, table=True):
+    """Projection of MaterializeTaskResult: one row per (run, invocation, task index, trial)."""
+
+    __tablename__ = "trial_results"
+
+    run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
+    invocation: int = Field(primary_key=True)
+    index: int = Field(primary_key=True)
+    trial: int = Field(primary_key=True)
+    outcome: str = Field(max_length=8)
+    score: float | None = None
+    output: str | None = None
+    meta: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    error: str | None = None

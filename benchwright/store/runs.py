@@ -1,0 +1,178 @@
+"""Runs: creation (with RunLaunched at seq 0), terminal status, and the read projections the API serves."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.errors import InvalidInput, NotFound
+from benchwright.events import PipelineFinished, RunLaunched
+from benchwright.schemas import (
+    CostView,
+    LaunchRequest,
+    RunList,
+    RunView,
+    TaskDetail,
+    TaskList,
+    TaskRowView,
+    TasksBlock,
+    TasksSummary,
+    TrialView,
+)
+from benchwright.status import display_status
+from benchwright.store.db import session_scope
+from benchwright.store.events import NewEvent, append_in_session, event_key
+from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
+
+
+def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
+               trials_config: dict[str, Any]) -> Run:
+    """Insert the run row and its RunLaunched event (seq 0) in one transaction."""
+    run = Run(
+        id=str(uuid.uuid4()),
+        account_id=account_id,
+        model=launch.model.model_dump(mode="json", exclude_none=True),
+        driver=driver,
+        launch=launch.model_dump(mode="json", exclude_none=True),
+        visibility=launch.visibility,
+        trials_config=trials_config,
+    )
+    with session_scope(engine) as session:
+        session.add(run)
+        session.flush()
+        launched = RunLaunched(launch=run.launch, account_id=account_id, driver=driver)
+        append_in_session(session, run.id, [NewEvent.of(event_key(run.id, "launch"), launched)])
+    return run
+
+
+def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = None) -> None:
+    """Set the terminal status and append PipelineFinished in the same transaction (idempotent)."""
+    with session_scope(engine) as session:
+        finished = NewEvent.of(event_key(run_id, "pipeline", "finished"), PipelineFinished(status=status, error=error))
+        wrote = append_in_session(session, run_id, [finished])
+        if wrote:
+            run = session.get(Run, run_id)
+            assert run is not None
+            run.status = status
+            run.error = error[:4000] if error else None
+            run.finished_at = utcnow()
+
+
+def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Run:
+    """The run row; a run of another account is reported as not found.
+
+    Raises:
+        NotFound: no such run for this caller.
+    """
+    with Session(engine) as session:
+        run = session.get(Run, run_id)
+    if run is None or (account_id is not None and run.account_id != account_id):
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def run_view(engine: Engine, run: Run) -> RunView:
+    """The API's view of a run: stored fields, folded display status, cost and task summary."""
+    with Session(engine) as session:
+        counts = dict(
+            session.execute(
+                select(TaskRow.outcome, func.count()).where(TaskRow.run_id == run.id,
+                                                             TaskRow.invocation == _latest_invocation(session, run.id))
+                .group_by(TaskRow.outcome)  # type: ignore[arg-type]
+            ).all()
+        )
+    passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
+    settled = passed + failed + errored
+    in_flight = run.status == "running" and run.phase == "materialize"
+    summary = TasksSummary(
+        passed=passed, failed=failed, errored=errored,
+        running=max(run.tasks_total - settled, 0) if in_flight else 0,
+        total=run.tasks_total,
+        pass_rate=passed / (passed + failed) if passed + failed else None,
+    )
+    cost = CostView(model=run.cost_model_usd, incurred=run.cost_model_usd)
+    return RunView(
+        id=run.id, status=run.status, halted=run.halted, halt_reason=run.halt_reason,  # type: ignore[arg-type]
+        display_status=display_status(status=run.status, halted=run.halted, halt_reason=run.halt_reason),
+        model=run.model, driver=run.driver, phase=run.phase, visibility=run.visibility,  # type: ignore[arg-type]
+        metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, cost=cost,
+        tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
+    )
+
+
+def _latest_invocation(session: Session, run_id: str) -> int:
+    latest = session.execute(select(func.max(TaskRow.invocation)).where(TaskRow.run_id == run_id)).scalar_one()
+    return int(latest or 1)
+
+
+def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str | None = None) -> RunList:
+    """The account's runs, newest first, keyset-paginated by (created_at, id)."""
+    query = select(Run).where(Run.account_id == account_id)
+    if cursor:
+        created_at, run_id = _decode_cursor(cursor)
+        query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))  # type: ignore[arg-type]
+    with Session(engine) as session:
+        runs = list(session.execute(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)).scalars())  # type: ignore[attr-defined]
+    page, more = runs[:limit], len(runs) > limit
+    next_cursor = _encode_cursor(page[-1]) if more else None
+    return RunList(runs=[run_view(engine, r) for r in page], next_cursor=next_cursor)
+
+
+def _encode_cursor(run: Run) -> str:
+    return base64.urlsafe_b64encode(f"{run.created_at.isoformat()}|{run.id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, run_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(created), run_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput("cursor is not one this API issued", code="invalid_cursor") from exc
+
+
+def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500) -> TaskList:
+    """Settled task rows of the latest Materialize invocation, by index; output is the first trial's."""
+    with Session(engine) as session:
+        invocation = _latest_invocation(session, run_id)
+        rows = session.execute(
+            select(TaskRow, TrialResult.output)
+            .join(TrialResult, and_(TrialResult.run_id == TaskRow.run_id, TrialResult.invocation == TaskRow.invocation,  # type: ignore[arg-type]
+                                    TrialResult.index == TaskRow.index, TrialResult.trial == 0), isouter=True)
+            .where(TaskRow.run_id == run_id, TaskRow.invocation == invocation, TaskRow.index > after)  # type: ignore[arg-type]
+            .order_by(TaskRow.index).limit(limit)  # type: ignore[arg-type]
+        ).all()
+    tasks = [_row_view(row, output) for row, output in rows]
+    return TaskList(tasks=tasks, next_after=tasks[-1].index if len(tasks) == limit else None)
+
+
+def _row_view(row: TaskRow, output: str | None) -> TaskRowView:
+    return TaskRowView(index=row.index, invocation=row.invocation, outcome=row.outcome, score=row.score,  # type: ignore[arg-type]
+                       output=output, trial_scores=row.trial_scores)
+
+
+def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
+    """One task row with each trial's score, meta and output.
+
+    Raises:
+        NotFound: the task has no settled row yet.
+    """
+    with Session(engine) as session:
+        invocation = _latest_invocation(session, run_id)
+        row = session.get(TaskRow, (run_id, invocation, index))
+        trials = list(session.execute(
+            select(TrialResult).where(TrialResult.run_id == run_id, TrialResult.invocation == invocation,
+                                      TrialResult.index == index).order_by(TrialResult.trial)  # type: ignore[arg-type]
+        ).scalars())
+    if row is None:
+        raise NotFound(f"task {index} of run {run_id} has no settled result")
+    detail = _row_view(row, trials[0].output if trials else None)
+    return TaskDetail(**detail.model_dump(), trials=[
+        TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error)  # type: ignore[arg-type]
+        for t in trials
+    ])

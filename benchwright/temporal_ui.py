@@ -1,0 +1,23 @@
+"""What a person sees of a run in the Temporal UI: custom search attributes, summaries and details."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+RUN_PHASE = SearchAttributeKey.for_keyword("BenchwrightPhase")
+RUN_STATUS = SearchAttributeKey.for_keyword("BenchwrightStatus")
+RUN_MODEL = SearchAttributeKey.for_keyword("BenchwrightModel")
+RUN_ACCOUNT = SearchAttributeKey.for_keyword("BenchwrightAccount")
+SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT)
+
+
+def dev_server_args() -> list[str]:
+    """``temporal server start-dev`` flags that register our search attributes."""
+    args: list[str] = []
+    for key in SEARCH_ATTRIBUTES:
+        args += ["--search-attribute", f"{key.name}=Keyword"]
+    return args
+
+
+def workflow_summary(*, model: str, dataset: str) -> str:
+    return f"{model} on {dataset}"[:400]

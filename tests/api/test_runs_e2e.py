@@ -1,0 +1,66 @@
+"""End to end through REST against the real stack (Temporal dev server, worker, API, SQLite, dev model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchwright.devmodel import DevModelConfig, load_answers
+from benchwright.schemas import PHASES
+from tests.api.helpers import launch, poll_all, wait_terminal
+from tests.conftest import SAMPLE, DevModels, Stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+DATASET = str(SAMPLE / "arithmetic.jsonl")
+
+
+def model(url: str) -> dict[str, str]:
+    return {"identifier": "openai/dev", "api_base": url}
+
+
+async def test_launch_reaches_ok_with_gapless_log_in_phase_order(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": model(stack.dev_url)})
+        assert run["status"] == "running" and run["driver"] == "builtin"
+        events = await wait_terminal(http, run["id"])
+        polled = await poll_all(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "RunLaunched"
+    assert events == polled, "SSE and polling must return identical records"
+
+    started = [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"]
+    completed = [e["data"]["phase"] for e in events if e["type"] == "PhaseCompleted"]
+    skipped = {e["data"]["phase"]: e["data"]["reason"] for e in events if e["type"] == "PhaseSkipped"}
+    assert skipped == {"find": "dataset given at launch"}
+    expected = [p for p in PHASES if p not in skipped]
+    assert started == expected and completed == expected
+
+    assert final["status"] == "ok" and final["display_status"] == "ok"
+    summary = final["tasks"]["summary"]
+    assert summary == {"passed": 60, "failed": 0, "errored": 0, "running": 0, "total": 60, "pass_rate": 1.0}
+    results = [e for e in events if e["type"] == "MaterializeTaskResult"]
+    assert sorted(r["data"]["index"] for r in results) == list(range(60))
+    assert all(r["data"]["usage"]["prompt_tokens"] > 0 for r in results)
+    artifacts = [e["type"] for e in events if e["type"].endswith("Artifact")]
+    assert artifacts == ["FetchArtifact", "AnalyzeArtifact", "DatasetTasksArtifact", "SetupArtifact",
+                         "ModelProxyArtifact", "AtomizeArtifact"]
+
+
+async def test_wrong_answer_key_scores_zero(stack: Stack, dev_models: DevModels, tmp_path: Path) -> None:
+    answers = load_answers(SAMPLE / "arithmetic.jsonl")
+    wrong_url = await dev_models.start(DevModelConfig(answers=answers, accuracy=0.0))
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": model(wrong_url)})
+        await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+        tasks = (await http.get(f"/v1/runs/{run['id']}/tasks")).json()["tasks"]
+    assert final["status"] == "ok"
+    assert final["tasks"]["summary"]["pass_rate"] == 0.0
+    assert final["tasks"]["summary"]["failed"] == 60
+    assert len(tasks) == 60 and all(t["outcome"] == "fail" and t["score"] == 0.0 for t in tasks)
+    by_question = {json.loads(line)["answer"] for line in (SAMPLE / "arithmetic.jsonl").read_text().splitlines()}
+    assert all(t["output"] is not None for t in tasks) and by_question

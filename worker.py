@@ -1,0 +1,68 @@
+"""Wiring only: build the Temporal worker that runs RunWorkflow and the phase activities."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy.engine import Engine
+from temporalio.client import Client
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from activities.analyze import AnalyzeActivities
+from activities.atomize import AtomizeActivities
+from activities.attach import AttachActivities
+from activities.common import Deps
+from activities.fetch import FetchActivities
+from activities.materialize import MaterializeActivities
+from activities.run_log import RunLogActivities
+from activities.setup import SetupActivities
+from benchwright.settings import Settings
+from workflows.run import RunWorkflow
+
+# Modules the workflow sandbox shares with the worker instead of re-importing per run (10x cheaper, and SQLModel
+# tables cannot be defined twice). None of them is used for I/O from workflow code.
+PASSTHROUGH = ("benchwright", "pydantic", "pydantic_core", "sqlmodel", "sqlalchemy", "yaml", "httpx")
+
+
+def build_worker(client: Client, *, settings: Settings, engine: Engine, task_queue: str | None = None) -> Worker:
+    deps = Deps(engine=engine, settings=settings)
+    materialize = MaterializeActivities(deps)
+    run_log = RunLogActivities(deps)
+    activities = [
+        FetchActivities(deps).fetch,
+        AnalyzeActivities(deps).analyze,
+        SetupActivities(deps).setup,
+        AttachActivities(deps).attach,
+        AtomizeActivities(deps).atomize,
+        materialize.begin,
+        materialize.batch,
+        materialize.complete,
+        run_log.record_events,
+        run_log.finish,
+    ]
+    return Worker(
+        client,
+        task_queue=task_queue or settings.task_queue,
+        workflows=[RunWorkflow],
+        activities=activities,
+        max_concurrent_activities=64,
+        workflow_runner=SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
+    )
+
+
+async def run_worker(settings: Settings) -> None:
+    """Connect, migrate the store, and poll the task queue until cancelled."""
+    from benchwright.store.db import make_engine, migrate
+    from benchwright.temporal_client import connect
+
+    engine = make_engine(settings.resolved_database_url())
+    migrate(engine)
+    client = await connect(settings)
+    worker = build_worker(client, settings=settings, engine=engine)
+    await worker.run()
+
+
+if __name__ == "__main__":
+    asyncio.run(run_worker(Settings()))
