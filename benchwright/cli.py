@@ -1,0 +1,289 @@
+"""The ``benchwright`` command line. Imports stay light (no litellm, no Temporal) until a command needs them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from benchwright.settings import Settings, default_data_dir
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Benchwright: run a model against a benchmark as one durable workflow and get a comparable "
+                       "score with the full event log behind it.")
+accounts_app = typer.Typer(no_args_is_help=True, help="Accounts and their API keys.")
+app.add_typer(accounts_app, name="accounts")
+
+SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
+DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
+                                                                    "$BENCHWRIGHT_DATA_DIR).")]
+
+
+def _data_dir(value: Path | None) -> Path:
+    if value is not None:
+        return value.expanduser().resolve()
+    return Path(os.environ.get("BENCHWRIGHT_DATA_DIR", default_data_dir())).expanduser().resolve()
+
+
+@app.command()
+def up(data_dir: DataDir = None,
+       api_port: Annotated[int, typer.Option(help="API port on 127.0.0.1.")] = 8700,
+       temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
+       ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233) -> None:
+    """Start the embedded stack (Temporal dev server, worker, API) until Ctrl-C."""
+    from benchwright.supervisor import StackConfig, run_up
+
+    cfg = StackConfig(data_dir=_data_dir(data_dir), api_port=api_port, temporal_port=temporal_port, ui_port=ui_port)
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    raise typer.Exit(run_up(cfg, say=lambda m: console.print(m, highlight=False)))
+
+
+@app.command()
+def worker(data_dir: DataDir = None) -> None:
+    """Run one more worker against the stack whose data directory is given (workers scale out on one queue)."""
+    import asyncio
+
+    from worker import run_worker
+
+    directory = _data_dir(data_dir)
+    overrides: dict[str, Any] = {"data_dir": directory}
+    dev = directory / "dev.json"
+    if "BENCHWRIGHT_TEMPORAL_ADDRESS" not in os.environ and dev.exists():
+        overrides["temporal_address"] = json.loads(dev.read_text())["temporal_address"]
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(run_worker(Settings(**overrides)))
+    except KeyboardInterrupt:
+        pass
+
+
+@accounts_app.command("create")
+def accounts_create(name: str, data_dir: DataDir = None) -> None:
+    """Create an account and print its API key (shown only this once)."""
+    from benchwright.errors import BenchwrightError
+    from benchwright.store.accounts import create_account
+    from benchwright.store.db import make_engine, migrate
+
+    settings = Settings(data_dir=_data_dir(data_dir))
+    engine = make_engine(settings.resolved_database_url())
+    migrate(engine)
+    try:
+        account, key = create_account(engine, name=name)
+    except BenchwrightError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    console.print(f"created account [bold]{account.name}[/bold] ({account.id}); its API key:")
+    out.print(key, highlight=False)
+
+
+@app.command("dev-model")
+def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {question, answer}.")] = SAMPLE,
+              accuracy: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction answered correctly.")] = 1.0,
+              latency_ms: Annotated[float, typer.Option(min=0.0, help="Latency per request, in ms.")] = 0.0,
+              port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 9000,
+              host: str = "127.0.0.1",
+              model_name: str = "dev",
+              ready_file: Annotated[Optional[Path], typer.Option(help="Write {url, port} here once listening.")] = None,
+              ) -> None:
+    """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
+    from benchwright.devmodel import DevModelConfig, load_answers, serve
+
+    config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
+                            model_name=model_name)
+    console.print(f"dev model (test double) on http://{host}:{port}/v1: {len(config.answers)} answers, "
+                  f"accuracy {accuracy}, latency {latency_ms} ms")
+    serve(config, host=host, port=port, ready_file=str(ready_file) if ready_file else None)
+
+
+def _client(data_dir: Path | None, api_url: str | None, api_key: str | None):  # type: ignore[no-untyped-def]
+    from benchwright.client import Client, read_dev_json
+
+    if api_url and api_key:
+        return Client(api_url, api_key)
+    dev = read_dev_json(_data_dir(data_dir))
+    return Client(api_url or dev["api_url"], api_key or dev["api_key"])
+
+
+def _progress_line(run: dict[str, Any], elapsed: float) -> str:
+    s = run["tasks"]["summary"]
+    settled = s["passed"] + s["failed"] + s["errored"]
+    rate = "-" if s["pass_rate"] is None else f"{s['pass_rate']:.3f}"
+    return (f"[bold]{run['display_status']}[/bold]  phase {run['phase'] or '-'}  tasks {settled}/{s['total']}  "
+            f"pass {s['passed']} fail {s['failed']} err {s['errored']}  pass rate {rate}  {elapsed:.1f} s")
+
+
+def watch_run(client: Any, run_id: str) -> dict[str, Any]:
+    """Show live progress until the run ends; returns the final run."""
+    from rich.live import Live
+
+    started = time.monotonic()
+    run = client.run(run_id)
+    with Live(_progress_line(run, 0.0), console=console, refresh_per_second=8, transient=False) as live:
+        while run["status"] == "running" and not run["halted"]:
+            time.sleep(0.2)
+            run = client.run(run_id)
+            live.update(_progress_line(run, time.monotonic() - started))
+    console.print()
+    return run
+
+
+def _summary(run: dict[str, Any]) -> str:
+    s = run["tasks"]["summary"]
+    rate = "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}"
+    text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
+            f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
+    if run.get("error"):
+        text += f"\n  error: {run['error']}"
+    return text
+
+
+@app.command()
+def run(dataset: Annotated[str, typer.Option(help="Dataset URL, or a local path on the stack's host.")],
+        model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
+        api_base: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
+        driver: Annotated[Optional[str], typer.Option(help="The Driver (default: the deployment's).")] = None,
+        trials: Annotated[int, typer.Option(min=1, help="Trials per task (k).")] = 1,
+        aggregator: Annotated[str, typer.Option(help="Trial aggregator.")] = "any_pass",
+        watch: Annotated[bool, typer.Option("--watch/--no-watch", help="Show live progress until it ends.")] = False,
+        data_dir: DataDir = None,
+        api_url: Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_URL")] = None,
+        api_key: Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_KEY")] = None) -> None:
+    """Launch a run through the REST API (and optionally watch it)."""
+    from benchwright.client import ApiError
+
+    if not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
+        dataset = str(Path(dataset).resolve())
+    model_spec: dict[str, Any] = {"identifier": model}
+    if api_base:
+        model_spec["api_base"] = api_base
+    body: dict[str, Any] = {}
+    if trials != 1 or aggregator != "any_pass":
+        body["trials"] = {"plan": {"k": trials}, "aggregator": {"name": aggregator}}
+    try:
+        with _client(data_dir, api_url, api_key) as client:
+            launched = client.launch(dataset=dataset, model=model_spec, driver=driver, **body)
+            console.print(f"launched run [bold]{launched['id']}[/bold]")
+            if not watch:
+                out.print(launched["id"], highlight=False)
+                return
+            final = watch_run(client, launched["id"])
+    except (ApiError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    out.print(_summary(final), highlight=False)
+    raise typer.Exit(0 if final["status"] == "ok" else 1)
+
+
+@app.command()
+def demo(data_dir: DataDir = None,
+         accuracy: Annotated[float, typer.Option(min=0.0, max=1.0, help="Dev model accuracy.")] = 0.85,
+         keep_running: Annotated[bool, typer.Option(help="Leave the stack up after the run (Ctrl-C stops).")] = False,
+         ) -> None:
+    """Bring up the stack and a dev model, run the bundled 60-row sample end to end, print the score."""
+    from benchwright.client import Client
+    from benchwright.devstack import free_port
+
+    directory = _data_dir(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="benchwright-demo-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
+    logs = directory / "logs"
+    logs.mkdir(exist_ok=True)
+    console.print(f"[bold]Benchwright demo[/bold] (data in {directory})")
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "benchwright.cli", "up", "--data-dir", str(directory), "--api-port", str(ports["api"]),
+         "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
+        stdin=subprocess.DEVNULL, start_new_session=True)
+    ready = directory / "dev-model.json"
+    ready.unlink(missing_ok=True)
+    model_proc = subprocess.Popen(
+        [sys.executable, "-m", "benchwright.cli", "dev-model", "--answers", str(SAMPLE), "--accuracy", str(accuracy),
+         "--latency-ms", "20", "--port", "0", "--ready-file", str(ready)],
+        stdin=subprocess.DEVNULL, stdout=(logs / "dev-model.log").open("ab"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    code = 1
+    try:
+        dev = _await_file(directory / "dev.json", stack, "the stack")
+        model_url = _await_file(ready, model_proc, "the dev model")["url"]
+        with Client(dev["api_url"], dev["api_key"]) as client:
+            launched = client.launch(dataset=str(SAMPLE), model={"identifier": "openai/dev", "api_base": model_url})
+            console.print(f"launched run {launched['id']} against the dev model (test double, accuracy {accuracy})")
+            final = watch_run(client, launched["id"])
+        out.print(_summary(final), highlight=False)
+        out.print(f"run:         {dev['api_url']}/v1/runs/{final['id']}  (Authorization: Bearer <api_key in "
+                  f"{directory / 'dev.json'}>)", highlight=False)
+        out.print(f"Temporal UI: {dev['temporal_ui_url']}/namespaces/default/workflows/{final['id']}", highlight=False)
+        code = 0 if final["status"] == "ok" else 1
+        if keep_running:
+            console.print("stack left running; Ctrl-C stops it")
+            stack.wait()
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:  # noqa: BLE001 - the demo reports any failure plainly and still cleans up
+        console.print(f"[red]demo failed:[/red] {exc}")
+    finally:
+        for proc in (model_proc, stack):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        console.print("stopped the stack and the dev model")
+    raise typer.Exit(code)
+
+
+def _await_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 90.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    with console.status(f"waiting for {what}..."):
+        while time.monotonic() < deadline:
+            if path.exists():
+                return json.loads(path.read_text())  # type: ignore[no-any-return]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} was not ready within {timeout_s:.0f} s")
+
+
+def main() -> None:
+    """Entry point. Exits through ``os._exit`` after flushing, so temporalio's occasional abort at interpreter exit
+    (sdk-python issue 300) cannot turn the command's real status into a crash code."""
+    code = 0
+    try:
+        app(standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        console.print("aborted")
+        code = 130
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            code = exc.exit_code
+        else:
+            raise
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""``benchwright up``: the embedded stack on one machine — Temporal dev server, worker, API — supervised.
+
+Children are started on loopback, each stopped by its own PID on Ctrl-C/SIGTERM. The worker is restarted if it
+dies; if Temporal or the API dies, the whole stack stops (a half-up stack is worse than a clear failure).
+When everything answers, ``DIR/dev.json`` says where: ``{api_url, temporal_address, temporal_ui_url, api_key}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchwright.devstack import port_open, temporal_binary
+from benchwright.errors import Unavailable
+from benchwright.temporal_ui import dev_server_args
+
+READY_TIMEOUT_S = 60.0
+DEV_ACCOUNT = "dev"
+
+
+@dataclass
+class StackConfig:
+    data_dir: Path
+    api_port: int = 8700
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    host: str = "127.0.0.1"
+
+    @property
+    def temporal_address(self) -> str:
+        return f"{self.host}:{self.temporal_port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.api_port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{self.host}:{self.ui_port}"
+
+    def child_env(self) -> dict[str, str]:
+        return {**os.environ, "BENCHWRIGHT_DATA_DIR": str(self.data_dir),
+                "BENCHWRIGHT_TEMPORAL_ADDRESS": self.temporal_address,
+                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = field(default=0)
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _ensure_dev_key(data_dir: Path) -> str:
+    """The dev account's API key, created on first start and kept (0600) for later starts."""
+    from benchwright.store.accounts import authenticate, create_account, create_key
+    from benchwright.store.db import make_engine, migrate
+    from benchwright.errors import Conflict, Unauthorized
+
+    from benchwright.settings import Settings
+
+    engine = make_engine(Settings(data_dir=data_dir).resolved_database_url())
+    migrate(engine)
+    key_file = data_dir / "dev-account.json"
+    if key_file.exists():
+        key = json.loads(key_file.read_text())["api_key"]
+        try:
+            authenticate(engine, key)
+            return str(key)
+        except Unauthorized:
+            pass
+    try:
+        _, key = create_account(engine, name=DEV_ACCOUNT)
+    except Conflict:
+        key = create_key(engine, account_name=DEV_ACCOUNT)
+    key_file.write_text(json.dumps({"account": DEV_ACCOUNT, "api_key": key}))
+    key_file.chmod(0o600)
+    engine.dispose()
+    return key
+
+
+def _wait_for(what: str, check: Any, child: Child, timeout: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            tail = child.log.read_text(errors="replace")[-2000:] if child.log.exists() else ""
+            raise Unavailable(f"{what} exited during start-up; its log ({child.log}) ends with:\n{tail}")
+        if check():
+            return
+        time.sleep(0.05)
+    raise Unavailable(f"{what} did not become ready within {timeout:.0f} s (log: {child.log})")
+
+
+def _api_ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Stack:
+    def __init__(self, cfg: StackConfig, *, say: Any = print) -> None:
+        self.cfg = cfg
+        self.say = say
+        logs = cfg.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = cfg.child_env()
+        self.temporal = Child("temporal", [
+            temporal_binary(), "server", "start-dev", "--ip", cfg.host, "--port", str(cfg.temporal_port),
+            "--ui-port", str(cfg.ui_port), "--db-filename", str(cfg.data_dir / "temporal.db"), "--log-level", "warn",
+            *dev_server_args()], logs / "temporal.log", env)
+        self.worker = Child("worker", [sys.executable, "-m", "benchwright.cli", "worker",
+                                       "--data-dir", str(cfg.data_dir)], logs / "worker.log", env)
+        self.api = Child("api", [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
+                                 "--host", cfg.host, "--port", str(cfg.api_port), "--log-level", "warning",
+                                 "--no-access-log"], logs / "api.log", env)
+        self.dev_json = cfg.data_dir / "dev.json"
+
+    def start(self) -> dict[str, str]:
+        cfg = self.cfg
+        for name, port in (("Temporal", cfg.temporal_port), ("Temporal UI", cfg.ui_port), ("API", cfg.api_port)):
+            if port_open(cfg.host, port):
+                raise Unavailable(f"port {port} for the {name} is already in use; pick another with the --*-port options")
+        self.dev_json.unlink(missing_ok=True)
+        self.say(f"starting Temporal dev server on {cfg.temporal_address} (UI {cfg.ui_url})")
+        self.temporal.start()
+        _wait_for("the Temporal dev server", lambda: port_open(cfg.host, cfg.temporal_port), self.temporal)
+        key = _ensure_dev_key(cfg.data_dir)
+        self.say("starting worker and API")
+        self.worker.start()
+        self.api.start()
+        _wait_for("the API", lambda: _api_ready(cfg.api_url), self.api)
+        dev = {"api_url": cfg.api_url, "temporal_address": cfg.temporal_address, "temporal_ui_url": cfg.ui_url,
+               "api_key": key}
+        tmp = self.dev_json.with_suffix(".part")
+        tmp.write_text(json.dumps(dev, indent=2))
+        tmp.chmod(0o600)
+        tmp.replace(self.dev_json)
+        return dev
+
+    def supervise(self, stop: Any) -> int:
+        """Watch the children until ``stop()`` is true; returns the exit status."""
+        while not stop():
+            if not self.temporal.alive() or not self.api.alive():
+                dead = "Temporal" if not self.temporal.alive() else "the API"
+                self.say(f"{dead} exited; stopping the stack (logs in {self.cfg.data_dir / 'logs'})")
+                return 1
+            if not self.worker.alive():
+                self.worker.restarts += 1
+                self.say(f"worker exited (code {self.worker.proc.returncode if self.worker.proc else '?'}); "
+                         f"restarting it (restart #{self.worker.restarts})")
+                self.worker.start()
+            time.sleep(0.2)
+        return 0
+
+    def stop(self) -> None:
+        self.dev_json.unlink(missing_ok=True)
+        for child in (self.worker, self.api, self.temporal):
+            child.stop()
+
+
+def run_up(cfg: StackConfig, *, say: Any = print) -> int:
+    """Start the stack, supervise it until SIGINT/SIGTERM, stop every child. Returns the exit status."""
+    stopping = False
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    stack = Stack(cfg, say=say)
+    try:
+        dev = stack.start()
+        say(f"Benchwright is up. API {dev['api_url']}  Temporal UI {dev['temporal_ui_url']}\n"
+            f"dev account key and addresses: {stack.dev_json}  (Ctrl-C stops everything)")
+        return stack.supervise(lambda: stopping)
+    except Unavailable as exc:
+        say(f"error: {exc}")
+        return 1
+    finally:
+        stack.stop()

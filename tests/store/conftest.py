@@ -1,0 +1,41 @@
+"""Store backends for the store tests: a SQLite file, and Postgres at 127.0.0.1:5432 in a schema of its own."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+
+POSTGRES_URL = os.environ.get("BENCHWRIGHT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _postgres_schema_url() -> Iterator[str]:
+    schema = f"bw_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL)
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f"CREATE SCHEMA {schema}"))
+    except Exception as exc:  # noqa: BLE001 - report why and skip, never silently
+        admin.dispose()
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"Postgres at {POSTGRES_URL} is not reachable ({type(exc).__name__}); set "
+                    "BENCHWRIGHT_TEST_POSTGRES_URL to run the Postgres half of the store tests")
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        yield from _postgres_schema_url()
