@@ -259,26 +259,13 @@ def _await_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s:
 def main() -> None:
     """Entry point. Exits through ``os._exit`` after flushing, so temporalio's occasional abort at interpreter exit
     (sdk-python issue 300) cannot turn the command's real status into a crash code."""
-    code = 0
     try:
-        app(standalone_mode=False)
+        app()  # standalone mode: click prints usage errors (exit 2) and turns typer.Exit into SystemExit
+        code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except typer.Exit as exc:
-        code = exc.exit_code
-    except typer.Abort:
-        console.print("aborted")
-        code = 130
     except KeyboardInterrupt:
         code = 130
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            code = exc.exit_code
-        else:
-            raise
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

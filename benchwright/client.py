@@ -57,7 +57,10 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        resp = self._http.request(method, path, **kwargs)
+        try:
+            resp = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"cannot reach the API at {self._http.base_url}: {exc}") from exc
         if resp.status_code >= 400:
             try:
                 err = resp.json()["error"]

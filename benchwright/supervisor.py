@@ -166,7 +166,13 @@ class Stack:
         tmp.write_text(json.dumps(dev, indent=2))
         tmp.chmod(0o600)
         tmp.replace(self.dev_json)
+        self._write_pids()
         return dev
+
+    def _write_pids(self) -> None:
+        """``DIR/pids.json``: each child's PID, for operators (and tests) that need to find one."""
+        pids = {c.name: c.proc.pid for c in (self.temporal, self.worker, self.api) if c.proc is not None}
+        (self.cfg.data_dir / "pids.json").write_text(json.dumps(pids))
 
     def supervise(self, stop: Any) -> int:
         """Watch the children until ``stop()`` is true; returns the exit status."""
@@ -180,11 +186,13 @@ class Stack:
                 self.say(f"worker exited (code {self.worker.proc.returncode if self.worker.proc else '?'}); "
                          f"restarting it (restart #{self.worker.restarts})")
                 self.worker.start()
+                self._write_pids()
             time.sleep(0.2)
         return 0
 
     def stop(self) -> None:
         self.dev_json.unlink(missing_ok=True)
+        (self.cfg.data_dir / "pids.json").unlink(missing_ok=True)
         for child in (self.worker, self.api, self.temporal):
             child.stop()
 

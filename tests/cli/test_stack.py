@@ -1,0 +1,156 @@
+"""`benchwright up`, `worker`, `accounts create`, `dev-model` and `run` as a user runs them: real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from benchwright.client import Client
+from benchwright.devstack import free_port
+
+BW = [sys.executable, "-m", "benchwright.cli"]
+SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        assert proc.poll() is None, f"process exited with {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of a dead parent still answers kill(0); check its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture
+def dev_model(tmp_path: Path) -> Iterator[str]:
+    ready = tmp_path / "dev-model.json"
+    proc = subprocess.Popen([*BW, "dev-model", "--answers", str(SAMPLE), "--port", "0", "--ready-file", str(ready)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield _wait_file(ready, proc)["url"]
+    finally:
+        _stop(proc)
+
+
+def _up(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*BW, "up", "--data-dir", str(data_dir), "--api-port", str(ports["api"]),
+         "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(data_dir / "up.err").open("wb"))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_path: Path, dev_model: str) -> None:
+    data_dir = tmp_path / "stack"
+    data_dir.mkdir()
+    ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
+    up = _up(data_dir, ports)
+    try:
+        dev = _wait_file(data_dir / "dev.json", up)
+        assert set(dev) == {"api_url", "temporal_address", "temporal_ui_url", "api_key"}
+        assert httpx.get(dev["temporal_ui_url"], timeout=10).status_code == 200
+
+        # `benchwright run --watch` launches through REST and reports the score; its exit status is truthful.
+        env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(data_dir)}
+        done = subprocess.run([*BW, "run", "--dataset", str(SAMPLE), "--model", "openai/dev", "--api-base", dev_model,
+                               "--watch"], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "score (pass rate) 100.0%" in done.stdout
+        run_id = done.stdout.split("run ", 1)[1].split(":", 1)[0]
+
+        # The supervisor restarts a worker that dies; a launch after that still completes.
+        pids = json.loads((data_dir / "pids.json").read_text())
+        os.kill(pids["worker"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while json.loads((data_dir / "pids.json").read_text())["worker"] == pids["worker"]:
+            assert time.monotonic() < deadline, "worker was not restarted"
+            await asyncio.sleep(0.05)
+        with Client(dev["api_url"], dev["api_key"]) as client:
+            second = client.launch(dataset=str(SAMPLE), model={"identifier": "openai/dev", "api_base": dev_model})
+            assert (await asyncio.to_thread(client.wait, second["id"], timeout_s=120))["status"] == "ok"
+
+        # An extra `benchwright worker` joins the same queue and leaves cleanly on SIGTERM.
+        extra = subprocess.Popen([*BW, "worker", "--data-dir", str(data_dir)], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert extra.poll() is None
+        _stop(extra)
+
+        pids = json.loads((data_dir / "pids.json").read_text())
+        assert _stop(up) == 0
+        assert not any(_alive(pid) for pid in pids.values()), "every child stops with `up`"
+        assert not (data_dir / "dev.json").exists()
+
+        # Runs survive a restart of the stack (Temporal's and the store's files are under the data dir).
+        up = _up(data_dir, ports)
+        dev2 = _wait_file(data_dir / "dev.json", up)
+        assert dev2["api_key"] == dev["api_key"]
+        with Client(dev2["api_url"], dev2["api_key"]) as client:
+            assert client.run(run_id)["status"] == "ok"
+            assert client.events(run_id)["events"][-1]["type"] == "PipelineFinished"
+        from temporalio.client import Client as TemporalClient
+
+        temporal = await TemporalClient.connect(dev2["temporal_address"])
+        desc = await temporal.get_workflow_handle(run_id).describe()
+        assert desc.status is not None and desc.status.name == "COMPLETED"
+    finally:
+        _stop(up)
+
+
+def test_accounts_create_prints_a_working_key_and_refuses_a_duplicate(tmp_path: Path) -> None:
+    made = subprocess.run([*BW, "accounts", "create", "alice", "--data-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    assert key.startswith("bw_")
+    from benchwright.settings import Settings
+    from benchwright.store.accounts import authenticate
+    from benchwright.store.db import make_engine
+
+    assert authenticate(make_engine(Settings(data_dir=tmp_path).resolved_database_url()), key).name == "alice"
+    again = subprocess.run([*BW, "accounts", "create", "alice", "--data-dir", str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_cli_exit_status_is_truthful_across_repeats(tmp_path: Path) -> None:
+    """A failing command exits 1 and a usage error 2, every time (no abort code from the interpreter's exit)."""
+    for _ in range(5):
+        failed = subprocess.run([*BW, "run", "--dataset", "x.jsonl", "--model", "m", "--api-url", "http://127.0.0.1:9",
+                                 "--api-key", "k"], capture_output=True, text=True, timeout=60)
+        assert failed.returncode == 1, (failed.returncode, failed.stderr)
+        usage = subprocess.run([*BW, "run"], capture_output=True, text=True, timeout=60)
+        assert usage.returncode == 2, (usage.returncode, usage.stderr)
