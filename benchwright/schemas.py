@@ -67,6 +67,8 @@ class LaunchRequest(_Strict):
     """Python source of task_impl.py. When given, Atomize uses it verbatim instead of writing one."""
     trials: TrialsConfig | None = None
     """k trials per task and the aggregator that reduces them (§7). Default: k=1, any_pass."""
+    concurrency: int | None = Field(default=None, ge=1, le=1024)
+    """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
 
     @model_validator(mode="before")
     @classmethod

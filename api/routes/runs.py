@@ -39,7 +39,7 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
                                   driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"))
     inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver, trials=resolved.trials,
-                   materialize=MaterializeOptions(concurrency=settings.materialize_concurrency,
+                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
                                                   batch_tasks=settings.materialize_batch_tasks,
                                                   parallel_batches=settings.materialize_parallel_batches))
     try:
