@@ -62,7 +62,7 @@ class MaterializeActivities:
                 await asyncio.sleep(HEARTBEAT_EVERY_S)
                 activity.heartbeat(last)
 
-        sut = make_sut(inp.launch.model, prices=prices_for(inp.launch.model), api_key=None,
+        sut = make_sut(inp.model, prices=prices_for(inp.model), api_key=None,
                        concurrency=inp.concurrency, timeout_s=settings.sut_timeout_s, retries=settings.sut_retries)
         ticker = asyncio.create_task(keepalive())
         try:
@@ -73,6 +73,6 @@ class MaterializeActivities:
         finally:
             ticker.cancel()
             await sut.aclose()
-        maybe_inject_fault(self.deps, inp.launch.metadata, "materialize")
+        maybe_inject_fault(self.deps, inp.metadata, "materialize")
         return result
 

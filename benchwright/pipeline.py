@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from benchwright.schemas import PHASES, LaunchRequest
+from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig
 
 
@@ -92,7 +92,8 @@ class MaterializeBatchInput(BaseModel):
     start: int
     stop: int
     """Task indices ``start <= index < stop``; every trial of a task stays in one batch."""
-    launch: LaunchRequest
+    model: ModelSpec
+    metadata: dict[str, Any] = Field(default_factory=dict)
     trials: TrialsConfig
     concurrency: int
 

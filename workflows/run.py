@@ -108,7 +108,8 @@ class RunWorkflow:
         async def one(start: int, stop: int) -> None:
             async with limiter:
                 batch = MaterializeBatchInput(run_id=inp.run_id, invocation=invocation, start=start, stop=stop,
-                                              launch=inp.launch, trials=inp.trials, concurrency=concurrency)
+                                              model=inp.launch.model, metadata=inp.launch.metadata,
+                                              trials=inp.trials, concurrency=concurrency)
                 await workflow.execute_activity(
                     "materialize_batch", batch, result_type=MaterializeBatchResult,
                     activity_id=f"materialize-{invocation}-{start}", start_to_close_timeout=BATCH_TIMEOUT,

@@ -122,9 +122,28 @@ class _Session:
         self.write_lock = asyncio.Lock()
 
     async def send(self, msg: dict[str, Any]) -> None:
+        await self._write((json.dumps(msg, ensure_ascii=False, default=str) + "\n").encode())
+
+    async def _send_tasks(self) -> None:
+        """All tasks in large writes (one syscall per ~64 KiB, not one per task); the runner queues them."""
+        assert self.proc.stdin is not None
+        chunk: list[bytes] = []
+        size = 0
+        for item_id, item in self.items.items():
+            line = (json.dumps({"op": "task", "id": item_id, "row": item.row}, ensure_ascii=False, default=str)
+                    + "\n").encode()
+            chunk.append(line)
+            size += len(line)
+            if size >= 1 << 16:
+                await self._write(b"".join(chunk))
+                chunk, size = [], 0
+        if chunk:
+            await self._write(b"".join(chunk))
+
+    async def _write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         async with self.write_lock:
-            self.proc.stdin.write((json.dumps(msg, ensure_ascii=False, default=str) + "\n").encode())
+            self.proc.stdin.write(data)
             await self.proc.stdin.drain()
 
     async def run(self) -> None:
@@ -138,8 +157,7 @@ class _Session:
                 raise ScorerLoadError(
                     f"task_impl.py failed to load: {msg.get('error') or self._died()}", msg.get("trace", ""))
             try:
-                for item_id, item in self.items.items():
-                    await self.send({"op": "task", "id": item_id, "row": item.row})
+                await self._send_tasks()
                 await self._read_until_done()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the runner died; what is left becomes err records below
