@@ -612,7 +612,9 @@ def serve(
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
             restore_sigterm = True
     try:
-        asyncio.run(_serve_until_exit(server, host, ready_file, written))
+        # uvicorn's loop factory picks uvloop when it is installed ("auto"), plain asyncio otherwise.
+        with asyncio.Runner(loop_factory=uvicorn_config.get_loop_factory()) as runner:
+            runner.run(_serve_until_exit(server, host, ready_file, written))
     finally:
         if restore_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -90,6 +90,8 @@ class TasksSummary(BaseModel):
     total: int = 0
     pass_rate: float | None = None
     """passed / (passed + failed); errors are excluded from the denominator (§12). None before any row settles."""
+    pass_at_k: dict[str, float] = Field(default_factory=dict)
+    """Unbiased pass@k estimates over the per-trial results (``{"pass@1": .., "pass@k": ..}``) for runs with k > 1."""
 
 
 class TasksBlock(BaseModel):

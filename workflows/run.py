@@ -39,7 +39,8 @@ PHASE_TIMEOUT = timedelta(minutes=30)
 PHASE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=4)
 BATCH_TIMEOUT = timedelta(hours=12)
-BATCH_HEARTBEAT = timedelta(seconds=10)
+BATCH_HEARTBEAT = timedelta(seconds=5)
+"""How long a killed worker's batch waits before another worker retries it (it resumes from the store)."""
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=20)
 LOG_TIMEOUT = timedelta(minutes=2)

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -25,6 +25,7 @@ from benchwright.schemas import (
     TasksSummary,
     TrialView,
 )
+from benchwright.scoring.aggregators import pass_at_k_summary
 from benchwright.status import display_status
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
@@ -87,6 +88,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
                 .group_by(TaskRow.outcome)  # type: ignore[arg-type]
             ).all()
         )
+        per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 else []
     passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
     settled = passed + failed + errored
     in_flight = run.status == "running" and run.phase == "materialize"
@@ -95,6 +97,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
         running=max(run.tasks_total - settled, 0) if in_flight else 0,
         total=run.tasks_total,
         pass_rate=passed / (passed + failed) if passed + failed else None,
+        pass_at_k=_pass_at_k(per_task, _trials_k(run)),
     )
     cost = CostView(model=run.cost_model_usd, incurred=run.cost_model_usd)
     return RunView(
@@ -104,6 +107,34 @@ def run_view(engine: Engine, run: Run) -> RunView:
         metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
     )
+
+
+def _trials_k(run: Run) -> int:
+    return int(((run.trials_config or {}).get("plan") or {}).get("k", 1))
+
+
+def _trial_counts(session: Session, run_id: str) -> list[tuple[int, int]]:
+    """(n, c) per settled task of the latest invocation: trials that produced a score, and those that passed."""
+    invocation = _latest_invocation(session, run_id)
+    scored = func.sum(case((TrialResult.outcome != "err", 1), else_=0))
+    passing = func.sum(case((TrialResult.outcome == "pass", 1), else_=0))
+    rows = session.execute(
+        select(scored, passing)
+        .join(TaskRow, and_(TaskRow.run_id == TrialResult.run_id, TaskRow.invocation == TrialResult.invocation,  # type: ignore[arg-type]
+                            TaskRow.index == TrialResult.index))
+        .where(TrialResult.run_id == run_id, TrialResult.invocation == invocation)  # type: ignore[arg-type]
+        .group_by(TrialResult.index)  # type: ignore[arg-type]
+    ).all()
+    return [(int(n or 0), int(c or 0)) for n, c in rows]
+
+
+def _pass_at_k(per_task: list[tuple[int, int]], k: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for size in sorted({1, k}) if k > 1 else []:
+        value = pass_at_k_summary(per_task, size)
+        if value is not None:
+            out[f"pass@{size}"] = value
+    return out
 
 
 def _latest_invocation(session: Session, run_id: str) -> int:

@@ -64,3 +64,26 @@ async def test_wrong_answer_key_scores_zero(stack: Stack, dev_models: DevModels,
     assert len(tasks) == 60 and all(t["outcome"] == "fail" and t["score"] == 0.0 for t in tasks)
     by_question = {json.loads(line)["answer"] for line in (SAMPLE / "arithmetic.jsonl").read_text().splitlines()}
     assert all(t["output"] is not None for t in tasks) and by_question
+
+
+async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> None:
+    from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS
+
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": model(stack.dev_url)})
+        await wait_terminal(http, run["id"])
+    handle = stack.client.get_workflow_handle(run["id"])
+    await handle.result()
+    desc = await handle.describe()
+    attrs = desc.typed_search_attributes
+    assert attrs.get(RUN_STATUS) == "ok" and attrs.get(RUN_PHASE) == "materialize"
+    assert attrs.get(RUN_MODEL) == "openai/dev" and attrs.get(RUN_ACCOUNT) == "tester"
+    assert await desc.static_summary() == f"openai/dev on {DATASET}"
+    assert (await handle.query("state"))["invocations"] == {p: 1 for p in PHASES if p != "find"}
+    found = [w.id async for w in stack.client.list_workflows(f"BenchwrightModel = 'openai/dev' AND "
+                                                            f"WorkflowId = '{run['id']}'")]
+    assert found == [run["id"]]
+    history = await handle.fetch_history()
+    summaries = [e.user_metadata.summary for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert any(s.data and b"fetch v1" in s.data for s in summaries)
+    assert any(s.data and b"materialize v1: tasks 0..59" in s.data for s in summaries)
