@@ -35,7 +35,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 __all__ = [
     "UNKNOWN_REPLY",
@@ -73,8 +74,12 @@ _TOKENS_REPLY_PRIMING = 3
 # makes it O(1) in practice; the bound keeps memory flat under adversarial or unique prompts.
 _MATCH_CACHE_MAX = 8192
 
-_JSON_HEADERS = {"content-type": "application/json"}
-_SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+_JSON_CONTENT_TYPE = b"application/json"
+_SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
+_JSON_HEADERS = {"content-type": _JSON_CONTENT_TYPE.decode()}
+# One preconfigured encoder: skips json.dumps' per-call argument handling and the circular-reference
+# bookkeeping, which matter on a path that runs thousands of times a second.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
 _SYSTEM_FINGERPRINT = "fp_benchwright_dev"
 
 # Decoys for wrong answers to free-text questions: plausible quiz-style answers, so a wrong reply
@@ -314,6 +319,7 @@ class _Responder:
             key = question.strip()
             if not key or key in self.replies:
                 continue
+            answer = str(answer)  # tolerate numeric answers in a programmatically built table
             correct = is_answered_correctly(key, config.accuracy)
             self.replies[key] = answer if correct else wrong_answer(answer)
         # Longest first, so the first contained question found is the longest match.
@@ -394,20 +400,22 @@ def _usage(message_texts: list[str], reply: str) -> dict[str, int]:
         _TOKENS_PER_MESSAGE + _approx_tokens(text) for text in message_texts
     )
     completion = max(1, _approx_tokens(reply))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
-def _error_response(status: int, message: str, error_type: str = "invalid_request_error") -> Response:
+def _error_body(message: str, error_type: str = "invalid_request_error") -> bytes:
     """An OpenAI-style error body, which SDKs and litellm know how to surface."""
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
-    return Response(json.dumps(body).encode(), status_code=status, headers=_JSON_HEADERS)
+    error = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+    return _ENCODER.encode(error).encode()
 
 
-def _json_response(payload: dict[str, Any]) -> Response:
-    return Response(json.dumps(payload, ensure_ascii=False).encode(), headers=_JSON_HEADERS)
-
-
-def _completion_body(completion_id: str, created: int, model: str, reply: str, usage: dict[str, int]) -> bytes:
+def _completion_body(
+    completion_id: str, created: int, model: str, reply: str, usage: dict[str, int]
+) -> bytes:
     """A ``chat.completion`` object as OpenAI returns it."""
     payload = {
         "id": completion_id,
@@ -425,7 +433,7 @@ def _completion_body(completion_id: str, created: int, model: str, reply: str, u
         ],
         "usage": usage,
     }
-    return json.dumps(payload, ensure_ascii=False).encode()
+    return _ENCODER.encode(payload).encode()
 
 
 def _stream_pieces(reply: str) -> list[str]:
@@ -478,37 +486,60 @@ def _stream_body(
                 "usage": usage,
             }
         )
-    lines = [f"data: {json.dumps(event, ensure_ascii=False)}\n\n" for event in events]
+    lines = [f"data: {_ENCODER.encode(event)}\n\n" for event in events]
     lines.append("data: [DONE]\n\n")
     return "".join(lines).encode()
 
 
-def _chat_completions_endpoint(responder: _Responder) -> Callable[[Request], Any]:
-    """Build the ``POST /v1/chat/completions`` handler bound to ``responder``."""
-    config = responder.config
-    delay = config.latency_ms / 1000.0
+class _ChatCompletions:
+    """Raw ASGI endpoint for ``POST /v1/chat/completions``, mounted on a plain Starlette ``Route``.
 
-    async def chat_completions(request: Request) -> Response:
+    It is the hot path, so it skips Starlette's Request/Response objects and their per-request
+    exception wrapping: it reads the body, builds the reply bytes and sends two ASGI messages.
+    """
+
+    def __init__(self, responder: _Responder) -> None:
+        self.responder = responder
+        self.delay = responder.config.latency_ms / 1000.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # The client went away; there is no one to answer.
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        status, content_type, body = await self.respond(b"".join(chunks))
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        if content_type is _SSE_CONTENT_TYPE:
+            headers.append((b"cache-control", b"no-cache"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def respond(self, raw: bytes) -> tuple[int, bytes, bytes]:
+        """Answer one request body: returns (status, content type, body bytes)."""
         try:
-            payload, messages = _parse_request(await request.body())
+            payload, messages = _parse_request(raw)
             texts = [_content_text(message.get("content")) for message in messages]
         except _BadRequest as exc:
-            return _error_response(400, str(exc))
+            return 400, _JSON_CONTENT_TYPE, _error_body(str(exc))
 
         user_text: str | None = None
         for message, text in zip(reversed(messages), reversed(texts)):
             if message["role"] == "user":
                 user_text = text
                 break
-        reply = UNKNOWN_REPLY if user_text is None else responder.reply_for(user_text)
+        reply = UNKNOWN_REPLY if user_text is None else self.responder.reply_for(user_text)
 
-        if delay > 0:
+        if self.delay > 0:
             # Non-blocking, so N concurrent requests take ~latency in total, not N x latency.
-            await asyncio.sleep(delay)
+            await asyncio.sleep(self.delay)
 
         model = payload.get("model")
         if not isinstance(model, str) or not model:
-            model = config.model_name
+            model = self.responder.config.model_name
         usage = _usage(texts, reply)
         completion_id = f"chatcmpl-{secrets.token_hex(12)}"
         created = int(time.time())
@@ -517,10 +548,8 @@ def _chat_completions_endpoint(responder: _Responder) -> Callable[[Request], Any
             options = payload.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             body = _stream_body(completion_id, created, model, reply, usage if include_usage else None)
-            return Response(body, headers=_SSE_HEADERS)
-        return Response(_completion_body(completion_id, created, model, reply, usage), headers=_JSON_HEADERS)
-
-    return chat_completions
+            return 200, _SSE_CONTENT_TYPE, body
+        return 200, _JSON_CONTENT_TYPE, _completion_body(completion_id, created, model, reply, usage)
 
 
 def build_app(config: DevModelConfig) -> Starlette:
@@ -537,7 +566,7 @@ def build_app(config: DevModelConfig) -> Starlette:
         ``/v1`` prefix) and ``/health``.
     """
     responder = _Responder(config)
-    chat_completions = _chat_completions_endpoint(responder)
+    chat_completions = _ChatCompletions(responder)
     models_body = json.dumps(
         {
             "object": "list",
@@ -558,7 +587,8 @@ def build_app(config: DevModelConfig) -> Starlette:
         # Keep even 404/405 in OpenAI's error shape, so SDK error messages stay readable.
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "Internal server error"
-        return _error_response(status, f"{detail}: {request.method} {request.url.path}")
+        body = _error_body(f"{detail}: {request.method} {request.url.path}")
+        return Response(body, status_code=status, headers=_JSON_HEADERS)
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -626,13 +656,14 @@ def serve(
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM handler: exit through SystemExit so ``finally`` blocks run."""
     raise SystemExit(128 + signum)
 
 
 async def _serve_until_exit(
     server: uvicorn.Server, host: str, ready_file: str | None, written: list[str]
 ) -> None:
-    """Run ``server``; once it listens, publish its address to ``ready_file`` (recorded in ``written``)."""
+    """Run ``server``; once it listens, publish its address to ``ready_file`` and record it."""
     task = asyncio.create_task(server.serve())
     if ready_file is not None:
         # Readiness polling: uvicorn exposes no "started" event, only this flag.

@@ -34,9 +34,9 @@ class Settings(BaseSettings):
     default_driver: str = "builtin"
     """Driver used when a launch names none. The embedded stack configures the offline ``builtin`` driver."""
 
-    allow_local_paths: bool = True
-    """Whether Fetch may read a dataset from a path on the worker's host. The embedded stack allows it; a shared
-    server must set this to false so a caller cannot read the host's files."""
+    allow_local_paths: bool = False
+    """Whether Fetch may read a dataset from a path on the worker's host. Off by default, so a shared server never
+    reads its host's files for a caller; ``benchwright up`` (the one-machine embedded stack) turns it on."""
 
     allow_fault_injection: bool = False
     """Honour ``metadata.fault_injection`` on launches (tests only): makes a phase fail once after its events."""

@@ -50,7 +50,9 @@ class StackConfig:
     def child_env(self) -> dict[str, str]:
         return {**os.environ, "BENCHWRIGHT_DATA_DIR": str(self.data_dir),
                 "BENCHWRIGHT_TEMPORAL_ADDRESS": self.temporal_address,
-                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                # one machine, one user: the embedded stack may read datasets from local paths
+                "BENCHWRIGHT_ALLOW_LOCAL_PATHS": os.environ.get("BENCHWRIGHT_ALLOW_LOCAL_PATHS", "true")}
 
 
 @dataclass

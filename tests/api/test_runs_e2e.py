@@ -41,7 +41,8 @@ async def test_launch_reaches_ok_with_gapless_log_in_phase_order(stack: Stack) -
 
     assert final["status"] == "ok" and final["display_status"] == "ok"
     summary = final["tasks"]["summary"]
-    assert summary == {"passed": 60, "failed": 0, "errored": 0, "running": 0, "total": 60, "pass_rate": 1.0}
+    assert summary == {"passed": 60, "failed": 0, "errored": 0, "running": 0, "total": 60, "pass_rate": 1.0,
+                       "pass_at_k": {}}
     results = [e for e in events if e["type"] == "MaterializeTaskResult"]
     assert sorted(r["data"]["index"] for r in results) == list(range(60))
     assert all(r["data"]["usage"]["prompt_tokens"] > 0 for r in results)
@@ -87,3 +88,20 @@ async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> Non
     summaries = [e.user_metadata.summary for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
     assert any(s.data and b"fetch v1" in s.data for s in summaries)
     assert any(s.data and b"materialize v1: tasks 0..59" in s.data for s in summaries)
+
+
+async def test_non_openai_model_strings_go_through_litellm(stack: Stack) -> None:
+    """`hosted_vllm/…` is not on the direct OpenAI-compatible route: litellm.acompletion makes the calls, with the
+    launch's prices feeding cost.model."""
+    spec = {"identifier": "hosted_vllm/dev", "api_base": stack.dev_url, "input_cost_per_token": 1e-6,
+            "output_cost_per_token": 2e-6}
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": spec})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    assert final["status"] == "ok" and final["tasks"]["summary"]["pass_rate"] == 1.0
+    results = [e["data"] for e in events if e["type"] == "MaterializeTaskResult"]
+    expected = sum(r["usage"]["prompt_tokens"] * 1e-6 + r["usage"]["completion_tokens"] * 2e-6 for r in results)
+    assert final["cost"]["model"] == pytest.approx(expected) and expected > 0
+    proxy = next(e["data"] for e in events if e["type"] == "ModelProxyArtifact")
+    assert "input_cost_per_token: 1.0e-06" in proxy["litellm_config_yaml"] and "api_key" not in proxy["litellm_config_yaml"]

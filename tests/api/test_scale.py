@@ -85,7 +85,7 @@ async def test_worker_sigkill_mid_materialize_completes_without_loss_or_duplicat
     port = free_port()
     server, task = await serve_app(create_app(settings), port)
     env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,
-           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address}
+           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address, "BENCHWRIGHT_ALLOW_LOCAL_PATHS": "true"}
 
     def start_worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "benchwright.cli", "worker"], env=env,

@@ -98,7 +98,7 @@ async def test_half_accuracy_is_about_half_and_deterministic() -> None:
     async with running(DevModelConfig(answers=answers, accuracy=0.5)) as client:
 
         # Bounded concurrency: httpx's pool gets slow with hundreds of requests queued on it.
-        gate = asyncio.Semaphore(32)
+        gate = asyncio.Semaphore(8)
 
         async def ask(question: str) -> str:
             async with gate:
@@ -147,6 +147,12 @@ async def test_last_user_message_is_the_one_answered() -> None:
     assert response.json()["choices"][0]["message"]["content"] == "42"
 
 
+async def test_numeric_answers_in_a_programmatic_table() -> None:
+    answers: dict[str, Any] = {"What is 6 times 7?": 42}
+    async with running(DevModelConfig(answers=answers, accuracy=0.0)) as client:
+        assert await _ask(client, "What is 6 times 7?") == "43"
+
+
 async def test_unknown_question() -> None:
     async with running(DevModelConfig(answers=ANSWERS)) as client:
         assert await _ask(client, "What is the airspeed of an unladen swallow?") == UNKNOWN_REPLY
@@ -190,6 +196,16 @@ async def test_models_and_health() -> None:
             assert model["owned_by"] == "benchwright-dev"
         health = await client.get("/health")
     assert health.json() == {"ok": True}
+
+
+async def test_unknown_route_and_wrong_method_get_openai_errors() -> None:
+    async with running(DevModelConfig(answers=ANSWERS)) as client:
+        missing = await client.post("/v1/embeddings", json={"input": "x"})
+        wrong_method = await client.get("/v1/chat/completions")
+    assert missing.status_code == 404
+    assert wrong_method.status_code == 405
+    for response in (missing, wrong_method):
+        assert isinstance(response.json()["error"]["message"], str)
 
 
 async def test_streaming_reassembles_to_the_same_text() -> None:
@@ -274,7 +290,18 @@ def test_wrong_answer_is_plausible(answer: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     "answer",
-    ["Paris", "paris", "", "?!", "-0.5", "2.5", "D", "William Shakespeare", "Mercury Jupiter Oxygen", "nan"],
+    [
+        "Paris",
+        "paris",
+        "",
+        "?!",
+        "-0.5",
+        "2.5",
+        "D",
+        "William Shakespeare",
+        "Mercury Jupiter Oxygen",
+        "nan",
+    ],
 )
 def test_wrong_answer_always_differs_and_is_deterministic(answer: str) -> None:
     wrong = wrong_answer(answer)
@@ -316,7 +343,14 @@ def test_load_answers_reads_jsonl(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "bad_line",
-    ["{not json", '["a list"]', '{"answer": "x"}', '{"question": "q"}', '{"question": "", "answer": "x"}'],
+    [
+        "{not json",
+        '["a list"]',
+        '{"answer": "x"}',
+        '{"question": "q"}',
+        '{"question": "", "answer": "x"}',
+        '{"question": "q", "answer": true}',
+    ],
 )
 def test_load_answers_error_names_the_line(tmp_path: Path, bad_line: str) -> None:
     path = tmp_path / "answers.jsonl"
@@ -363,3 +397,4 @@ def test_serve_writes_ready_file_with_working_url(tmp_path: Path) -> None:
             proc.stderr.close()
     # Graceful shutdown removes the file, so it never advertises a dead server.
     assert not ready.exists()
+    assert proc.returncode == 143  # 128 + SIGTERM, after a clean shutdown

@@ -1,0 +1,121 @@
+"""Plain-function domain logic: launch resolution, the plan, display_status, datasets, the scorer template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchwright.datasets import analyze_dataset, detect_fields, detect_format, fetch_dataset, iter_rows
+from benchwright.errors import DatasetError, InvalidInput
+from benchwright.launch import resolve_launch
+from benchwright.pipeline import batch_bounds, plan_phases
+from benchwright.schemas import PHASES, LaunchRequest
+from benchwright.scoring.template import render_exact_match
+from benchwright.status import display_status
+
+
+def _launch(**kw: object) -> LaunchRequest:
+    return LaunchRequest.model_validate({"dataset": "https://example.invalid/d.jsonl", "model": "openai/x", **kw})
+
+
+def test_plan_skips_find_for_a_dataset_launch_and_runs_the_rest_in_order() -> None:
+    plan = plan_phases(_launch())
+    assert [p.phase for p in plan] == list(PHASES)
+    assert {p.phase: p.skip_reason for p in plan if p.skip_reason} == {"find": "dataset given at launch"}
+
+
+def test_resolve_launch_defaults_and_refusals() -> None:
+    resolved = resolve_launch(_launch(), default_driver="builtin", allow_local_paths=False)
+    assert resolved.driver == "builtin" and resolved.trials.plan.k == 1
+    assert resolved.trials.aggregator.name == "any_pass"
+    with pytest.raises(InvalidInput, match="did you mean 'builtin'"):
+        resolve_launch(_launch(driver="builtn"), default_driver="builtin", allow_local_paths=True)
+    with pytest.raises(InvalidInput) as err:
+        resolve_launch(_launch(dataset="/etc/passwd"), default_driver="builtin", allow_local_paths=False)
+    assert err.value.code == "local_paths_disabled"
+    assert resolve_launch(_launch(dataset="/tmp/x.jsonl"), default_driver="builtin", allow_local_paths=True)
+
+
+def test_model_string_and_object_are_one_schema_and_retired_keys_are_refused() -> None:
+    assert _launch().model.identifier == "openai/x"
+    assert _launch(model={"identifier": "openai/x", "api_base": "http://h/v1"}).model.api_base == "http://h/v1"
+    with pytest.raises(ValueError, match="retired launch key; use 'driver'"):
+        _launch(agent="x")
+    with pytest.raises(ValueError, match="api_base must be an http"):
+        _launch(model={"identifier": "openai/x", "api_base": "file:///etc"})
+
+
+STATUS_TABLE = [
+    ("running", False, None, "running"), ("ok", False, None, "ok"), ("error", False, None, "error"),
+    ("running", True, "operator_pause", "paused"), ("running", True, "agent_review: unsure", "waiting"),
+    ("running", True, "restart_cap_exceeded: atomize", "waiting"), ("running", True, "operator_kill", "killed"),
+    ("ok", True, "operator_kill: too slow", "killed"), ("error", True, "admin: abuse", "killed"),
+    ("running", True, "limit_exceeded:run.cost", "halted"), ("running", True, "balance_exhausted", "halted"),
+    ("error", True, "something new", "halted"),
+]
+
+
+@pytest.mark.parametrize("status, halted, reason, shown", STATUS_TABLE)
+def test_display_status_folding(status: str, halted: bool, reason: str | None, shown: str) -> None:
+    assert display_status(status=status, halted=halted, halt_reason=reason) == shown
+
+
+def test_batch_bounds_cover_every_index_once() -> None:
+    bounds = batch_bounds(1001, 250)
+    assert bounds[0] == (0, 250) and bounds[-1] == (1000, 1001)
+    assert [i for a, b in bounds for i in range(a, b)] == list(range(1001))
+    assert batch_bounds(0, 250) == []
+
+
+@pytest.mark.parametrize("name, text, fmt", [
+    ("d.jsonl", '{"question": "q", "answer": "a"}\n\n{"question": "q2", "answer": "b"}\n', "jsonl"),
+    ("d.json", '[{"input": "q", "target": "a"}, {"input": "q2", "target": "b"}]', "json"),
+    ("d.csv", "prompt,completion\nq,a\nq2,b\n", "csv"),
+    ("d.data", '  [{"problem": "q", "solution": "a"}, {"problem": "q2", "solution": "b"}]', "json"),
+])
+def test_formats_are_detected_and_normalized(tmp_path: Path, name: str, text: str, fmt: str) -> None:
+    src = tmp_path / name
+    src.write_text(text)
+    assert detect_format(src) == fmt
+    out = tmp_path / "tasks.jsonl"
+    analysis = analyze_dataset(source=src, fmt=fmt, tasks_path=out)
+    assert analysis.rows == 2
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r[analysis.input_field] for r in rows] == ["q", "q2"]
+
+
+def test_dataset_errors_name_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "a"}\n{oops\n')
+    with pytest.raises(DatasetError, match="line 2 is not valid JSON"):
+        list(iter_rows(bad, "jsonl"))
+    with pytest.raises(DatasetError, match="cannot tell the input and reference columns"):
+        detect_fields(["text", "label"])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DatasetError, match="no rows"):
+        analyze_dataset(source=empty, fmt="jsonl", tasks_path=tmp_path / "t.jsonl")
+    with pytest.raises(DatasetError, match="no dataset file"):
+        fetch_dataset(source=str(tmp_path / "nope.jsonl"), dest_dir=tmp_path / "w", allow_local_paths=True)
+
+
+def test_fetch_hashes_what_it_copies(tmp_path: Path) -> None:
+    import hashlib
+
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"question": "q", "answer": "a"}\n')
+    fetched = fetch_dataset(source=str(src), dest_dir=tmp_path / "work", allow_local_paths=True)
+    assert fetched.sha256 == hashlib.sha256(src.read_bytes()).hexdigest() and fetched.bytes == src.stat().st_size
+
+
+@pytest.mark.parametrize("reply, reference, score", [
+    ("42", "42", 1.0), ("  42.  ", "42", 1.0), ("1,000", "1000", 1.0), ("The Paris", "paris", 1.0),
+    ("43", "42", 0.0), ("42 apples", "42", 0.0), ("-3", "3", 0.0),
+])
+def test_exact_match_template(reply: str, reference: str, score: float) -> None:
+    ns: dict = {}
+    exec(render_exact_match(input_field="question", reference_field="answer"), ns)
+    scorer = ns["Scorer"]()
+    assert scorer.score({"question": "q", "answer": reference}, reply) == score
