@@ -15,7 +15,7 @@ from activities.attach import AttachActivities
 from activities.common import Deps
 from activities.fetch import FetchActivities
 from activities.materialize import MaterializeActivities
-from activities.run_log import RunLogActivities
+from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
 from benchwright.settings import Settings
 from workflows.run import RunWorkflow
@@ -29,6 +29,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     deps = Deps(engine=engine, settings=settings)
     materialize = MaterializeActivities(deps)
     run_log = RunLogActivities(deps)
+    control = ControlActivities(deps)
     activities = [
         FetchActivities(deps).fetch,
         AnalyzeActivities(deps).analyze,
@@ -40,6 +41,9 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         materialize.complete,
         run_log.record_events,
         run_log.finish,
+        control.halt,
+        control.clear,
+        control.finish_halted,
     ]
     return Worker(
         client,

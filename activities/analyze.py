@@ -32,5 +32,10 @@ class AnalyzeActivities:
             scope.emit("artifact", AnalyzeArtifact(format=analysis.format, rows=analysis.rows, columns=analysis.columns,
                                                    input_field=analysis.input_field,
                                                    reference_field=analysis.reference_field))
-            scope.emit("tasks", DatasetTasksArtifact(count=analysis.rows))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation, tasks=analysis.rows)
+            count = analysis.rows if inp.max_tasks is None else min(analysis.rows, inp.max_tasks)
+            if count < analysis.rows:
+                scope.emit("cap", AgentTextEvent(phase="analyze", text=(
+                    f"Sample capped at {count} of {analysis.rows} tasks (the narrowest of constraints.max_tasks, "
+                    "metadata.limit and the harness's own limit).")))
+            scope.emit("tasks", DatasetTasksArtifact(count=count))
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, tasks=count, control=scope.control)

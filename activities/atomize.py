@@ -46,4 +46,4 @@ class AtomizeActivities:
             scope.emit("narration", AgentTextEvent(phase="atomize", text=note))
             scope.emit("artifact", AtomizeArtifact(invocation=inp.invocation, impl_sha256=impl_sha256(source),
                                                    source=origin))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation)
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)

@@ -19,4 +19,4 @@ class AttachActivities:
         async with phase(self.deps, inp) as scope:
             scope.emit("artifact", ModelProxyArtifact(model_id=inp.launch.model.identifier,
                                                       litellm_config_yaml=litellm_config_yaml(inp.launch.model)))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation)
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)

@@ -21,8 +21,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from benchwright.errors import BenchwrightError
-from benchwright.events import Event, PhaseCompleted, PhaseStarted
-from benchwright.pipeline import PhaseInput
+from benchwright.events import AgentTextEvent, Event, PhaseCompleted, PhaseRestartRequested, PhaseStarted
+from benchwright.pipeline import PhaseControl, PhaseInput
+from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.settings import Settings
 from benchwright.store.events import NewEvent, append_events, event_key
 
@@ -49,6 +50,8 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 class PhaseScope:
     inp: PhaseInput
     artifacts: list[tuple[str, Event]] = field(default_factory=list)
+    control: PhaseControl | None = None
+    """Set when the phase asks the workflow for a restart, a review, or (a ceiling crossed) a halt."""
 
     def emit(self, what: str, event: Event) -> None:
         """Queue an event to land with PhaseCompleted (artifacts, driver narration)."""
@@ -70,18 +73,50 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
     """
     started = time.monotonic()
     key = (inp.phase, inp.invocation)
-    await in_thread(append_events, deps.engine, inp.run_id,
-                    [NewEvent.of(event_key(inp.run_id, *key, "started"), PhaseStarted(phase=inp.phase))])
+    opening = [NewEvent.of(event_key(inp.run_id, *key, "started"), PhaseStarted(phase=inp.phase))]
+    if inp.instructions:
+        opening.append(NewEvent.of(event_key(inp.run_id, *key, "instructions"), AgentTextEvent(
+            phase=inp.phase, text=f"Following the reviewer's instructions: {inp.instructions}")))
+    await in_thread(append_events, deps.engine, inp.run_id, opening)
     scope = PhaseScope(inp)
     try:
         yield scope
     except BenchwrightError as exc:
         raise failure(exc) from exc
     closing = [NewEvent.of(event_key(inp.run_id, *key, what), ev) for what, ev in scope.artifacts]
-    closing.append(NewEvent.of(event_key(inp.run_id, *key, "completed"),
-                               PhaseCompleted(phase=inp.phase, duration_ms=int((time.monotonic() - started) * 1000))))
+    scope.control = _driver_request(deps, inp)
+    if scope.control is not None and scope.control.kind == "restart":
+        closing.append(NewEvent.of(event_key(inp.run_id, *key, "restart"),
+                                   PhaseRestartRequested(phase=inp.phase, reason=scope.control.reason)))
+    else:
+        closing.append(NewEvent.of(event_key(inp.run_id, *key, "completed"), PhaseCompleted(
+            phase=inp.phase, duration_ms=int((time.monotonic() - started) * 1000))))
     await in_thread(append_events, deps.engine, inp.run_id, closing)
+    if scope.control is None:
+        # "The pipeline polls that flag between phases" (§9): a crossed ceiling halts before the next phase.
+        reason = await in_thread(budget_halt_reason, deps.engine, run_id=inp.run_id, run_cost_usd=inp.run_cost_usd)
+        if reason and await in_thread(halt_run, deps.engine, run_id=inp.run_id, reason=reason,
+                                      key=f"{inp.phase}-{inp.invocation}-budget"):
+            scope.control = PhaseControl(kind="halt", reason=reason)
     maybe_inject_fault(deps, inp.launch.metadata, inp.phase)
+
+
+def _driver_request(deps: Deps, inp: PhaseInput) -> PhaseControl | None:
+    """What the Driver asks at the end of this invocation. The builtin driver never asks on its own; tests drive
+    the Driver's two tools through ``metadata.test_hooks`` (honoured only with ``allow_fault_injection``):
+
+        {"restart": {"phase": "atomize", "times": 3, "reason": "..."}}   ask to restart on invocations 1..times
+        {"review": {"phase": "analyze", "reason": "..."}}                 requestHumanReview on invocation 1
+    """
+    hooks = inp.launch.metadata.get("test_hooks") if deps.settings.allow_fault_injection else None
+    if not isinstance(hooks, dict):
+        return None
+    restart, review = hooks.get("restart"), hooks.get("review")
+    if isinstance(restart, dict) and restart.get("phase") == inp.phase and inp.invocation <= int(restart.get("times", 1)):
+        return PhaseControl(kind="restart", reason=str(restart.get("reason", "the Driver asked to start over")))
+    if isinstance(review, dict) and review.get("phase") == inp.phase and inp.invocation == 1:
+        return PhaseControl(kind="review", reason=str(review.get("reason", "the Driver needs a decision")))
+    return None
 
 
 def maybe_inject_fault(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:

@@ -25,4 +25,5 @@ class FetchActivities:
             (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
             scope.emit("artifact", FetchArtifact(source=inp.launch.dataset, sha256=fetched.sha256, bytes=fetched.bytes,
                                                  format=fetched.format))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail={"bytes": fetched.bytes})
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail={"bytes": fetched.bytes},
+                           control=scope.control)

@@ -7,8 +7,9 @@ from temporalio import activity
 
 from activities.common import Deps, in_thread
 from benchwright.events import EVENT_TYPES
-from benchwright.pipeline import EventsInput, FinishInput
+from benchwright.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
 from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.control import clear_halt, finish_halted, halt_run
 from benchwright.store.runs import finish_run
 
 
@@ -27,3 +28,24 @@ class RunLogActivities:
     @activity.defn(name="finish_run")
     async def finish(self, inp: FinishInput) -> None:
         await in_thread(finish_run, self.deps.engine, run_id=inp.run_id, status=inp.status, error=inp.error)
+
+
+class ControlActivities:
+    """The run row's halt flag, written only on the workflow's behalf (so row and workflow state agree)."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    @activity.defn(name="halt_run")
+    async def halt(self, inp: HaltInput) -> bool:
+        return await in_thread(halt_run, self.deps.engine, run_id=inp.run_id, reason=inp.reason, key=inp.key,
+                               replace=inp.replace)
+
+    @activity.defn(name="clear_halt")
+    async def clear(self, inp: ResumeInput) -> bool:
+        return await in_thread(clear_halt, self.deps.engine, run_id=inp.run_id, key=inp.key,
+                               resolution=inp.resolution)
+
+    @activity.defn(name="finish_halted")
+    async def finish_halted(self, inp: FinishInput) -> None:
+        await in_thread(finish_halted, self.deps.engine, run_id=inp.run_id)

@@ -23,4 +23,4 @@ class SetupActivities:
     async def setup(self, inp: PhaseInput) -> PhaseResult:
         async with phase(self.deps, inp) as scope:
             scope.emit("artifact", SetupArtifact(python=platform.python_version(), requirements=[]))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation)
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)

@@ -16,6 +16,7 @@ from benchwright.errors import (
     Conflict,
     InvalidInput,
     NotFound,
+    PaymentRequired,
     Unauthorized,
     Unavailable,
 )
@@ -23,6 +24,7 @@ from benchwright.errors import (
 STATUS: dict[type[BenchwrightError], int] = {
     InvalidInput: 400,
     Unauthorized: 401,
+    PaymentRequired: 402,
     NotFound: 404,
     Conflict: 409,
     Unavailable: 503,

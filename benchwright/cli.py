@@ -79,12 +79,75 @@ def accounts_create(name: str, data_dir: DataDir = None) -> None:
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
     try:
-        account, key = create_account(engine, name=name)
+        account, key = create_account(engine, name=name, balance_usd=settings.initial_balance_usd)
     except BenchwrightError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(1) from None
-    console.print(f"created account [bold]{account.name}[/bold] ({account.id}); its API key:")
+    console.print(f"created account [bold]{account.name}[/bold] ({account.id}, balance "
+                  f"${account.balance_usd:.2f}); its API key:")
     out.print(key, highlight=False)
+
+
+@accounts_app.command("credit")
+def accounts_credit(name: str, amount: Annotated[float, typer.Argument(help="USD to add to the balance.")],
+                    data_dir: DataDir = None) -> None:
+    """Add credit to an account's balance."""
+    from benchwright.errors import BenchwrightError
+    from benchwright.store.accounts import credit
+    from benchwright.store.db import make_engine, migrate
+
+    engine = make_engine(Settings(data_dir=_data_dir(data_dir)).resolved_database_url())
+    migrate(engine)
+    try:
+        balance = credit(engine, account_name=name, amount_usd=amount)
+    except BenchwrightError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    out.print(f"{name}: balance ${balance:.2f}", highlight=False)
+
+
+def _control(command: str, run_id: str, data_dir: Path | None, api_url: str | None, api_key: str | None,
+             **kwargs: Any) -> None:
+    from benchwright.client import ApiError
+
+    try:
+        with _client(data_dir, api_url, api_key) as client:
+            run = getattr(client, command)(run_id, **kwargs)
+    except (ApiError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    out.print(f"run {run['id']}: {run['display_status']}"
+              + (f" ({run['halt_reason']})" if run["halt_reason"] else ""), highlight=False)
+
+
+ApiUrl = Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_URL")]
+ApiKey = Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_KEY")]
+
+
+@app.command()
+def halt(run_id: str, reason: Annotated[Optional[str], typer.Option(help="Why (recorded).")] = None,
+         data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Stop a run for good (operator_kill); what it measured is kept."""
+    _control("stop", run_id, data_dir, api_url, api_key, reason=reason)
+
+
+@app.command()
+def pause(run_id: str, data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Pause a run (operator_pause)."""
+    _control("pause", run_id, data_dir, api_url, api_key)
+
+
+@app.command()
+def resume(run_id: str, data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Resume a paused run."""
+    _control("resume", run_id, data_dir, api_url, api_key)
+
+
+@app.command()
+def review(run_id: str, resolution: Annotated[str, typer.Argument(help="Your guidance for the Driver, in prose.")],
+           data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Resolve a run waiting for human review; the text becomes the Driver's instructions."""
+    _control("resolve_review", run_id, data_dir, api_url, api_key, resolution=resolution)
 
 
 @app.command("dev-model")

@@ -114,8 +114,25 @@ class Client:
     def task(self, run_id: str, index: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]
 
+    def stop(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
+        """Halt the run for good (operator_kill)."""
+        return self._call("POST", f"/v1/runs/{run_id}/stop", json={"reason": reason} if reason else None)  # type: ignore[no-any-return]
+
+    def pause(self, run_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/runs/{run_id}/pause")  # type: ignore[no-any-return]
+
+    def resume(self, run_id: str) -> dict[str, Any]:
+        """Resume a paused run; raises ApiError(409, "not_paused") for any other halt."""
+        return self._call("POST", f"/v1/runs/{run_id}/resume")  # type: ignore[no-any-return]
+
+    def resolve_review(self, run_id: str, *, resolution: str) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/runs/{run_id}", json={"review_resolution": resolution})  # type: ignore[no-any-return]
+
+    def account(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/account")  # type: ignore[no-any-return]
+
     def wait(self, run_id: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> dict[str, Any]:
-        """Poll until the run leaves ``running`` (or is halted), then return it."""
+        """Poll until the run leaves ``running`` or halts (paused or waiting included), then return it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             run = self.run(run_id)

@@ -612,7 +612,10 @@ def serve(
     port: int = 0,
     ready_file: str | None = None,
 ) -> None:
-    """Run the dev-model server until interrupted (SIGINT/SIGTERM). Blocking.
+    """Run the dev-model server until stopped. Blocking.
+
+    SIGTERM shuts the server down gracefully and makes this function return; SIGINT does the same
+    and then raises ``KeyboardInterrupt``, as Python programs do.
 
     Args:
         config: The dev-model configuration.
@@ -634,12 +637,17 @@ def serve(
     server = uvicorn.Server(uvicorn_config)
     written: list[str] = []
     # uvicorn shuts down gracefully on SIGTERM and then re-raises it with the previous handler; with
-    # the default one the process would die before the `finally` below removes the ready file.
-    # Turning SIGTERM into SystemExit lets cleanup run and still exits with the conventional 143.
+    # the default one the process would die there, before the `finally` below removes the ready
+    # file. Our handler instead just asks the server to exit (which also covers a SIGTERM arriving
+    # before uvicorn installs its own handler), so serve() returns and the process exits 0.
     restore_sigterm = False
     if threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+            def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+                server.should_exit = True
+
+            signal.signal(signal.SIGTERM, _on_sigterm)
             restore_sigterm = True
     try:
         # uvicorn's loop factory picks uvloop when it is installed ("auto"), plain asyncio otherwise.
@@ -653,11 +661,6 @@ def serve(
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-
-
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM handler: exit through SystemExit so ``finally`` blocks run."""
-    raise SystemExit(128 + signum)
 
 
 async def _serve_until_exit(

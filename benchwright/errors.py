@@ -7,6 +7,7 @@ translate them to non-retryable Temporal ``ApplicationError``s.
     ├── InvalidInput        400 — a value is present but not acceptable (bad enum, unenforceable limit)
     │   └── DatasetError    400 — a dataset cannot be read or understood
     ├── Unauthorized        401 — missing or wrong API key
+    ├── PaymentRequired     402 — the account's balance is exhausted
     ├── NotFound            404 — no such resource for this caller
     ├── Conflict            409 — the resource is in a state that refuses the call
     └── Unavailable         503 — a service Benchwright needs is not answering
@@ -37,6 +38,10 @@ class DatasetError(InvalidInput):
 
 class Unauthorized(BenchwrightError):
     code = "unauthorized"
+
+
+class PaymentRequired(BenchwrightError):
+    code = "balance_exhausted"
 
 
 class NotFound(BenchwrightError):

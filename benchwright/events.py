@@ -38,6 +38,8 @@ class PipelineStarted(Event):
 class PipelineFinished(Event):
     status: str
     error: str | None = None
+    halted: bool = False
+    halt_reason: str | None = None
 
 
 class PhaseStarted(Event):
@@ -127,3 +129,34 @@ class MaterializeTaskAggregated(Event):
 
 TERMINAL_EVENT = PipelineFinished.type_name()
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in Event.__subclasses__()}
+
+
+class RunHalted(Event):
+    """The run's halted flag went up (§9); ``halt_reason`` says why (match it by prefix)."""
+
+    halt_reason: str
+
+
+class RunResumed(Event):
+    """The halt was cleared: a pause resumed, or a review resolved (the resolution is the Driver's instructions)."""
+
+    previous_reason: str
+    review_resolution: str | None = None
+
+
+class PhaseRestartRequested(Event):
+    """The Driver asked for the current phase to start over (closes that invocation instead of PhaseCompleted)."""
+
+    phase: str
+    reason: str
+
+
+class HumanReviewRequested(Event):
+    """The Driver's requestHumanReview tool: the run waits for a review resolution."""
+
+    phase: str
+    reason: str
+
+
+EVENT_TYPES.update({cls.__name__: cls for cls in (RunHalted, RunResumed, PhaseRestartRequested,
+                                                  HumanReviewRequested)})

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from benchwright.datasets import is_url
 from benchwright.errors import InvalidInput
+from benchwright.limits import RunLimits, resolve_limits
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
@@ -17,13 +18,15 @@ DRIVERS = ("builtin",)
 class ResolvedLaunch:
     driver: str
     trials: TrialsConfig
+    limits: RunLimits
 
 
 def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_paths: bool) -> ResolvedLaunch:
     """The driver and trials config a launch runs with.
 
     Raises:
-        InvalidInput: unknown driver, bad trials config, or a local dataset path where they are not allowed.
+        InvalidInput: unknown driver, bad trials config, an unenforceable limit, or a local dataset path where
+            they are not allowed.
     """
     driver = launch.driver or default_driver
     if driver not in DRIVERS:
@@ -37,4 +40,5 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_pa
             raise InvalidInput("this deployment does not read datasets from local paths; give an http(s) URL",
                                code="local_paths_disabled")
     trials = validate_trials(launch.trials or TrialsConfig())
-    return ResolvedLaunch(driver=driver, trials=trials)
+    limits = resolve_limits(limits=launch.limits, constraints=launch.constraints, metadata=launch.metadata)
+    return ResolvedLaunch(driver=driver, trials=trials, limits=limits)

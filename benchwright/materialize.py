@@ -9,7 +9,6 @@ callback (the activity's heartbeat) runs only after a commit.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,13 +22,22 @@ from benchwright.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
 from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate
-from benchwright.scoring.host import TrialItem, TrialRecord, run_trials
+from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
+from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import TaskRow, TrialResult
 from benchwright.sut import SutClient
 
 FLUSH_EVERY = 200
 FLUSH_INTERVAL_S = 0.25
+
+
+class RunHalted(Exception):
+    """The run was halted (by a person, a ceiling or the balance) while this batch ran; the batch stops."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"run halted: {reason}")
+        self.reason = reason
 
 
 def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dict[int, TrialOutcome]], set[int]]:
@@ -52,13 +60,21 @@ def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dic
 
 async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: Path, impl_path: Path,
                     workdir: Path, sut: SutClient, progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
-    """Run the batch to completion and return its outcome counts."""
+    """Run the batch to completion and return its outcome counts.
+
+    After every commit the run's budget is checked; with a run.cost ceiling every result is committed on its own,
+    so the run halts within one task of crossing it.
+
+    Raises:
+        RunHalted: a ceiling or the balance was crossed (the run row is halted before this is raised).
+    """
     k = inp.trials.plan.k
     by_task, aggregated = await asyncio.to_thread(_recorded, engine, inp)
     rows = await asyncio.to_thread(read_task_rows, tasks_path, inp.start, inp.stop)
     items = [TrialItem(index=inp.start + i, trial=t, row=row)
              for i, row in enumerate(rows) for t in range(k) if t not in by_task.get(inp.start + i, {})]
     counts = {"pass": 0, "fail": 0, "err": 0}
+    flush_every = 1 if inp.run_cost_usd is not None else FLUSH_EVERY
     pending: list[NewEvent] = []
     written = 0
     last_flush = time.monotonic()
@@ -85,6 +101,13 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
                 await asyncio.to_thread(append_events, engine, inp.run_id, batch)
                 written += sum(1 for e in batch if e.type == "MaterializeTaskResult")
             progress({"start": inp.start, "stop": inp.stop, "trials_recorded": written})
+            if batch:
+                reason = await asyncio.to_thread(budget_halt_reason, engine, run_id=inp.run_id,
+                                                 run_cost_usd=inp.run_cost_usd)
+                if reason:
+                    await asyncio.to_thread(halt_run, engine, run_id=inp.run_id, reason=reason,
+                                            key=f"materialize-{inp.invocation}-budget")
+                    raise RunHalted(reason)
 
     async def on_record(rec: TrialRecord) -> None:
         by_task.setdefault(rec.index, {})[rec.trial] = TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta,
@@ -97,7 +120,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         ))
         if len(by_task[rec.index]) == k:
             aggregate_task(rec.index)
-        if len(pending) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+        if len(pending) >= flush_every or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
             await flush()
 
     # Tasks whose trials were all recorded by an earlier attempt that died before aggregating them.
@@ -105,11 +128,15 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         if len(trials) == k:
             aggregate_task(index)
     threads = max(1, min(inp.concurrency, len(items) or 1))
-    await run_trials(impl_path=impl_path, workdir=workdir, items=items, sut=sut, threads=threads, on_record=on_record)
+    limits = TrialLimits(attempts=inp.task_limits.attempts, duration_s=inp.task_limits.duration_s,
+                         cost_usd=inp.task_limits.cost_usd, attempt_duration_s=inp.task_limits.attempt_duration_s)
+    try:
+        await run_trials(impl_path=impl_path, workdir=workdir, items=items, sut=sut, threads=threads,
+                         on_record=on_record, limits=limits)
+    except asyncio.CancelledError:
+        # Halted or paused: keep what was measured. The records already settled are committed before we go.
+        await asyncio.shield(flush())
+        raise
     await flush()
     return MaterializeBatchResult(start=inp.start, stop=inp.stop, trials_recorded=written, passed=counts["pass"],
                                   failed=counts["fail"], errored=counts["err"])
-
-
-def load_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())

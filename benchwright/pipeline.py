@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from benchwright.limits import RunLimits, TaskLimits
 from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig
 
@@ -48,6 +49,7 @@ class RunInput(BaseModel):
     driver: str
     trials: TrialsConfig
     materialize: MaterializeOptions = Field(default_factory=MaterializeOptions)
+    limits: RunLimits = Field(default_factory=RunLimits)
 
 
 class RunResult(BaseModel):
@@ -62,14 +64,29 @@ class PhaseInput(BaseModel):
     invocation: int
     launch: LaunchRequest
     driver: str
+    instructions: str | None = None
+    """A reviewer's resolution text, handed to the Driver for this invocation."""
+    run_cost_usd: float | None = None
+    """The run.cost ceiling, checked when the phase closes."""
+    max_tasks: int | None = None
+
+
+class PhaseControl(BaseModel):
+    """What a phase asks of the workflow instead of moving on."""
+
+    kind: str
+    """``restart`` (the Driver wants this phase to start over), ``review`` (requestHumanReview) or ``halt``
+    (a ceiling was crossed; the row is already halted)."""
+    reason: str
 
 
 class PhaseResult(BaseModel):
     phase: str
     invocation: int
     tasks: int | None = None
-    """Analyze: how many tasks the dataset has."""
+    """Analyze: how many tasks the run will materialize (after max_tasks)."""
     detail: dict[str, Any] = Field(default_factory=dict)
+    control: PhaseControl | None = None
 
 
 class EventsInput(BaseModel):
@@ -96,6 +113,8 @@ class MaterializeBatchInput(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     trials: TrialsConfig
     concurrency: int
+    task_limits: TaskLimits = Field(default_factory=TaskLimits)
+    run_cost_usd: float | None = None
 
 
 class MaterializeBatchResult(BaseModel):
@@ -118,3 +137,36 @@ class MaterializeCompleteInput(BaseModel):
 def batch_bounds(total: int, batch_tasks: int) -> list[tuple[int, int]]:
     """Split task indices ``0..total-1`` into ``[start, stop)`` ranges of at most ``batch_tasks``."""
     return [(start, min(start + batch_tasks, total)) for start in range(0, total, batch_tasks)]
+
+
+class HaltInput(BaseModel):
+    run_id: str
+    reason: str
+    key: str
+    """Deterministic idempotency key from the workflow (a retried activity writes the halt once)."""
+    replace: bool = False
+    """Replace a resumable halt already up (a stop or a ceiling while paused or waiting)."""
+
+
+class ResumeInput(BaseModel):
+    run_id: str
+    key: str
+    resolution: str | None = None
+
+
+class StopRequest(BaseModel):
+    reason: str | None = None
+
+
+class ReviewResolution(BaseModel):
+    resolution: str
+
+
+class ControlResult(BaseModel):
+    halted: bool
+    halt_reason: str | None
+
+
+RESUMABLE_PREFIXES = ("agent_review", "operator_pause", "restart_cap_exceeded")
+RESTART_CAP = 2
+"""Phase restarts allowed per run (§10); a third request parks the run for a human."""

@@ -67,6 +67,12 @@ class LaunchRequest(_Strict):
     """Python source of task_impl.py. When given, Atomize uses it verbatim instead of writing one."""
     trials: TrialsConfig | None = None
     """k trials per task and the aggregator that reduces them (§7). Default: k=1, any_pass."""
+    limits: dict[str, Any] | None = None
+    """Ceilings nested ``<level>.<quantity>`` (§9), e.g. ``{"run": {"cost": 5.0}, "task": {"attempts": 2}}``.
+    ``GET /v1/limits`` lists what is enforceable; anything else is refused with 400."""
+    constraints: dict[str, Any] | None = None
+    """Older spelling: ``max_cost_cents`` (run.cost), ``max_duration_ms`` (run.duration), ``max_tasks`` (caps the
+    sample count without halting)."""
     concurrency: int | None = Field(default=None, ge=1, le=1024)
     """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
 
@@ -98,15 +104,27 @@ class TasksBlock(BaseModel):
     summary: TasksSummary
 
 
+class ProxyLinger(BaseModel):
+    cents: int = 0
+    amount_usd: float = 0.0
+    """Exact: a linger is routinely sub-cent."""
+
+
 class CostView(BaseModel):
-    """Spend by source, in USD (§9)."""
+    """Spend by source, in USD (§9), maintained on the run row by a database trigger as events land."""
 
     driver: float = 0.0
+    """Tokens the Driver spent."""
     model: float = 0.0
+    """Tokens the SUT spent during Materialize."""
     sandbox: float = 0.0
     narration: float = 0.0
     incurred: float = 0.0
+    """driver + model + sandbox + narration."""
     billed: float = 0.0
+    """The platform portion (sandbox + driver + narration) with the deployment's markup: what hits the balance."""
+    proxy_linger: ProxyLinger = Field(default_factory=ProxyLinger)
+    """Metered after the run's ledger is final; not part of ``incurred``."""
 
 
 class RunView(BaseModel):
@@ -123,6 +141,9 @@ class RunView(BaseModel):
     visibility: Visibility
     metadata: dict[str, Any]
     trials_config: dict[str, Any] | None
+    limits: dict[str, Any] | None = None
+    backend: str | None = None
+    materialize_mode: str | None = None
     cost: CostView
     tasks: TasksBlock
     error: str | None = None

@@ -55,6 +55,11 @@ class Settings(BaseSettings):
 
     temporal_ui_url: str | None = None
 
+    initial_balance_usd: float = 10.0
+    """Balance a new account starts with (``benchwright accounts credit`` adds more)."""
+    billing_markup: float = 1.0
+    """Multiplier on the platform portion of cost (sandbox, driver, narration) that is billed to the balance."""
+
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url

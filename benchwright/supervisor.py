@@ -91,7 +91,8 @@ def _ensure_dev_key(data_dir: Path) -> str:
 
     from benchwright.settings import Settings
 
-    engine = make_engine(Settings(data_dir=data_dir).resolved_database_url())
+    settings = Settings(data_dir=data_dir)
+    engine = make_engine(settings.resolved_database_url())
     migrate(engine)
     key_file = data_dir / "dev-account.json"
     if key_file.exists():
@@ -102,7 +103,7 @@ def _ensure_dev_key(data_dir: Path) -> str:
         except Unauthorized:
             pass
     try:
-        _, key = create_account(engine, name=DEV_ACCOUNT)
+        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd)
     except Conflict:
         key = create_key(engine, account_name=DEV_ACCOUNT)
     key_file.write_text(json.dumps({"account": DEV_ACCOUNT, "api_key": key}))

@@ -1,11 +1,20 @@
 """RunWorkflow: one run of the pipeline (§2). Orchestration only; every effect is an activity.
 
+Updates (answered synchronously; a refusal raises ``ApplicationError(type="Conflict")`` with a code and leaves no
+trace in history):
+    stop(StopRequest)              halt with ``operator_kill[: reason]`` and tear down; refused once finished.
+    pause()                        halt with ``operator_pause``; in-flight work is cancelled and re-run on resume.
+    resume()                       clear an ``operator_pause``; anything else answers ``not_paused``.
+    resolve_review(ReviewResolution)
+                                   clear ``agent_review`` / ``restart_cap_exceeded``; the text becomes the Driver's
+                                   instructions for the re-run of the phase that asked.
 Queries:
-    state: the current phase, per-phase invocation counters, tasks settled / total, status.
+    state                          phase, invocation counters, restarts used, halt, tasks settled / total.
 
-Workflow id = run id. The plan (which phases run, which are skipped and why) comes from
-``benchwright.pipeline.plan_phases``; this class only executes it, counts invocations, and turns a phase that failed
-for good into PhaseFailed + status error.
+The plan comes from ``benchwright.pipeline.plan_phases``. Each phase invocation runs as a task the workflow can
+interrupt: a halt (from an update, a ceiling timer, or an activity that saw the budget crossed) cancels it at once.
+Resumable halts (pause, review, restart cap) wait in ``_gate``; every other halt tears the run down: status keeps
+its value, halted stays up, PipelineFinished closes the log.
 """
 
 from __future__ import annotations
@@ -16,20 +25,29 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from benchwright.events import Event, PhaseFailed, PhaseSkipped, PipelineStarted
+    from benchwright.events import Event, HumanReviewRequested, PhaseFailed, PhaseSkipped, PipelineStarted
     from benchwright.pipeline import (
+        RESTART_CAP,
+        RESUMABLE_PREFIXES,
+        ControlResult,
         EventsInput,
         FinishInput,
+        HaltInput,
         MaterializeBatchInput,
         MaterializeBatchResult,
         MaterializeCompleteInput,
+        PhaseControl,
         PhaseInput,
         PhaseResult,
+        ResumeInput,
+        ReviewResolution,
         RunInput,
         RunResult,
+        StopRequest,
         batch_bounds,
         plan_phases,
     )
@@ -42,59 +60,228 @@ BATCH_TIMEOUT = timedelta(hours=12)
 BATCH_HEARTBEAT = timedelta(seconds=5)
 """How long a killed worker's batch waits before another worker retries it (it resumes from the store)."""
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
-                          maximum_attempts=20)
+                          maximum_attempts=20, non_retryable_error_types=["RunHalted"])
 LOG_TIMEOUT = timedelta(minutes=2)
+CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+
+
+class _Teardown(Exception):
+    """A halt that does not come back: stop the pipeline and close the run."""
+
+
+def _conflict(message: str, code: str) -> ApplicationError:
+    # details are positional (TEMPORAL-NOTES): ApplicationError(message, {"code": ...}, type=...)
+    return ApplicationError(message, {"code": code}, type="Conflict", non_retryable=True)
+
+
+def _resumable(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(RESUMABLE_PREFIXES)
 
 
 @workflow.defn(name="RunWorkflow")
 class RunWorkflow:
     def __init__(self) -> None:
+        self._inp: RunInput | None = None
         self._phase: str | None = None
         self._invocations: dict[str, int] = {}
+        self._restarts = 0
+        self._instructions: dict[str, str] = {}
+        self._halt: str | None = None
+        self._halts = 0
+        self._finished = False
         self._status = "running"
         self._tasks_total = 0
         self._tasks_settled = 0
 
+    # -- queries and updates -------------------------------------------------------------------------------------
+
     @workflow.query
     def state(self) -> dict[str, Any]:
-        return {"phase": self._phase, "invocations": dict(self._invocations), "status": self._status,
-                "tasks_total": self._tasks_total, "tasks_settled": self._tasks_settled}
+        return {"phase": self._phase, "invocations": dict(self._invocations), "restarts": self._restarts,
+                "halted": self._halt is not None, "halt_reason": self._halt, "status": self._status,
+                "finished": self._finished, "tasks_total": self._tasks_total, "tasks_settled": self._tasks_settled}
+
+    @workflow.update
+    async def stop(self, req: StopRequest) -> ControlResult:
+        await self._raise_halt("operator_kill" + (f": {req.reason}" if req.reason else ""), override=True)
+        return self._control()
+
+    @stop.validator
+    def _validate_stop(self, req: StopRequest) -> None:
+        self._refuse_if_finished()
+        if self._halt is not None and not _resumable(self._halt):
+            raise _conflict(f"the run is already halted ({self._halt})", "already_halted")
+
+    @workflow.update
+    async def pause(self) -> ControlResult:
+        await self._raise_halt("operator_pause")
+        return self._control()
+
+    @pause.validator
+    def _validate_pause(self) -> None:
+        self._refuse_if_finished()
+        if self._halt is not None:
+            raise _conflict(f"the run is already halted ({self._halt})", "already_halted")
+
+    @workflow.update
+    async def resume(self) -> ControlResult:
+        await self._clear_halt(None)
+        return self._control()
+
+    @resume.validator
+    def _validate_resume(self) -> None:
+        if self._halt is None or not self._halt.startswith("operator_pause"):
+            raise _conflict("the run is not paused" + (f" (halt_reason: {self._halt})" if self._halt else ""),
+                            "not_paused")
+
+    @workflow.update
+    async def resolve_review(self, req: ReviewResolution) -> ControlResult:
+        if self._phase is not None:
+            self._instructions[self._phase] = req.resolution
+        await self._clear_halt(req.resolution)
+        return self._control()
+
+    @resolve_review.validator
+    def _validate_review(self, req: ReviewResolution) -> None:
+        if self._halt is None or not self._halt.startswith(("agent_review", "restart_cap_exceeded")):
+            raise _conflict("the run is not waiting for a review"
+                            + (f" (halt_reason: {self._halt})" if self._halt else ""), "not_waiting")
+        if not req.resolution.strip():
+            raise _conflict("review_resolution must not be empty", "empty_resolution")
+
+    def _refuse_if_finished(self) -> None:
+        if self._finished:
+            raise _conflict(f"the run has finished ({self._status})", "already_finished")
+
+    def _control(self) -> ControlResult:
+        return ControlResult(halted=self._halt is not None, halt_reason=self._halt)
+
+    # -- the pipeline --------------------------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
+        self._inp = inp
         plan = plan_phases(inp.launch)
         markers: list[tuple[str, Event]] = [
             ("pipeline:started", PipelineStarted(workflow_id=workflow.info().workflow_id,
                                                  phases=[p.model_dump() for p in plan]))]
         markers += [(f"{p.phase}:skipped", PhaseSkipped(phase=p.phase, reason=p.skip_reason))
                     for p in plan if p.skip_reason]
-        await self._record(inp.run_id, markers)
+        await self._record(markers)
+        clock = asyncio.create_task(self._run_clock(inp.limits.run_duration_s))
         try:
             for step in plan:
                 if step.skip_reason is None:
-                    await self._run_phase(inp, step.phase)
+                    await self._phase_loop(step.phase)
+        except _Teardown:
+            return await self._teardown()
         except ActivityError as err:
-            return await self._fail(inp, err)
-        await self._finish(inp.run_id, "ok")
+            return await self._fail(err)
+        finally:
+            clock.cancel()
+        await self._finish("ok")
         return RunResult(run_id=inp.run_id, status="ok")
 
-    async def _run_phase(self, inp: RunInput, phase: str) -> None:
-        invocation = self._invocations[phase] = self._invocations.get(phase, 0) + 1
+    async def _run_clock(self, limit_s: float | None) -> None:
+        if limit_s is None:
+            return
+        await workflow.sleep(timedelta(seconds=limit_s))
+        if not self._finished and (self._halt is None or _resumable(self._halt)):
+            await self._raise_halt("limit_exceeded:run.duration", override=True)
+
+    async def _phase_loop(self, phase: str) -> None:
+        """Invocations of one phase until it completes: restarts, reviews and pauses re-enter here."""
+        new_invocation = True
+        while True:
+            await self._gate()
+            if new_invocation:
+                self._invocations[phase] = self._invocations.get(phase, 0) + 1
+                new_invocation = False
+            control = await self._attempt(phase, self._invocations[phase])
+            if control is None:
+                self._instructions.pop(phase, None)
+                return
+            if control.kind == "interrupted":
+                continue  # paused mid-phase: the same invocation runs again after resume (its events dedupe)
+            new_invocation = True
+            if control.kind == "restart" and self._restarts < RESTART_CAP:
+                self._restarts += 1
+            elif control.kind == "restart":
+                await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
+            elif control.kind == "review":
+                await self._record([(f"{phase}:{self._invocations[phase]}:review",
+                                     HumanReviewRequested(phase=phase, reason=control.reason))])
+                await self._raise_halt(f"agent_review: {control.reason}")
+            elif control.kind == "halt":
+                self._halt = control.reason  # the activity already wrote the row
+                self._halts += 1
+
+    async def _gate(self) -> None:
+        """Wait while the run is paused or waiting for a human; a non-resumable halt tears the run down."""
+        await workflow.wait_condition(lambda: self._halt is None or not _resumable(self._halt))
+        if self._halt is not None:
+            raise _Teardown(self._halt)
+
+    async def _attempt(self, phase: str, invocation: int) -> PhaseControl | None:
+        """Run one phase invocation, interruptible by a halt or its duration ceiling."""
+        assert self._inp is not None
         self._phase = phase
         workflow.upsert_search_attributes([RUN_PHASE.value_set(phase)])
         self._details()
+        halts_before = self._halts
+        work = asyncio.create_task(self._execute_phase(phase, invocation))
+        ceiling = self._inp.limits.phase_limit(phase)
+        try:
+            await workflow.wait_condition(lambda: work.done() or self._halts != halts_before,
+                                          timeout=timedelta(seconds=ceiling[0]) if ceiling else None)
+        except asyncio.TimeoutError:
+            assert ceiling is not None
+            await self._raise_halt(f"limit_exceeded:{ceiling[1]}", override=True)
+        if work.done() and self._halts == halts_before:
+            try:
+                return work.result()
+            except ActivityError as err:
+                halted = self._halt_from(err)
+                if halted is None:
+                    raise
+                self._halt, self._halts = halted, self._halts + 1
+                return PhaseControl(kind="interrupted", reason=halted)
+        work.cancel()
+        try:
+            await work
+        except (ActivityError, asyncio.CancelledError) as err:
+            if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)
+                    or self._halt_from(err) is not None):
+                raise
+        return PhaseControl(kind="interrupted", reason=self._halt or "")
+
+    @staticmethod
+    def _halt_from(err: ActivityError) -> str | None:
+        """The halt reason when an activity stopped because the run was halted (its row is already written)."""
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.type == "RunHalted":
+            return str(cause.details[0]) if cause.details else cause.message
+        return None
+
+    async def _execute_phase(self, phase: str, invocation: int) -> PhaseControl | None:
+        assert self._inp is not None
+        inp = self._inp
         phase_inp = PhaseInput(run_id=inp.run_id, phase=phase, invocation=invocation, launch=inp.launch,
-                               driver=inp.driver)
+                               driver=inp.driver, instructions=self._instructions.get(phase),
+                               run_cost_usd=inp.limits.run_cost_usd, max_tasks=inp.limits.max_tasks)
         if phase == "materialize":
-            await self._materialize(inp, phase_inp)
-            return
+            await self._materialize(phase_inp)
+            return None
         result: PhaseResult = await workflow.execute_activity(
             phase, phase_inp, result_type=PhaseResult, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            summary=f"{phase} v{invocation}")
+            cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
         if result.tasks is not None:
             self._tasks_total = result.tasks
+        return result.control
 
-    async def _materialize(self, inp: RunInput, phase_inp: PhaseInput) -> None:
+    async def _materialize(self, phase_inp: PhaseInput) -> None:
+        assert self._inp is not None
+        inp = self._inp
         started = workflow.now()
         invocation = phase_inp.invocation
         await workflow.execute_activity("materialize_begin", phase_inp, result_type=PhaseResult,
@@ -105,16 +292,18 @@ class RunWorkflow:
         in_flight = max(1, min(opts.parallel_batches, len(bounds)))
         limiter = asyncio.Semaphore(in_flight)
         concurrency = max(1, opts.concurrency // in_flight)
+        self._tasks_settled = 0
 
         async def one(start: int, stop: int) -> None:
             async with limiter:
                 batch = MaterializeBatchInput(run_id=inp.run_id, invocation=invocation, start=start, stop=stop,
                                               model=inp.launch.model, metadata=inp.launch.metadata,
-                                              trials=inp.trials, concurrency=concurrency)
+                                              trials=inp.trials, concurrency=concurrency,
+                                              task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd)
                 await workflow.execute_activity(
                     "materialize_batch", batch, result_type=MaterializeBatchResult,
-                    activity_id=f"materialize-{invocation}-{start}", start_to_close_timeout=BATCH_TIMEOUT,
-                    heartbeat_timeout=BATCH_HEARTBEAT, retry_policy=BATCH_RETRY,
+                    activity_id=f"materialize-{invocation}-{start}-{self._halts}", start_to_close_timeout=BATCH_TIMEOUT,
+                    heartbeat_timeout=BATCH_HEARTBEAT, retry_policy=BATCH_RETRY, cancellation_type=CANCEL,
                     summary=f"materialize v{invocation}: tasks {start}..{stop - 1}")
                 self._tasks_settled += stop - start
                 self._details()
@@ -125,6 +314,7 @@ class RunWorkflow:
         except BaseException:
             for b in batches:
                 b.cancel()
+            await asyncio.gather(*batches, return_exceptions=True)
             raise
         duration_ms = int((workflow.now() - started).total_seconds() * 1000)
         await workflow.execute_activity(
@@ -132,7 +322,42 @@ class RunWorkflow:
                                                              duration_ms=duration_ms),
             start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY, summary=f"materialize v{invocation}: done")
 
-    async def _fail(self, inp: RunInput, err: ActivityError) -> RunResult:
+    # -- halts, failure, finish ------------------------------------------------------------------------------
+
+    async def _raise_halt(self, reason: str, *, override: bool = False) -> None:
+        """Record the halt on the row (via an activity) and wake the main loop, which cancels in-flight work.
+
+        ``override`` lets a ceiling replace a resumable halt (a run that hits its duration while paused is torn
+        down, not left paused).
+        """
+        assert self._inp is not None
+        if self._halt is not None and not override:
+            return
+        self._halts += 1
+        replace = self._halt is not None
+        self._halt = reason
+        self._details()
+        await self._execute_log("halt_run", HaltInput(run_id=self._inp.run_id, reason=reason, key=f"{self._halts}",
+                                                      replace=replace))
+
+    async def _clear_halt(self, resolution: str | None) -> None:
+        assert self._inp is not None
+        self._halts += 1
+        await self._execute_log("clear_halt", ResumeInput(run_id=self._inp.run_id, key=f"{self._halts}",
+                                                          resolution=resolution))
+        self._halt = None
+        self._details()
+
+    async def _teardown(self) -> RunResult:
+        assert self._inp is not None
+        await self._execute_log("finish_halted", FinishInput(run_id=self._inp.run_id, status=self._status))
+        self._finished = True
+        workflow.upsert_search_attributes([RUN_STATUS.value_set("halted")])
+        self._details()
+        return RunResult(run_id=self._inp.run_id, status=self._status, error=self._halt)
+
+    async def _fail(self, err: ActivityError) -> RunResult:
+        assert self._inp is not None
         phase = self._phase or "unknown"
         cause = err.cause
         error_type = cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
@@ -143,28 +368,35 @@ class RunWorkflow:
         if not trace and cause is not None and getattr(cause, "failure", None) is not None:
             trace = cause.failure.stack_trace  # type: ignore[union-attr]
         invocation = self._invocations.get(phase, 1)
-        await self._record(inp.run_id, [(f"{phase}:{invocation}:failed", PhaseFailed(
+        await self._record([(f"{phase}:{invocation}:failed", PhaseFailed(
             phase=phase, error_type=error_type, detail=detail, stack_trace=trace))])
         error = f"{phase} failed: {error_type}: {detail}"
-        await self._finish(inp.run_id, "error", error)
-        return RunResult(run_id=inp.run_id, status="error", error=error)
+        await self._finish("error", error)
+        return RunResult(run_id=self._inp.run_id, status="error", error=error)
 
-    async def _record(self, run_id: str, events: list[tuple[str, Event]]) -> None:
+    async def _record(self, events: list[tuple[str, Event]]) -> None:
+        assert self._inp is not None
         payload = [{"key": key, "type": ev.type_name(), "data": ev.model_dump(mode="json")} for key, ev in events]
-        await workflow.execute_activity("record_events", EventsInput(run_id=run_id, events=payload),
-                                        start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
-                                        summary="record " + ", ".join(ev.type_name() for _, ev in events)[:200])
+        await self._execute_log("record_events", EventsInput(run_id=self._inp.run_id, events=payload),
+                                summary="record " + ", ".join(ev.type_name() for _, ev in events)[:200])
 
-    async def _finish(self, run_id: str, status: str, error: str | None = None) -> None:
-        await workflow.execute_activity("finish_run", FinishInput(run_id=run_id, status=status, error=error),
-                                        start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
-                                        summary=f"finish: {status}")
+    async def _finish(self, status: str, error: str | None = None) -> None:
+        assert self._inp is not None
+        await self._execute_log("finish_run", FinishInput(run_id=self._inp.run_id, status=status, error=error),
+                                summary=f"finish: {status}")
         self._status = status
+        self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set(status)])
         self._details()
 
+    async def _execute_log(self, name: str, arg: Any, *, summary: str | None = None) -> Any:
+        return await workflow.execute_activity(name, arg, start_to_close_timeout=LOG_TIMEOUT,
+                                               retry_policy=PHASE_RETRY, summary=summary or name)
+
     def _details(self) -> None:
         lines = [f"**status** {self._status}", f"**phase** {self._phase or '-'}"]
+        if self._halt:
+            lines.append(f"**halted** {self._halt}")
         if self._tasks_total:
             lines.append(f"**tasks** {self._tasks_settled}/{self._tasks_total} settled (by batch)")
         lines.append("**invocations** " + ", ".join(f"{p} v{n}" for p, n in self._invocations.items()))

@@ -5,22 +5,46 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from datetime import timedelta
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
-from benchwright.errors import Unavailable
+from benchwright.errors import Conflict, InvalidInput, NotFound, PaymentRequired, Unavailable
 from benchwright.events import TERMINAL_EVENT
 from benchwright.launch import resolve_launch
-from benchwright.pipeline import MaterializeOptions, RunInput
-from benchwright.schemas import EventPage, EventView, LaunchRequest, RunList, RunView, TaskDetail, TaskList
+from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
+from benchwright.schemas import (
+    EventPage,
+    EventView,
+    LaunchRequest,
+    RunList,
+    RunView,
+    TaskDetail,
+    TaskList,
+    Visibility,
+)
 from benchwright.store.events import read_events
 from benchwright.store.models import EventRow
-from benchwright.store.runs import create_run, finish_run, get_run, list_runs, list_tasks, run_view, task_detail
+from benchwright.store.accounts import get_account
+from benchwright.store.runs import (
+    create_run,
+    finish_run,
+    get_run,
+    list_runs,
+    list_tasks,
+    run_view,
+    set_visibility,
+    task_detail,
+)
 from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
 from workflows.run import RunWorkflow
 
@@ -35,10 +59,16 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     settings = state.settings
     resolved = resolve_launch(body, default_driver=settings.default_driver,
                               allow_local_paths=settings.allow_local_paths)
+    current = await run_in_threadpool(get_account, state.engine, account_id=account.id)
+    if current.balance_usd <= 0:
+        raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
     client = await state.temporal()
     run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
-                                  driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"))
+                                  driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
+                                  limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
+                                  billing_markup=settings.billing_markup)
     inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver, trials=resolved.trials,
+                   limits=resolved.limits,
                    materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
                                                   batch_tasks=settings.materialize_batch_tasks,
                                                   parallel_batches=settings.materialize_parallel_batches))
@@ -133,3 +163,83 @@ def get_task(run_id: str, index: int, account: AccountDep, state: StateDep) -> T
     """One task with each trial's score, meta and output."""
     run = get_run(state.engine, run_id=run_id, account_id=account.id)
     return task_detail(state.engine, run_id=run.id, index=index)
+
+
+class StopBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class RunPatch(BaseModel):
+    """``PATCH /v1/runs/{id}``: resolve a human review, and/or change visibility."""
+
+    model_config = ConfigDict(extra="forbid")
+    review_resolution: str | None = Field(default=None, min_length=1, max_length=20_000)
+    """Your guidance in prose; it becomes the Driver's instructions when the run picks up."""
+    visibility: Visibility | None = None
+
+
+async def _control(state: StateDep, run_id: str, account_id: str, update: str, arg: Any = None,
+                   request_id: str | None = None) -> RunView:
+    """Send a control update to the run's workflow; its refusal (a validator's Conflict) becomes a 409."""
+    run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account_id)
+    if run.finished_at is not None:
+        code = {"resume": "not_paused", "resolve_review": "not_waiting"}.get(update, "already_finished")
+        raise Conflict(f"the run has finished ({run.status}{', halted: ' + run.halt_reason if run.halted else ''})",
+                       code=code)
+    client = await state.temporal()
+    handle = client.get_workflow_handle(run_id)
+    args = [arg] if arg is not None else []
+    try:
+        await handle.execute_update(update, *args, id=request_id, rpc_timeout=timedelta(seconds=30))
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == "Conflict":
+            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+            raise Conflict(cause.message, code=str(details.get("code", "conflict"))) from exc
+        raise
+    except WorkflowUpdateRPCTimeoutOrCancelledError as exc:
+        raise Unavailable("no worker answered the control call in time; is a worker running?") from exc
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise NotFound(f"run {run_id} has no live workflow") from exc
+        raise
+    fresh = await run_in_threadpool(get_run, state.engine, run_id=run_id)
+    return await run_in_threadpool(run_view, state.engine, fresh)
+
+
+@router.post("/{run_id}/stop", response_model=RunView)
+async def stop_run(run_id: str, account: AccountDep, state: StateDep, body: StopBody | None = None,
+                   idempotency_key: Annotated[str | None, Header()] = None) -> RunView:
+    """Halt the run for good (``operator_kill``): in-flight work is cancelled, partial results are kept."""
+    return await _control(state, run_id, account.id, "stop", StopRequest(reason=body.reason if body else None),
+                          idempotency_key)
+
+
+@router.post("/{run_id}/pause", response_model=RunView)
+async def pause_run(run_id: str, account: AccountDep, state: StateDep,
+                    idempotency_key: Annotated[str | None, Header()] = None) -> RunView:
+    """Pause the run (``operator_pause``): in-flight work stops and picks up where it was on resume."""
+    return await _control(state, run_id, account.id, "pause", None, idempotency_key)
+
+
+@router.post("/{run_id}/resume", response_model=RunView)
+async def resume_run(run_id: str, account: AccountDep, state: StateDep,
+                     idempotency_key: Annotated[str | None, Header()] = None) -> RunView:
+    """Resume a paused run. Anything but an ``operator_pause`` halt answers 409 ``not_paused``."""
+    return await _control(state, run_id, account.id, "resume", None, idempotency_key)
+
+
+@router.patch("/{run_id}", response_model=RunView)
+async def patch_run(run_id: str, body: RunPatch, account: AccountDep, state: StateDep) -> RunView:
+    """Resolve a human review (``review_resolution``), which clears the halt and wakes the run; or change
+    visibility."""
+    if body.review_resolution is None and body.visibility is None:
+        raise InvalidInput("nothing to change: send review_resolution and/or visibility", code="empty_patch")
+    if body.visibility is not None:
+        await run_in_threadpool(set_visibility, state.engine, run_id=run_id, account_id=account.id,
+                                visibility=body.visibility)
+    if body.review_resolution is not None:
+        return await _control(state, run_id, account.id, "resolve_review",
+                              ReviewResolution(resolution=body.review_resolution))
+    return await run_in_threadpool(run_view, state.engine, get_run(state.engine, run_id=run_id))

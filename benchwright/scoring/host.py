@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,12 +83,23 @@ async def check_impl(*, impl_path: Path, workdir: Path, timeout_s: float = 60.0)
         raise ScorerLoadError(f"task_impl.py failed to load: {detail}", msg.get("trace", ""))
 
 
+@dataclass(frozen=True)
+class TrialLimits:
+    """Per-trial ceilings (§9 task/attempt levels). A trial past one lands in err with the limit in its meta."""
+
+    attempts: int = 1
+    duration_s: float | None = None
+    cost_usd: float | None = None
+    attempt_duration_s: float | None = None
+
+
 async def run_trials(*, impl_path: Path, workdir: Path, items: list[TrialItem], sut: SutClient, threads: int,
-                     on_record: Callable[[TrialRecord], Awaitable[None]]) -> None:
+                     on_record: Callable[[TrialRecord], Awaitable[None]],
+                     limits: TrialLimits = TrialLimits()) -> None:
     """Run every item through the scorer; ``on_record`` gets one record per item, in completion order.
 
-    An item whose scorer raised, whose model call failed for good, or whose runner died becomes an ``err`` record;
-    only a scorer that does not load at all raises.
+    An item whose scorer raised, whose model call failed for good, or whose runner died becomes an ``err`` record
+    (after ``limits.attempts`` attempts); only a scorer that does not load at all raises.
 
     Raises:
         ScorerLoadError: task_impl.py did not load.
@@ -95,11 +107,13 @@ async def run_trials(*, impl_path: Path, workdir: Path, items: list[TrialItem], 
     if not items:
         return
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(RUNNER), "--impl", str(impl_path), "--threads", str(threads), cwd=str(workdir),
+        sys.executable, str(RUNNER), "--impl", str(impl_path), "--threads", str(threads),
+        *(["--report-starts"] if limits.attempt_duration_s is not None or limits.duration_s is not None else []),
+        cwd=str(workdir),
         env=runner_env(workdir), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, limit=_LINE_LIMIT,
     )
-    session = _Session(proc, items, sut, on_record)
+    session = _Session(proc, items, sut, on_record, limits)
     try:
         await session.run()
     finally:
@@ -110,11 +124,17 @@ async def run_trials(*, impl_path: Path, workdir: Path, items: list[TrialItem], 
 
 class _Session:
     def __init__(self, proc: asyncio.subprocess.Process, items: list[TrialItem], sut: SutClient,
-                 on_record: Callable[[TrialRecord], Awaitable[None]]) -> None:
+                 on_record: Callable[[TrialRecord], Awaitable[None]], limits: TrialLimits) -> None:
         self.proc = proc
         self.items = dict(enumerate(items))
+        self.next_id = len(items)
         self.sut = sut
         self.on_record = on_record
+        self.limits = limits
+        # Clocks start when the runner picks a task up (its "start" message), not while it waits in the queue.
+        self.attempt_started: dict[int, float] = {}
+        self.trial_started: dict[tuple[int, int], float] = {}
+        self.attempts: dict[tuple[int, int], int] = {(i.index, i.trial): 1 for i in items}
         self.usage: dict[int, dict[str, int]] = {}
         self.cost: dict[int, float] = {}
         self.calls: set[asyncio.Task[None]] = set()
@@ -149,6 +169,7 @@ class _Session:
     async def run(self) -> None:
         assert self.proc.stdout is not None
         drain = asyncio.create_task(self._drain_stderr())
+        watchdog: asyncio.Task[None] | None = None
         try:
             hello = await self.proc.stdout.readline()
             msg = json.loads(hello) if hello.strip() else {}
@@ -156,14 +177,18 @@ class _Session:
                 await drain
                 raise ScorerLoadError(
                     f"task_impl.py failed to load: {msg.get('error') or self._died()}", msg.get("trace", ""))
+            if self._timed():
+                watchdog = asyncio.create_task(self._watch_durations())
             try:
                 await self._send_tasks()
                 await self._read_until_done()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the runner died; what is left becomes err records below
             for item_id in list(self.items):
-                await self._settle(item_id, ok=False, error=self._died())
+                await self._settle(item_id, ok=False, error=self._died(), retry=False)
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             for call in self.calls:
                 call.cancel()
             if self.proc.stdin is not None and not self.proc.stdin.is_closing():
@@ -179,7 +204,13 @@ class _Session:
                 await self.proc.wait()
                 return
             msg = json.loads(line)
-            if msg["op"] == "call":
+            if msg["op"] == "start":
+                item = self.items.get(msg["id"])
+                if item is not None:
+                    now = time.monotonic()
+                    self.attempt_started[msg["id"]] = now
+                    self.trial_started.setdefault((item.index, item.trial), now)
+            elif msg["op"] == "call":
                 task = asyncio.create_task(self._call(msg))
                 self.calls.add(task)
                 task.add_done_callback(self.calls.discard)
@@ -207,11 +238,50 @@ class _Session:
         except (BrokenPipeError, ConnectionResetError):
             pass
 
+    def _timed(self) -> bool:
+        return self.limits.attempt_duration_s is not None or self.limits.duration_s is not None
+
+    async def _watch_durations(self) -> None:
+        """Fail attempts and trials that run past their duration ceilings (their late results are ignored)."""
+        while self.items:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for item_id in list(self.items):
+                item = self.items[item_id]
+                if item_id not in self.attempt_started:
+                    continue  # still queued in the runner
+                trial_s = now - self.trial_started[(item.index, item.trial)]
+                if self.limits.duration_s is not None and trial_s > self.limits.duration_s:
+                    await self._settle(item_id, ok=False, limit="task.duration",
+                                       error=f"limit_exceeded:task.duration ({self.limits.duration_s:g} s)")
+                elif (self.limits.attempt_duration_s is not None
+                      and now - self.attempt_started[item_id] > self.limits.attempt_duration_s):
+                    await self._settle(item_id, ok=False, limit="attempt.duration",
+                                       error=f"limit_exceeded:attempt.duration ({self.limits.attempt_duration_s:g} s)")
+
+    async def _retry(self, item_id: int, item: TrialItem) -> bool:
+        """Start another attempt of a failed trial if task.attempts allows (under a new id, so a late result of
+        the abandoned attempt cannot be mistaken for it)."""
+        key = (item.index, item.trial)
+        if self.attempts[key] >= self.limits.attempts:
+            return False
+        self.attempts[key] += 1
+        new_id, self.next_id = self.next_id, self.next_id + 1
+        self.items[new_id] = item
+        self.attempt_started[new_id] = time.monotonic()
+        for carry in (self.usage, self.cost):
+            if item_id in carry:
+                carry[new_id] = carry.pop(item_id)  # type: ignore[index]
+        await self.send({"op": "task", "id": new_id, "row": item.row})
+        return True
+
     async def _settle(self, item_id: int, *, ok: bool, score: Any = None, output: str | None = None,
-                      error: str | None = None, trace: str | None = None) -> None:
+                      error: str | None = None, trace: str | None = None, limit: str | None = None,
+                      retry: bool = True) -> None:
         item = self.items.pop(item_id, None)
         if item is None:
             return
+        self.attempt_started.pop(item_id, None)
         meta: dict[str, Any] = {}
         value: float | None = None
         if ok:
@@ -219,8 +289,18 @@ class _Session:
                 value, meta = normalize_score(score)
             except ValueError as exc:
                 error = f"score: {exc}"
+        cost = self.cost.get(item_id, 0.0)
+        if error is None and self.limits.cost_usd is not None and cost > self.limits.cost_usd:
+            error, limit = f"limit_exceeded:task.cost (${cost:.6f} > ${self.limits.cost_usd:g})", "task.cost"
+        if error and retry and limit not in ("task.duration", "task.cost") and await self._retry(item_id, item):
+            return
         if trace:
             meta = {**meta, "trace": trace}
+        if limit:
+            meta = {**meta, "limit_exceeded": limit}
+        attempts = self.attempts[(item.index, item.trial)]
+        if attempts > 1:
+            meta = {**meta, "attempts": attempts}
         outcome = "err" if error else outcome_for(value)
         await self.on_record(TrialRecord(
             index=item.index, trial=item.trial, outcome=outcome, score=None if error else value, output=output,

@@ -9,6 +9,7 @@ Protocol (one JSON object per line):
                      {"op": "reply", "call": C, "ok": true, "text": "..."} | {"op": "reply", "call": C, "ok": false, "error": "..."}
                      end of input (the host closes stdin once every result is in, or when it gives up)
     runner -> host   {"op": "ready"} | {"op": "fatal", "error": "...", "trace": "..."}
+                     {"op": "start", "id": I}             a thread picked the task up (with --report-starts)
                      {"op": "call", "call": C, "task": I, "messages": [...], "params": {...}}
                      {"op": "result", "id": I, "ok": true, "score": <raw score()>, "output": "..."}
                      {"op": "result", "id": I, "ok": false, "stage": "extract|solve|score", "error": "...", "trace": "..."}
@@ -99,7 +100,9 @@ def _load_scorer(path: str) -> Any:
     return scorer
 
 
-def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any]) -> None:
+def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any], report_start: bool) -> None:
+    if report_start:
+        channel.send({"op": "start", "id": task_id})
     stage = "extract"
     try:
         scorer.extract(row)
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--impl", required=True)
     args.add_argument("--threads", type=int, default=32)
     args.add_argument("--check", action="store_true", help="load the scorer, report ready or fatal, and exit")
+    args.add_argument("--report-starts", action="store_true", help="say when each task starts (for time limits)")
     opts = args.parse_args(argv)
 
     protocol_fd = os.dup(1)
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in sys.stdin:
         msg = json.loads(line)
         if msg.get("op") == "task":
-            pool.submit(_run_task, channel, scorer, msg["id"], msg["row"])
+            pool.submit(_run_task, channel, scorer, msg["id"], msg["row"], opts.report_starts)
         elif msg.get("op") == "reply":
             channel.deliver(msg)
     # stdin ended: the host has every result, or gave up. Unblock calls still waiting so the threads can end.

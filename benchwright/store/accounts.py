@@ -6,12 +6,12 @@ import hashlib
 import secrets
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from benchwright.errors import Conflict, NotFound, Unauthorized
+from benchwright.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from benchwright.store.db import session_scope
 from benchwright.store.models import Account, ApiKey
 
@@ -22,13 +22,13 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_account(engine: Engine, *, name: str) -> tuple[Account, str]:
+def create_account(engine: Engine, *, name: str, balance_usd: float = 0.0) -> tuple[Account, str]:
     """Create an account with one API key; returns the account and the key (the only time it is visible).
 
     Raises:
         Conflict: an account with this name exists.
     """
-    account = Account(id=str(uuid.uuid4()), name=name)
+    account = Account(id=str(uuid.uuid4()), name=name, balance_usd=balance_usd)
     try:
         with session_scope(engine) as session:
             session.add(account)
@@ -68,4 +68,32 @@ def authenticate(engine: Engine, key: str | None) -> Account:
         ).scalar_one_or_none()
     if account is None:
         raise Unauthorized("invalid API key")
+    return account
+
+
+def credit(engine: Engine, *, account_name: str, amount_usd: float) -> float:
+    """Add ``amount_usd`` to the account's balance (in the database, so concurrent debits are not lost);
+    returns the new balance.
+
+    Raises:
+        NotFound: no such account.
+        InvalidInput: the amount is not a positive number.
+    """
+    if not amount_usd > 0:
+        raise InvalidInput(f"credit amount must be positive, got {amount_usd}")
+    with session_scope(engine) as session:
+        updated = session.execute(
+            update(Account).where(Account.name == account_name)
+            .values(balance_usd=Account.balance_usd + amount_usd).returning(Account.balance_usd)  # type: ignore[arg-type]
+        ).scalar_one_or_none()
+    if updated is None:
+        raise NotFound(f"no account named {account_name!r}")
+    return float(updated)
+
+
+def get_account(engine: Engine, *, account_id: str) -> Account:
+    with Session(engine) as session:
+        account = session.get(Account, account_id)
+    if account is None:
+        raise NotFound(f"account {account_id} not found")
     return account

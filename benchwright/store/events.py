@@ -6,8 +6,8 @@ concurrent appenders in any number of processes queue up and seq stays gapless a
 an idempotency key; an append whose key is already in the log writes nothing (a retried activity re-appends the
 same keys), and since the check happens under the same lock no seq is consumed for it.
 
-Projections (task rows, trial rows, the run's phase and model spend) are updated in the same transaction, so a
-reader never sees an event without its projection or the other way round.
+Projections (task rows, trial rows, the run's phase) are updated in the same transaction, so a reader never sees
+an event without its projection or the other way round. Cost columns are the database trigger's (migration 0002).
 """
 
 from __future__ import annotations
@@ -57,11 +57,23 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent]) -> int:
         return append_in_session(session, run_id, events)
 
 
-def append_in_session(session: Session, run_id: str, events: list[NewEvent], **run_updates: Any) -> int:
-    """Like ``append_events`` inside a caller's transaction, optionally updating columns of the run row too."""
+def lock_run(session: Session, run_id: str) -> Run:
+    """Take the run row's write lock (a no-op UPDATE: row lock on Postgres, write lock on SQLite) and read it.
+
+    Writing first matters on SQLite: a transaction that reads before it writes can fail to upgrade its lock.
+
+    Raises:
+        NotFound: the run does not exist.
+    """
     locked = session.execute(update(Run).where(Run.id == run_id).values(next_seq=Run.next_seq))  # type: ignore[arg-type]
     if locked.rowcount == 0:  # type: ignore[attr-defined]
         raise NotFound(f"run {run_id} not found")
+    return session.execute(select(Run).where(Run.id == run_id).execution_options(populate_existing=True)).scalar_one()
+
+
+def append_in_session(session: Session, run_id: str, events: list[NewEvent], **run_updates: Any) -> int:
+    """Like ``append_events`` inside a caller's transaction, optionally updating columns of the run row too."""
+    lock_run(session, run_id)
     fresh = _without_recorded(session, events)
     next_seq = session.execute(select(Run.next_seq).where(Run.id == run_id)).scalar_one()
     now = utcnow()
@@ -98,7 +110,6 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
     run_updates: dict[str, Any] = {}
     trials: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
-    model_cost = 0.0
     for e in events:
         d = e.data
         if e.type == "PhaseStarted":
@@ -106,7 +117,6 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
         elif e.type == "DatasetTasksArtifact":
             run_updates["tasks_total"] = d["count"]
         elif e.type == "MaterializeTaskResult":
-            model_cost += float(d.get("cost_usd") or 0.0)
             trials.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
                            "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
                            "error": d.get("error")})
@@ -117,8 +127,6 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
         session.execute(insert(TrialResult), trials)
     if rows:
         session.execute(insert(TaskRow), rows)
-    if model_cost:
-        run_updates["cost_model_usd"] = Run.cost_model_usd + model_cost
     return run_updates
 
 

@@ -23,6 +23,8 @@ class Account(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=36)
     name: str = Field(unique=True, index=True, max_length=200)
+    balance_usd: float = 0.0
+    """Prepaid balance; billed spend is debited by the ``events_cost`` trigger."""
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -54,7 +56,19 @@ class Run(SQLModel, table=True):
     phase: str | None = Field(default=None, max_length=32)
     error: str | None = Field(default=None, max_length=4000)
     tasks_total: int = 0
-    cost_model_usd: float = 0.0
+    limits: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    backend: str | None = Field(default=None, max_length=32)
+    materialize_mode: str | None = Field(default=None, max_length=16)
+    isolation: str | None = Field(default=None, max_length=16)
+    # Cost by source in USD. Only the ``events_cost`` database trigger writes these (migration 0002).
+    cost_driver: float = 0.0
+    cost_model: float = 0.0
+    cost_sandbox: float = 0.0
+    cost_narration: float = 0.0
+    cost_incurred: float = 0.0
+    cost_billed: float = 0.0
+    proxy_linger_usd: float = 0.0
+    billing_markup: float = 1.0
     next_seq: int = 0
     """The seq the next appended event gets; only ever changed inside an append transaction."""
     created_at: datetime = Field(default_factory=utcnow)

@@ -16,6 +16,7 @@ from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.schemas import (
     CostView,
     LaunchRequest,
+    ProxyLinger,
     RunList,
     RunView,
     TaskDetail,
@@ -33,7 +34,8 @@ from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
 
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
-               trials_config: dict[str, Any]) -> Run:
+               trials_config: dict[str, Any], limits: dict[str, Any] | None = None,
+               billing_markup: float = 1.0) -> Run:
     """Insert the run row and its RunLaunched event (seq 0) in one transaction."""
     run = Run(
         id=str(uuid.uuid4()),
@@ -43,6 +45,8 @@ def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver
         launch=launch.model_dump(mode="json", exclude_none=True),
         visibility=launch.visibility,
         trials_config=trials_config,
+        limits=limits,
+        billing_markup=billing_markup,
     )
     with session_scope(engine) as session:
         session.add(run)
@@ -99,12 +103,15 @@ def run_view(engine: Engine, run: Run) -> RunView:
         pass_rate=passed / (passed + failed) if passed + failed else None,
         pass_at_k=_pass_at_k(per_task, _trials_k(run)),
     )
-    cost = CostView(model=run.cost_model_usd, incurred=run.cost_model_usd)
+    cost = CostView(driver=run.cost_driver, model=run.cost_model, sandbox=run.cost_sandbox,
+                    narration=run.cost_narration, incurred=run.cost_incurred, billed=run.cost_billed,
+                    proxy_linger=ProxyLinger(cents=round(run.proxy_linger_usd * 100), amount_usd=run.proxy_linger_usd))
     return RunView(
         id=run.id, status=run.status, halted=run.halted, halt_reason=run.halt_reason,  # type: ignore[arg-type]
         display_status=display_status(status=run.status, halted=run.halted, halt_reason=run.halt_reason),
         model=run.model, driver=run.driver, phase=run.phase, visibility=run.visibility,  # type: ignore[arg-type]
-        metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, cost=cost,
+        metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, limits=run.limits,
+        backend=run.backend, materialize_mode=run.materialize_mode, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
     )
 
@@ -207,3 +214,12 @@ def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
         TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error)  # type: ignore[arg-type]
         for t in trials
     ])
+
+
+def set_visibility(engine: Engine, *, run_id: str, account_id: str, visibility: str) -> None:
+    """Change who can see a run (§12); reversible at any time."""
+    with session_scope(engine) as session:
+        run = session.get(Run, run_id)
+        if run is None or run.account_id != account_id:
+            raise NotFound(f"run {run_id} not found")
+        run.visibility = visibility

@@ -397,4 +397,4 @@ def test_serve_writes_ready_file_with_working_url(tmp_path: Path) -> None:
             proc.stderr.close()
     # Graceful shutdown removes the file, so it never advertises a dead server.
     assert not ready.exists()
-    assert proc.returncode == 143  # 128 + SIGTERM, after a clean shutdown
+    assert proc.returncode == 0  # SIGTERM is a graceful shutdown, not a crash

@@ -1,0 +1,140 @@
+"""Launch ceilings (§9): the ``limits`` block, the older ``constraints`` spelling, and the enforceable matrix.
+
+Limits are nested ``<level>.<quantity>``; money in dollars, time in seconds, the unit belongs to the quantity.
+Only what the platform enforces is accepted; anything else is refused with a message naming the path and listing
+what is allowed, never stored and ignored.
+
+| path                    | enforced how                                                                |
+|-------------------------|-----------------------------------------------------------------------------|
+| run.cost                | halts ``limit_exceeded:run.cost`` as soon as cost.incurred crosses it         |
+| run.duration            | halts ``limit_exceeded:run.duration`` when the run's wall time (launch on) crosses it |
+| phase.duration          | halts ``limit_exceeded:phase.duration`` when any one phase invocation runs longer |
+| phase:<name>.duration   | the same for one phase, ``limit_exceeded:phase:<name>.duration``              |
+| task.attempts           | attempts a trial gets when one errs (default 1: no retry); then the row is err |
+| task.duration           | a trial's wall time across its attempts; past it the row is err, not retried  |
+| task.cost               | a trial's model spend; past it the row is err (the spend still counts)        |
+| attempt.duration        | bounds one attempt of a trial; past it that attempt errs                      |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from benchwright.errors import InvalidInput
+from benchwright.schemas import PHASES
+
+ENFORCEABLE: dict[str, tuple[str, ...]] = {
+    "run": ("cost", "duration"),
+    "phase": ("duration",),
+    "task": ("attempts", "duration", "cost"),
+    "attempt": ("duration",),
+}
+"""The matrix ``GET /v1/limits`` publishes. ``phase:<name>`` takes what ``phase`` takes."""
+
+INTEGER_QUANTITIES = {"attempts"}
+
+
+class TaskLimits(BaseModel):
+    """What the scorer host enforces per trial (carried into every Materialize batch)."""
+
+    attempts: int = 1
+    duration_s: float | None = None
+    cost_usd: float | None = None
+    attempt_duration_s: float | None = None
+
+
+class RunLimits(BaseModel):
+    """The resolved, validated ceilings of one run, frozen on the run at launch."""
+
+    run_cost_usd: float | None = None
+    run_duration_s: float | None = None
+    phase_duration_s: float | None = None
+    phase_durations_s: dict[str, float] = Field(default_factory=dict)
+    task: TaskLimits = Field(default_factory=TaskLimits)
+    max_tasks: int | None = None
+    """Caps the sample count (does not halt): the narrowest of constraints.max_tasks, metadata.limit and a
+    harness's own limit."""
+
+    def phase_limit(self, phase: str) -> tuple[float, str] | None:
+        """The duration ceiling for ``phase`` and the limit path named in the halt reason, if any."""
+        if phase in self.phase_durations_s:
+            return self.phase_durations_s[phase], f"phase:{phase}.duration"
+        if self.phase_duration_s is not None:
+            return self.phase_duration_s, "phase.duration"
+        return None
+
+
+def matrix() -> dict[str, Any]:
+    """The enforceable matrix as the API publishes it."""
+    return {
+        "levels": {level: list(q) for level, q in ENFORCEABLE.items()},
+        "phase_names": [p for p in PHASES],
+        "units": {"cost": "USD (decimals allowed)", "duration": "seconds", "attempts": "count (integer >= 1)"},
+        "constraints": {"max_cost_cents": "run.cost (in cents)", "max_duration_ms": "run.duration (in ms)",
+                        "max_tasks": "caps the sample count; does not halt"},
+    }
+
+
+def _allowed() -> str:
+    return ", ".join(f"{lvl}.{q}" for lvl, qs in ENFORCEABLE.items() for q in qs) + ", phase:<name>.duration"
+
+
+def _number(path: str, value: Any, *, integer: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"limits.{path} must be a number, got {value!r}", code="invalid_limit")
+    if integer and (float(value) != int(value) or value < 1):
+        raise InvalidInput(f"limits.{path} must be a whole number >= 1, got {value!r}", code="invalid_limit")
+    if value <= 0:
+        raise InvalidInput(f"limits.{path} must be greater than 0, got {value!r}", code="invalid_limit")
+    return float(value)
+
+
+def resolve_limits(*, limits: dict[str, Any] | None, constraints: dict[str, Any] | None,
+                   metadata: dict[str, Any]) -> RunLimits:
+    """Validate ``limits`` (and map ``constraints`` onto it); where both set a ceiling, the narrower wins.
+
+    Raises:
+        InvalidInput: a level or quantity outside the enforceable matrix, or a value that is not a positive number.
+    """
+    flat: dict[str, float] = {}
+    for level, quantities in (limits or {}).items():
+        base = level.split(":", 1)[0]
+        if base not in ENFORCEABLE or (":" in level and (base != "phase" or level.split(":", 1)[1] not in PHASES)):
+            raise InvalidInput(f"limits.{level} is not a limit level; allowed: {_allowed()}", code="unenforceable_limit")
+        if not isinstance(quantities, dict):
+            raise InvalidInput(f"limits.{level} must be an object of quantities", code="invalid_limit")
+        for quantity, value in quantities.items():
+            path = f"{level}.{quantity}"
+            if quantity not in ENFORCEABLE[base]:
+                raise InvalidInput(f"limits.{path} is not enforceable; allowed: {_allowed()}",
+                                   code="unenforceable_limit")
+            flat[path] = _number(path, value, integer=quantity in INTEGER_QUANTITIES)
+    caps: list[int] = []
+    known = {"max_cost_cents", "max_duration_ms", "max_tasks"}
+    for key, value in (constraints or {}).items():
+        if key not in known:
+            raise InvalidInput(f"constraints.{key} is not a constraint; allowed: {', '.join(sorted(known))}",
+                               code="unenforceable_limit")
+        if key == "max_cost_cents":
+            _narrow(flat, "run.cost", _number(f"constraints.{key}", value, integer=False) / 100)
+        elif key == "max_duration_ms":
+            _narrow(flat, "run.duration", _number(f"constraints.{key}", value, integer=False) / 1000)
+        else:
+            caps.append(int(_number(f"constraints.{key}", value, integer=True)))
+    meta_limit = metadata.get("limit")
+    if meta_limit is not None:
+        caps.append(int(_number("metadata.limit", meta_limit, integer=True)))
+    return RunLimits(
+        run_cost_usd=flat.get("run.cost"), run_duration_s=flat.get("run.duration"),
+        phase_duration_s=flat.get("phase.duration"),
+        phase_durations_s={p.split(":", 1)[1].split(".")[0]: v for p, v in flat.items() if p.startswith("phase:")},
+        task=TaskLimits(attempts=int(flat.get("task.attempts", 1)), duration_s=flat.get("task.duration"),
+                        cost_usd=flat.get("task.cost"), attempt_duration_s=flat.get("attempt.duration")),
+        max_tasks=min(caps) if caps else None,
+    )
+
+
+def _narrow(flat: dict[str, float], path: str, value: float) -> None:
+    flat[path] = min(flat.get(path, value), value)

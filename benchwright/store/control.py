@@ -1,0 +1,77 @@
+"""Halt state on the run row (§1, §9): raising and clearing the flag, each with its event, in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from benchwright.events import PipelineFinished, RunHalted, RunResumed
+from benchwright.store.db import session_scope
+from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
+from benchwright.store.models import Account, Run, utcnow
+
+RESUMABLE = ("agent_review", "operator_pause", "restart_cap_exceeded")
+"""Halt reasons a run can come back from; every other halt tears the run down."""
+
+
+def is_resumable(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(RESUMABLE)
+
+
+def halt_run(engine: Engine, *, run_id: str, reason: str, key: str | None = None, replace: bool = False) -> bool:
+    """Raise the halted flag with ``reason`` unless the run is already halted (or ``replace``: overwrite the
+    reason); returns whether this call wrote it.
+
+    ``key`` makes the call idempotent across activity retries (the workflow passes its own deterministic key).
+    """
+    with session_scope(engine) as session:
+        run = lock_run(session, run_id)
+        if run.halted and not replace:
+            return False
+        event = NewEvent.of(event_key(run_id, "halt", key or uuid.uuid4().hex), RunHalted(halt_reason=reason))
+        return bool(append_in_session(session, run_id, [event], halted=True, halt_reason=reason))
+
+
+def clear_halt(engine: Engine, *, run_id: str, key: str, resolution: str | None = None) -> bool:
+    """Clear halted and halt_reason in one row update (with RunResumed); returns whether a halt was cleared."""
+    with session_scope(engine) as session:
+        run = lock_run(session, run_id)
+        if not run.halted:
+            return False
+        event = NewEvent.of(event_key(run_id, "resume", key),
+                            RunResumed(previous_reason=run.halt_reason or "", review_resolution=resolution))
+        return bool(append_in_session(session, run_id, [event], halted=False, halt_reason=None))
+
+
+def finish_halted(engine: Engine, *, run_id: str) -> None:
+    """Close a torn-down run: status keeps its value, halted stays up, PipelineFinished ends the log."""
+    with session_scope(engine) as session:
+        run = lock_run(session, run_id)
+        event = NewEvent.of(event_key(run_id, "pipeline", "finished"),
+                            PipelineFinished(status=run.status, halted=True, halt_reason=run.halt_reason))
+        if append_in_session(session, run_id, [event]):
+            run.finished_at = utcnow()
+
+
+def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | None) -> str | None:
+    """``limit_exceeded:run.cost`` or ``balance_exhausted`` if the run has crossed one, else None."""
+    with session_scope(engine) as session:
+        row = session.execute(
+            select(Run.cost_incurred, Run.cost_billed, Account.balance_usd)
+            .join(Account, Account.id == Run.account_id).where(Run.id == run_id)  # type: ignore[arg-type]
+        ).one()
+    incurred, billed, balance = row
+    if run_cost_usd is not None and incurred > run_cost_usd:
+        return "limit_exceeded:run.cost"
+    if billed > 0 and balance <= 0:
+        return "balance_exhausted"
+    return None
+
+
+def halted_reason(engine: Engine, *, run_id: str) -> str | None:
+    """The run's halt_reason while halted, else None (a cheap read for loops that poll the flag)."""
+    with session_scope(engine) as session:
+        row = session.execute(select(Run.halted, Run.halt_reason).where(Run.id == run_id)).one()
+    return (row.halt_reason or "halted") if row.halted else None
