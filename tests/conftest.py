@@ -132,4 +132,28 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
         finally:
             server.should_exit = True
             await task
+    _assert_cost_totals_match_events(engine)
     await env.shutdown()
+
+
+def _assert_cost_totals_match_events(engine) -> None:  # type: ignore[no-untyped-def]
+    """The cost trigger's running totals equal the sums recomputed from the events, for every run of the session."""
+    import pytest as _pytest
+    from sqlmodel import Session, select
+
+    from benchwright.store.models import EventRow, Run
+
+    sources = {"MaterializeTaskResult": "cost_model", "SandboxKilled": "cost_sandbox", "DriverUsage": "cost_driver",
+               "NarrationUsage": "cost_narration", "ProxyLingerMetered": "proxy_linger_usd"}
+    with Session(engine) as session:
+        runs = session.exec(select(Run)).all()
+        for run in runs:
+            sums = dict.fromkeys(sources.values(), 0.0)
+            for ev in session.exec(select(EventRow).where(EventRow.run_id == run.id)):
+                if ev.type in sources:
+                    sums[sources[ev.type]] += float(ev.data.get("cost_usd") or 0.0)
+            for column, total in sums.items():
+                assert getattr(run, column) == _pytest.approx(total, abs=1e-12), (run.id, column)
+            incurred = sums["cost_model"] + sums["cost_sandbox"] + sums["cost_driver"] + sums["cost_narration"]
+            assert run.cost_incurred == _pytest.approx(incurred, abs=1e-12), run.id
+    assert runs, "the session launched runs"

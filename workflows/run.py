@@ -25,7 +25,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -249,10 +249,10 @@ class RunWorkflow:
         work.cancel()
         try:
             await work
-        except (ActivityError, asyncio.CancelledError) as err:
-            if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)
-                    or self._halt_from(err) is not None):
-                raise
+        except (ActivityError, asyncio.CancelledError):
+            # The work was abandoned because of the halt: however it ended (cancelled, halted, or timed out
+            # because its worker died mid-cancel), it re-runs from the store if the run resumes.
+            pass
         return PhaseControl(kind="interrupted", reason=self._halt or "")
 
     @staticmethod

@@ -415,7 +415,11 @@ async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
 
 
 async def _copy_exact(
-    src: asyncio.StreamReader, dst: asyncio.StreamWriter, n: int, watchdog: _IdleWatchdog, side: Literal["client", "upstream"]
+    src: asyncio.StreamReader,
+    dst: asyncio.StreamWriter,
+    n: int,
+    watchdog: _IdleWatchdog,
+    side: Literal["client", "upstream"],
 ) -> None:
     while n > 0:
         data = await src.read(min(_CHUNK, n))
@@ -554,6 +558,9 @@ class EgressProxy:
             max_header_bytes: Limit for a request's start line plus headers; exceeded → 431.
             header_timeout_s: Limit for receiving a complete request head (also how long an idle keep-alive
                 client connection is kept); exceeded mid-head → 408. Guards against slowloris-style clients.
+
+        Raises:
+            ValueError: both ``uds_path`` and ``port`` are given, or ``max_header_bytes`` is below 1024.
         """
         if uds_path is not None and port != 0:
             raise ValueError("give either uds_path or port, not both")
@@ -641,7 +648,8 @@ class EgressProxy:
         """``http://HOST:PORT`` for ``HTTP_PROXY``/``HTTPS_PROXY`` (TCP mode only)."""
         if self._uds_path is not None:
             raise RuntimeError(f"EgressProxy serves the Unix socket {self._uds_path}; it has no TCP URL")
-        return f"http://{self._host}:{self.port}"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}"
 
     @property
     def uds_path(self) -> str | None:
@@ -663,10 +671,11 @@ class EgressProxy:
             await self._serve_connection(reader, writer, watchdog)
             graceful = True
         except asyncio.CancelledError:
-            # Our watchdog's cancel is handled here; anyone else's (stop(), loop shutdown) propagates.
-            if not (watchdog.expired and task.uncancel() == 0):
-                raise
-            _log.debug("egress proxy: closing connection idle for %ss", self._idle_timeout_s)
+            # This is a root task that nothing but stop() awaits, so ending it normally on cancellation (the
+            # watchdog's, stop()'s, or loop shutdown's) is safe; and it has to end normally on 3.11, where the
+            # streams machinery's done-callback calls task.exception() and logs an error for cancelled tasks.
+            if watchdog.expired:
+                _log.debug("egress proxy: closing connection idle for %ss", self._idle_timeout_s)
         except (ConnectionError, OSError, _PeerError) as exc:
             _log.debug("egress proxy: connection ended: %r", exc)
         except Exception:
@@ -740,7 +749,9 @@ class EgressProxy:
         host, port, authority, path = _parse_http_uri(target)
         framing = _request_framing(head)
         await self._enforce(host, port)
-        return await self._forward(head, method, version, host, port, authority, path, framing, reader, writer, watchdog)
+        return await self._forward(
+            head, method, version, host, port, authority, path, framing, reader, writer, watchdog
+        )
 
     async def _enforce(self, host: str, port: int) -> None:
         """Apply the current policy to ``host:port``; raises _ClientError(403) (after recording) or (503)."""
@@ -773,13 +784,15 @@ class EgressProxy:
 
     async def _open_upstream(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         connect_host = host[1:-1] if host.startswith("[") else host
+        options: dict[str, Any] = {"limit": _READ_LIMIT}
+        if isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+            # Happy eyeballs: a name whose first address hangs (an unrouted IPv6) falls through to the next one
+            # quickly instead of eating the whole connect timeout. uvloop has no such option (it still tries each
+            # address in turn), hence the check.
+            options["happy_eyeballs_delay"] = 0.25
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                # Happy eyeballs: a name with an unreachable first address (e.g. ::1 with nothing listening)
-                # falls through to the next one quickly instead of failing or waiting for a timeout.
-                return await asyncio.open_connection(
-                    connect_host, port, limit=_READ_LIMIT, happy_eyeballs_delay=0.25
-                )
+                return await asyncio.open_connection(connect_host, port, **options)
         except TimeoutError:
             raise _ClientError(502, f"connecting to {host}:{port} timed out after {self._connect_timeout_s}s") from None
         except OSError as exc:

@@ -123,7 +123,9 @@ def _split_port(text: str, *, what: str) -> tuple[str, int | None]:
         port_text = rest[1:]
     else:
         if text.count(":") > 1:
-            raise ValueError(f"{what} {text!r} looks like an IPv6 address; write IPv6 literals in brackets, e.g. '[::1]'")
+            raise ValueError(
+                f"{what} {text!r} looks like an IPv6 address; write IPv6 literals in brackets, e.g. '[::1]'"
+            )
         if ":" not in text:
             return text, None
         host, port_text = text.split(":", 1)

@@ -1,0 +1,673 @@
+"""The local sandbox backend against the real kernel: namespaces, cgroups/rlimits, egress, snapshots, reaping.
+
+No mocks: every test runs real processes in real namespaces. Each hostile check is phrased so that it would fail
+without the isolation it tests (the unisolated-mode test shows what the same scripts see without it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from benchwright.sandbox import (
+    ExecLimits,
+    IsolationUnavailable,
+    LocalBackend,
+    SandboxInfo,
+    SandboxNotFound,
+    SandboxPathError,
+    proxy_env,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RUNNER = REPO / "benchwright" / "scoring" / "runner.py"
+PY = sys.executable
+SECRET = f"bw-secret-{uuid.uuid4().hex}"
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+FAST = ExecLimits(cpu_seconds=10, memory_mb=512, wall_seconds=20, max_processes=32)
+
+
+def _namespaces_skip_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"Linux namespaces are not available on {sys.platform}"
+    if os.geteuid() != 0:
+        return "the local sandbox backend needs root (CAP_SYS_ADMIN) to create namespaces"
+    return None
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
+    reason = _namespaces_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    b = LocalBackend(tmp_path / "data")
+    yield b
+    await _kill_all(b)
+
+
+async def _kill_all(b: LocalBackend) -> None:
+    for info in await b.list_alive():
+        await b.kill(info.sandbox_id)
+    await b.close()
+
+
+async def _create(b: LocalBackend, run_id: str = "run-1", **kw: object) -> SandboxInfo:
+    try:
+        return await b.create(role="task", run_id=run_id, **kw)  # type: ignore[arg-type]
+    except IsolationUnavailable as exc:
+        print(f"SKIP: kernel refused sandbox namespaces: {exc}")
+        pytest.skip(f"kernel refused sandbox namespaces: {exc}")
+
+
+async def _py(b: LocalBackend, sid: str, code: str, limits: ExecLimits = FAST, *, timeout_s: float = 30.0,
+              env: dict[str, str] | None = None):
+    return await b.exec(sid, [PY, "-c", textwrap.dedent(code)], env=env or ENV, timeout_s=timeout_s, limits=limits)
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    """Live (non-zombie) host processes running as ``uid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(name))
+    return found
+
+
+async def _wait_no_pids(uid: int, timeout: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (pids := _pids_of_uid(uid)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return pids
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The fake secret in this process's environment and in a host process's (``/proc/<pid>/environ`` shows a
+    process's initial environment, so a child started with it is what a /proc scan could find); yields its PID."""
+    monkeypatch.setenv("BENCHWRIGHT_TEST_SECRET", SECRET)
+    decoy = subprocess.Popen(["sleep", "120"], env={**os.environ, "BENCHWRIGHT_TEST_SECRET": SECRET})
+    deadline = time.monotonic() + 5
+    while SECRET.encode() not in Path(f"/proc/{decoy.pid}/environ").read_bytes():  # until it has exec'd
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    yield decoy.pid
+    decoy.kill()
+    decoy.wait()
+
+
+@pytest.fixture
+def tcp_server() -> Iterator[tuple[int, list[int]]]:
+    """A TCP server on the host's 127.0.0.1 that counts the connections it accepts."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    accepted: list[int] = []
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    yield srv.getsockname()[1], accepted
+    srv.close()
+
+
+# ------------------------------------------------------------------------------------------------ env and basics ---
+
+
+async def test_exec_sees_exactly_the_env_passed(backend: LocalBackend, secret_env: int) -> None:
+    info = await _create(backend)
+    assert info.metadata["isolation"] == "namespaces"
+    assert info.metadata["benchwright_role"] == "task"
+    assert info.instance_size.startswith("local-")
+
+    echo = await backend.exec(info.sandbox_id, ["echo", "hello", "sandbox"], env=ENV, timeout_s=10, limits=FAST)
+    assert (echo.returncode, echo.stdout, echo.timed_out, echo.killed_reason) == (0, b"hello sandbox\n", False, None)
+
+    env = {"PATH": "/usr/bin:/bin", "ONLY_THIS": "1"}
+    res = await backend.exec(info.sandbox_id, ["env", "-0"], env=env, timeout_s=10, limits=FAST)
+    seen = dict(item.split("=", 1) for item in res.stdout.decode().split("\0") if item)
+    assert seen == env
+    assert SECRET.encode() not in res.stdout
+
+    who = await _py(backend, info.sandbox_id, "import os; print(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())")
+    uid, gid, groups, cwd = who.stdout.decode().split(" ", 3)
+    assert int(uid) == info.metadata["sandbox_uid"] and int(uid) != 0 and int(gid) != 0
+    assert groups == "[]" and cwd.strip() == "/sandbox"
+
+
+async def test_read_and_write_files_refuse_escapes(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    await backend.write_file(info.sandbox_id, "sub/dir/a.txt", b"data")
+    assert await backend.read_file(info.sandbox_id, "sub/dir/a.txt") == b"data"
+    assert await backend.read_file(info.sandbox_id, "/sandbox/sub/dir/a.txt") == b"data"
+    seen = await backend.exec(info.sandbox_id, ["cat", "sub/dir/a.txt"], env=ENV, timeout_s=10, limits=FAST)
+    assert seen.stdout == b"data"
+    for bad in ("../escape.txt", "sub/../../x", "/etc/passwd", ""):
+        with pytest.raises(SandboxPathError):
+            await backend.write_file(info.sandbox_id, bad, b"x")
+        with pytest.raises(SandboxPathError):
+            await backend.read_file(info.sandbox_id, bad)
+    assert not (Path(info.root).parent / "escape.txt").exists()  # type: ignore[arg-type]
+    # A symlink the sandbox plants must not make the host read or write through it.
+    await backend.exec(info.sandbox_id, ["ln", "-s", "/etc", "etc-link"], env=ENV, timeout_s=10, limits=FAST)
+    await backend.exec(info.sandbox_id, ["ln", "-s", "/etc/hostname", "file-link"], env=ENV, timeout_s=10,
+                       limits=FAST)
+    with pytest.raises(SandboxPathError):
+        await backend.read_file(info.sandbox_id, "etc-link/hostname")
+    with pytest.raises(SandboxPathError):
+        await backend.read_file(info.sandbox_id, "file-link")
+    with pytest.raises(SandboxPathError):
+        await backend.write_file(info.sandbox_id, "file-link", b"overwrite the host?")
+    assert Path("/etc/hostname").read_bytes() != b"overwrite the host?"
+
+
+# ------------------------------------------------------------------------------------------------ hostile script ---
+
+HOSTILE = r"""
+import glob, json, os, socket, sys
+secret = sys.stdin.read()  # not in argv: its own /proc/self/cmdline must not contain it
+paths, port = json.loads(sys.argv[1]), int(sys.argv[2])
+out = {"environ_hits": [], "cmdlines": [], "files": {}, "connect": None}
+for path in ["/proc/1/environ", f"/proc/{sys.argv[3]}/environ"] + glob.glob("/proc/*/environ"):
+    try:
+        if secret.encode() in open(path, "rb").read():
+            out["environ_hits"].append(path)
+    except OSError:
+        pass
+for path in glob.glob("/proc/*/cmdline"):
+    try:
+        out["cmdlines"].append(open(path, "rb").read().replace(b"\0", b" ").decode(errors="replace"))
+    except OSError:
+        pass
+for path in paths:
+    try:
+        out["files"][path] = open(path).read()
+    except OSError as exc:
+        out["files"][path] = "ERR " + type(exc).__name__
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect(("127.0.0.1", port))
+    out["connect"] = "connected"
+except OSError as exc:
+    out["connect"] = "ERR " + type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+async def test_hostile_script_reads_no_host_secret_and_reaches_no_host_port(
+        backend: LocalBackend, tmp_path: Path, secret_env: int, tcp_server: tuple[int, list[int]]) -> None:
+    port, accepted = tcp_server
+    info = await _create(backend)
+    other = await _create(backend, run_id="run-2")
+    data_secret = backend.root_dir / "secret.txt"
+    data_secret.write_text(SECRET)
+    other_secret = Path(other.root) / "other.txt"  # type: ignore[arg-type]
+    other_secret.write_text(SECRET)
+    root_secret = Path(f"/root/bw-test-{uuid.uuid4().hex}.txt")
+    root_secret.write_text(SECRET)
+    try:
+        paths = [str(data_secret), str(other_secret), str(root_secret), str(REPO / "pyproject.toml"),
+                 str(tmp_path / "nothing-here"), "/etc/shadow"]
+        await backend.write_file(info.sandbox_id, "hostile.py", HOSTILE.encode())
+        res = await backend.exec(info.sandbox_id, [PY, "hostile.py", json.dumps(paths), str(port), str(secret_env)], env=ENV,
+                                 timeout_s=30, limits=FAST, stdin=SECRET.encode())
+    finally:
+        root_secret.unlink()
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert SECRET.encode() not in res.stdout
+    assert out["environ_hits"] == []
+    # The sandbox's /proc shows the exec's own processes only: no host process, not even the sandbox's helpers.
+    assert any("hostile.py" in c for c in out["cmdlines"]), out["cmdlines"]
+    assert not any(c.startswith("sleep 120") or "_nsexec.py" in c or "-m pytest" in c for c in out["cmdlines"])
+    assert len(out["cmdlines"]) <= 3, out["cmdlines"]  # its own process (and self/thread-self aliases)
+    assert all(v.startswith("ERR ") for v in out["files"].values()), out["files"]
+    assert out["connect"].startswith("ERR "), out["connect"]
+    assert accepted == []
+
+
+# ------------------------------------------------------------------------------------------------------ limits ---
+
+BOUNDED_FORKS = r"""
+import os, time
+n = 0
+try:
+    while n < 2000:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    print("forked", n)
+except OSError as exc:
+    print("fork failed after", n, type(exc).__name__)
+"""
+
+FORK_BOMB = r"""
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
+async def test_fork_bomb_is_contained(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    uid = info.metadata["sandbox_uid"]
+    limits = ExecLimits(cpu_seconds=10, memory_mb=512, wall_seconds=10, max_processes=16)
+    bounded = await _py(backend, info.sandbox_id, BOUNDED_FORKS, limits)
+    words = bounded.stdout.decode().split()
+    assert words[:3] == ["fork", "failed", "after"], bounded.stdout
+    assert int(words[3]) < 16  # without a process limit (root, no cgroup) it would reach 2000
+    assert await _wait_no_pids(uid) == []  # the sleeping children died with the exec
+
+    started = time.monotonic()
+    bomb = await _py(backend, info.sandbox_id, FORK_BOMB,
+                     ExecLimits(cpu_seconds=30, memory_mb=512, wall_seconds=2, max_processes=32))
+    assert bomb.timed_out and bomb.killed_reason == "wall_clock"
+    assert time.monotonic() - started < 8
+    assert await _wait_no_pids(uid) == []
+    # The host is unharmed: this process can still start processes, and the sandbox still works and dies cleanly.
+    assert subprocess.run(["true"], check=False).returncode == 0
+    again = await backend.exec(info.sandbox_id, ["echo", "ok"], env=ENV, timeout_s=10, limits=FAST)
+    assert again.stdout == b"ok\n"
+    assert await backend.kill(info.sandbox_id) > 0
+
+
+async def test_memory_limit(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    res = await _py(backend, info.sandbox_id, "b = bytearray(1536 * 1024 * 1024); print('allocated', len(b))",
+                    ExecLimits(cpu_seconds=20, memory_mb=256, wall_seconds=20))
+    assert b"allocated" not in res.stdout
+    assert res.returncode != 0
+    assert b"MemoryError" in res.stderr or res.killed_reason == "memory", (res.returncode, res.stderr[-300:])
+
+
+async def test_output_is_capped_without_buffering_it_all(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cap = 1024 * 1024
+    res = await _py(backend, info.sandbox_id,
+                    "import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(200): sys.stdout.buffer.write(chunk)",
+                    ExecLimits(cpu_seconds=20, wall_seconds=30, max_output_bytes=cap))
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout) == cap and res.stdout_truncated and not res.stderr_truncated
+    assert grown_kb < 100 * 1024  # 200 MiB went through; far less of it ever sat in this process
+
+
+async def test_cpu_limit_kills(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    started = time.monotonic()
+    res = await _py(backend, info.sandbox_id, "while True: pass", ExecLimits(cpu_seconds=1, wall_seconds=30))
+    assert res.returncode < 0 and res.killed_reason == "cpu" and not res.timed_out
+    assert time.monotonic() - started < 10
+
+
+async def test_cpu_limit_counts_all_processes_of_the_command(backend: LocalBackend) -> None:
+    if "cpuacct" not in backend.cgroups.controllers:
+        print("SKIP: no writable CPU-accounting cgroup; only the per-process RLIMIT_CPU applies")
+        pytest.skip("no writable CPU-accounting cgroup (only the per-process RLIMIT_CPU applies)")
+    info = await _create(backend)
+    code = "import os\nfor _ in range(3):\n    if os.fork() == 0: break\nwhile True: pass"
+    started = time.monotonic()
+    res = await _py(backend, info.sandbox_id, code, ExecLimits(cpu_seconds=2, wall_seconds=30))
+    assert res.killed_reason == "cpu" and not res.timed_out
+    assert time.monotonic() - started < 6  # four burners on two cores: ~1 s of wall clock, not 2 s each
+
+
+async def test_wall_clock_kills_the_whole_command(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    code = """
+        import os, subprocess, time
+        # a detached grandchild in its own session: it must die with the command all the same
+        subprocess.Popen(["sleep", "300"], start_new_session=True)
+        time.sleep(300)
+    """
+    started = time.monotonic()
+    res = await _py(backend, info.sandbox_id, code, ExecLimits(wall_seconds=1))
+    assert res.timed_out and res.killed_reason == "wall_clock"
+    assert time.monotonic() - started < 5
+    assert await _wait_no_pids(info.metadata["sandbox_uid"]) == []
+    short = await _py(backend, info.sandbox_id, "import time; time.sleep(300)", FAST, timeout_s=0.5)
+    assert short.timed_out
+
+
+# ------------------------------------------------------------------------------------------------------ egress ---
+
+EGRESS_CLIENT = r"""
+import os, socket, sys, urllib.request
+port = int(sys.argv[1])
+via = urllib.request.urlopen("http://example.invalid/hello", timeout=10).read().decode()
+print("via-proxy:", via)
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    direct.open(f"http://127.0.0.1:{port}/direct", timeout=5).read()
+    print("direct: reached")
+except OSError as exc:
+    print("direct: failed", type(exc).__name__)
+"""
+
+
+async def test_egress_only_through_the_proxy(tmp_path: Path) -> None:
+    reason = _namespaces_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    seen: list[str] = []
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            seen.append(self.path)
+            body = f"proxied {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    b = LocalBackend(tmp_path / "data", egress_proxy_url=f"http://127.0.0.1:{port}")
+    try:
+        info = await _create(b)
+        assert info.metadata["egress_proxy"] == "http://127.0.0.1:3128"
+        env = {**ENV, **proxy_env(info)}
+        res = await b.exec(info.sandbox_id, [PY, "-c", EGRESS_CLIENT, str(port)], env=env, timeout_s=30, limits=FAST)
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.decode().splitlines()
+        assert lines[0] == "via-proxy: proxied http://example.invalid/hello"
+        assert lines[1].startswith("direct: failed")
+        assert seen == ["http://example.invalid/hello"]  # the direct attempt never got here
+        # Without the proxy variables the same request has no way out.
+        res = await b.exec(info.sandbox_id, [PY, "-c", EGRESS_CLIENT, str(port)], env=ENV, timeout_s=30,
+                           limits=FAST)
+        assert res.returncode != 0 and seen == ["http://example.invalid/hello"]
+    finally:
+        await _kill_all(b)
+        server.shutdown()
+        server.server_close()
+
+
+# ------------------------------------------------------------------------------------------------------- spawn ---
+
+TASK_IMPL = '''
+class Scorer:
+    def extract(self, row):
+        return row
+
+    def solve(self, row, call):
+        return call(row["q"])
+
+    def score(self, row, response):
+        return 1.0 if response == row["a"] else 0.0
+'''
+
+
+async def test_spawn_runs_the_scorer_runner_over_stdio(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    await backend.write_file(info.sandbox_id, "runner.py", RUNNER.read_bytes())
+    await backend.write_file(info.sandbox_id, "task_impl.py", TASK_IMPL.encode())
+
+    check = await backend.spawn(info.sandbox_id, [PY, "runner.py", "--impl", "task_impl.py", "--check"], env=ENV,
+                                limits=FAST)
+    assert check.stdout is not None
+    assert json.loads(await asyncio.wait_for(check.stdout.readline(), 20)) == {"op": "ready"}
+    assert await check.wait() == 0 and check.killed_reason is None
+
+    proc = await backend.spawn(info.sandbox_id, [PY, "runner.py", "--impl", "task_impl.py", "--threads", "2"],
+                               env=ENV, limits=FAST)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    async def recv() -> dict[str, object]:
+        return json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))  # type: ignore[union-attr]
+
+    async def send(msg: dict[str, object]) -> None:
+        proc.stdin.write((json.dumps(msg) + "\n").encode())  # type: ignore[union-attr]
+        await proc.stdin.drain()  # type: ignore[union-attr]
+
+    assert await recv() == {"op": "ready"}
+    await send({"op": "task", "id": 7, "row": {"q": "2+2?", "a": "4"}})
+    call = await recv()
+    assert call["op"] == "call" and call["task"] == 7
+    assert call["messages"] == [{"role": "user", "content": "2+2?"}]
+    await send({"op": "reply", "call": call["call"], "ok": True, "text": "4"})
+    result = await recv()
+    assert result == {"op": "result", "id": 7, "ok": True, "score": 1.0, "output": "4"}
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_spawn_limits_apply_and_kill_ends_it(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    proc = await backend.spawn(info.sandbox_id, [PY, "-c", "import time; time.sleep(300)"], env=ENV,
+                               limits=ExecLimits(wall_seconds=1))
+    assert await asyncio.wait_for(proc.wait(), 10) < 0
+    assert proc.timed_out and proc.killed_reason == "wall_clock"
+    proc = await backend.spawn(info.sandbox_id, [PY, "-c", "import time; time.sleep(300)"], env=ENV, limits=FAST)
+    proc.kill()
+    assert await asyncio.wait_for(proc.wait(), 10) < 0 and proc.killed_reason == "terminated"
+    assert await _wait_no_pids(info.metadata["sandbox_uid"]) == []
+
+
+# --------------------------------------------------------------------------------------------------- snapshots ---
+
+
+def _objects(b: LocalBackend) -> set[str]:
+    root = b.snapshots.objects
+    return {f"{d.name}{f.name}" for d in root.iterdir() if d.name != "tmp" for f in d.iterdir()}
+
+
+async def test_snapshot_restore_identical_dedup_and_survives_restart(backend: LocalBackend, tmp_path: Path) -> None:
+    info = await _create(backend)
+    sid = info.sandbox_id
+    files = {"run.sh": (b"#!/bin/sh\necho hi\n", 0o755), "data/blob.bin": (os.urandom(200_000), 0o600),
+             "data/deep/empty.txt": (b"", 0o644), "data/deep/same1.txt": (b"same content", 0o640),
+             "same2.txt": (b"same content", 0o444)}
+    for path, (data, mode) in files.items():
+        await backend.write_file(sid, path, data, mode=mode)
+    await backend.exec(sid, ["sh", "-c", "mkdir -p empty-dir && ln -s data/blob.bin link && "
+                                         "ln -s /etc/hostname host-link"], env=ENV, timeout_s=10, limits=FAST)
+    snap = await backend.snapshot(sid, label="after-setup")
+    assert len(snap) == 64
+    manifest = json.loads((backend.snapshots.manifests / f"{snap}.json").read_bytes())
+    assert manifest["symlinks"] == {"host-link": "/etc/hostname", "link": "data/blob.bin"}  # recorded, not followed
+    objects = _objects(backend)
+    assert len(objects) == 4  # five files, two of them with the same content
+    host_hostname = Path("/etc/hostname").read_bytes()
+    assert all((backend.snapshots.object_path(o).read_bytes() != host_hostname) for o in objects)
+
+    restored = await _create(backend, snapshot_id=snap)
+    for path, (data, mode) in files.items():
+        assert await backend.read_file(restored.sandbox_id, path) == data
+        assert stat.S_IMODE(os.stat(Path(restored.root) / path).st_mode) == mode  # type: ignore[arg-type]
+    assert os.readlink(Path(restored.root) / "link") == "data/blob.bin"  # type: ignore[arg-type]
+    assert (Path(restored.root) / "empty-dir").is_dir()  # type: ignore[arg-type]
+    run = await backend.exec(restored.sandbox_id, ["./run.sh"], env=ENV, timeout_s=10, limits=FAST)
+    assert run.stdout == b"hi\n"
+
+    # Same content again (from the restored sandbox) -> the same snapshot and no new objects.
+    assert await backend.snapshot(restored.sandbox_id, label="again") == snap
+    await backend.write_file(restored.sandbox_id, "new.txt", b"one more file")
+    snap2 = await backend.snapshot(restored.sandbox_id, label="plus-one")
+    assert snap2 != snap and _objects(backend) == objects | {_sha(b"one more file")}
+
+    # A new backend object on the same root (a restarted worker) restores the old snapshot from disk alone.
+    fresh = LocalBackend(backend.root_dir)
+    try:
+        again = await _create(fresh, snapshot_id=snap)
+        assert await fresh.read_file(again.sandbox_id, "data/blob.bin") == files["data/blob.bin"][0]
+        await fresh.kill(again.sandbox_id)
+    finally:
+        await fresh.close()
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_damaged_snapshot_is_refused(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    await backend.write_file(info.sandbox_id, "a.txt", b"original")
+    snap = await backend.snapshot(info.sandbox_id, label="x")
+    obj = backend.snapshots.object_path(_sha(b"original"))
+    os.chmod(obj, 0o600)
+    obj.write_bytes(b"tampered")
+    with pytest.raises(Exception, match="damaged"):
+        await backend.create(role="task", run_id="r", snapshot_id=snap)
+    with pytest.raises(Exception, match="unknown snapshot"):
+        await backend.create(role="task", run_id="r", snapshot_id="0" * 64)
+
+
+# ------------------------------------------------------------------------------------------------ kill and reap ---
+
+
+async def test_kill_removes_processes_and_directory(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    uid = info.metadata["sandbox_uid"]
+    proc = await backend.spawn(info.sandbox_id, [PY, "-c", "import subprocess, time\n"
+                                                 "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+                                                 "print('up', flush=True); time.sleep(300)"], env=ENV, limits=FAST)
+    assert proc.stdout is not None
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    assert len(_pids_of_uid(uid)) >= 2
+    meta = json.loads((Path(info.root).parent / "meta.json").read_text())  # type: ignore[arg-type]
+    lifetime = await backend.kill(info.sandbox_id)
+    assert lifetime > 0
+    assert await _wait_no_pids(uid) == []
+    assert not Path(info.root).parent.exists()  # type: ignore[arg-type]
+    assert not Path(f"/proc/{meta['init_pid']}/stat").exists() or \
+        Path(f"/proc/{meta['init_pid']}/stat").read_text().split(") ")[1][0] in "ZX"
+    assert await asyncio.wait_for(proc.wait(), 10) < 0 and proc.killed_reason == "sandbox_killed"
+    assert await backend.kill(info.sandbox_id) == lifetime  # idempotent
+    with pytest.raises(SandboxNotFound):
+        await backend.exec(info.sandbox_id, ["true"], env=ENV, timeout_s=5, limits=FAST)
+    assert info.sandbox_id not in {i.sandbox_id for i in await backend.list_alive()}
+
+
+CRASHING_WORKER = r"""
+import asyncio, os, signal, sys
+from pathlib import Path
+from benchwright.sandbox import ExecLimits, LocalBackend
+
+async def main():
+    b = LocalBackend(Path(sys.argv[1]))
+    info = await b.create(role="work", run_id="orphan-run")
+    proc = await b.spawn(info.sandbox_id, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"],
+                         env={"PATH": "/usr/bin:/bin"}, limits=ExecLimits())
+    await proc.stdout.readline()
+    print(info.sandbox_id, info.metadata["sandbox_uid"], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker crashes with its sandbox still running
+
+asyncio.run(main())
+"""
+
+
+async def test_reap_kills_orphans_left_by_a_crashed_worker(backend: LocalBackend) -> None:
+    keep = await _create(backend, run_id="live-run")
+    crashed = subprocess.run([PY, "-c", CRASHING_WORKER, str(backend.root_dir)], capture_output=True, timeout=60,
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()[-2000:]
+    orphan_id, orphan_uid = crashed.stdout.decode().split()
+    assert _pids_of_uid(int(orphan_uid)), "the orphan's command should still be running"
+
+    alive = {i.sandbox_id: i for i in await backend.list_alive()}
+    assert {orphan_id, keep.sandbox_id} <= set(alive)
+    assert alive[orphan_id].metadata["benchwright_run_id"] == "orphan-run"
+
+    reaped = await backend.reap(lambda i: i.metadata["benchwright_run_id"] == "orphan-run")
+    assert reaped == [orphan_id]
+    assert await _wait_no_pids(int(orphan_uid)) == []
+    assert not (backend.root_dir / "sandboxes" / orphan_id).exists()
+    assert {i.sandbox_id for i in await backend.list_alive()} == {keep.sandbox_id}
+    ok = await backend.exec(keep.sandbox_id, ["true"], env=ENV, timeout_s=10, limits=FAST)
+    assert ok.returncode == 0
+
+
+# ------------------------------------------------------------------------------------------------- unisolated ---
+
+
+async def test_unisolated_mode_records_none(tmp_path: Path, secret_env: int) -> None:
+    b = LocalBackend(tmp_path / "data", allow_unisolated=True, isolation="none")
+    try:
+        info = await b.create(role="driver", run_id="r")
+        assert info.metadata["isolation"] == "none"
+        res = await b.exec(info.sandbox_id, ["env", "-0"], env={"PATH": "/usr/bin:/bin"}, timeout_s=10, limits=FAST)
+        assert res.stdout == b"PATH=/usr/bin:/bin\0"  # the environment is still exactly the one passed...
+        # ...but nothing else is isolated: the same hostile read that fails in a sandbox succeeds here, which is
+        # what makes the hostile test meaningful.
+        res = await b.exec(info.sandbox_id, [PY, "-c", f"print(open('/proc/{secret_env}/environ','rb').read())"],
+                           env=ENV, timeout_s=10, limits=FAST)
+        assert SECRET.encode() in res.stdout
+        res = await b.exec(info.sandbox_id, [PY, "-c", "import time; time.sleep(30)"], env=ENV, timeout_s=10,
+                           limits=ExecLimits(wall_seconds=0.5))
+        assert res.timed_out
+        snap = await b.snapshot(info.sandbox_id, label="x")
+        assert (await b.create(role="driver", run_id="r", snapshot_id=snap)).metadata["isolation"] == "none"
+    finally:
+        await _kill_all(b)
+
+
+def test_without_root_create_raises_isolation_unavailable(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, setpriv and a system /usr/bin/python3 to run a check as an unprivileged user")
+    data = tmp_path / "unpriv"
+    data.mkdir()
+    os.chown(data, 65534, 65534)
+    os.chmod(tmp_path, 0o755)
+    code = textwrap.dedent("""
+        import asyncio, sys
+        from pathlib import Path
+        from benchwright.sandbox import IsolationUnavailable, LocalBackend
+        async def main():
+            try:
+                await LocalBackend(Path(sys.argv[1])).create(role="task", run_id="r")
+            except IsolationUnavailable as exc:
+                print("UNAVAILABLE", exc)
+            info = await LocalBackend(Path(sys.argv[1]), allow_unisolated=True).create(role="task", run_id="r")
+            print("FALLBACK", info.metadata["isolation"])
+        asyncio.run(main())
+    """)
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                            code, str(data)], capture_output=True, text=True, timeout=60, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    if "No module named" in probe.stderr or "Permission denied" in probe.stderr:
+        pytest.skip(f"an unprivileged user cannot import the project here: {probe.stderr[-300:]}")
+    assert "UNAVAILABLE" in probe.stdout and "allow_unisolated=True" in probe.stdout, probe.stderr
+    assert "FALLBACK none" in probe.stdout
