@@ -35,21 +35,14 @@ the target runs in its own session (the watchdog kills the process group) as the
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: the "signal" wrapper would import enum (~15 ms per command)
 import contextlib
 import ctypes
-import errno
-import fcntl
-import json
+import marshal
 import os
-import platform
 import resource
 import select
-import signal
-import socket
-import stat
-import struct
 import sys
-import threading
 import time
 from typing import Any
 
@@ -87,6 +80,41 @@ _PUMP_CHUNK = 65536
 _MAX_EGRESS_CONNECTIONS = 128
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _load_init_modules() -> None:
+    """Modules only the sandbox init needs: imported once per sandbox, not on every command's path."""
+    global fcntl, json, socket, struct, threading  # noqa: PLW0603
+    import fcntl
+    import json
+    import socket
+    import struct
+    import threading
+
+
+def _dumps(obj: Any) -> str:
+    """JSON for the few plain values the helper reports (the json module costs ~30 ms of import per command)."""
+    if obj is None:
+        return "null"
+    if obj is True or obj is False:
+        return "true" if obj else "false"
+    if isinstance(obj, (int, float)):
+        return repr(obj)
+    if isinstance(obj, str):
+        out = []
+        for ch in obj:
+            if ch in "\\\"":
+                out.append("\\" + ch)
+            elif ord(ch) < 0x20:
+                out.append(f"\\u{ord(ch):04x}")
+            else:
+                out.append(ch)
+        return '"' + "".join(out) + '"'
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{_dumps(str(k))}: {_dumps(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ", ".join(_dumps(v) for v in obj) + "]"
+    return _dumps(str(obj))
 
 
 def _call(result: int, what: str) -> int:
@@ -130,7 +158,7 @@ def sethostname(name: str) -> None:
 def pivot_into(new_root: str) -> None:
     """Make ``new_root`` the root of this mount namespace and detach the old root entirely."""
     os.chdir(new_root)
-    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
     if number is not None:
         # pivot_root(".", "."): the old root ends up stacked under the new one and is then lazily detached.
         _call(_libc.syscall(ctypes.c_long(number), b".", b"."), "pivot_root")
@@ -280,11 +308,12 @@ def _serve_egress(port: int) -> None:
 
 
 def cmd_init(cfg: dict[str, Any]) -> int:
+    _load_init_modules()
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
     except OSError as exc:
-        print(json.dumps({"ok": False, "step": "unshare", "error": str(exc)}), flush=True)
+        print(_dumps({"ok": False, "step": "unshare", "error": str(exc)}), flush=True)
         return 1
     rfd, wfd = os.pipe()
     pid = os.fork()
@@ -299,9 +328,9 @@ def cmd_init(cfg: dict[str, Any]) -> int:
             os.dup2(log_fd, 2)
             _setup_root(cfg)
         except BaseException as exc:  # noqa: BLE001 - every setup failure is reported, with the step that failed
-            os.write(wfd, json.dumps({"ok": False, "step": "mount setup", "error": str(exc)}).encode())
+            os.write(wfd, _dumps({"ok": False, "step": "mount setup", "error": str(exc)}).encode())
             os._exit(1)
-        os.write(wfd, json.dumps({"ok": True}).encode())
+        os.write(wfd, _dumps({"ok": True}).encode())
         os.close(wfd)
         if cfg.get("egress_port"):
             threading.Thread(target=_serve_egress, args=(int(cfg["egress_port"]),), daemon=True).start()
@@ -331,7 +360,7 @@ def cmd_init(cfg: dict[str, Any]) -> int:
     if not report:
         report = {"ok": False, "step": "mount setup", "error": "the sandbox init died during setup"}
     report.update(pids)
-    print(json.dumps(report), flush=True)
+    print(_dumps(report), flush=True)
     os.dup2(log_fd, 1)  # the backend stops reading after that line
     while True:
         try:
@@ -350,9 +379,28 @@ def _returncode(status: int) -> int:
 
 def _write_status(fd: int, event: dict[str, Any]) -> None:
     try:
-        os.write(fd, (json.dumps(event) + "\n").encode())
+        os.write(fd, (_dumps(event) + "\n").encode("utf-8", "backslashreplace"))
     except OSError:
         pass
+
+
+def _arm_pdeathsig(lifeline: int) -> None:
+    """SIGKILL this process when its parent dies, and exit now if the helper already did (the race prctl leaves)."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Only the helper holds the lifeline's write end: readable (EOF) means it is gone.
+    if select.select([lifeline], [], [], 0)[0]:
+        os._exit(125)
+
+
+class _Pipes:
+    """The fds the forked levels of an exec pass down."""
+
+    def __init__(self, status: int, rc_w: int, lifeline: int, armed_w: int, procs: list[int]) -> None:
+        self.status = status
+        self.rc_w = rc_w
+        self.lifeline = lifeline
+        self.armed_w = armed_w
+        self.procs = procs
 
 
 def _become_target(cfg: dict[str, Any], procs_fds: list[int]) -> None:
@@ -379,12 +427,11 @@ def _become_target(cfg: dict[str, Any], procs_fds: list[int]) -> None:
             os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # drops every capability: a plain unprivileged user
         prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary can give any of it back
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # set after setuid, which clears it
         os.umask(0o022)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)  # Python changed these; the target starts with defaults
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            signal.signal(sig, signal.SIG_DFL)  # Python changed these; the target starts with the defaults
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         argv = cfg["argv"]
         os.execvpe(argv[0], argv, cfg["env"])
     except BaseException as exc:  # noqa: BLE001
@@ -394,22 +441,25 @@ def _become_target(cfg: dict[str, Any], procs_fds: list[int]) -> None:
             os._exit(127)
 
 
-def _reaper(cfg: dict[str, Any], procs_fds: list[int], status_fd: int, rc_fd: int) -> None:
+def _reaper(cfg: dict[str, Any], p: _Pipes) -> None:
     """PID 1 of the exec's own PID namespace: give it its own /proc, run the target, report how it ended."""
     try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _arm_pdeathsig(p.lifeline)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         # hidepid=2: the target (another uid) cannot even see this root-owned reaper, only its own processes.
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     except BaseException as exc:  # noqa: BLE001
-        _write_status(status_fd, {"event": "error", "error": f"exec setup failed: {exc}"})
+        _write_status(p.status, {"event": "error", "error": f"exec setup failed: {exc}"})
         os._exit(125)
+    os.write(p.armed_w, b"1")  # every level above is armed too: from here on, killing the helper kills all
+    for fd in (p.armed_w, p.lifeline, p.status):
+        os.close(fd)
     pid = os.fork()
     if pid == 0:
-        os.close(status_fd)
-        os.close(rc_fd)
-        _become_target(cfg, procs_fds)
-    for fd in procs_fds:
+        os.close(p.rc_w)
+        # No PDEATHSIG needed: when this reaper (PID 1) dies, the kernel kills everything in its namespace.
+        _become_target(cfg, p.procs)
+    for fd in p.procs:
         os.close(fd)
     while True:
         try:
@@ -419,21 +469,22 @@ def _reaper(cfg: dict[str, Any], procs_fds: list[int], status_fd: int, rc_fd: in
         except InterruptedError:
             continue
         if got == pid:
-            os.write(rc_fd, str(_returncode(status)).encode())
+            os.write(p.rc_w, str(_returncode(status)).encode())
             os._exit(0)  # PID 1 leaving takes every leftover process of the exec with it
 
 
-def _mid(cfg: dict[str, Any], procs_fds: list[int], status_fd: int, rc_fd: int) -> None:
+def _mid(cfg: dict[str, Any], p: _Pipes) -> None:
     try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _arm_pdeathsig(p.lifeline)
         unshare(CLONE_NEWPID | CLONE_NEWNS)
     except BaseException as exc:  # noqa: BLE001
-        _write_status(status_fd, {"event": "error", "error": f"exec setup failed: {exc}"})
+        _write_status(p.status, {"event": "error", "error": f"exec setup failed: {exc}"})
         os._exit(125)
     pid = os.fork()
     if pid == 0:
-        _reaper(cfg, procs_fds, status_fd, rc_fd)
-    os.close(rc_fd)
+        _reaper(cfg, p)
+    for fd in (p.rc_w, p.armed_w, p.lifeline, p.status, *p.procs):
+        os.close(fd)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -484,9 +535,37 @@ def _oom_kills(fd: int | None) -> int:
     return 0
 
 
+class _State:
+    reason: str | None = None
+    child: int | None = None
+
+
+_state = _State()
+
+
+def _kill_child(ns_mode: bool) -> None:
+    if _state.child is None:
+        return
+    for kill in ((os.kill,) if ns_mode else (os.killpg, os.kill)):
+        try:
+            # ns mode: PDEATHSIG chain mid -> reaper (PID 1 of the exec's namespace) -> the whole exec.
+            # none mode: the target's session (it called setsid), or the target itself if not yet.
+            kill(_state.child, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def cmd_enter(cfg: dict[str, Any]) -> int:
     status_fd = int(cfg["status_fd"])
     ns_mode = cfg["mode"] == "namespaces"
+
+    def _on_signal(_sig: int, _frame: Any) -> None:
+        _state.reason = _state.reason or "terminated"
+        _kill_child(ns_mode)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+
     # Everything on the host side is opened before entering the sandbox: afterwards none of it is reachable.
     procs_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in cfg.get("cgroup_procs", [])]
     cpu_fd = os.open(cfg["cpu_usage"], os.O_RDONLY | os.O_CLOEXEC) if cfg.get("cpu_usage") else None
@@ -498,12 +577,12 @@ def cmd_enter(cfg: dict[str, Any]) -> int:
         if ns_mode:
             # Kept open to tell later whether the sandbox was killed: once inside, /proc is the sandbox's own.
             init_stat_fd = os.open(f"/proc/{init_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            if proc_starttime(init_pid) != cfg["init_start"]:
+            if not _stat_alive(init_stat_fd, cfg["init_start"]):
                 raise RuntimeError("the sandbox's init process is gone (sandbox killed?)")
             ns_fds = [(name, os.open(f"/proc/{init_pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC))
                       for name in ("ipc", "uts", "net", "pid", "mnt")]
             root_fd = os.open(f"/proc/{init_pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            if proc_starttime(init_pid) != cfg["init_start"]:  # the fds must belong to that very process
+            if not _stat_alive(init_stat_fd, cfg["init_start"]):  # the fds must belong to that very process
                 raise RuntimeError("the sandbox's init process is gone (sandbox killed?)")
             for name, fd in ns_fds:
                 setns(fd, name)
@@ -516,47 +595,47 @@ def cmd_enter(cfg: dict[str, Any]) -> int:
         return 125
 
     rc_r, rc_w = os.pipe()  # the reaper's word on how the target ended (exit code, or minus the signal)
+    lifeline_r, lifeline_w = os.pipe()  # EOF for the levels below once this helper is gone
+    armed_r, armed_w = os.pipe()  # a byte once every level below has PDEATHSIG armed
+    pipes = _Pipes(status_fd, rc_w, lifeline_r, armed_w, procs_fds)
     child = os.fork()
     if child == 0:
-        os.close(rc_r)
+        for fd in (rc_r, lifeline_w, armed_r):
+            os.close(fd)
         if ns_mode:
-            _mid(cfg, procs_fds, status_fd, rc_w)
+            _mid(cfg, pipes)
         else:
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            os.close(status_fd)
-            os.close(rc_w)
+            _arm_pdeathsig(lifeline_r)
+            os.write(armed_w, b"1")
+            for fd in (status_fd, rc_w, lifeline_r, armed_w):
+                os.close(fd)
             _become_target(cfg, procs_fds)
-    os.close(rc_w)
-    for fd in procs_fds:
+    _state.child = child
+    if _state.reason:  # a signal came before there was a child to kill
+        _kill_child(ns_mode)
+    for fd in (rc_w, lifeline_r, armed_w, *procs_fds):
         os.close(fd)
-    _write_status(status_fd, {"event": "started", "pid": child})
-
-    def _kill_all() -> None:
-        for kill in ((os.kill,) if ns_mode else (os.killpg, os.kill)):
-            try:
-                # ns mode: PDEATHSIG chain mid -> reaper (PID 1 of the exec's namespace) -> the whole exec.
-                # none mode: the target's session (it called setsid), or the target itself if not yet.
-                kill(child, signal.SIGKILL)
-            except OSError:
-                pass
-
-    def _on_signal(_sig: int, _frame: Any) -> None:
-        _state.reason = _state.reason or "terminated"
-        _kill_all()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    armed = b""
+    while True:
+        try:
+            armed = os.read(armed_r, 1)
+            break
+        except InterruptedError:
+            continue
+    os.close(armed_r)
+    if armed:
+        _write_status(status_fd, {"event": "started", "pid": child})
 
     cpu_limit_ns = int(cfg["limits"]["cpu_seconds"]) * 1_000_000_000
     deadline = time.monotonic() + float(cfg["wall_seconds"])
     pidfd = os.pidfd_open(child)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    while True:
+    while armed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             _state.reason = _state.reason or "wall_clock"
-            _kill_all()
+            _kill_child(ns_mode)
             break
         step = min(remaining, 0.1) if cpu_fd is not None else remaining
         try:
@@ -567,8 +646,10 @@ def cmd_enter(cfg: dict[str, Any]) -> int:
         usage = _read_int(cpu_fd)
         if usage is not None and usage > cpu_limit_ns:
             _state.reason = _state.reason or "cpu"  # all processes of the exec together used up the CPU seconds
-            _kill_all()
+            _kill_child(ns_mode)
             break
+    if not armed:
+        _kill_child(ns_mode)  # setup failed below us (the error is already on the status pipe)
     while True:
         try:
             _, status, rusage = os.wait4(child, 0)
@@ -585,6 +666,8 @@ def cmd_enter(cfg: dict[str, Any]) -> int:
         raw = os.read(rc_r, 64)
         returncode = int(raw) if raw else -signal.SIGKILL  # no word from the reaper: it was killed
     os.close(rc_r)
+    if not armed:
+        return 125
     cpu_s = rusage.ru_utime + rusage.ru_stime
     usage = _read_int(cpu_fd)
     if usage is not None:
@@ -597,17 +680,10 @@ def cmd_enter(cfg: dict[str, Any]) -> int:
     return returncode
 
 
-class _State:
-    reason: str | None = None
-
-
-_state = _State()
-
-
 def main(argv: list[str]) -> int:
     command, config_path = argv[1], argv[2]
-    with open(config_path, encoding="utf-8") as fh:
-        cfg = json.load(fh)
+    with open(config_path, "rb") as fh:
+        cfg = marshal.load(fh)  # written by the same interpreter; marshal needs no import (json costs ~30 ms)
     try:
         os.unlink(config_path)  # it holds the target's environment: gone as soon as it is read
     except OSError:

@@ -291,39 +291,36 @@ class _Cgroups:
 
 
 def _kill_cgroup_members(d: Path) -> None:
-    for _ in range(50):
-        try:
-            pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
+    try:
+        pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+    except OSError:
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
-def _remove_cgroups(dirs: Sequence[Path | str]) -> None:
+def _remove_cgroups(dirs: Sequence[Path | str], timeout_s: float = 5.0) -> None:
     """Kill what is left in these cgroup directories (and their children) and remove them, deepest first."""
+    deadline = time.monotonic() + timeout_s
     for top in dirs:
         top = Path(top)
         if not top.is_dir():
             continue
         subdirs = sorted((Path(root) for root, _, _ in os.walk(top)), key=lambda p: len(p.parts), reverse=True)
         for d in subdirs:
-            _kill_cgroup_members(d)
-            for attempt in range(100):
+            while True:
+                _kill_cgroup_members(d)
                 try:
                     d.rmdir()
                     break
                 except FileNotFoundError:
                     break
-                except OSError:
-                    if attempt == 99:
-                        log.warning("could not remove cgroup %s", d)
-                    _kill_cgroup_members(d)
-                    time.sleep(0.01)
+                except OSError as exc:  # EBUSY while killed members are still exiting
+                    if time.monotonic() > deadline:
+                        log.warning("could not remove cgroup %s: %s", d, exc)
+                        break
+                    time.sleep(0.005)
 
 
 def _mountinfo() -> list[tuple[str, str, str, str]]:

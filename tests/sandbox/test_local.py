@@ -644,13 +644,21 @@ async def test_unisolated_mode_records_none(tmp_path: Path, secret_env: int) -> 
         await _kill_all(b)
 
 
-def test_without_root_create_raises_isolation_unavailable(tmp_path: Path) -> None:
+@pytest.fixture
+def nobody_dir() -> Iterator[Path]:
+    """A directory the unprivileged user ``nobody`` owns (pytest's tmp_path is not reachable for it)."""
+    import tempfile
+
+    data = Path(tempfile.mkdtemp(prefix="bw-sandbox-unpriv-"))
+    os.chown(data, 65534, 65534)
+    yield data
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def test_without_root_create_raises_isolation_unavailable(nobody_dir: Path) -> None:
     if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root, setpriv and a system /usr/bin/python3 to run a check as an unprivileged user")
-    data = tmp_path / "unpriv"
-    data.mkdir()
-    os.chown(data, 65534, 65534)
-    os.chmod(tmp_path, 0o755)
+    data = nobody_dir
     code = textwrap.dedent("""
         import asyncio, sys
         from pathlib import Path
