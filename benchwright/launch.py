@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from benchwright.compute import resolve_compute
 from benchwright.datasets import is_url
 from benchwright.errors import InvalidInput
 from benchwright.limits import RunLimits, resolve_limits
@@ -19,14 +20,17 @@ class ResolvedLaunch:
     driver: str
     trials: TrialsConfig
     limits: RunLimits
+    backend: str
 
 
-def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_paths: bool) -> ResolvedLaunch:
-    """The driver and trials config a launch runs with.
+def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_paths: bool,
+                   default_compute: str = "local", configured_backends: tuple[str, ...] = ("local",),
+                   saved_compute: str | None = None) -> ResolvedLaunch:
+    """The driver, trials config, limits and compute backend a launch runs with.
 
     Raises:
-        InvalidInput: unknown driver, bad trials config, an unenforceable limit, or a local dataset path where
-            they are not allowed.
+        InvalidInput: unknown driver, bad trials config, an unenforceable limit, an unknown or unconfigured
+            compute backend, or a local dataset path where they are not allowed.
     """
     driver = launch.driver or default_driver
     if driver not in DRIVERS:
@@ -41,4 +45,6 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_pa
                                code="local_paths_disabled")
     trials = validate_trials(launch.trials or TrialsConfig())
     limits = resolve_limits(limits=launch.limits, constraints=launch.constraints, metadata=launch.metadata)
-    return ResolvedLaunch(driver=driver, trials=trials, limits=limits)
+    backend = resolve_compute(requested=launch.compute, saved=saved_compute, default=default_compute,
+                              configured=configured_backends)
+    return ResolvedLaunch(driver=driver, trials=trials, limits=limits, backend=backend)

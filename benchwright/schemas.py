@@ -42,6 +42,8 @@ class ModelSpec(_Strict):
     output_cost_per_token: float | None = Field(default=None, ge=0)
     params: dict[str, Any] = Field(default_factory=dict)
     """Sampling parameters set once for the run (temperature, max_tokens, ...)."""
+    secret: str | None = Field(default=None, max_length=128)
+    """Name of a provider secret (``POST /v1/secrets``) holding this model's API key."""
 
     @field_validator("api_base")
     @classmethod
@@ -73,6 +75,8 @@ class LaunchRequest(_Strict):
     constraints: dict[str, Any] | None = None
     """Older spelling: ``max_cost_cents`` (run.cost), ``max_duration_ms`` (run.duration), ``max_tasks`` (caps the
     sample count without halting)."""
+    compute: str | None = Field(default=None, max_length=32)
+    """Compute backend: ``local``, ``sandbox0``, ``e2b``, or ``default``/``auto`` (omit for your default, §4)."""
     concurrency: int | None = Field(default=None, ge=1, le=1024)
     """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
 

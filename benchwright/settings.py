@@ -55,6 +55,13 @@ class Settings(BaseSettings):
 
     temporal_ui_url: str | None = None
 
+    default_compute: str = "local"
+    """The deployment's compute backend (§4 level 3). The embedded stack has only ``local``."""
+    sandbox0_url: str | None = None
+    """A sandbox0 (Kubernetes) endpoint; when unset the backend is not configured here."""
+    e2b_api_key: str | None = None
+    """An E2B key; when unset the backend is not configured here."""
+
     initial_balance_usd: float = 10.0
     """Balance a new account starts with (``benchwright accounts credit`` adds more)."""
     billing_markup: float = 1.0
@@ -64,6 +71,14 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'benchwright.db'}"
+
+    def configured_backends(self) -> tuple[str, ...]:
+        backends = ["local"]
+        if self.sandbox0_url:
+            backends.append("sandbox0")
+        if self.e2b_api_key:
+            backends.append("e2b")
+        return tuple(backends)
 
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"

@@ -35,6 +35,7 @@ from benchwright.schemas import (
 from benchwright.store.events import read_events
 from benchwright.store.models import EventRow
 from benchwright.store.accounts import get_account
+from benchwright.store.policy import saved_compute, secret_value
 from benchwright.store.runs import (
     create_run,
     finish_run,
@@ -57,8 +58,12 @@ SSE_KEEPALIVE_S = 15.0
 async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
     """Launch a run: records RunLaunched (seq 0) and starts its workflow."""
     settings = state.settings
+    saved = await run_in_threadpool(saved_compute, state.engine, account_id=account.id)
     resolved = resolve_launch(body, default_driver=settings.default_driver,
-                              allow_local_paths=settings.allow_local_paths)
+                              allow_local_paths=settings.allow_local_paths, default_compute=settings.default_compute,
+                              configured_backends=settings.configured_backends(), saved_compute=saved)
+    if body.model.secret is not None:
+        await run_in_threadpool(secret_value, state.engine, account_id=account.id, name=body.model.secret)
     current = await run_in_threadpool(get_account, state.engine, account_id=account.id)
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
@@ -66,7 +71,7 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
                                   driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
                                   limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
-                                  billing_markup=settings.billing_markup)
+                                  billing_markup=settings.billing_markup, backend=resolved.backend)
     inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver, trials=resolved.trials,
                    limits=resolved.limits,
                    materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,

@@ -65,6 +65,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import marshal
 import math
 import os
 import secrets
@@ -129,6 +130,19 @@ def _proc_starttime(pid: int | None) -> int | None:
     return int(fields[19])
 
 
+def _id_map_covers(path: Path, lo: int, hi: int) -> bool:
+    """Whether ids ``lo``..``hi - 1`` are mapped in this user namespace (always so in the initial one)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return True  # no user namespaces in this kernel: every id exists
+    for line in lines:
+        inside, _, count = (int(x) for x in line.split())
+        if inside <= lo and hi <= inside + count:
+            return True
+    return False
+
+
 def _alive(pid: int | None, start: int | None) -> bool:
     return bool(pid) and start is not None and _proc_starttime(pid) == start
 
@@ -146,6 +160,16 @@ def _write_json_atomic(path: Path, data: Any, mode: int = 0o600) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
     os.replace(tmp, path)
+
+
+def _write_config(path: Path, cfg: dict[str, Any]) -> None:
+    """A helper's config, in marshal format (the helper runs on this same interpreter and skips importing json).
+
+    Root-only (0600, in the root-only ``ctl/``); the helper deletes it once read, as it holds the command's env.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(marshal.dumps(cfg))
 
 
 def _split_relpath(path: str) -> list[str]:
@@ -857,6 +881,10 @@ class LocalBackend:
         if os.geteuid() != 0:
             return ("creating mount/PID/network namespaces and dropping to a per-sandbox uid needs root "
                     f"(CAP_SYS_ADMIN); this process runs as uid {os.geteuid()}")
+        for kind in ("uid", "gid"):
+            if not _id_map_covers(Path(f"/proc/self/{kind}_map"), UID_BASE, UID_BASE + _UID_SPAN):
+                return (f"this process runs in a user namespace whose {kind} map does not include the sandbox "
+                        f"{kind}s {UID_BASE}-{UID_BASE + _UID_SPAN - 1} (rootless container?)")
         return None
 
     def _unavailable(self, detail: str) -> IsolationUnavailable:
@@ -1048,8 +1076,8 @@ class LocalBackend:
                "tmp_size_mb": self.tmp_size_mb, "shm_size_mb": min(self.tmp_size_mb, 64), "hostname": "sandbox",
                "egress_socket": str(relay.socket_path) if relay else None,
                "egress_port": EGRESS_PORT if relay else None}
-        cfg_path = d / "ctl" / f"init-{secrets.token_hex(4)}.json"
-        _write_json_atomic(cfg_path, cfg)
+        cfg_path = d / "ctl" / f"init-{secrets.token_hex(4)}.cfg"
+        _write_config(cfg_path, cfg)
         with open(d / "ctl" / "init.log", "ab") as log_fh:
             proc = subprocess.Popen(
                 [sys.executable, "-E", "-s", "-S", str(HELPER), "init", str(cfg_path)], stdin=subprocess.DEVNULL,
@@ -1094,10 +1122,10 @@ class LocalBackend:
                "limits": asdict(limits), "wall_seconds": wall_seconds, "status_fd": status_w,
                "cgroup_procs": cg.procs, "cpu_usage": cg.cpu_usage, "oom_file": cg.oom_file,
                "rlimit_as": "memory" not in controllers, "rlimit_nproc": "pids" not in controllers}
-        cfg_path = d / "ctl" / f"exec-{secrets.token_hex(6)}.json"
+        cfg_path = d / "ctl" / f"exec-{secrets.token_hex(6)}.cfg"
         loop = asyncio.get_running_loop()
         try:
-            _write_json_atomic(cfg_path, cfg)
+            _write_config(cfg_path, cfg)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-E", "-s", "-S", str(HELPER), "enter", str(cfg_path),
                 stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
@@ -1295,7 +1323,10 @@ class LocalBackend:
         """
         if sandbox_id in self._killed:
             return self._killed[sandbox_id]
-        meta = self._load_meta(sandbox_id)
+        try:
+            meta = self._load_meta(sandbox_id)
+        except SandboxNotFound:  # not even a local sandbox id: nothing to kill
+            return 0.0
         if meta is None:
             return 0.0
         for handle in list(self._running.get(sandbox_id, ())):

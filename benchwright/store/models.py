@@ -115,3 +115,58 @@ class TrialResult(SQLModel, table=True):
     output: str | None = None
     meta: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     error: str | None = None
+
+
+class Secret(SQLModel, table=True):
+    """A provider secret. The value is write-only: no route, log, event or sandbox but the model proxy sees it."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("account_id", "name", name="uq_secrets_account_name"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
+    name: str = Field(max_length=128)
+    value: str = Field(max_length=8192)
+    host_pattern: str | None = Field(default=None, max_length=300)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class HostPolicyRow(SQLModel, table=True):
+    """An account's host policy default mode (§11); a fresh account has none and defaults to allow."""
+
+    __tablename__ = "host_policies"
+
+    account_id: str = Field(foreign_key="accounts.id", primary_key=True, max_length=36)
+    default_mode: str = Field(default="allow", max_length=8)
+
+
+class HostRuleRow(SQLModel, table=True):
+    __tablename__ = "host_rules"
+    __table_args__ = (UniqueConstraint("account_id", "pattern", name="uq_host_rules_account_pattern"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
+    pattern: str = Field(max_length=300)
+    action: str = Field(max_length=8)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class BlockedHost(SQLModel, table=True):
+    """The blocked-host log: one row per (run, host), counting refusals."""
+
+    __tablename__ = "blocked_hosts"
+
+    run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
+    host: str = Field(primary_key=True, max_length=300)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
+    seen_count: int = 0
+    first_seen: datetime = Field(default_factory=utcnow)
+    last_seen: datetime = Field(default_factory=utcnow)
+
+
+class AccountSettings(SQLModel, table=True):
+    __tablename__ = "account_settings"
+
+    account_id: str = Field(foreign_key="accounts.id", primary_key=True, max_length=36)
+    compute: str | None = Field(default=None, max_length=32)
+    """The account's saved compute provider (§4 level 2); None means the deployment default."""

@@ -35,7 +35,7 @@ from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
                trials_config: dict[str, Any], limits: dict[str, Any] | None = None,
-               billing_markup: float = 1.0) -> Run:
+               billing_markup: float = 1.0, backend: str | None = None) -> Run:
     """Insert the run row and its RunLaunched event (seq 0) in one transaction."""
     run = Run(
         id=str(uuid.uuid4()),
@@ -47,6 +47,7 @@ def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver
         trials_config=trials_config,
         limits=limits,
         billing_markup=billing_markup,
+        backend=backend,
     )
     with session_scope(engine) as session:
         session.add(run)
@@ -92,7 +93,8 @@ def run_view(engine: Engine, run: Run) -> RunView:
                 .group_by(TaskRow.outcome)  # type: ignore[arg-type]
             ).all()
         )
-        per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 else []
+        # pass@k reads every trial row: computed once the run is over, not on every poll of a live run
+        per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 and run.finished_at is not None else []
     passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
     settled = passed + failed + errored
     in_flight = run.status == "running" and run.phase == "materialize"

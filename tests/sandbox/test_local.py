@@ -33,6 +33,8 @@ from benchwright.sandbox import (
     SandboxInfo,
     SandboxNotFound,
     SandboxPathError,
+    SandboxBackend,
+    SandboxProcess,
     proxy_env,
 )
 
@@ -159,6 +161,7 @@ async def test_exec_sees_exactly_the_env_passed(backend: LocalBackend, secret_en
     assert seen == env
     assert SECRET.encode() not in res.stdout
 
+    assert isinstance(backend, SandboxBackend)
     who = await _py(backend, info.sandbox_id, "import os; print(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())")
     uid, gid, groups, cwd = who.stdout.decode().split(" ", 3)
     assert int(uid) == info.metadata["sandbox_uid"] and int(uid) != 0 and int(gid) != 0
@@ -189,6 +192,41 @@ async def test_read_and_write_files_refuse_escapes(backend: LocalBackend) -> Non
     with pytest.raises(SandboxPathError):
         await backend.write_file(info.sandbox_id, "file-link", b"overwrite the host?")
     assert Path("/etc/hostname").read_bytes() != b"overwrite the host?"
+
+
+async def test_filesystem_is_read_only_but_for_work_and_tmp(tmp_path: Path, secret_env: int) -> None:
+    reason = _namespaces_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    shared = tmp_path / "dataset"
+    shared.mkdir()
+    (shared / "rows.jsonl").write_text('{"q": 1}\n')
+    b = LocalBackend(tmp_path / "data", extra_ro_paths=[shared])
+    try:
+        info = await _create(b)
+        code = f"""
+            import os
+            def attempt(path):
+                try:
+                    with open(path, "w") as fh:
+                        fh.write("x")
+                    return "wrote"
+                except OSError as exc:
+                    return type(exc).__name__
+            print(attempt("/sandbox/ok.txt"), attempt("/tmp/ok.txt"), attempt("/usr/evil"), attempt("/evil"),
+                  attempt("{shared}/rows.jsonl"), attempt("/etc/passwd"))
+            print(open("{shared}/rows.jsonl").read().strip())
+            print(sorted(os.listdir("/tmp")))
+        """
+        res = await _py(b, info.sandbox_id, code)
+        lines = res.stdout.decode().splitlines()
+        assert lines[0] == "wrote wrote OSError OSError OSError OSError", res.stderr  # EROFS but in work and /tmp
+        assert lines[1] == '{"q": 1}'
+        # A private /tmp: none of the host's files (only the path down to the read-only dataset).
+        assert lines[2] == f"['ok.txt', '{shared.parts[2]}']"
+        assert (shared / "rows.jsonl").read_text() == '{"q": 1}\n'
+    finally:
+        await _kill_all(b)
 
 
 # ------------------------------------------------------------------------------------------------ hostile script ---
@@ -236,12 +274,14 @@ async def test_hostile_script_reads_no_host_secret_and_reaches_no_host_port(
     other_secret.write_text(SECRET)
     root_secret = Path(f"/root/bw-test-{uuid.uuid4().hex}.txt")
     root_secret.write_text(SECRET)
+    host_tmp = tmp_path / "host-tmp-secret.txt"  # under the host's /tmp
+    host_tmp.write_text(SECRET)
     try:
         paths = [str(data_secret), str(other_secret), str(root_secret), str(REPO / "pyproject.toml"),
-                 str(tmp_path / "nothing-here"), "/etc/shadow"]
+                 str(host_tmp), "/etc/shadow", "/home/x"]
         await backend.write_file(info.sandbox_id, "hostile.py", HOSTILE.encode())
-        res = await backend.exec(info.sandbox_id, [PY, "hostile.py", json.dumps(paths), str(port), str(secret_env)], env=ENV,
-                                 timeout_s=30, limits=FAST, stdin=SECRET.encode())
+        res = await backend.exec(info.sandbox_id, [PY, "hostile.py", json.dumps(paths), str(port), str(secret_env)],
+                                 env=ENV, timeout_s=30, limits=FAST, stdin=SECRET.encode())
     finally:
         root_secret.unlink()
     assert res.returncode == 0, res.stderr
@@ -451,6 +491,7 @@ async def test_spawn_runs_the_scorer_runner_over_stdio(backend: LocalBackend) ->
 
     proc = await backend.spawn(info.sandbox_id, [PY, "runner.py", "--impl", "task_impl.py", "--threads", "2"],
                                env=ENV, limits=FAST)
+    assert isinstance(proc, SandboxProcess)
     assert proc.stdin is not None and proc.stdout is not None
 
     async def recv() -> dict[str, object]:
@@ -655,27 +696,47 @@ def nobody_dir() -> Iterator[Path]:
     shutil.rmtree(data, ignore_errors=True)
 
 
+UNAVAILABLE_PROBE = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from benchwright.sandbox import ExecLimits, IsolationUnavailable, LocalBackend
+    async def main():
+        try:
+            await LocalBackend(Path(sys.argv[1])).create(role="task", run_id="r")
+        except IsolationUnavailable as exc:
+            print("UNAVAILABLE", exc)
+        b = LocalBackend(Path(sys.argv[1]), allow_unisolated=True)
+        info = await b.create(role="task", run_id="r")
+        res = await b.exec(info.sandbox_id, ["echo", "ran"], env={"PATH": "/usr/bin:/bin"}, timeout_s=10,
+                           limits=ExecLimits())
+        print("FALLBACK", info.metadata["isolation"], res.stdout.decode().strip())
+        await b.kill(info.sandbox_id)
+    asyncio.run(main())
+""")
+
+
 def test_without_root_create_raises_isolation_unavailable(nobody_dir: Path) -> None:
     if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root, setpriv and a system /usr/bin/python3 to run a check as an unprivileged user")
-    data = nobody_dir
-    code = textwrap.dedent("""
-        import asyncio, sys
-        from pathlib import Path
-        from benchwright.sandbox import IsolationUnavailable, LocalBackend
-        async def main():
-            try:
-                await LocalBackend(Path(sys.argv[1])).create(role="task", run_id="r")
-            except IsolationUnavailable as exc:
-                print("UNAVAILABLE", exc)
-            info = await LocalBackend(Path(sys.argv[1]), allow_unisolated=True).create(role="task", run_id="r")
-            print("FALLBACK", info.metadata["isolation"])
-        asyncio.run(main())
-    """)
     probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-                            code, str(data)], capture_output=True, text=True, timeout=60, cwd="/",
-                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+                            UNAVAILABLE_PROBE, str(nobody_dir)], capture_output=True, text=True, timeout=60,
+                           cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     if "No module named" in probe.stderr or "Permission denied" in probe.stderr:
         pytest.skip(f"an unprivileged user cannot import the project here: {probe.stderr[-300:]}")
-    assert "UNAVAILABLE" in probe.stdout and "allow_unisolated=True" in probe.stdout, probe.stderr
-    assert "FALLBACK none" in probe.stdout
+    assert "UNAVAILABLE" in probe.stdout and "needs root" in probe.stdout, probe.stderr
+    assert "allow_unisolated=True" in probe.stdout
+    assert "FALLBACK none ran" in probe.stdout, probe.stderr
+
+
+def test_in_a_rootless_user_namespace_create_raises_isolation_unavailable(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and util-linux unshare")
+    # "root" mapped alone into a user namespace, as in a rootless container: the sandbox uids do not exist there.
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", PY, "-c", UNAVAILABLE_PROBE, str(tmp_path)],
+                           capture_output=True, text=True, timeout=60, cwd=REPO,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    if "unshare failed" in probe.stderr:
+        print(f"SKIP: the kernel refuses user namespaces: {probe.stderr.strip()}")
+        pytest.skip(f"the kernel refuses user namespaces: {probe.stderr.strip()}")
+    assert "UNAVAILABLE" in probe.stdout and "uid map" in probe.stdout, probe.stderr
+    assert "FALLBACK none ran" in probe.stdout, probe.stderr

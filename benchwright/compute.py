@@ -1,0 +1,39 @@
+"""Compute backend selection (§4): the run's field, else the account's saved provider, else the deployment's.
+
+A typo is refused at launch rather than silently falling back; a backend that exists in the product but is not
+configured on this deployment is refused with a message saying so.
+"""
+
+from __future__ import annotations
+
+from benchwright.errors import InvalidInput
+from benchwright.schemas import suggest
+
+BACKENDS = ("local", "sandbox0", "e2b")
+COMPUTE_CHOICES = (*BACKENDS, "default", "auto")
+
+
+def check_compute(value: str, *, configured: tuple[str, ...]) -> str:
+    """Validate a named backend.
+
+    Raises:
+        InvalidInput: not a known value (naming the allowed ones), or not configured here.
+    """
+    if value not in COMPUTE_CHOICES:
+        raise InvalidInput(f"compute '{value}' is not one of {', '.join(COMPUTE_CHOICES)}{suggest(value, COMPUTE_CHOICES)}",
+                           code="invalid_compute")
+    if value in BACKENDS and value not in configured:
+        raise InvalidInput(f"compute backend '{value}' is not configured on this deployment "
+                           f"(configured: {', '.join(configured)})", code="compute_not_configured")
+    return value
+
+
+def resolve_compute(*, requested: str | None, saved: str | None, default: str, configured: tuple[str, ...]) -> str:
+    """The backend a run gets: its own field, else the account's saved provider, else the deployment default."""
+    if requested is not None:
+        check_compute(requested, configured=configured)
+        if requested in BACKENDS:
+            return requested
+    if saved is not None and saved in configured:
+        return saved
+    return default

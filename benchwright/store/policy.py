@@ -1,0 +1,179 @@
+"""Per-account host policy, the blocked-host log, provider secrets and the saved compute provider (§4, §11)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.errors import InvalidInput, NotFound
+from benchwright.proxy.policy import HostPolicy, HostRule, normalize_host
+from benchwright.store.db import session_scope
+from benchwright.store.models import AccountSettings, BlockedHost, HostPolicyRow, HostRuleRow, Secret, utcnow
+
+
+def get_policy(engine: Engine, *, account_id: str) -> HostPolicy:
+    """The account's policy; a fresh account's default mode is allow."""
+    with Session(engine) as session:
+        row = session.get(HostPolicyRow, account_id)
+        rules = session.execute(select(HostRuleRow).where(HostRuleRow.account_id == account_id)
+                                .order_by(HostRuleRow.created_at)).scalars().all()  # type: ignore[arg-type]
+    return HostPolicy(default=row.default_mode if row else "allow",  # type: ignore[arg-type]
+                      rules=[HostRule(pattern=r.pattern, action=r.action) for r in rules])  # type: ignore[arg-type]
+
+
+def set_default_mode(engine: Engine, *, account_id: str, mode: str) -> None:
+    if mode not in ("allow", "block"):
+        raise InvalidInput(f"default mode must be 'allow' or 'block', got {mode!r}", code="invalid_policy")
+    with session_scope(engine) as session:
+        row = session.get(HostPolicyRow, account_id)
+        if row is None:
+            session.add(HostPolicyRow(account_id=account_id, default_mode=mode))
+        else:
+            row.default_mode = mode
+
+
+def _rule(pattern: str, action: str) -> HostRule:
+    try:
+        return HostRule(pattern=pattern, action=action)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidInput(f"invalid host rule: {exc}", code="invalid_policy") from exc
+
+
+def upsert_rule(engine: Engine, *, account_id: str, pattern: str, action: str) -> HostRule:
+    """Add a rule, or change the action of the rule with the same (normalized) pattern."""
+    rule = _rule(pattern, action)
+    with session_scope(engine) as session:
+        row = session.execute(select(HostRuleRow).where(HostRuleRow.account_id == account_id,
+                                                        HostRuleRow.pattern == rule.pattern)).scalar_one_or_none()
+        if row is None:
+            session.add(HostRuleRow(id=str(uuid.uuid4()), account_id=account_id, pattern=rule.pattern,
+                                    action=rule.action))
+        else:
+            row.action = rule.action
+    return rule
+
+
+def delete_rule(engine: Engine, *, account_id: str, pattern: str) -> None:
+    normalized = _rule(pattern, "allow").pattern
+    with session_scope(engine) as session:
+        row = session.execute(select(HostRuleRow).where(HostRuleRow.account_id == account_id,
+                                                        HostRuleRow.pattern == normalized)).scalar_one_or_none()
+        if row is None:
+            raise NotFound(f"no host rule for {pattern!r}")
+        session.delete(row)
+
+
+def record_blocked(engine: Engine, *, run_id: str, account_id: str, host: str) -> None:
+    """Count one refusal of ``host`` for the run (an atomic upsert: concurrent refusals all count)."""
+    now = utcnow()
+    values = {"run_id": run_id, "host": host, "account_id": account_id, "seen_count": 1, "first_seen": now,
+              "last_seen": now}
+    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+    stmt = insert(BlockedHost).values(**values)
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "host"], set_={
+        "seen_count": BlockedHost.seen_count + 1, "last_seen": now})
+    with session_scope(engine) as session:
+        session.execute(stmt)
+
+
+def blocked_hosts(engine: Engine, *, account_id: str, run_id: str | None = None) -> list[dict[str, object]]:
+    """``{host, seen_count, first_seen, last_seen}`` for one run, or aggregated over the account's runs."""
+    with Session(engine) as session:
+        if run_id is not None:
+            rows = session.execute(select(BlockedHost).where(BlockedHost.run_id == run_id,
+                                                             BlockedHost.account_id == account_id)
+                                   .order_by(BlockedHost.host)).scalars().all()  # type: ignore[arg-type]
+            return [{"host": r.host, "seen_count": r.seen_count, "first_seen": r.first_seen,
+                     "last_seen": r.last_seen} for r in rows]
+        grouped = session.execute(
+            select(BlockedHost.host, func.sum(BlockedHost.seen_count), func.min(BlockedHost.first_seen),
+                   func.max(BlockedHost.last_seen), func.count())
+            .where(BlockedHost.account_id == account_id).group_by(BlockedHost.host).order_by(BlockedHost.host)  # type: ignore[arg-type]
+        ).all()
+    return [{"host": h, "seen_count": int(n), "first_seen": _aware(f), "last_seen": _aware(last), "runs": int(runs)}
+            for h, n, f, last, runs in grouped]
+
+
+def _aware(value: datetime) -> datetime:
+    from datetime import timezone
+
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+# -- secrets ---------------------------------------------------------------------------------------------------
+
+
+def put_secret(engine: Engine, *, account_id: str, name: str, value: str, host_pattern: str | None) -> Secret:
+    """Create or replace a secret; a host_pattern also upserts an allow rule so the proxy can reach it."""
+    if host_pattern is not None:
+        host_pattern = _rule(host_pattern, "allow").pattern
+    with session_scope(engine) as session:
+        row = session.execute(select(Secret).where(Secret.account_id == account_id, Secret.name == name)
+                              ).scalar_one_or_none()
+        if row is None:
+            row = Secret(id=str(uuid.uuid4()), account_id=account_id, name=name, value=value,
+                         host_pattern=host_pattern)
+            session.add(row)
+        else:
+            row.value, row.host_pattern = value, host_pattern
+        session.flush()
+        public = Secret(id=row.id, account_id=account_id, name=name, value="", host_pattern=host_pattern,
+                        created_at=row.created_at)
+    if host_pattern is not None:
+        upsert_rule(engine, account_id=account_id, pattern=host_pattern, action="allow")
+    return public
+
+
+def list_secrets(engine: Engine, *, account_id: str) -> list[dict[str, object]]:
+    """Names and host patterns only: values never leave the store through here."""
+    with Session(engine) as session:
+        rows = session.execute(select(Secret.name, Secret.host_pattern, Secret.created_at)
+                               .where(Secret.account_id == account_id).order_by(Secret.name)).all()  # type: ignore[arg-type]
+    return [{"name": n, "host_pattern": h, "created_at": c} for n, h, c in rows]
+
+
+def delete_secret(engine: Engine, *, account_id: str, name: str) -> None:
+    with session_scope(engine) as session:
+        row = session.execute(select(Secret).where(Secret.account_id == account_id, Secret.name == name)
+                              ).scalar_one_or_none()
+        if row is None:
+            raise NotFound(f"no secret named {name!r}")
+        session.delete(row)
+
+
+def secret_value(engine: Engine, *, account_id: str, name: str) -> str:
+    """The value, for the model proxy's environment only.
+
+    Raises:
+        InvalidInput: the account has no such secret (a launch naming it is refused).
+    """
+    with Session(engine) as session:
+        value = session.execute(select(Secret.value).where(Secret.account_id == account_id, Secret.name == name)
+                                ).scalar_one_or_none()
+    if value is None:
+        raise InvalidInput(f"the model names secret {name!r}, which this account does not have", code="unknown_secret")
+    return str(value)
+
+
+# -- compute -------------------------------------------------------------------------------------------------
+
+
+def saved_compute(engine: Engine, *, account_id: str) -> str | None:
+    with Session(engine) as session:
+        row = session.get(AccountSettings, account_id)
+    return row.compute if row else None
+
+
+def save_compute(engine: Engine, *, account_id: str, compute: str | None) -> None:
+    with session_scope(engine) as session:
+        row = session.get(AccountSettings, account_id)
+        if row is None:
+            session.add(AccountSettings(account_id=account_id, compute=compute))
+        else:
+            row.compute = compute
