@@ -97,6 +97,7 @@ class OpenAICompatibleSut:
             try:
                 async with self._http().post(self._url, data=payload) as resp:
                     status, raw = resp.status, await resp.read()
+                    reported_cost = resp.headers.get("x-litellm-response-cost")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 if last:
                     raise SutError(f"model endpoint unreachable: {type(exc).__name__}: {exc}") from exc
@@ -109,10 +110,10 @@ class OpenAICompatibleSut:
                 continue
             if status >= 400:
                 raise SutError(f"model endpoint answered HTTP {status}: {raw[:300].decode(errors='replace')}")
-            return self._reply(raw)
+            return self._reply(raw, reported_cost)
         raise AssertionError("unreachable")
 
-    def _reply(self, raw: bytes) -> SutReply:
+    def _reply(self, raw: bytes, reported_cost: str | None = None) -> SutReply:
         try:
             data = json.loads(raw)
             text = data["choices"][0]["message"].get("content") or ""
@@ -120,7 +121,12 @@ class OpenAICompatibleSut:
             raise SutError("model endpoint sent a reply that is not a chat completion: "
                            f"{raw[:300].decode(errors='replace')}") from exc
         usage = {k: int(v) for k, v in (data.get("usage") or {}).items() if isinstance(v, int)}
-        return SutReply(text=text, usage=usage, cost_usd=self._prices.cost(usage))
+        # Behind the run's LiteLLM proxy, the cost it reports is the one recorded (§4: the proxy meters the SUT).
+        try:
+            cost = float(reported_cost) if reported_cost is not None else self._prices.cost(usage)
+        except ValueError:
+            cost = self._prices.cost(usage)
+        return SutReply(text=text, usage=usage, cost_usd=cost)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -20,8 +20,9 @@ Per sandbox (``root_dir/sandboxes/<id>/``: ``work/``, ``rootfs/``, ``ctl/``, ``m
   sockets and everything else not whitelisted simply do not exist inside; nothing is hidden by an overmount that
   could be unmounted.
 * Commands run as a per-sandbox **unprivileged uid** (2,000,000 + a hash of the id; no groups, every capability
-  dropped, ``no_new_privs``), in their **own nested PID namespace** (with its own ``/proc``) inside the sandbox's,
-  with exactly the ``env`` given. A user namespace is not used: as root we can drop to a real unprivileged uid,
+  dropped, ``no_new_privs``), in their **own nested PID namespace** inside the sandbox's, with a ``/proc`` of that
+  namespace mounted ``hidepid=2`` (a command sees its own processes and nothing else, not even the root-owned
+  helpers), with exactly the ``env`` given. A user namespace is not used: as root we can drop to a real unprivileged uid,
   which is simpler and stronger than "root in a user namespace".
 * **Network**: the network namespace has only ``lo``. Egress, when configured (``egress_proxy_url``), goes
   sandbox ``HTTP(S)_PROXY=http://127.0.0.1:3128`` -> a forwarder in the sandbox's init (listening inside the
@@ -737,8 +738,8 @@ class LocalProcess:
                 reason = "sandbox_killed"
             elif final.get("oom_kills", 0) > 0:
                 reason = "memory"
-            elif rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and (self.cpu_seconds or 0) >= 
-                                            self._limits.cpu_seconds - 0.05):
+            elif rc == -signal.SIGXCPU or (
+                    rc == -signal.SIGKILL and (self.cpu_seconds or 0) >= self._limits.cpu_seconds - 0.05):
                 reason = "cpu"
             elif rc == -signal.SIGXFSZ:
                 reason = "file_size"
@@ -873,6 +874,8 @@ class LocalBackend:
     @property
     def limit_mechanism(self) -> str:
         """How limits are enforced here, e.g. ``"cgroup v1 (cpuacct, memory, pids) + rlimits"``."""
+        if not self.cgroups.controllers:
+            return "rlimits only (RLIMIT_AS, RLIMIT_NPROC per sandbox uid, RLIMIT_CPU, RLIMIT_FSIZE)"
         return f"{self.cgroups.describe()} + rlimits"
 
     def _static_unavailable_reason(self) -> str | None:
@@ -1027,9 +1030,11 @@ class LocalBackend:
                 self._isolation = "namespaces"
             meta.state = "ready"
             self._save_meta(meta)
-        except BaseException:
+        except BaseException as exc:
             if d.exists() and meta.state != "ready":
                 await asyncio.to_thread(self._destroy, meta)
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot create sandbox {sandbox_id}: {exc}") from exc
             raise
         return self._info(meta)
 

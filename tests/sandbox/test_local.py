@@ -7,6 +7,7 @@ without the isolation it tests (the unisolated-mode test shows what the same scr
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.server
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -578,8 +580,6 @@ async def test_snapshot_restore_identical_dedup_and_survives_restart(backend: Lo
 
 
 def _sha(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
 
 
@@ -630,8 +630,9 @@ from benchwright.sandbox import ExecLimits, LocalBackend
 async def main():
     b = LocalBackend(Path(sys.argv[1]))
     info = await b.create(role="work", run_id="orphan-run")
-    proc = await b.spawn(info.sandbox_id, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"],
-                         env={"PATH": "/usr/bin:/bin"}, limits=ExecLimits())
+    sleeper = "import time; print('up', flush=True); time.sleep(300)"
+    proc = await b.spawn(info.sandbox_id, [sys.executable, "-c", sleeper], env={"PATH": "/usr/bin:/bin"},
+                         limits=ExecLimits())
     await proc.stdout.readline()
     print(info.sandbox_id, info.metadata["sandbox_uid"], flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # the worker crashes with its sandbox still running
@@ -688,8 +689,6 @@ async def test_unisolated_mode_records_none(tmp_path: Path, secret_env: int) -> 
 @pytest.fixture
 def nobody_dir() -> Iterator[Path]:
     """A directory the unprivileged user ``nobody`` owns (pytest's tmp_path is not reachable for it)."""
-    import tempfile
-
     data = Path(tempfile.mkdtemp(prefix="bw-sandbox-unpriv-"))
     os.chown(data, 65534, 65534)
     yield data
