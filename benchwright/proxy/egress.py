@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import ipaddress
 import logging
 import os
 import re
+import socket
 import stat
 import threading
 from collections.abc import Awaitable, Callable
@@ -540,6 +542,8 @@ class EgressProxy:
         idle_timeout_s: float = 300.0,
         max_header_bytes: int = 64 * 1024,
         header_timeout_s: float = 30.0,
+        internal_allowed: frozenset[tuple[str, int]] = frozenset(),
+        allow_internal: bool = False,
     ) -> None:
         """Configure the proxy; nothing is bound until :meth:`start`.
 
@@ -558,6 +562,11 @@ class EgressProxy:
             max_header_bytes: Limit for a request's start line plus headers; exceeded → 431.
             header_timeout_s: Limit for receiving a complete request head (also how long an idle keep-alive
                 client connection is kept); exceeded mid-head → 408. Guards against slowloris-style clients.
+            internal_allowed: ``(host or address, port)`` endpoints on internal addresses the platform lets
+                sandboxes reach (the run's model proxy). Every other loopback/private/link-local target is
+                refused whatever the account's policy says.
+            allow_internal: Skip the internal-address check altogether (only for a proxy whose clients are the
+                platform's own, e.g. tests of the proxy itself on loopback).
 
         Raises:
             ValueError: both ``uds_path`` and ``port`` are given, or ``max_header_bytes`` is below 1024.
@@ -568,6 +577,8 @@ class EgressProxy:
             raise ValueError("max_header_bytes must be at least 1024")
         self._policy_provider = policy_provider
         self._recorder = recorder
+        self._internal_allowed = internal_allowed
+        self._allow_internal = allow_internal
         self._host = host
         self._port = port
         self._uds_path = os.fspath(uds_path) if uds_path is not None else None
@@ -770,12 +781,7 @@ class EgressProxy:
             _log.debug("egress proxy: %s:%s %s", host, port, reason)
             return
         _log.info("egress proxy: refused %s:%s (%s)", host, port, reason)
-        try:
-            result = self._recorder.record(host)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            _log.exception("egress proxy: recording the blocked host %s failed", host)
+        await self._record(host)
         raise _ClientError(
             403,
             f"Benchwright egress proxy: {host} is blocked by the account's host policy ({reason}).",
@@ -785,18 +791,43 @@ class EgressProxy:
     async def _open_upstream(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         connect_host = host[1:-1] if host.startswith("[") else host
         options: dict[str, Any] = {"limit": _READ_LIMIT}
-        if isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
-            # Happy eyeballs: a name whose first address hangs (an unrouted IPv6) falls through to the next one
-            # quickly instead of eating the whole connect timeout. uvloop has no such option (it still tries each
-            # address in turn), hence the check.
-            options["happy_eyeballs_delay"] = 0.25
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                return await asyncio.open_connection(connect_host, port, **options)
+                address = await self._resolve_public(host, connect_host, port)
+                return await asyncio.open_connection(address, port, **options)
         except TimeoutError:
             raise _ClientError(502, f"connecting to {host}:{port} timed out after {self._connect_timeout_s}s") from None
         except OSError as exc:
             raise _ClientError(502, f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
+
+    async def _resolve_public(self, host: str, connect_host: str, port: int) -> str:
+        """Resolve once and connect to that address (no second lookup to rebind), refusing addresses inside the
+        platform (loopback, private, link-local, unspecified, multicast: the worker's own services, cloud
+        metadata) unless the platform allowed that exact endpoint (the run's model proxy). The account's policy
+        cannot open these: a host name is the account's to allow, the platform's own network is not."""
+        infos = await asyncio.get_running_loop().getaddrinfo(connect_host, port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(f"{host} did not resolve")
+        address = str(infos[0][4][0])
+        if self._allow_internal or (address, port) in self._internal_allowed or (connect_host, port) in self._internal_allowed:
+            return address
+        for info in infos:
+            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            if ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified or ip.is_multicast \
+                    or ip.is_reserved:
+                await self._record(host)
+                raise _ClientError(403, f"Benchwright egress proxy: {host} resolves to an internal address "
+                                        f"({ip}); sandboxes cannot reach the platform's own network.",
+                                   (("X-Benchwright-Blocked", host),))
+        return address
+
+    async def _record(self, host: str) -> None:
+        try:
+            result = self._recorder.record(host)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            _log.exception("egress proxy: recording the blocked host %s failed", host)
 
     # -- CONNECT ---------------------------------------------------------------------------------------------
 

@@ -194,7 +194,7 @@ async def echo() -> AsyncIterator[Echo]:
 async def env() -> AsyncIterator[Env]:
     box = PolicyBox(_localhost_only())
     log = InMemoryBlockedLog()
-    proxy = EgressProxy(policy_provider=lambda: box.policy, recorder=log)
+    proxy = EgressProxy(allow_internal=True, policy_provider=lambda: box.policy, recorder=log)
     await proxy.start()
     yield Env(proxy, box, log)
     await proxy.stop()
@@ -456,7 +456,7 @@ async def test_oversized_headers_get_431(env: Env, origin: Origin, shape: str) -
 
 
 async def test_incomplete_headers_time_out_with_408() -> None:
-    proxy = EgressProxy(policy_provider=HostPolicy, recorder=InMemoryBlockedLog(), header_timeout_s=0.3)
+    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(), header_timeout_s=0.3)
     await proxy.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
@@ -544,7 +544,7 @@ async def test_https_through_the_connect_tunnel_with_httpx(env: Env, tls_files: 
 
 
 async def test_idle_tunnel_is_closed_after_idle_timeout(echo: Echo) -> None:
-    proxy = EgressProxy(policy_provider=HostPolicy, recorder=InMemoryBlockedLog(), idle_timeout_s=0.3)
+    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(), idle_timeout_s=0.3)
     await proxy.start()
     try:
         connect: Connector = lambda: asyncio.open_connection("127.0.0.1", proxy.port)  # noqa: E731
@@ -563,7 +563,7 @@ async def test_idle_tunnel_is_closed_after_idle_timeout(echo: Echo) -> None:
 
 
 async def test_stop_closes_open_tunnels(echo: Echo) -> None:
-    proxy = EgressProxy(policy_provider=HostPolicy, recorder=InMemoryBlockedLog())
+    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog())
     await proxy.start()
     connect: Connector = lambda: asyncio.open_connection("127.0.0.1", proxy.port)  # noqa: E731
     reader, writer, established = await open_tunnel(connect, f"localhost:{echo.port}")
@@ -591,7 +591,7 @@ async def test_unix_socket_mode(origin: Origin, echo: Echo) -> None:
     directory = tempfile.mkdtemp(prefix="bw-uds-")  # short path: AF_UNIX paths are limited to ~108 bytes
     path = os.path.join(directory, "egress.sock")
     log = InMemoryBlockedLog()
-    proxy = EgressProxy(policy_provider=_localhost_only, recorder=log, uds_path=path)
+    proxy = EgressProxy(allow_internal=True, policy_provider=_localhost_only, recorder=log, uds_path=path)
     assert await proxy.start() == 0
     try:
         assert proxy.uds_path == path and os.path.exists(path)
@@ -629,7 +629,7 @@ async def test_async_recorder_and_async_policy_provider(origin: Origin) -> None:
     async def provider() -> HostPolicy:
         return HostPolicy(default="block")
 
-    async with EgressProxy(policy_provider=provider, recorder=AsyncRecorder()) as proxy:
+    async with EgressProxy(allow_internal=True, policy_provider=provider, recorder=AsyncRecorder()) as proxy:
         connect: Connector = lambda: asyncio.open_connection("127.0.0.1", proxy.port)  # noqa: E731
         response = await exchange(connect, get(f"http://LOCALHOST.:{origin.port}/"))
     assert response.status == 403
@@ -641,7 +641,7 @@ async def test_policy_provider_failure_fails_closed_with_503(origin: Origin) -> 
         raise RuntimeError("db down")
 
     log = InMemoryBlockedLog()
-    async with EgressProxy(policy_provider=broken, recorder=log) as proxy:
+    async with EgressProxy(allow_internal=True, policy_provider=broken, recorder=log) as proxy:
         connect: Connector = lambda: asyncio.open_connection("127.0.0.1", proxy.port)  # noqa: E731
         response = await exchange(connect, get(f"http://localhost:{origin.port}/"))
     assert response.status == 503
@@ -754,3 +754,36 @@ async def test_a_target_that_breaks_http_gives_502(env: Env, answer: bytes) -> N
     finally:
         server.close()
         await server.wait_closed()
+
+
+
+async def test_internal_addresses_are_refused_whatever_the_policy_says() -> None:
+    """A sandbox must not reach the platform's own services through the proxy, even with default allow:
+    loopback names and addresses, private ranges and link-local (cloud metadata) are refused and recorded,
+    except an endpoint the platform allowed explicitly (the run's model proxy)."""
+    import asyncio as _asyncio
+
+    async def handle(reader: _asyncio.StreamReader, writer: _asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    origin = await _asyncio.start_server(handle, "127.0.0.1", 0)
+    port = origin.sockets[0].getsockname()[1]
+    log = InMemoryBlockedLog()
+    proxy = EgressProxy(policy_provider=HostPolicy, recorder=log, internal_allowed=frozenset({("127.0.0.1", port)}))
+    await proxy.start()
+    try:
+        async with httpx.AsyncClient(proxy=proxy.url) as client:
+            allowed = await client.get(f"http://127.0.0.1:{port}/")
+            refused = await client.get(f"http://localhost:{port + 1 if port < 65535 else port - 1}/")
+            metadata = await client.get("http://169.254.169.254/latest/meta-data/")
+    finally:
+        await proxy.stop()
+        origin.close()
+        await origin.wait_closed()
+    assert allowed.status_code == 200 and allowed.text == "ok"
+    assert refused.status_code == 403 and "internal address" in refused.text
+    assert metadata.status_code == 403
+    assert {e["host"] for e in log.entries()} == {"localhost", "169.254.169.254"}
