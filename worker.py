@@ -16,6 +16,7 @@ from activities.common import Deps
 from activities.fetch import FetchActivities
 from activities.materialize import MaterializeActivities
 from activities.run_log import ControlActivities, RunLogActivities
+from activities.sandboxes import reap_orphans
 from activities.setup import SetupActivities
 from benchwright.settings import Settings
 from workflows.run import RunWorkflow
@@ -28,13 +29,15 @@ PASSTHROUGH = ("benchwright", "pydantic", "pydantic_core", "sqlmodel", "sqlalche
 def build_worker(client: Client, *, settings: Settings, engine: Engine, task_queue: str | None = None) -> Worker:
     deps = Deps(engine=engine, settings=settings)
     materialize = MaterializeActivities(deps)
+    attach = AttachActivities(deps)
     run_log = RunLogActivities(deps)
     control = ControlActivities(deps)
     activities = [
         FetchActivities(deps).fetch,
         AnalyzeActivities(deps).analyze,
         SetupActivities(deps).setup,
-        AttachActivities(deps).attach,
+        attach.attach,
+        attach.stop_proxy,
         AtomizeActivities(deps).atomize,
         materialize.begin,
         materialize.batch,
@@ -63,6 +66,8 @@ async def run_worker(settings: Settings) -> None:
 
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
+    # Sandboxes left behind by a worker that died (a SIGKILL runs no cleanup) are killed before this one polls.
+    await reap_orphans(Deps(engine=engine, settings=settings))
     client = await connect(settings)
     worker = build_worker(client, settings=settings, engine=engine)
     await worker.run()

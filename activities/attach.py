@@ -1,13 +1,24 @@
-"""Attach: bind the run to its model route → ModelProxyArtifact{model_id, litellm_config_yaml} (no secrets)."""
+"""Attach: bind the run to its model → ModelProxyArtifact{model_id, litellm_config_yaml} (secrets by name only).
+
+When the model names a provider secret, Attach starts the run's model proxy (the real LiteLLM proxy, role proxy)
+holding that secret; the scorer side only ever gets the proxy's URL and a per-run fake key. A model without
+credentials is called directly (nothing to isolate, and no proxy start-up to pay).
+"""
 
 from __future__ import annotations
 
+import time
+
 from temporalio import activity
 
-from activities.common import Deps, phase
-from benchwright.events import ModelProxyArtifact
-from benchwright.pipeline import PhaseInput, PhaseResult
+from activities.common import Deps, in_thread, phase
+from benchwright.events import ModelProxyArtifact, ProxyLingerMetered, SandboxCreated, SandboxKilled
+from benchwright.pipeline import FinishInput, PhaseInput, PhaseResult
+from benchwright.proxy.model_proxy import load_handle, secret_env_name, start_model_proxy, stop_model_proxy
 from benchwright.proxy_config import litellm_config_yaml
+from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.policy import secret_value
+from benchwright.store.runs import get_run
 
 
 class AttachActivities:
@@ -16,7 +27,39 @@ class AttachActivities:
 
     @activity.defn(name="attach")
     async def attach(self, inp: PhaseInput) -> PhaseResult:
+        spec = inp.launch.model
         async with phase(self.deps, inp) as scope:
-            scope.emit("artifact", ModelProxyArtifact(model_id=inp.launch.model.identifier,
-                                                      litellm_config_yaml=litellm_config_yaml(inp.launch.model)))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
+            secret_env = secret_env_name(spec.secret) if spec.secret else None
+            if spec.secret is not None:
+                run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
+                value = await in_thread(secret_value, self.deps.engine, account_id=run.account_id, name=spec.secret)
+                handle = await in_thread(start_model_proxy, run_dir=self.deps.run_dir(inp.run_id), spec=spec,
+                                         secret_value=value)
+                scope.emit("proxy", SandboxCreated(
+                    sandbox_id=f"proxy-{handle.pid}", role="proxy", backend="local", instance_size="local-process",
+                    isolation="process", metadata={"benchwright_role": "proxy", "port": handle.port}))
+            scope.emit("artifact", ModelProxyArtifact(model_id=spec.identifier,
+                                                      litellm_config_yaml=litellm_config_yaml(spec, secret_env=secret_env)))
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control,
+                           detail={"model_proxy": spec.secret is not None})
+
+    @activity.defn(name="stop_model_proxy")
+    async def stop_proxy(self, inp: FinishInput) -> None:
+        """After the run (and its linger window): stop the proxy, bill its run time as sandbox cost and the linger
+        separately (cost.proxy_linger)."""
+        run_dir = self.deps.run_dir(inp.run_id)
+        handle = load_handle(run_dir)
+        if handle is None:
+            return
+        run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
+        lifetime = await in_thread(stop_model_proxy, run_dir) or 0.0
+        ended = run.finished_at.timestamp() if run.finished_at else time.time()
+        linger = max(0.0, min(lifetime, time.time() - ended))
+        rate = self.deps.settings.proxy_usd_per_hour / 3600
+        await in_thread(append_events, self.deps.engine, inp.run_id, [
+            NewEvent.of(event_key(inp.run_id, "proxy", "killed"), SandboxKilled(
+                sandbox_id=f"proxy-{handle.pid}", role="proxy", duration_ms=int(lifetime * 1000),
+                cost_usd=(lifetime - linger) * rate)),
+            NewEvent.of(event_key(inp.run_id, "proxy", "linger"), ProxyLingerMetered(
+                seconds=round(linger, 3), cost_usd=linger * rate)),
+        ])

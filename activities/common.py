@@ -35,6 +35,9 @@ class Deps:
     engine: Engine
     settings: Settings
 
+    def run_dir(self, run_id: str) -> Path:
+        return self.settings.runs_dir() / run_id
+
     def workdir(self, run_id: str) -> Path:
         path = self.settings.runs_dir() / run_id / "work"
         path.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Fetch: copy the dataset into the run's work directory → FetchArtifact{source, sha256, bytes}."""
+"""Fetch: copy the dataset into the run's work directory and its work sandbox, snapshot the sandbox →
+FetchArtifact{source, sha256, bytes}, SnapshotCreated(fetch)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
+from activities.sandboxes import put_file, sandbox, take_snapshot
 from benchwright.datasets import fetch_dataset
 from benchwright.events import FetchArtifact
 from benchwright.pipeline import PhaseInput, PhaseResult
@@ -23,6 +25,10 @@ class FetchActivities:
             fetched = await in_thread(fetch_dataset, source=inp.launch.dataset, dest_dir=workdir,
                                       allow_local_paths=self.deps.settings.allow_local_paths)
             (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
+            async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("fetch", inp.invocation),
+                               restore=None) as box:
+                await put_file(box, fetched.path.name, await in_thread(fetched.path.read_bytes))
+                await take_snapshot(self.deps, box, run_id=inp.run_id, phase="fetch", invocation=inp.invocation)
             scope.emit("artifact", FetchArtifact(source=inp.launch.dataset, sha256=fetched.sha256, bytes=fetched.bytes,
                                                  format=fetched.format))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail={"bytes": fetched.bytes},

@@ -7,6 +7,7 @@ with this worker's SUT client. Results go to the store, never into workflow hist
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import activity
@@ -15,7 +16,12 @@ from temporalio.exceptions import ApplicationError
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseStarted
-from benchwright.materialize import RunHalted, run_batch
+from activities.sandboxes import Sandbox, sandbox, snapshot_of
+from benchwright.materialize import Execute, RunHalted, run_batch
+from benchwright.proxy.model_proxy import load_handle
+from benchwright.sandbox import ExecLimits
+from benchwright.schemas import ModelSpec
+from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.pipeline import (
     MaterializeBatchInput,
     MaterializeBatchResult,
@@ -27,9 +33,16 @@ from benchwright.prices import prices_for
 from benchwright.scoring.host import ScorerLoadError
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.control import halted_reason
-from benchwright.sut import make_sut
+from benchwright.sut import SutClient, make_sut
 
 HEARTBEAT_EVERY_S = 1.0
+
+
+def _limits(threads: int) -> ExecLimits:
+    # The runner's threads count against the process limit; leave room for what the scorer itself starts.
+    return ExecLimits(cpu_seconds=24 * 3600, memory_mb=2048, wall_seconds=24 * 3600, max_processes=threads + 64)
+
+
 HALT_POLL_S = 0.2
 
 
@@ -49,10 +62,71 @@ class MaterializeActivities:
             NewEvent.of(event_key(inp.run_id, "materialize", inp.invocation, "completed"),
                         PhaseCompleted(phase="materialize", duration_ms=inp.duration_ms))])
 
+    def _sut(self, inp: MaterializeBatchInput) -> SutClient:
+        """The run's model route: through its LiteLLM proxy (with the fake key) when Attach started one."""
+        settings = self.deps.settings
+        proxy = load_handle(self.deps.run_dir(inp.run_id))
+        if proxy is not None:
+            via_proxy = ModelSpec(identifier=f"openai/{proxy.model_name}", api_base=proxy.base_url,
+                                  params=inp.model.params)
+            return make_sut(via_proxy, prices=prices_for(inp.model), api_key=proxy.fake_key,
+                            concurrency=inp.concurrency, timeout_s=settings.sut_timeout_s,
+                            retries=settings.sut_retries)
+        return make_sut(inp.model, prices=prices_for(inp.model), api_key=None, concurrency=inp.concurrency,
+                        timeout_s=settings.sut_timeout_s, retries=settings.sut_retries)
+
+    def _scorer_env(self, inp: MaterializeBatchInput, box: Sandbox) -> dict[str, str]:
+        """The scorer's environment: a fake key and the proxy's URL when the run has a model proxy, never more."""
+        proxy = load_handle(self.deps.run_dir(inp.run_id))
+        extra = {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": proxy.fake_key} if proxy else {}
+        return box.scorer_env(extra)
+
+    def _allowed_internal(self, inp: MaterializeBatchInput) -> frozenset[tuple[str, int]]:
+        proxy = load_handle(self.deps.run_dir(inp.run_id))
+        return frozenset({("127.0.0.1", proxy.port)}) if proxy else frozenset()
+
+    def _sequential(self, inp: MaterializeBatchInput, sut: SutClient) -> Execute:
+        """Every trial of the batch in one work sandbox restored from the post-Atomize snapshot."""
+
+        async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
+                          limits: TrialLimits) -> None:
+            if not items:
+                return
+            threads = max(1, min(inp.concurrency, len(items)))
+            async with sandbox(self.deps, run_id=inp.run_id, role="work",
+                               key=("materialize", inp.invocation, inp.start),
+                               restore=snapshot_of(self.deps, inp.run_id, "atomize"),
+                               internal_allowed=self._allowed_internal(inp)) as box:
+                await run_trials(spawn=box.spawn(self._scorer_env(inp, box), _limits(threads)), items=items,
+                                 sut=sut, threads=threads, on_record=on_record, limits=limits)
+
+        return execute
+
+    def _fanout(self, inp: MaterializeBatchInput, sut: SutClient) -> Execute:
+        """Each task in its own task sandbox, restored from the post-Atomize snapshot and killed when it ends."""
+
+        async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
+                          limits: TrialLimits) -> None:
+            by_task: dict[int, list[TrialItem]] = {}
+            for item in items:
+                by_task.setdefault(item.index, []).append(item)
+            gate = asyncio.Semaphore(max(1, inp.concurrency))
+
+            async def one(index: int, trials: list[TrialItem]) -> None:
+                async with gate, sandbox(self.deps, run_id=inp.run_id, role="task",
+                                         key=("materialize", inp.invocation, index),
+                                         restore=snapshot_of(self.deps, inp.run_id, "atomize"),
+                                         internal_allowed=self._allowed_internal(inp)) as box:
+                    await run_trials(spawn=box.spawn(self._scorer_env(inp, box), _limits(len(trials))),
+                                     items=trials, sut=sut, threads=len(trials), on_record=on_record, limits=limits)
+
+            await asyncio.gather(*(one(i, t) for i, t in by_task.items()))
+
+        return execute
+
     @activity.defn(name="materialize_batch")
     async def batch(self, inp: MaterializeBatchInput) -> MaterializeBatchResult:
         workdir = self.deps.workdir(inp.run_id)
-        settings = self.deps.settings
         last: dict[str, Any] = {}
 
         def progress(details: dict[str, Any]) -> None:
@@ -74,13 +148,12 @@ class MaterializeActivities:
                 if reason is not None:
                     return reason
 
-        sut = make_sut(inp.model, prices=prices_for(inp.model), api_key=None,
-                       concurrency=inp.concurrency, timeout_s=settings.sut_timeout_s, retries=settings.sut_retries)
+        sut = self._sut(inp)
+        execute = self._fanout(inp, sut) if inp.mode == "fanout" else self._sequential(inp, sut)
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
         work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp, tasks_path=workdir / "tasks.jsonl",
-                                             impl_path=workdir / "task_impl.py", workdir=workdir, sut=sut,
-                                             progress=progress))
+                                             execute=execute, progress=progress))
         try:
             await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not work.done():

@@ -1,8 +1,5 @@
-"""Setup: prepare the scorer's runtime → SetupArtifact{python, requirements}.
-
-The builtin scorer needs the standard library only; installing declared dependencies into an isolated work
-sandbox arrives with the sandbox backends.
-"""
+"""Setup: install the scorer's Python requirements into the work sandbox through the egress proxy (so pip's hosts
+meet the account's host policy and land in the blocked-host log), snapshot → SetupArtifact, SnapshotCreated."""
 
 from __future__ import annotations
 
@@ -11,8 +8,17 @@ import platform
 from temporalio import activity
 
 from activities.common import Deps, phase
+from activities.sandboxes import DEPS_DIR, latest_snapshot, sandbox, take_snapshot
+from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
 from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.sandbox import ExecLimits
+
+PIP_TIMEOUT_S = 600
+
+
+class RequirementsFailed(InvalidInput):
+    code = "requirements_failed"
 
 
 class SetupActivities:
@@ -21,6 +27,28 @@ class SetupActivities:
 
     @activity.defn(name="setup")
     async def setup(self, inp: PhaseInput) -> PhaseResult:
+        requirements = list(inp.launch.requirements)
         async with phase(self.deps, inp) as scope:
-            scope.emit("artifact", SetupArtifact(python=platform.python_version(), requirements=[]))
+            async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation),
+                               restore=latest_snapshot(self.deps, inp.run_id, before="setup")) as box:
+                if requirements:
+                    env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+                    result = await box.backend.exec(
+                        box.info.sandbox_id,
+                        [_python(), "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
+                        env=env, timeout_s=PIP_TIMEOUT_S,
+                        limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S))
+                    if result.returncode != 0:
+                        tail = (result.stderr or result.stdout).decode(errors="replace").strip()[-1500:]
+                        raise RequirementsFailed(
+                            f"installing {', '.join(requirements)} failed (exit {result.returncode}"
+                            f"{', ' + result.killed_reason if result.killed_reason else ''}): {tail}")
+                await take_snapshot(self.deps, box, run_id=inp.run_id, phase="setup", invocation=inp.invocation)
+            scope.emit("artifact", SetupArtifact(python=platform.python_version(), requirements=requirements))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable

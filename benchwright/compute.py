@@ -37,3 +37,19 @@ def resolve_compute(*, requested: str | None, saved: str | None, default: str, c
     if saved is not None and saved in configured:
         return saved
     return default
+
+
+def materialize_mode(*, backend: str, local_mode: str = "sequential", product_sandbox_snapshot: bool = False,
+                     harness_bridge: bool = False) -> str:
+    """Sequential or fanout, from the run's infrastructure alone, in §4's order: a product-sandbox run with a
+    snapshot to restore gets fanout; a harness-bridge run sequential; an E2B run fanout (it spawns fast enough);
+    the local backend whatever its deployment setting says; everything else (sandbox0) sequential."""
+    if product_sandbox_snapshot:
+        return "fanout"
+    if harness_bridge:
+        return "sequential"
+    if backend == "e2b":
+        return "fanout"
+    if backend == "local":
+        return local_mode
+    return "sequential"

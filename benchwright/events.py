@@ -160,3 +160,37 @@ class HumanReviewRequested(Event):
 
 EVENT_TYPES.update({cls.__name__: cls for cls in (RunHalted, RunResumed, PhaseRestartRequested,
                                                   HumanReviewRequested)})
+
+
+class SandboxCreated(Event):
+    sandbox_id: str
+    role: str
+    backend: str
+    instance_size: str
+    isolation: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Includes ``benchwright_role`` (how events, cost reconstruction and the dashboard tell roles apart)."""
+
+
+class SandboxKilled(Event):
+    sandbox_id: str
+    role: str
+    duration_ms: int
+    cost_usd: float = 0.0
+    """(duration x instance size) at the backend's rate; the cost trigger adds it to cost.sandbox."""
+
+
+class SnapshotCreated(Event):
+    snapshot_id: str
+    phase: str
+
+
+class ProxyLingerMetered(Event):
+    """The model proxy's post-run linger, metered after the run's own ledger (cost.proxy_linger, not incurred)."""
+
+    seconds: float
+    cost_usd: float
+
+
+EVENT_TYPES.update({cls.__name__: cls for cls in (SandboxCreated, SandboxKilled, SnapshotCreated,
+                                                  ProxyLingerMetered)})

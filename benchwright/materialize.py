@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,10 @@ from benchwright.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
 from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate
-from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
+from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import TaskRow, TrialResult
-from benchwright.sut import SutClient
 
 FLUSH_EVERY = 200
 FLUSH_INTERVAL_S = 0.25
@@ -58,8 +57,13 @@ def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dic
     return by_task, aggregated
 
 
-async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: Path, impl_path: Path,
-                    workdir: Path, sut: SutClient, progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
+Execute = Callable[[list[TrialItem], Callable[[TrialRecord], Awaitable[None]], TrialLimits], Awaitable[None]]
+"""Runs trial items through the scorer wherever it lives (one work sandbox, or a task sandbox per task) and
+reports each record; see ``activities.materialize``."""
+
+
+async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: Path, execute: Execute,
+                    progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
     """Run the batch to completion and return its outcome counts.
 
     After every commit the run's budget is checked; with a run.cost ceiling every result is committed on its own,
@@ -127,12 +131,10 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
     for index, trials in by_task.items():
         if len(trials) == k:
             aggregate_task(index)
-    threads = max(1, min(inp.concurrency, len(items) or 1))
     limits = TrialLimits(attempts=inp.task_limits.attempts, duration_s=inp.task_limits.duration_s,
                          cost_usd=inp.task_limits.cost_usd, attempt_duration_s=inp.task_limits.attempt_duration_s)
     try:
-        await run_trials(impl_path=impl_path, workdir=workdir, items=items, sut=sut, threads=threads,
-                         on_record=on_record, limits=limits)
+        await execute(items, on_record, limits)
     except asyncio.CancelledError:
         # Halted or paused: keep what was measured. The records already settled are committed before we go.
         await asyncio.shield(flush())

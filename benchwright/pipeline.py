@@ -50,6 +50,9 @@ class RunInput(BaseModel):
     trials: TrialsConfig
     materialize: MaterializeOptions = Field(default_factory=MaterializeOptions)
     limits: RunLimits = Field(default_factory=RunLimits)
+    materialize_mode: str = "sequential"
+    """``sequential`` (tasks in the work sandbox) or ``fanout`` (a task sandbox each), chosen from infrastructure."""
+    proxy_linger_s: float = 0.0
 
 
 class RunResult(BaseModel):
@@ -115,6 +118,7 @@ class MaterializeBatchInput(BaseModel):
     concurrency: int
     task_limits: TaskLimits = Field(default_factory=TaskLimits)
     run_cost_usd: float | None = None
+    mode: str = "sequential"
 
 
 class MaterializeBatchResult(BaseModel):

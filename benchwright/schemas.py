@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import difflib
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from benchwright.scoring.aggregators import TrialsConfig
 
@@ -23,6 +23,8 @@ Outcome = Literal["pass", "fail", "err"]
 Visibility = Literal["private", "unlisted", "public"]
 
 MAX_TASK_IMPL_BYTES = 512 * 1024
+REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+(,[<>=!~]=?[A-Za-z0-9.*+!_-]+)*)?$"
+"""A pip requirement specifier and nothing else (no options, URLs or paths reach pip's command line)."""
 RETIRED_LAUNCH_KEYS = {"operator": "driver", "agent": "driver"}
 
 
@@ -69,6 +71,10 @@ class LaunchRequest(_Strict):
     """Python source of task_impl.py. When given, Atomize uses it verbatim instead of writing one."""
     trials: TrialsConfig | None = None
     """k trials per task and the aggregator that reduces them (§7). Default: k=1, any_pass."""
+    requirements: list[Annotated[str, StringConstraints(pattern=REQUIREMENT, max_length=200)]] = Field(
+        default_factory=list, max_length=100)
+    """Python packages the scorer needs (pip requirement specifiers, e.g. ``sympy>=1.12``); Setup installs them into
+    the work sandbox through the egress proxy, so their hosts are subject to the host policy."""
     limits: dict[str, Any] | None = None
     """Ceilings nested ``<level>.<quantity>`` (§9), e.g. ``{"run": {"cost": 5.0}, "task": {"attempts": 2}}``.
     ``GET /v1/limits`` lists what is enforceable; anything else is refused with 400."""

@@ -62,6 +62,18 @@ class Settings(BaseSettings):
     e2b_api_key: str | None = None
     """An E2B key; when unset the backend is not configured here."""
 
+    allow_unisolated: bool = False
+    """Run sandboxes as plain directories and processes where the kernel forbids namespaces (recorded on the run
+    as isolation 'none'). Off: such a host refuses to run scorers, with a clear error."""
+    local_sandbox_usd_per_hour: float = 0.0
+    """The local backend's rate per sandbox-hour (the embedded stack's own machine costs nothing extra)."""
+    local_materialize_mode: str = "sequential"
+    """How Materialize runs on the local backend: ``sequential`` (in the work sandbox) or ``fanout`` (a task
+    sandbox per task). An infrastructure setting of the deployment; the scorer never chooses (§4)."""
+    proxy_linger_s: float = 30.0
+    """How long a run's model proxy stays up after the run ends (metered as cost.proxy_linger)."""
+    proxy_usd_per_hour: float = 0.0
+
     initial_balance_usd: float = 10.0
     """Balance a new account starts with (``benchwright accounts credit`` adds more)."""
     billing_markup: float = 1.0
@@ -79,6 +91,9 @@ class Settings(BaseSettings):
         if self.e2b_api_key:
             backends.append("e2b")
         return tuple(backends)
+
+    def sandboxes_dir(self) -> Path:
+        return self.data_dir / "sandboxes"
 
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"

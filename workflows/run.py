@@ -92,6 +92,7 @@ class RunWorkflow:
         self._status = "running"
         self._tasks_total = 0
         self._tasks_settled = 0
+        self._model_proxy = False
 
     # -- queries and updates -------------------------------------------------------------------------------------
 
@@ -174,13 +175,26 @@ class RunWorkflow:
                 if step.skip_reason is None:
                     await self._phase_loop(step.phase)
         except _Teardown:
-            return await self._teardown()
+            result = await self._teardown()
         except ActivityError as err:
-            return await self._fail(err)
+            result = await self._fail(err)
+        else:
+            await self._finish("ok")
+            result = RunResult(run_id=inp.run_id, status="ok")
         finally:
             clock.cancel()
-        await self._finish("ok")
-        return RunResult(run_id=inp.run_id, status="ok")
+        await self._linger_then_stop_proxy()
+        return result
+
+    async def _linger_then_stop_proxy(self) -> None:
+        """The model proxy stays up for the linger window after the run ends (metered apart), then stops."""
+        assert self._inp is not None
+        if not self._model_proxy:
+            return
+        if self._inp.proxy_linger_s > 0:
+            await workflow.sleep(timedelta(seconds=self._inp.proxy_linger_s))
+        await self._execute_log("stop_model_proxy", FinishInput(run_id=self._inp.run_id, status=self._status),
+                                summary="stop the model proxy")
 
     async def _run_clock(self, limit_s: float | None) -> None:
         if limit_s is None:
@@ -277,6 +291,8 @@ class RunWorkflow:
             cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
         if result.tasks is not None:
             self._tasks_total = result.tasks
+        if result.detail.get("model_proxy"):
+            self._model_proxy = True
         return result.control
 
     async def _materialize(self, phase_inp: PhaseInput) -> None:
@@ -299,7 +315,8 @@ class RunWorkflow:
                 batch = MaterializeBatchInput(run_id=inp.run_id, invocation=invocation, start=start, stop=stop,
                                               model=inp.launch.model, metadata=inp.launch.metadata,
                                               trials=inp.trials, concurrency=concurrency,
-                                              task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd)
+                                              task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd,
+                                              mode=inp.materialize_mode)
                 await workflow.execute_activity(
                     "materialize_batch", batch, result_type=MaterializeBatchResult,
                     activity_id=f"materialize-{invocation}-{start}-{self._halts}", start_to_close_timeout=BATCH_TIMEOUT,

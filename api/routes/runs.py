@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
+from benchwright.compute import materialize_mode
 from benchwright.errors import Conflict, InvalidInput, NotFound, PaymentRequired, Unavailable
 from benchwright.events import TERMINAL_EVENT
 from benchwright.launch import resolve_launch
@@ -68,12 +69,14 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
     client = await state.temporal()
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
     run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
                                   driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
                                   limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
-                                  billing_markup=settings.billing_markup, backend=resolved.backend)
+                                  billing_markup=settings.billing_markup, backend=resolved.backend,
+                                  materialize_mode=mode)
     inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver, trials=resolved.trials,
-                   limits=resolved.limits,
+                   limits=resolved.limits, materialize_mode=mode, proxy_linger_s=settings.proxy_linger_s,
                    materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
                                                   batch_tasks=settings.materialize_batch_tasks,
                                                   parallel_batches=settings.materialize_parallel_batches))

@@ -53,23 +53,37 @@ class TrialRecord:
     cost_usd: float = 0.0
 
 
-def runner_env(workdir: Path) -> dict[str, str]:
+def runner_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The scorer's whole environment: nothing of the worker's (so no credentials) beyond a PATH."""
-    return {"PATH": os.defpath, "HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-            "LANG": "C.UTF-8"}
+    return {"PATH": os.defpath, "HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+            "LANG": "C.UTF-8", **(extra or {})}
 
 
-async def check_impl(*, impl_path: Path, workdir: Path, timeout_s: float = 60.0) -> None:
+Spawn = Callable[[list[str]], Awaitable[Any]]
+"""Starts ``python runner.py <args>`` where the scorer lives (a sandbox, or a plain directory) and returns a process
+handle shaped like ``asyncio.subprocess.Process`` (stdin/stdout/stderr pipes, ``wait``, ``kill``, ``returncode``).
+``task_impl.py`` and ``runner.py`` are in its working directory."""
+
+
+def subprocess_spawn(workdir: Path, env: dict[str, str] | None = None) -> Spawn:
+    """A ``Spawn`` for a plain subprocess in ``workdir`` (no isolation: only for tests of the runtime itself)."""
+
+    async def spawn(args: list[str]) -> Any:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, str(RUNNER), *args, cwd=str(workdir), env=env or runner_env(str(workdir)),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            limit=_LINE_LIMIT)
+
+    return spawn
+
+
+async def check_impl(*, spawn: Spawn, timeout_s: float = 60.0) -> None:
     """Load task_impl.py in a runner and return once it reports ready.
 
     Raises:
         ScorerLoadError: the file does not load or lacks the Scorer interface.
     """
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(RUNNER), "--impl", str(impl_path), "--check", cwd=str(workdir), env=runner_env(workdir),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        limit=_LINE_LIMIT,
-    )
+    proc = await spawn(["--impl", "task_impl.py", "--check"])
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
@@ -93,7 +107,7 @@ class TrialLimits:
     attempt_duration_s: float | None = None
 
 
-async def run_trials(*, impl_path: Path, workdir: Path, items: list[TrialItem], sut: SutClient, threads: int,
+async def run_trials(*, spawn: Spawn, items: list[TrialItem], sut: SutClient, threads: int,
                      on_record: Callable[[TrialRecord], Awaitable[None]],
                      limits: TrialLimits = TrialLimits()) -> None:
     """Run every item through the scorer; ``on_record`` gets one record per item, in completion order.
@@ -106,13 +120,8 @@ async def run_trials(*, impl_path: Path, workdir: Path, items: list[TrialItem], 
     """
     if not items:
         return
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(RUNNER), "--impl", str(impl_path), "--threads", str(threads),
-        *(["--report-starts"] if limits.attempt_duration_s is not None or limits.duration_s is not None else []),
-        cwd=str(workdir),
-        env=runner_env(workdir), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, limit=_LINE_LIMIT,
-    )
+    timed = limits.attempt_duration_s is not None or limits.duration_s is not None
+    proc = await spawn(["--impl", "task_impl.py", "--threads", str(threads), *(["--report-starts"] if timed else [])])
     session = _Session(proc, items, sut, on_record, limits)
     try:
         await session.run()

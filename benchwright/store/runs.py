@@ -35,7 +35,8 @@ from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
                trials_config: dict[str, Any], limits: dict[str, Any] | None = None,
-               billing_markup: float = 1.0, backend: str | None = None) -> Run:
+               billing_markup: float = 1.0, backend: str | None = None,
+               materialize_mode: str | None = None) -> Run:
     """Insert the run row and its RunLaunched event (seq 0) in one transaction."""
     run = Run(
         id=str(uuid.uuid4()),
@@ -48,6 +49,7 @@ def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver
         limits=limits,
         billing_markup=billing_markup,
         backend=backend,
+        materialize_mode=materialize_mode,
     )
     with session_scope(engine) as session:
         session.add(run)
@@ -225,3 +227,11 @@ def set_visibility(engine: Engine, *, run_id: str, account_id: str, visibility: 
         if run is None or run.account_id != account_id:
             raise NotFound(f"run {run_id} not found")
         run.visibility = visibility
+
+
+def record_isolation(engine: Engine, *, run_id: str, isolation: str) -> None:
+    """Record how the run's sandboxes were isolated (``namespaces``, or ``none`` where the operator opted in)."""
+    with session_scope(engine) as session:
+        run = session.get(Run, run_id)
+        if run is not None:
+            run.isolation = isolation

@@ -116,8 +116,8 @@ async def test_retried_activity_does_not_duplicate_events(stack: Stack) -> None:
                        and e.activity_task_started_event_attributes.attempt > 1]
             assert retried, f"the injected {phase} fault must have caused a retry"
             assert [e["seq"] for e in events] == list(range(len(events)))
-            counts = Counter((e["type"], e["data"].get("phase"), e["data"].get("index"), e["data"].get("trial"))
-                             for e in events)
+            counts = Counter((e["type"], e["data"].get("phase"), e["data"].get("index"), e["data"].get("trial"),
+                              e["data"].get("sandbox_id")) for e in events)
             assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
             final = (await http.get(f"/v1/runs/{run['id']}")).json()
             assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
