@@ -23,12 +23,14 @@ class AnalyzeActivities:
             workdir = self.deps.workdir(inp.run_id)
             fetched = json.loads((workdir / "fetch.json").read_text())
             analysis = await in_thread(analyze_dataset, source=workdir / fetched["path"], fmt=fetched["format"],
-                                       tasks_path=workdir / "tasks.jsonl")
+                                       tasks_path=workdir / "tasks.jsonl",
+                                       require_fields=inp.launch.task_impl is None)
             (workdir / "analysis.json").write_text(json.dumps(analysis.__dict__))
             scope.emit("narration", AgentTextEvent(
                 phase="analyze",
-                text=f"{analysis.rows} rows of {analysis.format}; input field '{analysis.input_field}', "
-                     f"reference field '{analysis.reference_field}'."))
+                text=f"{analysis.rows} rows of {analysis.format}; " + (
+                    f"input field '{analysis.input_field}', reference field '{analysis.reference_field}'."
+                    if analysis.input_field else "columns left to the launch's own scorer.")))
             scope.emit("artifact", AnalyzeArtifact(format=analysis.format, rows=analysis.rows, columns=analysis.columns,
                                                    input_field=analysis.input_field,
                                                    reference_field=analysis.reference_field))

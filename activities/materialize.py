@@ -110,17 +110,22 @@ class MaterializeActivities:
             by_task: dict[int, list[TrialItem]] = {}
             for item in items:
                 by_task.setdefault(item.index, []).append(item)
-            gate = asyncio.Semaphore(max(1, inp.concurrency))
+            # Task sandboxes in existence at once: each costs a namespace set-up and a process tree, so the
+            # machine's cores bound them rather than the run's model-call concurrency.
+            gate = asyncio.Semaphore(max(1, min(inp.concurrency, self.deps.settings.fanout_sandboxes)))
 
             async def one(index: int, trials: list[TrialItem]) -> None:
                 async with gate, sandbox(self.deps, run_id=inp.run_id, role="task",
                                          key=("materialize", inp.invocation, index),
                                          restore=snapshot_of(self.deps, inp.run_id, "atomize"),
-                                         internal_allowed=self._allowed_internal(inp)) as box:
+                                         internal_allowed=self._allowed_internal(inp),
+                                         metadata={"task_index": index}) as box:
                     await run_trials(spawn=box.spawn(self._scorer_env(inp, box), _limits(len(trials))),
                                      items=trials, sut=sut, threads=len(trials), on_record=on_record, limits=limits)
 
-            await asyncio.gather(*(one(i, t) for i, t in by_task.items()))
+            async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
+                for index, trials in by_task.items():
+                    group.create_task(one(index, trials))
 
         return execute
 

@@ -8,6 +8,7 @@ run's blocked-host log, and leaves a SandboxCreated / SandboxKilled pair in the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -20,7 +21,7 @@ from activities.common import Deps, in_thread
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
 from benchwright.proxy.policy import HostPolicy
-from benchwright.sandbox import ExecLimits, LocalBackend, SandboxInfo, proxy_env
+from benchwright.sandbox import ExecLimits, LocalBackend, SandboxError, SandboxInfo, proxy_env
 from benchwright.scoring.host import RUNNER, Spawn, runner_env
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.policy import get_policy, record_blocked
@@ -98,12 +99,15 @@ def latest_snapshot(deps: Deps, run_id: str, *, before: str) -> str | None:
 
 @asynccontextmanager
 async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...], restore: str | None,
-                  internal_allowed: frozenset[tuple[str, int]] = frozenset()) -> AsyncIterator[Sandbox]:
+                  internal_allowed: frozenset[tuple[str, int]] = frozenset(),
+                  metadata: dict[str, object] | None = None) -> AsyncIterator[Sandbox]:
     """A sandbox for the length of the block, with its egress proxy; killed (and its cost recorded) on the way out,
     whatever happens inside."""
     run = await in_thread(get_run, deps.engine, run_id=run_id)
+    operator_allowed = {(h, int(p)) for h, _, p in (e.rpartition(":") for e in deps.settings.egress_internal_allowed)}
     egress = EgressProxy(policy_provider=_PolicyCache(deps, run.account_id),
-                         recorder=_RunBlockedLog(deps, run_id, run.account_id), internal_allowed=internal_allowed)
+                         recorder=_RunBlockedLog(deps, run_id, run.account_id),
+                         internal_allowed=frozenset(internal_allowed | operator_allowed))
     await egress.start()
     backend = LocalBackend(deps.settings.sandboxes_dir(), allow_unisolated=deps.settings.allow_unisolated,
                            egress_proxy_url=egress.url)
@@ -115,23 +119,33 @@ async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...]
             event_key(run_id, *key, "sandbox", info.sandbox_id, "created"),
             SandboxCreated(sandbox_id=info.sandbox_id, role=role, backend=backend.name,
                            instance_size=info.instance_size, isolation=isolation,
-                           metadata={"benchwright_role": role, "isolation": isolation}))])
+                           metadata={**(metadata or {}), "benchwright_role": role, "isolation": isolation}))])
         if run.isolation != isolation:
             await in_thread(record_isolation, deps.engine, run_id=run_id, isolation=isolation)
         home = "/sandbox" if isolation == "namespaces" else str(info.root)
         yield Sandbox(backend=backend, info=info, home=home)
     finally:
-        try:
-            if info is not None:
+        # Shielded: a second cancellation (a task group tearing down siblings) must not leave a sandbox alive or
+        # its ledger entry open.
+        await asyncio.shield(_dispose(deps, backend, egress, info, run_id=run_id, role=role, key=key))
+
+
+async def _dispose(deps: Deps, backend: LocalBackend, egress: EgressProxy, info: SandboxInfo | None, *, run_id: str,
+                   role: str, key: tuple[object, ...]) -> None:
+    try:
+        if info is not None:
+            try:
                 lifetime = await backend.kill(info.sandbox_id)
-                cost = lifetime / 3600 * deps.settings.local_sandbox_usd_per_hour
-                await in_thread(append_events, deps.engine, run_id, [NewEvent.of(
-                    event_key(run_id, *key, "sandbox", info.sandbox_id, "killed"),
-                    SandboxKilled(sandbox_id=info.sandbox_id, role=role, duration_ms=int(lifetime * 1000),
-                                  cost_usd=cost))])
-        finally:
-            await backend.close()
-            await egress.stop()
+            except SandboxError:  # already gone (its init died): still close its ledger entry
+                lifetime = max(0.0, time.time() - info.created_at)
+            cost = lifetime / 3600 * deps.settings.local_sandbox_usd_per_hour
+            await in_thread(append_events, deps.engine, run_id, [NewEvent.of(
+                event_key(run_id, *key, "sandbox", info.sandbox_id, "killed"),
+                SandboxKilled(sandbox_id=info.sandbox_id, role=role, duration_ms=int(lifetime * 1000),
+                              cost_usd=cost))])
+    finally:
+        await backend.close()
+        await egress.stop()
 
 
 async def take_snapshot(deps: Deps, box: Sandbox, *, run_id: str, phase: str, invocation: int) -> str:

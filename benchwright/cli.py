@@ -157,13 +157,14 @@ def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {q
               port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 9000,
               host: str = "127.0.0.1",
               model_name: str = "dev",
+              api_key: Annotated[Optional[str], typer.Option(help="Demand this bearer key, like a real provider.")] = None,
               ready_file: Annotated[Optional[Path], typer.Option(help="Write {url, port} here once listening.")] = None,
               ) -> None:
     """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
     from benchwright.devmodel import DevModelConfig, load_answers, serve
 
     config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
-                            model_name=model_name)
+                            model_name=model_name, api_key=api_key)
     console.print(f"dev model (test double) on http://{host}:{port}/v1: {len(config.answers)} answers, "
                   f"accuracy {accuracy}, latency {latency_ms} ms")
     serve(config, host=host, port=port, ready_file=str(ready_file) if ready_file else None)

@@ -46,8 +46,8 @@ class Analysis:
     format: str
     rows: int
     columns: list[str]
-    input_field: str
-    reference_field: str
+    input_field: str | None
+    reference_field: str | None
 
 
 def is_url(source: str) -> bool:
@@ -176,11 +176,14 @@ def detect_fields(columns: list[str]) -> tuple[str, str]:
     raise DatasetError(f"cannot tell the input and reference columns among {columns}; expected one of: {names}")
 
 
-def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
+def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path, require_fields: bool = True) -> Analysis:
     """Detect columns and fields and write the normalized ``tasks.jsonl`` (streamed; memory stays flat).
 
+    ``require_fields`` is off when the launch brings its own scorer: it reads the rows itself, so the columns need
+    not follow a known naming (they are still detected when they do).
+
     Raises:
-        DatasetError: the dataset is empty, does not parse, or has no recognizable fields.
+        DatasetError: the dataset is empty, does not parse, or (when required) has no recognizable fields.
     """
     columns: dict[str, None] = {}
     rows = 0
@@ -195,7 +198,13 @@ def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
     if rows == 0:
         tmp.unlink(missing_ok=True)
         raise DatasetError("the dataset has no rows")
-    input_field, reference_field = detect_fields(list(columns))
+    try:
+        input_field, reference_field = detect_fields(list(columns))
+    except DatasetError:
+        if require_fields:
+            tmp.unlink(missing_ok=True)
+            raise
+        input_field = reference_field = None
     tmp.replace(tasks_path)
     return Analysis(format=fmt, rows=rows, columns=list(columns), input_field=input_field,
                     reference_field=reference_field)

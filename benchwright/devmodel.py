@@ -110,12 +110,15 @@ class DevModelConfig:
         accuracy: Fraction P in [0, 1] of questions answered correctly (hash-chosen per question).
         latency_ms: Non-blocking latency added to every chat-completions request, in milliseconds.
         model_name: Id listed by ``/v1/models``. Requests naming any model are answered anyway.
+        api_key: When set, chat completions demand ``Authorization: Bearer <api_key>`` and answer 401 otherwise,
+            like a real provider (so tests can tell who holds the real key).
     """
 
     answers: dict[str, str]
     accuracy: float = 1.0
     latency_ms: float = 0.0
     model_name: str = "dev"
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         # NaN fails both comparisons, so it is rejected too.
@@ -511,7 +514,13 @@ class _ChatCompletions:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        status, content_type, body = await self.respond(b"".join(chunks))
+        required = self.responder.config.api_key
+        if required is not None and dict(scope.get("headers") or []).get(b"authorization") != \
+                f"Bearer {required}".encode():
+            status, content_type, body = 401, _JSON_CONTENT_TYPE, _error_body("Incorrect API key provided.",
+                                                                              "invalid_api_key")
+        else:
+            status, content_type, body = await self.respond(b"".join(chunks))
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
         if content_type is _SSE_CONTENT_TYPE:
             headers.append((b"cache-control", b"no-cache"))

@@ -81,8 +81,8 @@ class AnalyzeArtifact(Event):
     format: str
     rows: int
     columns: list[str]
-    input_field: str
-    reference_field: str
+    input_field: str | None
+    reference_field: str | None
 
 
 class DatasetTasksArtifact(Event):

@@ -154,6 +154,8 @@ class RunView(BaseModel):
     limits: dict[str, Any] | None = None
     backend: str | None = None
     materialize_mode: str | None = None
+    isolation: str | None = None
+    """How the run's sandboxes were isolated: ``namespaces``, or ``none`` where the operator opted in."""
     cost: CostView
     tasks: TasksBlock
     error: str | None = None

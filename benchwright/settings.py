@@ -65,11 +65,16 @@ class Settings(BaseSettings):
     allow_unisolated: bool = False
     """Run sandboxes as plain directories and processes where the kernel forbids namespaces (recorded on the run
     as isolation 'none'). Off: such a host refuses to run scorers, with a clear error."""
+    egress_internal_allowed: list[str] = Field(default_factory=list)
+    """``host:port`` endpoints on internal addresses that sandboxes may reach through the egress proxy (an internal
+    package mirror, say). Every other loopback/private/link-local target is refused whatever an account allows."""
     local_sandbox_usd_per_hour: float = 0.0
     """The local backend's rate per sandbox-hour (the embedded stack's own machine costs nothing extra)."""
     local_materialize_mode: str = "sequential"
     """How Materialize runs on the local backend: ``sequential`` (in the work sandbox) or ``fanout`` (a task
     sandbox per task). An infrastructure setting of the deployment; the scorer never chooses (§4)."""
+    fanout_sandboxes: int = 8
+    """Task sandboxes alive at once during a fanout Materialize on the local backend."""
     proxy_linger_s: float = 30.0
     """How long a run's model proxy stays up after the run ends (metered as cost.proxy_linger)."""
     proxy_usd_per_hour: float = 0.0

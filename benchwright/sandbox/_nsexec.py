@@ -6,8 +6,11 @@ and starts in ~40 ms), all up front, so it keeps working after ``pivot_root`` (t
 mounted at the same path inside the sandbox anyway). Its config is a root-only marshal file it deletes on reading.
 
 ``init`` (one per sandbox, runs as root on the host):
-    1. ``unshare(NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS)``, then fork: the child is PID 1 of the sandbox's PID namespace
-       (the "init"); the parent stays outside as its supervisor (it reaps the init and dies with nothing left).
+    1. ``unshare(NEWPID)``, then fork: the child is PID 1 of the sandbox's PID namespace (the "init"); the parent
+       stays outside as its supervisor (it records the init's PID, reaps the init and dies with nothing left).
+       The child then ``unshare(NEWNS|NEWNET|NEWIPC|NEWUTS)``s for itself: the supervisor must stay in the host's
+       mount namespace, because ``pivot_root`` re-roots *every* process of the namespace it runs in, and a
+       supervisor sharing it would lose the host paths (``ctl/pids.json``) mid-write when the init got there first.
     2. The init makes every mount private, builds a new root on a tmpfs out of read-only bind mounts of a whitelist
        (``/usr``, ``/bin``, ``/lib*``, the Python prefixes, a few ``/etc`` files), a private ``/dev``, a fresh
        ``/proc`` for the new PID namespace, a private ``/tmp`` tmpfs and the sandbox's ``work/`` at ``/sandbox``,
@@ -315,16 +318,26 @@ def cmd_init(cfg: dict[str, Any]) -> int:
     _load_init_modules()
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        # NEWPID only: it applies to the children, while the other namespaces would apply to this supervisor
+        # itself. Above all it must not share the init's mount namespace (see the module docstring).
+        unshare(CLONE_NEWPID)
     except OSError as exc:
-        print(_dumps({"ok": False, "step": "unshare", "error": str(exc)}), flush=True)
+        print(_dumps({"ok": False, "step": "unshare", "error": str(exc), "errno": exc.errno}), flush=True)
         return 1
     rfd, wfd = os.pipe()
+    lifeline_r, lifeline_w = os.pipe()  # only the supervisor holds the write end: EOF once it is gone
     pid = os.fork()
     if pid == 0:
         os.close(rfd)
+        os.close(lifeline_w)
+        step = "unshare"
         try:
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the supervisor gone means the sandbox is gone
+            # The supervisor gone means the sandbox is gone, even if it was killed (the backend's start timeout)
+            # before this prctl: then the lifeline is already at EOF and the init exits here.
+            _arm_pdeathsig(lifeline_r)
+            os.close(lifeline_r)
+            unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+            step = "mount setup"
             os.setsid()
             null = os.open("/dev/null", os.O_RDONLY)
             os.dup2(null, 0)
@@ -332,7 +345,8 @@ def cmd_init(cfg: dict[str, Any]) -> int:
             os.dup2(log_fd, 2)
             _setup_root(cfg)
         except BaseException as exc:  # noqa: BLE001 - every setup failure is reported, with the step that failed
-            os.write(wfd, _dumps({"ok": False, "step": "mount setup", "error": str(exc)}).encode())
+            os.write(wfd, _dumps({"ok": False, "step": step, "error": str(exc),
+                                  "errno": getattr(exc, "errno", None)}).encode())
             os._exit(1)
         os.write(wfd, _dumps({"ok": True}).encode())
         os.close(wfd)
@@ -346,13 +360,20 @@ def cmd_init(cfg: dict[str, Any]) -> int:
             except InterruptedError:
                 pass
     os.close(wfd)
+    os.close(lifeline_r)  # lifeline_w stays open (and unused) for as long as this supervisor lives
     # Written before anything else can go wrong, so a reaper finds the sandbox even if its creator died mid-create.
     pids = {"init_pid": pid, "init_start": proc_starttime(pid), "supervisor_pid": os.getpid(),
             "supervisor_start": proc_starttime(os.getpid())}
     tmp = cfg["pidfile"] + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(pids, fh)
-    os.replace(tmp, cfg["pidfile"])
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(pids, fh)
+        os.replace(tmp, cfg["pidfile"])
+    except OSError as exc:  # e.g. a full disk: no sandbox that a reaper could not find
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print(_dumps({"ok": False, "step": "record pids", "error": str(exc), "errno": exc.errno}), flush=True)
+        return 1
     chunks = []
     while chunk := os.read(rfd, 65536):
         chunks.append(chunk)

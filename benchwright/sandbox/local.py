@@ -7,7 +7,9 @@ Mechanism: our own helper script (``_nsexec.py``, standard library + ``ctypes`` 
 the order the kernel needs (join the cgroup before dropping root, set PDEATHSIG after ``setuid``, open host-side
 files before entering the sandbox), reports errors with the step that failed, and needs no binaries in the sandbox.
 It requires root (``CAP_SYS_ADMIN``) on the host, which the worker has; without it ``create`` raises
-:class:`IsolationUnavailable` (unless ``allow_unisolated``).
+:class:`IsolationUnavailable` (unless ``allow_unisolated``). Only a refusal by the kernel (EPERM, EINVAL, ENOSYS...
+from ``unshare`` or the mount setup) counts as that; any other failed start (a resource limit, a helper that
+crashed or timed out under load) raises :class:`SandboxError` with the cause and never triggers the fallback.
 
 Per sandbox (``root_dir/sandboxes/<id>/``: ``work/``, ``rootfs/``, ``ctl/``, ``meta.json``):
 
@@ -63,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -112,6 +115,13 @@ _ETC_WHITELIST = ("alternatives", "ca-certificates", "ca-certificates.conf", "de
                   "host.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "mime.types",
                   "nsswitch.conf", "os-release", "protocols", "services", "ssl", "timezone")
 _SNAPSHOT_FORMAT = "benchwright-snapshot/1"
+# What the kernel answers when this host cannot give us a namespace or a mount at all (no privilege, a seccomp or
+# LSM policy, a kernel built without it, a root that cannot be pivoted): only these make a failed start mean
+# "isolation is unavailable here". Everything else (ENOSPC from the namespace limits, ENOMEM, a vanished path, a
+# helper that crashed or timed out under load) is a failure of this one sandbox, not a property of the host.
+_CAPABILITY_STEPS = frozenset({"unshare", "mount setup"})
+_CAPABILITY_ERRNOS = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS, errno.ENODEV,
+                                errno.EOPNOTSUPP})
 
 
 # ------------------------------------------------------------------------------------------------- small helpers ---
@@ -142,6 +152,18 @@ def _id_map_covers(path: Path, lo: int, hi: int) -> bool:
         if inside <= lo and hi <= inside + count:
             return True
     return False
+
+
+def _is_capability_failure(report: Mapping[str, Any]) -> bool:
+    """Whether a failed init report means this host cannot isolate (vs. this one sandbox failing to start)."""
+    return report.get("step") in _CAPABILITY_STEPS and report.get("errno") in _CAPABILITY_ERRNOS
+
+
+def _failure_detail(report: Mapping[str, Any]) -> str:
+    detail = f"{report.get('step', 'setup')} failed: {report.get('error', 'unknown error')}"
+    if report.get("errno") == errno.ENOSPC and report.get("step") == "unshare":
+        detail += " (too many namespaces on this host: see /proc/sys/user/max_*_namespaces)"
+    return detail
 
 
 def _alive(pid: int | None, start: int | None) -> bool:
@@ -277,10 +299,12 @@ class _Cgroups:
         try:
             if self.v2 is not None:
                 parent = self.v2 / f"benchwright-{sandbox_id}"
-                if not parent.exists():
-                    parent.mkdir(exist_ok=True)
-                    (parent / "cgroup.subtree_control").write_text(
-                        " ".join(f"+{c}" for c in sorted(self.v2_controllers)))
+                parent.mkdir(exist_ok=True)
+                # Checked every time, not only by whoever made the directory: a concurrent exec of the same
+                # sandbox may see it before its creator has enabled the controllers.
+                subtree = parent / "cgroup.subtree_control"
+                if not self.v2_controllers <= set(subtree.read_text().split()):
+                    subtree.write_text(" ".join(f"+{c}" for c in sorted(self.v2_controllers)))
                 d = parent / leaf
                 d.mkdir()
                 made.append(d)
@@ -995,7 +1019,8 @@ class LocalBackend:
         Raises:
             ValueError: unknown role.
             IsolationUnavailable: namespaces cannot be used and ``allow_unisolated`` is False.
-            SandboxError: the snapshot is unknown/damaged or the sandbox could not be started.
+            SandboxError: the snapshot is unknown/damaged or the sandbox could not be started (for any reason
+                other than the host refusing namespaces; the message names it).
         """
         if role not in ROLES:
             raise ValueError(f"unknown sandbox role {role!r}; expected one of {', '.join(ROLES)}")
@@ -1022,7 +1047,11 @@ class LocalBackend:
                 report = await asyncio.to_thread(self._start_init, meta)
                 if not report.get("ok"):
                     await asyncio.to_thread(self._destroy, meta)
-                    detail = f"{report.get('step', 'setup')} failed: {report.get('error', 'unknown error')}"
+                    detail = _failure_detail(report)
+                    if not _is_capability_failure(report):
+                        # A failure of this sandbox (load, resources, a crash): neither "unavailable on this
+                        # host" nor a reason to silently drop isolation for every later sandbox.
+                        raise SandboxError(f"cannot create sandbox {sandbox_id}: {detail}")
                     if not self.allow_unisolated or self._forced:
                         raise self._unavailable(detail)
                     self._fall_back(detail)
@@ -1037,6 +1066,12 @@ class LocalBackend:
                 raise SandboxError(f"cannot create sandbox {sandbox_id}: {exc}") from exc
             raise
         return self._info(meta)
+
+    def _reap_supervisors(self) -> None:
+        """Collect the exit status of supervisors whose sandbox ended (e.g. killed through another instance)."""
+        for sandbox_id, sup in list(self._supervisors.items()):
+            if sup.poll() is not None:
+                self._supervisors.pop(sandbox_id, None)
 
     def _fall_back(self, reason: str) -> None:
         if self._isolation != "none":
@@ -1083,12 +1118,16 @@ class LocalBackend:
                "egress_port": EGRESS_PORT if relay else None}
         cfg_path = d / "ctl" / f"init-{secrets.token_hex(4)}.cfg"
         _write_config(cfg_path, cfg)
+        self._reap_supervisors()
         with open(d / "ctl" / "init.log", "ab") as log_fh:
             proc = subprocess.Popen(
                 [sys.executable, "-E", "-s", "-S", str(HELPER), "init", str(cfg_path)], stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=log_fh, env={}, start_new_session=True, close_fds=True)
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT_S)
+        # poll, not select: a busy worker can hold more than FD_SETSIZE (1024) descriptors.
+        poller = select.poll()
+        poller.register(proc.stdout, select.POLLIN)
+        ready = poller.poll(int(_START_TIMEOUT_S * 1000))
         line = proc.stdout.readline() if ready else b""
         proc.stdout.close()
         try:
@@ -1099,7 +1138,9 @@ class LocalBackend:
             proc.kill()
             proc.wait()
             tail = (d / "ctl" / "init.log").read_text(errors="replace")[-800:].strip()
-            return {"ok": False, "step": "start", "error": tail or "the sandbox init did not report"}
+            why = (f"the sandbox init did not report within {_START_TIMEOUT_S:.0f} s" if not ready
+                   else f"the sandbox init exited with status {proc.returncode} without reporting")
+            return {"ok": False, "step": "start", "error": f"{why}: {tail}" if tail else why}
         for key in ("init_pid", "init_start", "supervisor_pid", "supervisor_start"):
             setattr(meta, key, report.get(key))
         if not report.get("ok"):
@@ -1395,6 +1436,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         """Stop the egress relay and forget child handles. Sandboxes stay alive (``kill``/``reap`` end them)."""
+        self._reap_supervisors()
         if self._egress is not None:
             self._egress.close()
             self._egress = None

@@ -115,7 +115,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
         display_status=display_status(status=run.status, halted=run.halted, halt_reason=run.halt_reason),
         model=run.model, driver=run.driver, phase=run.phase, visibility=run.visibility,  # type: ignore[arg-type]
         metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, limits=run.limits,
-        backend=run.backend, materialize_mode=run.materialize_mode, cost=cost,
+        backend=run.backend, materialize_mode=run.materialize_mode, isolation=run.isolation, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
     )
 

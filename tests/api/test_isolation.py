@@ -1,0 +1,335 @@
+"""Sandboxes, the model proxy and the host policy through real launches (§4, §11): a hostile scorer gets nowhere,
+the real key lives only in the LiteLLM proxy, egress obeys the account's policy, fanout equals sequential, and
+snapshots restore the same filesystem."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from benchwright.devmodel import DevModelConfig, load_answers
+from benchwright.devstack import free_port
+from benchwright.proxy.model_proxy import load_handle
+from benchwright.sandbox import LocalBackend
+from tests.api.helpers import launch, wait_terminal
+from tests.api.test_scale import _live_sandboxes
+from tests.conftest import SAMPLE, DevModels, Stack, serve_app
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+DATASET = str(SAMPLE / "arithmetic.jsonl")
+REAL_KEY = "sk-real-provider-key-" + "7" * 24
+
+HOSTILE_IMPL = r'''
+import glob, json, os, socket, subprocess, sys, time, urllib.request
+
+REAL_KEY = "".join(reversed(%(reversed_key)r))  # not spelled out, so the launch body does not carry it
+DATA_DIR = %(data_dir)r
+HOST_PORTS = %(host_ports)r
+TEST_SECRET = %(test_secret)r
+
+
+def _env_leak():
+    seen = json.dumps(dict(os.environ))
+    for path in glob.glob("/proc/*/environ"):
+        try:
+            seen += open(path, "rb").read().decode(errors="replace")
+        except OSError:
+            pass
+    return REAL_KEY in seen or TEST_SECRET in seen
+
+
+def _read_host_files():
+    got = []
+    for path in [os.path.join(DATA_DIR, "benchwright.db"), "/root/.bashrc", "/etc/shadow",
+                 os.path.join(DATA_DIR, "runs")]:
+        try:
+            if os.path.isdir(path):
+                got.append(path + ":" + ",".join(os.listdir(path)))
+            else:
+                open(path, "rb").read(16)
+                got.append(path)
+        except OSError:
+            pass
+    return got
+
+
+def _connect_direct():
+    reached = []
+    for port in HOST_PORTS:
+        s = socket.socket()
+        s.settimeout(1)
+        try:
+            s.connect(("127.0.0.1", port))
+            reached.append(port)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return reached
+
+
+def _fork_bomb():
+    import signal
+    bomb = subprocess.Popen([sys.executable, "-c", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"],
+                            start_new_session=True)
+    time.sleep(2)
+    contained = bomb.poll() is None  # still running, still contained: it did not take the sandbox (or host) down
+    for _ in range(50):  # then defuse it, so the rest of the suite does not share two cores with it
+        try:
+            os.killpg(bomb.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    return contained
+
+
+def _memory():
+    grab = "chunks = []\nfor _ in range(96):\n    chunks.append(bytearray(b'x' * (64 << 20)))\nprint(len(chunks))"
+    proc = subprocess.run([sys.executable, "-c", grab], capture_output=True)  # 6 GiB, every page touched
+    return proc.returncode != 0
+
+
+def _print_gigabytes():
+    chunk = "x" * (1 << 20)
+    for _ in range(1024):
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+    return True
+
+
+def _proxy_keys():
+    base, fake = os.environ.get("OPENAI_BASE_URL"), os.environ.get("OPENAI_API_KEY")
+    if not base or fake == REAL_KEY:
+        return "no proxy or real key in env"
+    body = json.dumps({"model": %(model)r, "messages": [{"role": "user", "content": %(question)r}]}).encode()
+    out = []
+    for key in (fake, "sk-guessed", REAL_KEY):
+        req = urllib.request.Request(base + "/chat/completions", data=body, headers={
+            "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+        try:
+            out.append(urllib.request.urlopen(req, timeout=30).status)
+        except urllib.error.HTTPError as exc:
+            out.append(exc.code)
+        except Exception as exc:
+            out.append(type(exc).__name__)
+    return out
+
+
+class Scorer:
+    def extract(self, row):
+        return row["question"]
+
+    def solve(self, row, call_sut):
+        probe = row["probe"]
+        if probe == "sut":
+            return call_sut(self.extract(row))
+        result = {
+            "env": _env_leak, "files": _read_host_files, "sockets": _connect_direct, "fork": _fork_bomb,
+            "memory": _memory, "print": _print_gigabytes, "proxy": _proxy_keys,
+        }[probe]()
+        return json.dumps(result)
+
+    def score(self, row, response):
+        return 1.0 if response.strip() == row["answer"] else 0.0
+'''
+
+
+async def _poll_events_for(http: httpx.AsyncClient, run_id: str, event_type: str, timeout_s: float = 60) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        events = (await http.get(f"/v1/runs/{run_id}/events", params={"limit": 5000})).json()["events"]
+        found = [e for e in events if e["type"] == event_type]
+        if found:
+            return found[0]
+        assert asyncio.get_running_loop().time() < deadline, f"no {event_type}"
+        await asyncio.sleep(0.1)
+
+
+async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_proxy(
+        stack: Stack, dev_models: DevModels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    test_secret = "worker-only-secret-" + "9" * 16
+    monkeypatch.setenv("BENCHWRIGHT_TEST_SECRET", test_secret)  # in the worker's (this process's) environment
+    answers = load_answers(SAMPLE / "arithmetic.jsonl")
+    keyed_url = await dev_models.start(DevModelConfig(answers=answers, api_key=REAL_KEY))
+    question = next(iter(answers))
+    api_port = int(stack.api_url.rsplit(":", 1)[1])
+    model_port = int(keyed_url.split(":")[2].split("/")[0])
+    impl = HOSTILE_IMPL % {"reversed_key": REAL_KEY[::-1], "data_dir": str(stack.data_dir), "test_secret": test_secret,
+                           "host_ports": [api_port, model_port, 5432], "model": "openai/dev", "question": question}
+    expect = {"sut": answers[question], "env": "false", "files": "[]", "sockets": "[]", "fork": "true",
+              "memory": "true", "print": "true", "proxy": "[200, 400, 400]"}
+    dataset = tmp_path / "hostile.jsonl"
+    dataset.write_text("".join(json.dumps({"probe": p, "question": question, "answer": a}) + "\n"
+                               for p, a in expect.items()))
+    async with stack.http() as http:
+        made = await http.post("/v1/secrets", json={"name": "DEVKEY", "value": REAL_KEY})
+        assert made.status_code == 201
+        run = await launch(http, {"dataset": str(dataset), "task_impl": impl,
+                                  "model": {"identifier": "openai/dev", "api_base": keyed_url, "secret": "DEVKEY",
+                                            "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}})
+        await _poll_events_for(http, run["id"], "PhaseStarted")
+        handle = None
+        while handle is None:  # the proxy's pid, to look at its environment while it runs
+            handle = load_handle(stack.data_dir / "runs" / run["id"])
+            await asyncio.sleep(0.05)
+        proxy_env = Path(f"/proc/{handle.pid}/environ").read_bytes()
+        events = await wait_terminal(http, run["id"])
+        tasks = (await http.get(f"/v1/runs/{run['id']}/tasks")).json()["tasks"]
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+        await stack.client.get_workflow_handle(run["id"]).result()  # after the proxy's linger
+        after = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
+
+    assert REAL_KEY.encode() in proxy_env, "the proxy holds the real key"
+    assert REAL_KEY.encode() not in Path("/proc/self/environ").read_bytes(), "the worker does not"
+    by_probe = {json.loads(line)["probe"]: t for line, t in zip(dataset.read_text().splitlines(), tasks)}
+    outputs = {probe: (t["outcome"], t["output"]) for probe, t in by_probe.items()}
+    assert all(t["outcome"] == "pass" for t in tasks), outputs
+    assert final["status"] == "ok" and final["isolation"] == "namespaces"
+    assert final["cost"]["model"] > 0, "the proxy's reported cost is cost.model"
+    logged = json.dumps(after)
+    assert REAL_KEY not in logged and handle.fake_key not in logged, "no key in any event"
+    proxy_sandbox = [e["data"] for e in after if e["type"].startswith("Sandbox") and e["data"]["role"] == "proxy"]
+    assert [e["sandbox_id"] for e in proxy_sandbox] == [f"proxy-{handle.pid}"] * 2
+    assert any(e["type"] == "ProxyLingerMetered" for e in after)
+    assert not Path(f"/proc/{handle.pid}").exists() or b"Z" in Path(f"/proc/{handle.pid}/stat").read_bytes()
+    assert _live_sandboxes(stack, run["id"]) == []
+    roles = Counter(e["data"]["role"] for e in events if e["type"] == "SandboxCreated")
+    assert roles["work"] >= 4 and roles["proxy"] == 1
+    async with stack.http() as http:
+        assert (await http.delete("/v1/secrets/DEVKEY")).status_code == 204
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def origin() -> AsyncIterator[int]:
+    app = Starlette(routes=[Route("/{path:path}", lambda _: PlainTextResponse("origin says hello"))])
+    port = free_port()
+    server, task = await serve_app(app, port)
+    yield port
+    server.should_exit = True
+    await task
+
+
+POLICY_IMPL = r'''
+import json, urllib.request
+
+class Scorer:
+    def extract(self, row):
+        return row["url"]
+
+    def solve(self, row, call_sut):
+        try:
+            with urllib.request.urlopen(row["url"], timeout=10) as resp:
+                return "reached: " + resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return "refused %%d %%s" %% (exc.code, exc.headers.get("X-Benchwright-Blocked"))
+        except Exception as exc:
+            return "failed " + type(exc).__name__
+
+    def score(self, row, response):
+        return 1.0 if response.startswith(row["expect"]) else 0.0
+'''
+
+
+async def test_host_policy_allows_blocks_and_logs_every_refusal(stack: Stack, origin: int, tmp_path: Path) -> None:
+    stack.settings.egress_internal_allowed.append(f"127.0.0.1:{origin}")  # an operator-allowed internal mirror
+    rows = [{"url": f"http://localhost:{origin}/hello", "expect": "reached: origin says hello", "answer": "x"},
+            {"url": f"http://127.0.0.1:{origin}/hello", "expect": "refused 403 127.0.0.1", "answer": "x"},
+            {"url": "http://blocked.example/", "expect": "refused 403 blocked.example", "answer": "x"}]
+    dataset = tmp_path / "urls.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    body = {"dataset": str(dataset), "task_impl": POLICY_IMPL % (),
+            "model": {"identifier": "openai/dev", "api_base": stack.dev_url}}
+    try:
+        async with stack.http(stack.other_key) as http:
+            assert (await http.put("/v1/host-policy/default", json={"default": "block"})).status_code == 200
+            assert (await http.post("/v1/host-policy/rules", json={"pattern": "localhost", "action": "allow"})
+                    ).status_code == 201
+            first = await launch(http, body)
+            await wait_terminal(http, first["id"])
+            tasks = (await http.get(f"/v1/runs/{first['id']}/tasks")).json()["tasks"]
+            assert [t["outcome"] for t in tasks] == ["pass", "pass", "pass"], [t["output"] for t in tasks]
+            once = (await http.get(f"/v1/runs/{first['id']}/blocked-hosts")).json()["hosts"]
+            second = await launch(http, body)
+            await wait_terminal(http, second["id"])
+            total = (await http.get("/v1/blocked-hosts")).json()["hosts"]
+    finally:
+        stack.settings.egress_internal_allowed.remove(f"127.0.0.1:{origin}")
+        async with stack.http(stack.other_key) as http:
+            await http.put("/v1/host-policy/default", json={"default": "allow"})
+            await http.delete("/v1/host-policy/rules/localhost")
+    assert {h["host"]: h["seen_count"] for h in once} == {"127.0.0.1": 1, "blocked.example": 1}
+    assert {h["host"]: h["seen_count"] for h in total} == {"127.0.0.1": 2, "blocked.example": 2}
+    assert all(h["last_seen"] >= h["first_seen"] for h in total)
+
+
+async def test_requirements_install_through_the_policy(stack: Stack) -> None:
+    async with stack.http(stack.other_key) as http:
+        await http.put("/v1/host-policy/default", json={"default": "block"})
+        try:
+            run = await launch(http, {"dataset": DATASET, "requirements": ["six==1.16.0"],
+                                      "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+            events = await wait_terminal(http, run["id"])
+            hosts = (await http.get(f"/v1/runs/{run['id']}/blocked-hosts")).json()["hosts"]
+        finally:
+            await http.put("/v1/host-policy/default", json={"default": "allow"})
+    failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+    assert failed and failed[0]["phase"] == "setup" and failed[0]["error_type"] == "RequirementsFailed"
+    assert "six==1.16.0" in failed[0]["detail"]
+    assert hosts and all(h["seen_count"] >= 1 for h in hosts), "pip's index host landed in the blocked-host log"
+
+
+async def test_fanout_and_sequential_score_the_same(stack: Stack, dev_models: DevModels) -> None:
+    url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl"), accuracy=0.6))
+    body = {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": url}}
+    async with stack.http() as http:
+        sequential = await launch(http, body)
+        stack.settings.local_materialize_mode = "fanout"
+        try:
+            fanout = await launch(http, body)
+        finally:
+            stack.settings.local_materialize_mode = "sequential"
+        seq_events = await wait_terminal(http, sequential["id"])
+        fan_events = await wait_terminal(http, fanout["id"])
+        seq_tasks = (await http.get(f"/v1/runs/{sequential['id']}/tasks")).json()["tasks"]
+        fan_tasks = (await http.get(f"/v1/runs/{fanout['id']}/tasks")).json()["tasks"]
+        modes = [(await http.get(f"/v1/runs/{r['id']}")).json()["materialize_mode"] for r in (sequential, fanout)]
+    assert modes == ["sequential", "fanout"]
+    assert [(t["index"], t["score"]) for t in seq_tasks] == [(t["index"], t["score"]) for t in fan_tasks]
+    assert 0 < sum(t["score"] for t in seq_tasks) < 60
+    created = {e["data"]["sandbox_id"]: e["data"]["metadata"]["task_index"]
+               for e in fan_events if e["type"] == "SandboxCreated" and e["data"]["role"] == "task"}
+    killed = [e["data"]["sandbox_id"] for e in fan_events if e["type"] == "SandboxKilled" and e["data"]["role"] == "task"]
+    assert sorted(created.values()) == list(range(60)) or set(created.values()) == set(range(60)), \
+        "every task ran in a task sandbox of its own (a retried batch may give a task a second one)"
+    assert sorted(created) == sorted(killed), "every task sandbox was killed"
+    assert not any(e["type"] == "SandboxCreated" and e["data"]["role"] == "task" for e in seq_events)
+
+
+async def test_snapshots_restore_the_same_filesystem(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        events = await wait_terminal(http, run["id"])
+    snaps = {e["data"]["phase"]: e["data"]["snapshot_id"] for e in events if e["type"] == "SnapshotCreated"}
+    assert set(snaps) == {"fetch", "setup", "atomize"}
+    impl = (stack.data_dir / "runs" / run["id"] / "work" / "task_impl.py").read_bytes()
+    backend = LocalBackend(stack.settings.sandboxes_dir())  # a fresh backend: everything it needs is on disk
+    info = await backend.create(role="work", run_id="restore-check", snapshot_id=snaps["atomize"])
+    try:
+        assert await backend.read_file(info.sandbox_id, "task_impl.py") == impl
+        assert await backend.read_file(info.sandbox_id, "dataset.jsonl") == (SAMPLE / "arithmetic.jsonl").read_bytes()
+        again = await backend.snapshot(info.sandbox_id, label="same content")
+        assert again == snaps["atomize"], "identical content, identical content-addressed snapshot"
+    finally:
+        await backend.kill(info.sandbox_id)
+        await backend.close()
