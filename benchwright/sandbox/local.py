@@ -1138,7 +1138,7 @@ class LocalBackend:
             proc.kill()
             proc.wait()
             tail = (d / "ctl" / "init.log").read_text(errors="replace")[-800:].strip()
-            why = (f"the sandbox init did not report within {_START_TIMEOUT_S:.0f} s" if not ready
+            why = (f"the sandbox init did not report within {_START_TIMEOUT_S:g} s" if not ready
                    else f"the sandbox init exited with status {proc.returncode} without reporting")
             return {"ok": False, "step": "start", "error": f"{why}: {tail}" if tail else why}
         for key in ("init_pid", "init_start", "supervisor_pid", "supervisor_start"):

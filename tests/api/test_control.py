@@ -313,3 +313,34 @@ async def test_paused_and_waiting_runs_survive_a_killed_worker(stack: Stack, slo
             worker.wait(30)
         server.should_exit = True
         await task
+
+
+async def test_billed_sandbox_time_debits_the_balance_and_halts_at_zero(stack: Stack) -> None:
+    """Sandbox time is the platform portion: billed with the markup, debited from the balance by the cost trigger;
+    an account that hits zero halts its run with balance_exhausted (not resumable), and cannot launch again."""
+    from benchwright.store.accounts import create_account, get_account
+    from benchwright.store.db import make_engine
+
+    engine = make_engine(stack.settings.resolved_database_url())
+    account, key = create_account(engine, name=f"thin-{uuid.uuid4().hex[:6]}", balance_usd=0.05)
+    stack.settings.local_sandbox_usd_per_hour = 3600.0  # $1 per sandbox-second
+    try:
+        async with stack.http(key) as http:
+            run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
+                                                                     "api_base": stack.dev_url}})
+            events = await wait_terminal(http, run["id"])
+            final = (await http.get(f"/v1/runs/{run['id']}")).json()
+            refused = await http.post(f"/v1/runs/{run['id']}/resume")
+            again = await http.post("/v1/runs", json={"dataset": DATASET, "model": "openai/dev"})
+            shown = (await http.get("/v1/account")).json()
+    finally:
+        stack.settings.local_sandbox_usd_per_hour = 0.0
+    assert final["halt_reason"] == "balance_exhausted" and final["display_status"] == "halted"
+    killed = [e["data"] for e in events if e["type"] == "SandboxKilled"]
+    assert killed and final["cost"]["sandbox"] == pytest.approx(sum(k["cost_usd"] for k in killed))
+    assert final["cost"]["billed"] == pytest.approx(final["cost"]["sandbox"] * stack.settings.billing_markup)
+    balance = get_account(engine, account_id=account.id).balance_usd
+    assert balance == pytest.approx(0.05 - final["cost"]["billed"]) and balance <= 0
+    assert shown["balance_usd"] == pytest.approx(balance)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] in ("not_paused", "already_finished")
+    assert again.status_code == 402 and again.json()["error"]["code"] == "balance_exhausted"

@@ -120,7 +120,21 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         assert dev2["api_key"] == dev["api_key"]
         with Client(dev2["api_url"], dev2["api_key"]) as client:
             assert client.run(run_id)["status"] == "ok"
-            assert client.events(run_id)["events"][-1]["type"] == "PipelineFinished"
+            events = client.events(run_id)["events"]
+            assert events[-1]["type"] == "PipelineFinished"
+        # ... and so do its work-sandbox snapshots: the post-Atomize one restores the same scorer.
+        from benchwright.sandbox import LocalBackend
+
+        snapshot = next(e["data"]["snapshot_id"] for e in events
+                        if e["type"] == "SnapshotCreated" and e["data"]["phase"] == "atomize")
+        backend = LocalBackend(data_dir / "sandboxes")
+        box = await backend.create(role="work", run_id="after-restart", snapshot_id=snapshot)
+        try:
+            restored = await backend.read_file(box.sandbox_id, "task_impl.py")
+        finally:
+            await backend.kill(box.sandbox_id)
+            await backend.close()
+        assert restored == (data_dir / "runs" / run_id / "work" / "task_impl.py").read_bytes()
         from temporalio.client import Client as TemporalClient
 
         temporal = await TemporalClient.connect(dev2["temporal_address"])

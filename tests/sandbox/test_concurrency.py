@@ -133,21 +133,24 @@ async def test_many_backends_create_concurrently(shared_root: tuple[Path, str], 
     """40 sandboxes created at once, each from its own backend on one root, restoring one snapshot, with egress."""
     root, snap = shared_root
     backends = [LocalBackend(root, egress_proxy_url=egress_listener) for _ in range(N_SANDBOXES)]
-    created = await asyncio.gather(*(b.create(role="task", run_id=f"run-{i}", snapshot_id=snap)
-                                     for i, b in enumerate(backends)), return_exceptions=True)
-    failures = _failures(created)
-    assert not failures, f"{len(failures)}/{N_SANDBOXES} creates failed; first: {failures[0]}"
-    infos: list[SandboxInfo] = created  # type: ignore[assignment]
-    assert len({i.sandbox_id for i in infos}) == N_SANDBOXES
-    alive = {i.sandbox_id for i in await backends[0].list_alive()}
-    assert alive == {i.sandbox_id for i in infos}  # visible from any instance
-    used = await asyncio.gather(*(_use(b, i) for b, i in zip(backends, infos, strict=True)), return_exceptions=True)
-    assert not _failures(used), _failures(used)[0]
-    await asyncio.gather(*(b.kill(i.sandbox_id) for b, i in zip(backends, infos, strict=True)))
-    relay_sockets = [b._egress.socket_path for b in backends if b._egress is not None]
-    assert len(relay_sockets) == N_SANDBOXES
-    for b in backends:
-        await b.close()
+    try:
+        created = await asyncio.gather(*(b.create(role="task", run_id=f"run-{i}", snapshot_id=snap)
+                                         for i, b in enumerate(backends)), return_exceptions=True)
+        failures = _failures(created)
+        assert not failures, f"{len(failures)}/{N_SANDBOXES} creates failed; first: {failures[0]}"
+        infos: list[SandboxInfo] = created  # type: ignore[assignment]
+        assert len({i.sandbox_id for i in infos}) == N_SANDBOXES
+        alive = {i.sandbox_id for i in await backends[0].list_alive()}
+        assert alive == {i.sandbox_id for i in infos}  # visible from any instance
+        used = await asyncio.gather(*(_use(b, i) for b, i in zip(backends, infos, strict=True)),
+                                    return_exceptions=True)
+        assert not _failures(used), _failures(used)[0]
+        await asyncio.gather(*(b.kill(i.sandbox_id) for b, i in zip(backends, infos, strict=True)))
+        relay_sockets = [b._egress.socket_path for b in backends if b._egress is not None]
+        assert len(relay_sockets) == N_SANDBOXES
+    finally:
+        for b in backends:
+            await b.close()
     assert await backends[0].list_alive() == []
     _assert_gone(backends[0], infos)
     assert not [p for p in relay_sockets if p.parent.exists()], "egress relay directories left behind"
@@ -172,23 +175,26 @@ async def test_kills_while_others_are_being_created(shared_root: tuple[Path, str
 
     # Long-lived sandboxes that get killed in the middle of the churn, from other backend instances.
     early = [LocalBackend(root, egress_proxy_url=egress_listener) for _ in range(8)]
-    early_infos = await asyncio.gather(*(b.create(role="task", run_id="early", snapshot_id=snap) for b in early))
-    infos.extend(early_infos)
+    try:
+        early_infos = await asyncio.gather(*(b.create(role="task", run_id="early", snapshot_id=snap)
+                                             for b in early))
+        infos.extend(early_infos)
 
-    async def kill_early() -> None:
-        killer = LocalBackend(root)
-        for info in early_infos:
-            await asyncio.sleep(0.15)
-            await killer.kill(info.sandbox_id)  # not the instance that created it
+        async def kill_early() -> None:
+            killer = LocalBackend(root)
+            for info in early_infos:
+                await asyncio.sleep(0.15)
+                await killer.kill(info.sandbox_id)  # not the instance that created it
 
-    supervisors = [json.loads((root / "sandboxes" / i.sandbox_id / "meta.json").read_text())["supervisor_pid"]
-                   for i in early_infos]
-    results = await asyncio.gather(kill_early(), *(lifecycle(i) for i in range(N_SANDBOXES)),
-                                   return_exceptions=True)
-    failures = _failures(results)
-    assert not failures, f"{len(failures)} lifecycles failed; first: {failures[0]}"
-    for b in early:
-        await b.close()
+        supervisors = [json.loads((root / "sandboxes" / i.sandbox_id / "meta.json").read_text())["supervisor_pid"]
+                       for i in early_infos]
+        results = await asyncio.gather(kill_early(), *(lifecycle(i) for i in range(N_SANDBOXES)),
+                                       return_exceptions=True)
+        failures = _failures(results)
+        assert not failures, f"{len(failures)} lifecycles failed; first: {failures[0]}"
+    finally:
+        for b in early:
+            await b.close()
     checker = LocalBackend(root)
     assert await checker.list_alive() == []
     _assert_gone(checker, infos)
