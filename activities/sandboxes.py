@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from activities.common import Deps, in_thread
+from benchwright.devstack import pid_alive
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
 from benchwright.proxy.policy import HostPolicy
@@ -46,16 +48,10 @@ class Sandbox:
 
     def spawn(self, env: dict[str, str], limits: ExecLimits) -> Spawn:
         async def spawn(args: list[str]) -> object:
-            return await self.backend.spawn(self.info.sandbox_id, [_python(), "runner.py", *args], env=env,
+            return await self.backend.spawn(self.info.sandbox_id, [sys.executable, "runner.py", *args], env=env,
                                             limits=limits)
 
         return spawn
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
 
 
 class _RunBlockedLog:
@@ -177,18 +173,7 @@ async def reap_orphans(deps: Deps) -> list[str]:
 
     def orphan(info: SandboxInfo) -> bool:
         owner = info.metadata.get("owner_pid")
-        if not isinstance(owner, int):
-            return False
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        try:
-            return Path(f"/proc/{owner}/stat").read_text().split()[2] == "Z"
-        except FileNotFoundError:
-            return True
+        return isinstance(owner, int) and not pid_alive(owner)
 
     backend = LocalBackend(deps.settings.sandboxes_dir(), allow_unisolated=deps.settings.allow_unisolated)
     try:

@@ -4,6 +4,7 @@ meet the account's host policy and land in the blocked-host log), snapshot → S
 from __future__ import annotations
 
 import platform
+import sys
 
 from temporalio import activity
 
@@ -35,7 +36,7 @@ class SetupActivities:
                     env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
                     result = await box.backend.exec(
                         box.info.sandbox_id,
-                        [_python(), "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
+                        [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
                         env=env, timeout_s=PIP_TIMEOUT_S,
                         limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S))
                     if result.returncode != 0:
@@ -47,8 +48,3 @@ class SetupActivities:
             scope.emit("artifact", SetupArtifact(python=platform.python_version(), requirements=requirements))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
 
-
-def _python() -> str:
-    import sys
-
-    return sys.executable

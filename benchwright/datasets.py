@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -220,11 +219,3 @@ def read_task_rows(tasks_path: Path, start: int, stop: int) -> list[dict[str, An
             if index >= start:
                 out.append(json.loads(line))
     return out
-
-
-def sample_text(rows: list[dict[str, Any]]) -> str:
-    """A short CSV-ish preview for logs."""
-    buf = io.StringIO()
-    for row in rows[:3]:
-        buf.write(json.dumps(row)[:200] + "\n")
-    return buf.getvalue()

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from benchwright.devstack import free_port
+from benchwright.devstack import free_port, pid_alive
 from benchwright.errors import Unavailable
 from benchwright.proxy_config import litellm_config
 from benchwright.schemas import ModelSpec
@@ -74,7 +74,7 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str) -> P
         Unavailable: the proxy did not become ready (its log is in the run directory).
     """
     existing = load_handle(run_dir)
-    if existing is not None and _alive(existing.pid):
+    if existing is not None and pid_alive(existing.pid):
         return existing
     assert spec.secret is not None
     env_name = secret_env_name(spec.secret)
@@ -114,29 +114,18 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str) -> P
     return handle
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def stop_model_proxy(run_dir: Path) -> float | None:
     """Stop the run's proxy (its whole process group); returns its lifetime in seconds, or None if none ran."""
     handle = load_handle(run_dir)
     if handle is None:
         return None
-    if _alive(handle.pid):
+    if pid_alive(handle.pid):
         try:
             os.killpg(handle.pid, signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while _alive(handle.pid) and time.monotonic() < deadline:
+            while pid_alive(handle.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _alive(handle.pid):
+            if pid_alive(handle.pid):
                 os.killpg(handle.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass

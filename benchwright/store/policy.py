@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.errors import InvalidInput, NotFound
-from benchwright.proxy.policy import HostPolicy, HostRule, normalize_host
+from benchwright.proxy.policy import HostPolicy, HostRule
 from benchwright.store.db import session_scope
 from benchwright.store.models import AccountSettings, BlockedHost, HostPolicyRow, HostRuleRow, Secret, utcnow
 

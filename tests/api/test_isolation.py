@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig, load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from benchwright.client import Client
-from benchwright.devstack import free_port
+from benchwright.devstack import free_port, pid_alive
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"
@@ -30,18 +30,6 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 90) -
         assert proc.poll() is None, f"process exited with {proc.returncode}"
         time.sleep(0.05)
     raise AssertionError(f"{path} did not appear")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie child of a dead parent still answers kill(0); check its state
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:
@@ -111,7 +99,7 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
 
         pids = json.loads((data_dir / "pids.json").read_text())
         assert _stop(up) == 0
-        assert not any(_alive(pid) for pid in pids.values()), "every child stops with `up`"
+        assert not any(pid_alive(pid) for pid in pids.values()), "every child stops with `up`"
         assert not (data_dir / "dev.json").exists()
 
         # Runs survive a restart of the stack (Temporal's and the store's files are under the data dir).
