@@ -1,8 +1,8 @@
 """Attach: bind the run to its model → ModelProxyArtifact{model_id, litellm_config_yaml} (secrets by name only).
 
-When the model names a provider secret, Attach starts the run's model proxy (the real LiteLLM proxy, role proxy)
-holding that secret; the scorer side only ever gets the proxy's URL and a per-run fake key. A model without
-credentials is called directly (nothing to isolate, and no proxy start-up to pay).
+When the model names a provider secret (or the deployment says ``model_proxy = "always"``), Attach starts the run's
+model proxy (the real LiteLLM proxy, role proxy) holding that secret; the scorer side only ever gets the proxy's URL
+and a per-run fake key. Otherwise a keyless model is called directly (nothing to isolate, no start-up to pay).
 """
 
 from __future__ import annotations
@@ -28,11 +28,15 @@ class AttachActivities:
     @activity.defn(name="attach")
     async def attach(self, inp: PhaseInput) -> PhaseResult:
         spec = inp.launch.model
+        proxied = spec.secret is not None or self.deps.settings.model_proxy == "always"
         async with phase(self.deps, inp) as scope:
             secret_env = secret_env_name(spec.secret) if spec.secret else None
-            if spec.secret is not None:
-                run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
-                value = await in_thread(secret_value, self.deps.engine, account_id=run.account_id, name=spec.secret)
+            if proxied:
+                value = None
+                if spec.secret is not None:
+                    run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
+                    value = await in_thread(secret_value, self.deps.engine, account_id=run.account_id,
+                                            name=spec.secret)
                 handle = await in_thread(start_model_proxy, run_dir=self.deps.run_dir(inp.run_id), spec=spec,
                                          secret_value=value)
                 scope.emit("proxy", SandboxCreated(
@@ -41,7 +45,7 @@ class AttachActivities:
             scope.emit("artifact", ModelProxyArtifact(model_id=spec.identifier,
                                                       litellm_config_yaml=litellm_config_yaml(spec, secret_env=secret_env)))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control,
-                           detail={"model_proxy": spec.secret is not None})
+                           detail={"model_proxy": proxied})
 
     @activity.defn(name="stop_model_proxy")
     async def stop_proxy(self, inp: FinishInput) -> None:

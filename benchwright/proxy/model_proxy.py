@@ -5,8 +5,9 @@ fake key as its master key; everything else (the worker's model calls, a scorer'
 egress proxy) presents only the fake key, which the proxy checks. Its address and the fake key live in the run's
 directory (``proxy.json``, mode 0600, never in an event), so whichever worker runs Materialize can use it.
 
-Runs whose model names no secret have no credential to isolate; they call the endpoint directly and skip the
-proxy's start-up (11 s measured here) and its per-request CPU, which would dominate a fast sweep.
+By default (``Settings.model_proxy = "with_secrets"``) runs whose model names no secret have no credential to
+isolate; they call the endpoint directly and skip the proxy's start-up (11 s measured here) and its per-request
+CPU, which would dominate a fast sweep. ``"always"`` puts every run behind its proxy.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _litellm_binary() -> str:
     return str(beside) if beside.exists() else "litellm"
 
 
-def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str) -> ProxyHandle:
+def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | None) -> ProxyHandle:
     """Start the run's LiteLLM proxy (idempotent: a live proxy already recorded for the run is reused).
 
     Raises:
@@ -76,9 +77,10 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str) -> P
     existing = load_handle(run_dir)
     if existing is not None and pid_alive(existing.pid):
         return existing
-    assert spec.secret is not None
-    env_name = secret_env_name(spec.secret)
+    env_name = secret_env_name(spec.secret) if spec.secret else None
     config = litellm_config(spec, secret_env=env_name)
+    if env_name is None:  # a keyless endpoint: LiteLLM's OpenAI route still wants some key to send
+        config["model_list"][0]["litellm_params"].setdefault("api_key", "none")
     config["general_settings"] = {"master_key": f"os.environ/{MASTER_KEY_ENV}"}
     config["litellm_settings"] = {"telemetry": False, "drop_params": True}
     cfg_path = run_dir / "proxy-config.yaml"
@@ -87,8 +89,9 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str) -> P
     port = free_port()
     # The proxy's whole environment: the real key (under its own name), its master key, and nothing of the worker's.
     env = {"PATH": os.defpath + os.pathsep + str(Path(sys.executable).parent), "HOME": str(run_dir),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", MASTER_KEY_ENV: fake_key,
-           env_name: secret_value}
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", MASTER_KEY_ENV: fake_key}
+    if env_name is not None and secret_value is not None:
+        env[env_name] = secret_value
     log = (run_dir / "proxy.log").open("ab")
     proc = subprocess.Popen([_litellm_binary(), "--config", str(cfg_path), "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -54,6 +54,11 @@ class ExecLimits:
         max_processes: Processes *and threads* alive at once; further fork/clone calls fail.
         max_output_bytes: Per stream (stdout, stderr) kept by ``exec``; the rest is read and dropped.
         max_file_mb: Largest file a process may write (RLIMIT_FSIZE).
+        cpu_cores: CPU *rate*: how many cores' worth of CPU time per wall-clock second the command's processes may
+            use together (0.5 = half a core, 2 = two cores busy). Throttled, not killed: beyond it the processes
+            simply wait for their next share. ``cpu_seconds`` still bounds the total. ``<= 0`` (or ``inf``) means
+            no rate cap. Where the backend has no way to cap the rate it is not enforced (the local backend says so
+            in ``limit_mechanism``).
     """
 
     cpu_seconds: int = 60
@@ -62,6 +67,7 @@ class ExecLimits:
     max_processes: int = 64
     max_output_bytes: int = 10 * MiB
     max_file_mb: int = 512
+    cpu_cores: float = 1.0
 
 
 @dataclass

@@ -332,3 +332,22 @@ async def test_snapshots_restore_the_same_filesystem(stack: Stack) -> None:
     finally:
         await backend.kill(info.sandbox_id)
         await backend.close()
+
+
+async def test_every_run_behind_its_proxy_when_the_deployment_says_always(stack: Stack) -> None:
+    stack.settings.model_proxy = "always"
+    try:
+        async with stack.http() as http:
+            run = await launch(http, {"dataset": DATASET, "model": {
+                "identifier": "openai/dev", "api_base": stack.dev_url, "input_cost_per_token": 2e-6,
+                "output_cost_per_token": 2e-6}})
+            events = await wait_terminal(http, run["id"])
+            final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    finally:
+        stack.settings.model_proxy = "with_secrets"
+    assert final["status"] == "ok" and final["tasks"]["summary"]["pass_rate"] == 1.0
+    assert [e["data"]["role"] for e in events if e["type"] == "SandboxCreated"].count("proxy") == 1
+    results = [e["data"] for e in events if e["type"] == "MaterializeTaskResult"]
+    reported = sum(r["cost_usd"] for r in results)
+    assert reported == pytest.approx(sum(2e-6 * r["usage"]["total_tokens"] for r in results))
+    assert final["cost"]["model"] == pytest.approx(reported)
