@@ -39,8 +39,10 @@ HEARTBEAT_EVERY_S = 1.0
 
 
 def _limits(threads: int) -> ExecLimits:
-    # The runner's threads count against the process limit; leave room for what the scorer itself starts.
-    return ExecLimits(cpu_seconds=24 * 3600, memory_mb=2048, wall_seconds=24 * 3600, max_processes=threads + 64)
+    # The runner's threads count against the process limit; leave room for what the scorer itself starts. One
+    # core: the runner is one Python process (one GIL), so only a scorer's own runaway children would want more.
+    return ExecLimits(cpu_seconds=24 * 3600, memory_mb=2048, wall_seconds=24 * 3600, max_processes=threads + 64,
+                      cpu_cores=1.0)
 
 
 HALT_POLL_S = 0.2

@@ -38,7 +38,8 @@ class SetupActivities:
                         box.info.sandbox_id,
                         [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
                         env=env, timeout_s=PIP_TIMEOUT_S,
-                        limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S))
+                        limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S,
+                                          cpu_cores=2.0))
                     if result.returncode != 0:
                         tail = (result.stderr or result.stdout).decode(errors="replace").strip()[-1500:]
                         raise RequirementsFailed(

@@ -34,10 +34,19 @@ Per sandbox (``root_dir/sandboxes/<id>/``: ``work/``, ``rootfs/``, ``ctl/``, ``m
   endpoint, nothing else. The scorer's model calls do not need it (they go over stdio to the host).
 
 **Limits** (per ``exec``/``spawn``): a cgroup per command when the controllers are writable — here cgroup **v1**
-``memory`` (``memory.limit_in_bytes``, OOM kill), ``pids`` (``pids.max``: fork bombs fail with EAGAIN) and
-``cpuacct`` (total CPU of all the command's processes, enforced by the helper's watchdog); cgroup v2 (``memory.max``,
-``pids.max``, ``cpu.stat``) when it is delegated to us. Each cgroup is created *below the worker's own cgroup*, so
-the host's accounting still covers it. Without cgroups: ``RLIMIT_AS`` and ``RLIMIT_NPROC`` (per sandbox uid).
+``memory`` (``memory.limit_in_bytes``, OOM kill), ``pids`` (``pids.max``: fork bombs fail with EAGAIN),
+``cpuacct`` (total CPU of all the command's processes, enforced by the helper's watchdog) and ``cpu`` (the CPU
+*rate*, ``ExecLimits.cpu_cores``: CFS bandwidth control, ``cpu.cfs_quota_us = cpu_cores x cpu.cfs_period_us`` with
+a 100 ms period, so all the command's processes together get at most ``cpu_cores`` cores' worth of CPU time per
+wall second and are throttled, not killed, beyond it; ``cpu`` and ``cpuacct`` are separate hierarchies on some
+hosts and co-mounted as ``cpu,cpuacct`` on others: a co-mounted pair shares one directory); cgroup v2
+(``memory.max``, ``pids.max``, ``cpu.stat``, ``cpu.max = "<quota> 100000"``) when it is delegated to us. Each
+cgroup is created *below the worker's own cgroup*, so the host's accounting (and any CPU limit of the worker's own)
+still covers it. The rate cap is per command: two commands running at once in one sandbox get ``cpu_cores`` each.
+Without cgroups: ``RLIMIT_AS`` and ``RLIMIT_NPROC`` (per sandbox uid), and **no CPU rate cap** (nothing in rlimits
+can do it); likewise when the ``cpu`` controller is not mounted, not writable or built without CFS bandwidth
+control (no ``cpu.cfs_quota_us``/``cpu.max``). ``LocalBackend.limit_mechanism`` (also in every sandbox's metadata
+as ``limits``) says which applies.
 Always: ``RLIMIT_CPU`` (per process), ``RLIMIT_FSIZE``, no core dumps, the wall clock (the helper kills the
 command's PID namespace: every process of it dies), output caps (``exec`` keeps ``max_output_bytes`` per stream and
 drains the rest).
@@ -58,7 +67,9 @@ own sha256 is the snapshot id; ``labels/<id>.json`` records labels. Everything i
 
 Not isolated here (known limits): no seccomp filter (the full syscall surface of the kernel is reachable, including
 creating user namespaces inside the sandbox, which grants nothing over host files since they are not mounted); disk
-use of ``work/`` is bounded only per file (``max_file_mb``); CPU *rate* is not capped (only CPU seconds).
+use of ``work/`` is bounded only per file (``max_file_mb``); the CPU *rate* is capped only where a ``cpu``
+controller is usable (see **Limits**; otherwise only CPU seconds are); the sandbox's own helpers (its init, the
+egress forwarder) run in the worker's cgroups, outside the commands' limits.
 """
 
 from __future__ import annotations
@@ -260,16 +271,46 @@ class _ExecCgroup:
     oom_file: str | None
 
 
+_CFS_PERIOD_US = 100_000
+"""CFS bandwidth period of a command's cgroup: its quota is granted, and runs out, per 100 ms of wall clock."""
+_CFS_MIN_QUOTA_US = 1_000  # the kernel refuses quotas below 1 ms
+
+
+def _cpu_quota_us(cpu_cores: float) -> int | None:
+    """The CFS quota per ``_CFS_PERIOD_US`` for a rate of ``cpu_cores``; None for no cap (<= 0, inf, NaN)."""
+    cores = float(cpu_cores)
+    if not (cores > 0 and math.isfinite(cores)):
+        return None
+    return max(_CFS_MIN_QUOTA_US, round(cores * _CFS_PERIOD_US))
+
+
+def _write_cpu_quota(path: Path, value: str, cpu_cores: float) -> None:
+    """Write a CFS quota; EINVAL (an ancestor's quota is stricter, in v1, or beyond the kernel's maximum) leaves
+    the cgroup uncapped, which means "bounded by the ancestors": never more than what was asked."""
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        log.debug("CPU rate %s cores not set on %s (%s); the enclosing cgroups' limit applies", cpu_cores, path, exc)
+
+
 class _Cgroups:
     """Per-command cgroups under the worker's own cgroup: v1 per controller, or one v2 directory.
 
     Only used when a probe directory can be created (and, for v2, the controllers enabled for children).
+    ``cpu_rate``: whether the CPU rate can be capped (v1 ``cpu`` controller with ``cpu.cfs_quota_us``, or v2
+    ``cpu.max``). In v1, controllers co-mounted in one hierarchy (``cpu,cpuacct``) share one directory.
     """
 
-    def __init__(self, v1: dict[str, Path], v2: Path | None, v2_controllers: set[str]) -> None:
+    def __init__(self, v1: dict[str, Path], v2: Path | None, v2_controllers: set[str], *,
+                 cpu_rate: bool | None = None) -> None:
         self.v1 = v1
         self.v2 = v2
         self.v2_controllers = v2_controllers
+        if cpu_rate is None:
+            cpu_rate = "cpu" in v2_controllers if v2 is not None else "cpu" in v1
+        self.cpu_rate = cpu_rate
 
     @property
     def controllers(self) -> set[str]:
@@ -284,11 +325,25 @@ class _Cgroups:
             return f"cgroup v1 ({', '.join(sorted(self.v1))})"
         return "none (rlimits only)"
 
+    def describe_cpu_rate(self) -> str:
+        if self.cpu_rate and self.v2 is not None:
+            return f"CPU rate capped by cgroup v2 cpu.max (period {_CFS_PERIOD_US} us)"
+        if self.cpu_rate:
+            return f"CPU rate capped by cgroup v1 cpu.cfs_quota_us (period {_CFS_PERIOD_US} us)"
+        return "CPU rate NOT capped (no usable cpu controller; only CPU seconds are limited)"
+
+    def _v1_groups(self) -> dict[Path, list[str]]:
+        """v1 controllers by hierarchy directory (co-mounted ones, e.g. ``cpu,cpuacct``, share one)."""
+        groups: dict[Path, list[str]] = {}
+        for controller, parent in self.v1.items():
+            groups.setdefault(parent, []).append(controller)
+        return groups
+
     def sandbox_dirs(self, sandbox_id: str) -> list[Path]:
         name = f"benchwright-{sandbox_id}"
         if self.v2 is not None:
             return [self.v2 / name]
-        return [parent / name for parent in self.v1.values()]
+        return [parent / name for parent in self._v1_groups()]
 
     def create_exec(self, sandbox_id: str, limits: ExecLimits) -> _ExecCgroup:
         leaf = f"x{secrets.token_hex(5)}"
@@ -296,6 +351,7 @@ class _Cgroups:
         made: list[Path] = []
         procs: list[str] = []
         cpu_usage = oom_file = None
+        quota = _cpu_quota_us(limits.cpu_cores)
         try:
             if self.v2 is not None:
                 parent = self.v2 / f"benchwright-{sandbox_id}"
@@ -317,21 +373,27 @@ class _Cgroups:
                     (d / "pids.max").write_text(str(limits.max_processes))
                 if "cpu" in self.v2_controllers:
                     cpu_usage = str(d / "cpu.stat")
+                    if self.cpu_rate and quota is not None:
+                        _write_cpu_quota(d / "cpu.max", f"{quota} {_CFS_PERIOD_US}", limits.cpu_cores)
                 procs.append(str(d / "cgroup.procs"))
             else:
-                for controller, parent in self.v1.items():
+                for parent, controllers in self._v1_groups().items():
                     d = parent / f"benchwright-{sandbox_id}" / leaf
                     d.mkdir(parents=True)
                     made.append(d)
-                    if controller == "memory":
-                        (d / "memory.limit_in_bytes").write_text(str(memory))
-                        if (d / "memory.memsw.limit_in_bytes").exists():  # no swapping around the limit
-                            (d / "memory.memsw.limit_in_bytes").write_text(str(memory))
-                        oom_file = str(d / "memory.oom_control")
-                    elif controller == "pids":
-                        (d / "pids.max").write_text(str(limits.max_processes))
-                    elif controller == "cpuacct":
-                        cpu_usage = str(d / "cpuacct.usage")
+                    for controller in controllers:
+                        if controller == "memory":
+                            (d / "memory.limit_in_bytes").write_text(str(memory))
+                            if (d / "memory.memsw.limit_in_bytes").exists():  # no swapping around the limit
+                                (d / "memory.memsw.limit_in_bytes").write_text(str(memory))
+                            oom_file = str(d / "memory.oom_control")
+                        elif controller == "pids":
+                            (d / "pids.max").write_text(str(limits.max_processes))
+                        elif controller == "cpuacct":
+                            cpu_usage = str(d / "cpuacct.usage")
+                        elif controller == "cpu" and quota is not None:
+                            (d / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
+                            _write_cpu_quota(d / "cpu.cfs_quota_us", str(quota), limits.cpu_cores)
                     procs.append(str(d / "cgroup.procs"))
         except OSError as exc:
             _remove_cgroups(made)
@@ -384,15 +446,22 @@ def _mountinfo() -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _probe_dir(parent: Path) -> bool:
+def _probe_dir(parent: Path, write: tuple[str, str] | None = None) -> bool:
+    """Whether a child cgroup can be made in ``parent`` (and, given ``write=(file, value)``, that file written)."""
     probe = parent / f"benchwright-probe-{os.getpid()}-{secrets.token_hex(3)}"
     try:
         probe.mkdir()
     except OSError:
         return False
-    with contextlib.suppress(OSError):
-        probe.rmdir()
-    return True
+    try:
+        if write is not None:
+            (probe / write[0]).write_text(write[1])
+        return True
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
 
 
 def _detect_cgroups() -> _Cgroups:
@@ -432,17 +501,22 @@ def _detect_cgroups() -> _Cgroups:
             except OSError:
                 continue  # e.g. EBUSY: processes in our own cgroup (the "no internal processes" rule)
             if {"memory", "pids"} <= enabled and _probe_dir(d):
-                return _Cgroups({}, d, wanted & enabled)
+                enabled &= wanted
+                # cpu.max exists only with CFS bandwidth control; without it "cpu" still gives cpu.stat.
+                cpu_rate = "cpu" in enabled and _probe_dir(d, ("cpu.max", f"max {_CFS_PERIOD_US}"))
+                return _Cgroups({}, d, enabled, cpu_rate=cpu_rate)
 
+    # cgroup v1: each controller in the hierarchy it is mounted in (cpu and cpuacct often share one, "cpu,cpuacct").
+    probes = {"cpu": ("cpu.cfs_quota_us", "-1")}  # absent without CONFIG_CFS_BANDWIDTH: then no rate cap
     v1: dict[str, Path] = {}
-    for controller in ("memory", "pids", "cpuacct"):
+    for controller in ("memory", "pids", "cpuacct", "cpu"):
         for hid, controllers, path in own:
             if controller not in controllers.split(","):
                 continue
             for root, mountpoint, fstype, opts in mounts:
                 if fstype == "cgroup" and controller in opts.split(","):
                     d = _under(root, mountpoint, path)
-                    if d is not None and d.is_dir() and _probe_dir(d):
+                    if d is not None and d.is_dir() and _probe_dir(d, probes.get(controller)):
                         v1[controller] = d
                         break
             break
@@ -897,10 +971,13 @@ class LocalBackend:
 
     @property
     def limit_mechanism(self) -> str:
-        """How limits are enforced here, e.g. ``"cgroup v1 (cpuacct, memory, pids) + rlimits"``."""
+        """How limits are enforced here, with what caps the CPU rate (``ExecLimits.cpu_cores``), e.g.
+        ``"cgroup v1 (cpu, cpuacct, memory, pids) + rlimits; CPU rate capped by cgroup v1 cpu.cfs_quota_us
+        (period 100000 us)"`` or ``"...; CPU rate NOT capped (...)"``."""
         if not self.cgroups.controllers:
-            return "rlimits only (RLIMIT_AS, RLIMIT_NPROC per sandbox uid, RLIMIT_CPU, RLIMIT_FSIZE)"
-        return f"{self.cgroups.describe()} + rlimits"
+            return ("rlimits only (RLIMIT_AS, RLIMIT_NPROC per sandbox uid, RLIMIT_CPU, RLIMIT_FSIZE); "
+                    f"{self.cgroups.describe_cpu_rate()}")
+        return f"{self.cgroups.describe()} + rlimits; {self.cgroups.describe_cpu_rate()}"
 
     def _static_unavailable_reason(self) -> str | None:
         if not sys.platform.startswith("linux"):

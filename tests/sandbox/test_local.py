@@ -39,6 +39,7 @@ from benchwright.sandbox import (
     SandboxProcess,
     proxy_env,
 )
+from benchwright.sandbox.local import _Cgroups, _cpu_quota_us
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "benchwright" / "scoring" / "runner.py"
@@ -385,9 +386,82 @@ async def test_cpu_limit_counts_all_processes_of_the_command(backend: LocalBacke
     info = await _create(backend)
     code = "import os\nfor _ in range(3):\n    if os.fork() == 0: break\nwhile True: pass"
     started = time.monotonic()
-    res = await _py(backend, info.sandbox_id, code, ExecLimits(cpu_seconds=2, wall_seconds=30))
+    res = await _py(backend, info.sandbox_id, code, ExecLimits(cpu_seconds=2, wall_seconds=30, cpu_cores=2))
     assert res.killed_reason == "cpu" and not res.timed_out
     assert time.monotonic() - started < 6  # four burners on two cores: ~1 s of wall clock, not 2 s each
+
+
+BURNERS = """
+    import os, sys, time
+    end = time.monotonic() + float(sys.argv[1])
+    kids = []
+    for _ in range(3):  # four busy loops in all
+        pid = os.fork()
+        if pid == 0:
+            kids = []
+            break
+        kids.append(pid)
+    while time.monotonic() < end:
+        pass
+    for pid in kids:
+        os.waitpid(pid, 0)
+"""
+
+
+def test_cpu_quota_for_a_rate() -> None:
+    assert _cpu_quota_us(0.5) == 50_000 and _cpu_quota_us(2) == 200_000
+    assert _cpu_quota_us(0.0001) == 1_000  # the kernel's minimum quota
+    assert _cpu_quota_us(0) is None and _cpu_quota_us(-1) is None and _cpu_quota_us(float("inf")) is None
+    assert ExecLimits().cpu_cores == 1.0
+
+
+def test_co_mounted_cpu_and_cpuacct_share_one_cgroup(tmp_path: Path) -> None:
+    # Plain directories stand in for the hierarchies: only which files get written where is checked here.
+    cpu_cpuacct, pids = tmp_path / "cpu,cpuacct", tmp_path / "pids"
+    cpu_cpuacct.mkdir()
+    pids.mkdir()
+    cg = _Cgroups({"pids": pids, "cpuacct": cpu_cpuacct, "cpu": cpu_cpuacct}, None, set())
+    assert cg.cpu_rate and cg.sandbox_dirs("s") == [pids / "benchwright-s", cpu_cpuacct / "benchwright-s"]
+    ex = cg.create_exec("s", ExecLimits(cpu_cores=1.5, max_processes=7))
+    assert [d.parent.parent for d in ex.dirs] == [pids, cpu_cpuacct] and len(ex.procs) == 2
+    leaf = ex.dirs[1]
+    assert ex.cpu_usage == str(leaf / "cpuacct.usage")
+    assert (leaf / "cpu.cfs_period_us").read_text() == "100000" and (leaf / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (ex.dirs[0] / "pids.max").read_text() == "7"
+    uncapped = cg.create_exec("s", ExecLimits(cpu_cores=0))
+    assert not (uncapped.dirs[1] / "cpu.cfs_quota_us").exists()  # a fresh cgroup's own default: -1, no cap
+    assert not _Cgroups({"cpuacct": cpu_cpuacct}, None, set()).cpu_rate
+
+
+async def test_cpu_rate_is_capped(backend: LocalBackend) -> None:
+    if not backend.cgroups.cpu_rate:
+        print(f"SKIP: no usable cpu controller here ({backend.limit_mechanism})")
+        pytest.skip(f"no usable cpu controller here: {backend.limit_mechanism}")
+    assert "CPU rate capped" in backend.limit_mechanism
+    info = await _create(backend)
+    sid = info.sandbox_id
+
+    async def burn(cores: float) -> tuple[float, float]:
+        res = await backend.exec(sid, [PY, "-c", textwrap.dedent(BURNERS), "2"], env=ENV, timeout_s=20,
+                                 limits=ExecLimits(cpu_seconds=30, wall_seconds=20, max_processes=16,
+                                                   cpu_cores=cores))
+        assert res.returncode == 0 and res.killed_reason is None, (res.returncode, res.stderr[-500:])
+        assert res.cpu_seconds is not None
+        print(f"cpu_cores={cores}: {res.cpu_seconds:.2f} CPU s in {res.duration_s:.2f} s of wall clock")
+        return res.cpu_seconds, res.duration_s
+
+    cpu, wall = await burn(0.5)
+    # Without the cap four busy loops on this host would use up to min(4, cores) x wall (~4 CPU s on two cores).
+    assert wall >= 2.0
+    assert cpu <= 0.5 * wall * 1.1 + 0.1, (cpu, wall)
+    assert cpu >= 0.5 * 2.0 * 0.6, (cpu, wall)  # it did run (at about its rate), it was not starved
+    fast_cpu, fast_wall = await burn(2)
+    assert fast_cpu >= 0.75 * fast_wall and fast_cpu >= 1.4 * cpu, (fast_cpu, fast_wall, cpu)
+    # Each exec's cgroup is gone once it ended; the sandbox's own (per hierarchy) goes with the sandbox.
+    dirs = backend.cgroups.sandbox_dirs(sid)
+    assert [c for d in dirs if d.is_dir() for c in d.iterdir() if c.is_dir()] == []
+    await backend.kill(sid)
+    assert [d for d in dirs if d.exists()] == []
 
 
 async def test_wall_clock_kills_the_whole_command(backend: LocalBackend) -> None:
