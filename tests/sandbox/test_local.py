@@ -204,6 +204,7 @@ async def test_filesystem_is_read_only_but_for_work_and_tmp(tmp_path: Path, secr
     shared = tmp_path / "dataset"
     shared.mkdir()
     (shared / "rows.jsonl").write_text('{"q": 1}\n')
+    host_only = Path(tempfile.mkdtemp(prefix="bw-host-only-"))  # a host /tmp entry the sandbox must not see
     b = LocalBackend(tmp_path / "data", extra_ro_paths=[shared])
     try:
         info = await _create(b)
@@ -225,11 +226,17 @@ async def test_filesystem_is_read_only_but_for_work_and_tmp(tmp_path: Path, secr
         lines = res.stdout.decode().splitlines()
         assert lines[0] == "wrote wrote OSError OSError OSError OSError", res.stderr  # EROFS but in work and /tmp
         assert lines[1] == '{"q": 1}'
-        # A private /tmp: none of the host's files (only the path down to the read-only dataset).
-        assert lines[2] == f"['ok.txt', '{shared.parts[2]}']"
+        # A private /tmp: none of the host's files, only the paths down to read-only binds (the dataset here; the
+        # interpreter or venv too when they live under /tmp, as in a CI checkout there).
+        listing = set(eval(lines[2]))  # noqa: S307 - our own print of a list of names
+        binds = {Path(p).parts[2] for p in (shared, sys.prefix, sys.base_prefix, Path(__file__).resolve())
+                 if str(p).startswith("/tmp/") and len(Path(p).parts) > 2}
+        assert "ok.txt" in listing and host_only.name not in listing
+        assert listing <= {"ok.txt", *binds}, listing
         assert (shared / "rows.jsonl").read_text() == '{"q": 1}\n'
     finally:
         await _kill_all(b)
+        host_only.rmdir()
 
 
 # ------------------------------------------------------------------------------------------------ hostile script ---
