@@ -147,6 +147,13 @@ async def _dispose(deps: Deps, backend: LocalBackend, egress: EgressProxy, info:
 async def take_snapshot(deps: Deps, box: Sandbox, *, run_id: str, phase: str, invocation: int) -> str:
     """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
     snapshot_id = await box.backend.snapshot(box.info.sandbox_id, label=f"{run_id}:{phase}:v{invocation}")
+    await record_snapshot(deps, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id)
+    return snapshot_id
+
+
+async def record_snapshot(deps: Deps, *, run_id: str, phase: str, invocation: int, snapshot_id: str) -> None:
+    """SnapshotCreated for the phase, and the id remembered for the phases after. Snapshots are content-addressed,
+    so a phase that left the filesystem as it found it records its predecessor's id without taking one."""
     await in_thread(append_events, deps.engine, run_id, [NewEvent.of(
         event_key(run_id, phase, invocation, "snapshot"), SnapshotCreated(snapshot_id=snapshot_id, phase=phase))])
     path = deps.workdir(run_id) / SNAPSHOTS
@@ -155,7 +162,6 @@ async def take_snapshot(deps: Deps, box: Sandbox, *, run_id: str, phase: str, in
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(known))
     os.replace(tmp, path)
-    return snapshot_id
 
 
 async def put_file(box: Sandbox, name: str, data: bytes) -> None:
@@ -169,7 +175,9 @@ async def put_runtime(box: Sandbox, impl_source: str) -> None:
 
 
 async def reap_orphans(deps: Deps) -> list[str]:
-    """Kill sandboxes whose worker process is gone (a crashed worker cannot clean up after itself)."""
+    """Kill sandboxes whose worker process is gone (a crashed worker cannot clean up after itself), and model
+    proxies of runs that finished longer ago than the linger window (their workflow's stop never came)."""
+    await in_thread(_reap_model_proxies, deps)
 
     def orphan(info: SandboxInfo) -> bool:
         owner = info.metadata.get("owner_pid")
@@ -180,3 +188,24 @@ async def reap_orphans(deps: Deps) -> list[str]:
         return await backend.reap(orphan)
     finally:
         await backend.close()
+
+
+def _reap_model_proxies(deps: Deps) -> None:
+    from benchwright.proxy.model_proxy import load_handle, stop_model_proxy
+    from benchwright.errors import NotFound
+
+    runs_dir = deps.settings.runs_dir()
+    if not runs_dir.exists():
+        return
+    for path in runs_dir.glob("*/proxy.json"):
+        handle = load_handle(path.parent)
+        if handle is None:
+            continue
+        try:
+            run = get_run(deps.engine, run_id=path.parent.name)
+        except NotFound:
+            stop_model_proxy(path.parent)
+            continue
+        ended = run.finished_at.timestamp() if run.finished_at else None
+        if ended is not None and time.time() > ended + deps.settings.proxy_linger_s + 60:
+            stop_model_proxy(path.parent)

@@ -9,7 +9,7 @@ import sys
 from temporalio import activity
 
 from activities.common import Deps, phase
-from activities.sandboxes import DEPS_DIR, latest_snapshot, sandbox, take_snapshot
+from activities.sandboxes import DEPS_DIR, latest_snapshot, record_snapshot, sandbox, take_snapshot
 from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
 from benchwright.pipeline import PhaseInput, PhaseResult
@@ -30,22 +30,30 @@ class SetupActivities:
     async def setup(self, inp: PhaseInput) -> PhaseResult:
         requirements = list(inp.launch.requirements)
         async with phase(self.deps, inp) as scope:
-            async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation),
-                               restore=latest_snapshot(self.deps, inp.run_id, before="setup")) as box:
-                if requirements:
-                    env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
-                    result = await box.backend.exec(
-                        box.info.sandbox_id,
-                        [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
-                        env=env, timeout_s=PIP_TIMEOUT_S,
-                        limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S,
-                                          cpu_cores=2.0))
-                    if result.returncode != 0:
-                        tail = (result.stderr or result.stdout).decode(errors="replace").strip()[-1500:]
-                        raise RequirementsFailed(
-                            f"installing {', '.join(requirements)} failed (exit {result.returncode}"
-                            f"{', ' + result.killed_reason if result.killed_reason else ''}): {tail}")
-                await take_snapshot(self.deps, box, run_id=inp.run_id, phase="setup", invocation=inp.invocation)
+            before = latest_snapshot(self.deps, inp.run_id, before="setup")
+            if requirements or before is None:
+                await self._install(inp, requirements, before)
+            else:
+                # Nothing to install: the filesystem is the post-Fetch one, and keeps its content-addressed id.
+                await record_snapshot(self.deps, run_id=inp.run_id, phase="setup", invocation=inp.invocation,
+                                      snapshot_id=before)
             scope.emit("artifact", SetupArtifact(python=platform.python_version(), requirements=requirements))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
 
+    async def _install(self, inp: PhaseInput, requirements: list[str], before: str | None) -> None:
+        async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation),
+                           restore=before) as box:
+            if requirements:
+                env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+                result = await box.backend.exec(
+                    box.info.sandbox_id,
+                    [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
+                    env=env, timeout_s=PIP_TIMEOUT_S,
+                    limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S,
+                                      cpu_cores=2.0))
+                if result.returncode != 0:
+                    tail = (result.stderr or result.stdout).decode(errors="replace").strip()[-1500:]
+                    raise RequirementsFailed(
+                        f"installing {', '.join(requirements)} failed (exit {result.returncode}"
+                        f"{', ' + result.killed_reason if result.killed_reason else ''}): {tail}")
+            await take_snapshot(self.deps, box, run_id=inp.run_id, phase="setup", invocation=inp.invocation)
