@@ -40,10 +40,16 @@ def _data_dir(value: Path | None) -> Path:
 def up(data_dir: DataDir = None,
        api_port: Annotated[int, typer.Option(help="API port on 127.0.0.1.")] = 8700,
        temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
-       ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233) -> None:
+       ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233,
+       allow_unisolated: Annotated[bool, typer.Option(
+           help="Where Linux namespaces are unavailable (not root), run scorers WITHOUT isolation instead of "
+                "refusing; recorded on every run as isolation 'none'.")] = False) -> None:
     """Start the embedded stack (Temporal dev server, worker, API) until Ctrl-C."""
     from benchwright.supervisor import StackConfig, run_up
 
+    if allow_unisolated:
+        os.environ["BENCHWRIGHT_ALLOW_UNISOLATED"] = "true"
+        console.print("[yellow]warning:[/yellow] sandboxes may run without isolation on this host (--allow-unisolated)")
     cfg = StackConfig(data_dir=_data_dir(data_dir), api_port=api_port, temporal_port=temporal_port, ui_port=ui_port)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     raise typer.Exit(run_up(cfg, say=lambda m: console.print(m, highlight=False)))
@@ -264,9 +270,16 @@ def demo(data_dir: DataDir = None,
     logs = directory / "logs"
     logs.mkdir(exist_ok=True)
     console.print(f"[bold]Benchwright demo[/bold] (data in {directory})")
+    unisolated = []
+    if os.geteuid() != 0:
+        # Namespaced sandboxes need root; the demo's bundled scorer is known code, so on a laptop it runs without
+        # them rather than not at all, and says so. `benchwright up` never does this unless asked.
+        console.print("[yellow]note:[/yellow] not running as root, so the demo's sandboxes run without namespace "
+                      "isolation (recorded on the run as isolation 'none')")
+        unisolated = ["--allow-unisolated"]
     stack = subprocess.Popen(
         [sys.executable, "-m", "benchwright.cli", "up", "--data-dir", str(directory), "--api-port", str(ports["api"]),
-         "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
+         "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"]), *unisolated],
         stdin=subprocess.DEVNULL, start_new_session=True)
     ready = directory / "dev-model.json"
     ready.unlink(missing_ok=True)
