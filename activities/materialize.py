@@ -18,7 +18,7 @@ from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseStarted
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright.materialize import Execute, RunHalted, run_batch
-from benchwright.proxy.model_proxy import load_handle
+from benchwright.proxy.model_proxy import ProxyHandle, load_handle
 from benchwright.sandbox import ExecLimits
 from benchwright.schemas import ModelSpec
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
@@ -64,10 +64,9 @@ class MaterializeActivities:
             NewEvent.of(event_key(inp.run_id, "materialize", inp.invocation, "completed"),
                         PhaseCompleted(phase="materialize", duration_ms=inp.duration_ms))])
 
-    def _sut(self, inp: MaterializeBatchInput) -> SutClient:
+    def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None) -> SutClient:
         """The run's model route: through its LiteLLM proxy (with the fake key) when Attach started one."""
         settings = self.deps.settings
-        proxy = load_handle(self.deps.run_dir(inp.run_id))
         if proxy is not None:
             via_proxy = ModelSpec(identifier=f"openai/{proxy.model_name}", api_base=proxy.base_url,
                                   params=inp.model.params)
@@ -77,17 +76,17 @@ class MaterializeActivities:
         return make_sut(inp.model, prices=prices_for(inp.model), api_key=None, concurrency=inp.concurrency,
                         timeout_s=settings.sut_timeout_s, retries=settings.sut_retries)
 
-    def _scorer_env(self, inp: MaterializeBatchInput, box: Sandbox) -> dict[str, str]:
+    @staticmethod
+    def _scorer_env(proxy: ProxyHandle | None, box: Sandbox) -> dict[str, str]:
         """The scorer's environment: a fake key and the proxy's URL when the run has a model proxy, never more."""
-        proxy = load_handle(self.deps.run_dir(inp.run_id))
         extra = {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": proxy.fake_key} if proxy else {}
         return box.scorer_env(extra)
 
-    def _allowed_internal(self, inp: MaterializeBatchInput) -> frozenset[tuple[str, int]]:
-        proxy = load_handle(self.deps.run_dir(inp.run_id))
+    @staticmethod
+    def _allowed_internal(proxy: ProxyHandle | None) -> frozenset[tuple[str, int]]:
         return frozenset({("127.0.0.1", proxy.port)}) if proxy else frozenset()
 
-    def _sequential(self, inp: MaterializeBatchInput, sut: SutClient) -> Execute:
+    def _sequential(self, inp: MaterializeBatchInput, sut: SutClient, proxy: ProxyHandle | None) -> Execute:
         """Every trial of the batch in one work sandbox restored from the post-Atomize snapshot."""
 
         async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
@@ -98,13 +97,13 @@ class MaterializeActivities:
             async with sandbox(self.deps, run_id=inp.run_id, role="work",
                                key=("materialize", inp.invocation, inp.start),
                                restore=snapshot_of(self.deps, inp.run_id, "atomize"),
-                               internal_allowed=self._allowed_internal(inp)) as box:
-                await run_trials(spawn=box.spawn(self._scorer_env(inp, box), _limits(threads)), items=items,
+                               internal_allowed=self._allowed_internal(proxy)) as box:
+                await run_trials(spawn=box.spawn(self._scorer_env(proxy, box), _limits(threads)), items=items,
                                  sut=sut, threads=threads, on_record=on_record, limits=limits)
 
         return execute
 
-    def _fanout(self, inp: MaterializeBatchInput, sut: SutClient) -> Execute:
+    def _fanout(self, inp: MaterializeBatchInput, sut: SutClient, proxy: ProxyHandle | None) -> Execute:
         """Each task in its own task sandbox, restored from the post-Atomize snapshot and killed when it ends."""
 
         async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
@@ -120,9 +119,9 @@ class MaterializeActivities:
                 async with gate, sandbox(self.deps, run_id=inp.run_id, role="task",
                                          key=("materialize", inp.invocation, index),
                                          restore=snapshot_of(self.deps, inp.run_id, "atomize"),
-                                         internal_allowed=self._allowed_internal(inp),
+                                         internal_allowed=self._allowed_internal(proxy),
                                          metadata={"task_index": index}) as box:
-                    await run_trials(spawn=box.spawn(self._scorer_env(inp, box), _limits(len(trials))),
+                    await run_trials(spawn=box.spawn(self._scorer_env(proxy, box), _limits(len(trials))),
                                      items=trials, sut=sut, threads=len(trials), on_record=on_record, limits=limits)
 
             async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
@@ -155,8 +154,9 @@ class MaterializeActivities:
                 if reason is not None:
                     return reason
 
-        sut = self._sut(inp)
-        execute = self._fanout(inp, sut) if inp.mode == "fanout" else self._sequential(inp, sut)
+        proxy = load_handle(self.deps.run_dir(inp.run_id))  # read once per batch
+        sut = self._sut(inp, proxy)
+        execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
         work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp, tasks_path=workdir / "tasks.jsonl",

@@ -65,15 +65,19 @@ def lock_run(session: Session, run_id: str) -> Run:
     Raises:
         NotFound: the run does not exist.
     """
+    _lock(session, run_id)
+    return session.execute(select(Run).where(Run.id == run_id).execution_options(populate_existing=True)).scalar_one()
+
+
+def _lock(session: Session, run_id: str) -> None:
     locked = session.execute(update(Run).where(Run.id == run_id).values(next_seq=Run.next_seq))  # type: ignore[arg-type]
     if locked.rowcount == 0:  # type: ignore[attr-defined]
         raise NotFound(f"run {run_id} not found")
-    return session.execute(select(Run).where(Run.id == run_id).execution_options(populate_existing=True)).scalar_one()
 
 
 def append_in_session(session: Session, run_id: str, events: list[NewEvent], **run_updates: Any) -> int:
     """Like ``append_events`` inside a caller's transaction, optionally updating columns of the run row too."""
-    lock_run(session, run_id)
+    _lock(session, run_id)  # the hot path: take the lock, do not reload the row
     fresh = _without_recorded(session, events)
     next_seq = session.execute(select(Run.next_seq).where(Run.id == run_id)).scalar_one()
     now = utcnow()

@@ -66,7 +66,7 @@ async def test_run_cost_limit_halts_within_one_task_of_crossing(stack: Stack) ->
     assert final["cost"]["incurred"] == pytest.approx(sum(costs)) and final["cost"]["model"] == pytest.approx(sum(costs))
     assert 0 < len(tasks) < 60 and final["tasks"]["summary"]["passed"] == len(tasks)
     assert events[-1]["type"] == "PipelineFinished" and events[-1]["data"]["halted"]
-    assert _live_sandboxes(stack, run["id"]) == []
+    assert await _live_sandboxes(stack, run["id"]) == []
 
 
 async def test_task_limits_fail_single_tasks_and_the_run_continues(stack: Stack) -> None:
@@ -147,7 +147,7 @@ async def test_run_duration_limit_halts(stack: Stack, slow_model: tuple[str, str
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
     assert final["halt_reason"] == "limit_exceeded:run.duration" and final["display_status"] == "halted"
     assert 0 < settled(final) < 300
-    assert _live_sandboxes(stack, run["id"]) == []
+    assert await _live_sandboxes(stack, run["id"]) == []
 
 
 async def test_stop_during_materialize_lands_within_2s_and_leaves_no_process(
@@ -170,7 +170,7 @@ async def test_stop_during_materialize_lands_within_2s_and_leaves_no_process(
     assert final["halt_reason"] == "operator_kill: enough" and final["display_status"] == "killed"
     assert 20 <= settled(final) < 300, "partial results are kept"
     assert again.status_code == 409 and again.json()["error"]["code"] == "already_finished"
-    assert _live_sandboxes(stack, run["id"]) == []
+    assert await _live_sandboxes(stack, run["id"]) == []
 
 
 async def _task_outcomes(http: httpx.AsyncClient, run_id: str) -> list[tuple[int, str, float | None]]:

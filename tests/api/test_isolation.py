@@ -202,7 +202,7 @@ async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_pr
     assert [e["sandbox_id"] for e in proxy_sandbox] == [f"proxy-{handle.pid}"] * 2
     assert any(e["type"] == "ProxyLingerMetered" for e in after)
     assert not Path(f"/proc/{handle.pid}").exists() or b"Z" in Path(f"/proc/{handle.pid}/stat").read_bytes()
-    assert _live_sandboxes(stack, run["id"]) == []
+    assert await _live_sandboxes(stack, run["id"]) == []
     roles = Counter(e["data"]["role"] for e in events if e["type"] == "SandboxCreated")
     assert roles["work"] >= 3 and roles["proxy"] == 1  # fetch, atomize, materialize (setup had nothing to install)
     async with stack.http() as http:

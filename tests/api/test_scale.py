@@ -62,26 +62,15 @@ async def test_history_grows_by_batches_not_tasks(stack: Stack, dev_models: DevM
     assert sum(e["type"] == "MaterializeTaskResult" for e in events) == 2000
 
 
-def _live_sandboxes(stack: Stack, run_id: str) -> list[str]:
+async def _live_sandboxes(stack: Stack, run_id: str) -> list[str]:
     """Sandboxes of the run still alive (any role); none may outlive its run."""
     from benchwright.sandbox import LocalBackend
 
-    async def alive() -> list[str]:
-        backend = LocalBackend(stack.settings.sandboxes_dir())
-        try:
-            return [i.sandbox_id for i in await backend.list_alive()
-                    if i.metadata.get("benchwright_run_id") == run_id]
-        finally:
-            await backend.close()
-
-    return _run_sync(alive())
-
-
-def _run_sync(coro):  # type: ignore[no-untyped-def]
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+    backend = LocalBackend(stack.settings.sandboxes_dir())
+    try:
+        return [i.sandbox_id for i in await backend.list_alive() if i.metadata.get("benchwright_run_id") == run_id]
+    finally:
+        await backend.close()
 
 
 async def test_worker_sigkill_mid_materialize_completes_without_loss_or_duplicates(
@@ -124,7 +113,7 @@ async def test_worker_sigkill_mid_materialize_completes_without_loss_or_duplicat
         assert len(keys) == len(set(keys)) == n
         assert sorted(e["data"]["index"] for e in events if e["type"] == "MaterializeTaskAggregated") == list(range(n))
         assert [e["seq"] for e in events] == list(range(len(events)))
-        assert _live_sandboxes(stack, run["id"]) == [], "the killed worker's sandboxes were reaped"
+        assert await _live_sandboxes(stack, run["id"]) == [], "the killed worker's sandboxes were reaped"
     finally:
         for w in workers:
             if w.poll() is None:
