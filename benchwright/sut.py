@@ -3,11 +3,12 @@
 Two routes, one interface (``SutClient.complete``):
 
 * ``openai``: model strings LiteLLM routes as OpenAI-compatible (``openai/<name>``, with or without ``api_base``)
-  are called directly over a pooled aiohttp session speaking the same chat-completions protocol. Measured here,
-  ``litellm.acompletion`` spends ~8.8 ms of CPU per call (1,000 calls at 128 in flight: 8.9 s wall against a 50 ms
-  endpoint, where the physical limit is 0.4 s), so it cannot sit on the per-task path of a fast sweep. httpx is
-  not used here either: its connection pool rescans every connection per request (O(in-flight) per call), which
-  cost 28 s of CPU for the same 1,000 calls at 128 in flight.
+  are called directly, speaking the same chat-completions protocol over ``benchwright.httpclient``'s keep-alive
+  pool. Measured here, ``litellm.acompletion`` spends ~8.8 ms of CPU per call (1,000 calls at 128 in flight: 8.9 s
+  wall against a 50 ms endpoint, where the physical limit is 0.4 s), so it cannot sit on the per-task path of a
+  fast sweep. httpx is not used either: its connection pool rescans every connection per request (O(in-flight) per
+  call), which cost 28 s of CPU for the same 1,000 calls at 128 in flight; aiohttp cost ~160 µs of CPU per call,
+  the lean pool ~60 µs.
 * ``litellm``: every other provider goes through ``litellm.acompletion``, imported on first use only.
 
 Both return the reply text, the token usage and the cost in USD from the run's prices (``benchwright.prices``).
@@ -23,8 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
-
+from benchwright.httpclient import HttpClientError, HttpPool
 from benchwright.prices import Prices
 from benchwright.schemas import ModelSpec
 
@@ -43,6 +43,9 @@ class SutReply:
 
 
 class SutClient(Protocol):
+    """Makes model calls, at most ``concurrency`` of them in flight at once (callers may ask for more: the rest
+    queue here, so a caller can keep work ready for the moment a slot frees up)."""
+
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply: ...
 
     async def aclose(self) -> None: ...
@@ -59,7 +62,8 @@ def make_sut(spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrenc
     if route_for(spec.identifier) == "openai":
         return OpenAICompatibleSut(spec, prices=prices, api_key=api_key, concurrency=concurrency,
                                    timeout_s=timeout_s, retries=retries)
-    return LiteLLMSut(spec, prices=prices, api_key=api_key, timeout_s=timeout_s, retries=retries)
+    return LiteLLMSut(spec, prices=prices, api_key=api_key, concurrency=concurrency, timeout_s=timeout_s,
+                      retries=retries)
 
 
 def _backoff(attempt: int) -> float:
@@ -73,20 +77,11 @@ class OpenAICompatibleSut:
         self._params = spec.params
         self._prices = prices
         self._retries = retries
-        self._url = (spec.api_base or OPENAI_DEFAULT_BASE).rstrip("/") + "/chat/completions"
+        base = (spec.api_base or OPENAI_DEFAULT_BASE).rstrip("/")
         key = api_key or os.environ.get("OPENAI_API_KEY") or "benchwright-no-key"
-        self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._limit = max(concurrency, 1)
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session must be made inside the event loop that uses it.
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300), timeout=self._timeout,
-                headers=self._headers)
-        return self._session
+        self._timeout_s = timeout_s
+        self._slots = asyncio.Semaphore(max(concurrency, 1))
+        self._pool = HttpPool(base, headers={"Authorization": f"Bearer {key}"}, max_idle=max(concurrency, 1))
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
         body = {**self._params, **params, "model": self._model, "messages": messages}
@@ -95,14 +90,15 @@ class OpenAICompatibleSut:
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
-                async with self._http().post(self._url, data=payload) as resp:
-                    status, raw = resp.status, await resp.read()
-                    reported_cost = resp.headers.get("x-litellm-response-cost")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                async with self._slots, asyncio.timeout(self._timeout_s):
+                    resp = await self._pool.post("/chat/completions", payload)
+            except (HttpClientError, TimeoutError) as exc:
                 if last:
-                    raise SutError(f"model endpoint unreachable: {type(exc).__name__}: {exc}") from exc
+                    what = f"no answer within {self._timeout_s:g} s" if isinstance(exc, TimeoutError) else str(exc)
+                    raise SutError(f"model endpoint unreachable: {what}") from exc
                 await asyncio.sleep(_backoff(attempt))
                 continue
+            status, raw = resp.status, resp.body
             if status == 429 or status >= 500:
                 if last:
                     raise SutError(f"model endpoint answered HTTP {status}: {raw[:300].decode(errors='replace')}")
@@ -110,7 +106,8 @@ class OpenAICompatibleSut:
                 continue
             if status >= 400:
                 raise SutError(f"model endpoint answered HTTP {status}: {raw[:300].decode(errors='replace')}")
-            return self._reply(raw, reported_cost)
+            # Behind the run's LiteLLM proxy, the cost it reports is the one recorded (§4: the proxy meters the SUT).
+            return self._reply(raw, resp.headers.get("x-litellm-response-cost"))
         raise AssertionError("unreachable")
 
     def _reply(self, raw: bytes, reported_cost: str | None = None) -> SutReply:
@@ -121,7 +118,6 @@ class OpenAICompatibleSut:
             raise SutError("model endpoint sent a reply that is not a chat completion: "
                            f"{raw[:300].decode(errors='replace')}") from exc
         usage = {k: int(v) for k, v in (data.get("usage") or {}).items() if isinstance(v, int)}
-        # Behind the run's LiteLLM proxy, the cost it reports is the one recorded (§4: the proxy meters the SUT).
         try:
             cost = float(reported_cost) if reported_cost is not None else self._prices.cost(usage)
         except ValueError:
@@ -129,12 +125,11 @@ class OpenAICompatibleSut:
         return SutReply(text=text, usage=usage, cost_usd=cost)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._pool.aclose()
 
 
 class LiteLLMSut:
-    def __init__(self, spec: ModelSpec, *, prices: Prices, api_key: str | None, timeout_s: float,
+    def __init__(self, spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrency: int, timeout_s: float,
                  retries: int) -> None:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         import litellm  # slow import (seconds): only runs that need a non-OpenAI route pay it, once per worker
@@ -142,6 +137,7 @@ class LiteLLMSut:
         self._litellm = litellm
         self._spec = spec
         self._prices = prices
+        self._slots = asyncio.Semaphore(max(concurrency, 1))
         self._kwargs: dict[str, Any] = {"timeout": timeout_s, "num_retries": retries}
         if spec.api_base:
             self._kwargs["api_base"] = spec.api_base
@@ -150,9 +146,10 @@ class LiteLLMSut:
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
         try:
-            resp = await self._litellm.acompletion(
-                model=self._spec.identifier, messages=messages, **self._kwargs, **{**self._spec.params, **params}
-            )
+            async with self._slots:
+                resp = await self._litellm.acompletion(
+                    model=self._spec.identifier, messages=messages, **self._kwargs, **{**self._spec.params, **params}
+                )
         except Exception as exc:  # litellm raises many provider-specific types; all mean the call failed
             raise SutError(f"{type(exc).__name__}: {exc}") from exc
         text = resp.choices[0].message.content or ""

@@ -1,0 +1,226 @@
+"""A lean HTTP/1.1 client for the model-call hot path: POSTs to one origin over kept-alive connections.
+
+Why not aiohttp here: a sweep makes one model call per trial, and the call is the worker's per-task hot path.
+Measured against the dev model at 128 calls in flight, aiohttp's request machinery cost ~130 µs of worker CPU
+per call; this client, an ``asyncio.Protocol`` around ``httptools``' C parser (llhttp, the parser uvicorn uses)
+that writes each request in one ``write``, costs a fraction of that (see ``bench/httpclient.py``). It does only
+what the OpenAI-compatible route needs: ``POST`` with a body, ``http``/``https``, keep-alive reuse,
+``Content-Length``/chunked/read-until-close bodies, gzip/deflate content coding. No redirects, no proxies (the
+aiohttp session it replaces followed neither for these calls).
+
+Callers bound the number of requests in flight (the SUT client's semaphore); the pool opens a connection per
+concurrent request and keeps up to ``max_idle`` of them for reuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import zlib
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class HttpClientError(Exception):
+    """The request failed below HTTP: connection refused or reset, a malformed response, the peer went away."""
+
+
+@dataclass
+class HttpResponse:
+    status: int
+    headers: dict[str, str]
+    """Header names in lower case; a repeated header keeps its last value."""
+    body: bytes
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.keep_alive = True
+        self.received_any = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[HttpResponse] | None = None
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._headers_done = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(HttpClientError(f"malformed HTTP response: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is None or self._waiter.done():
+            return
+        delimited = "content-length" in self._headers or "chunked" in self._headers.get("transfer-encoding", "")
+        if self._headers_done and not delimited:
+            self.keep_alive = False
+            self.on_message_complete()  # a body delimited by the end of the connection (HTTP/1.0 style)
+        else:
+            detail = f": {exc}" if exc else ""
+            self._fail(HttpClientError(f"the server closed the connection before the response was complete{detail}"))
+
+    # -- httptools callbacks -----------------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim response (100 Continue): the real one follows
+            self._reset()
+            return
+        self.keep_alive = self.keep_alive and self._parser.should_keep_alive()
+        body = b"".join(self._body)
+        encoding = self._headers.get("content-encoding", "identity").strip().lower()
+        try:
+            if encoding in ("gzip", "x-gzip"):
+                body = zlib.decompress(body, wbits=16 + zlib.MAX_WBITS)
+            elif encoding == "deflate":
+                body = zlib.decompress(body)
+        except zlib.error as exc:
+            self._fail(HttpClientError(f"response body is not valid {encoding}: {exc}"))
+            self.close()
+            return
+        waiter.set_result(HttpResponse(status=status, headers=self._headers, body=body))
+        self._reset()
+
+    # -- the request -------------------------------------------------------------------------------------------
+
+    async def exchange(self, request: bytes) -> HttpResponse:
+        assert self.transport is not None and self._waiter is None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.received_any = False
+        self.transport.write(request)
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _reset(self) -> None:
+        self._headers = {}
+        self._body = []
+        self._headers_done = False
+
+    def _fail(self, exc: Exception) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+
+
+class HttpPool:
+    """Keep-alive connections to one origin (``scheme://host[:port]``).
+
+    Args:
+        base_url: The origin, optionally with a path prefix that request paths are appended to.
+        headers: Sent with every request (e.g. ``Authorization``).
+        max_idle: Connections kept open between requests.
+        ssl_context: For ``https``; the system's default trust store if not given.
+        connect_timeout_s: Bound on establishing a connection (the caller bounds the whole request).
+    """
+
+    def __init__(self, base_url: str, *, headers: dict[str, str] | None = None, max_idle: int = 128,
+                 ssl_context: ssl.SSLContext | None = None, connect_timeout_s: float = 30.0) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        self._prefix = parts.path.rstrip("/")
+        default_port = self._port == (443 if parts.scheme == "https" else 80)
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        authority = host if default_port else f"{host}:{self._port}"
+        fixed = {"Host": authority, "User-Agent": "benchwright", "Accept": "application/json",
+                 "Accept-Encoding": "gzip, deflate", **(headers or {})}
+        for name, value in fixed.items():
+            if any(c in f"{name}{value}" for c in "\r\n"):
+                raise ValueError(f"header {name!r} contains a line break")
+        self._fixed_headers = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
+        self._max_idle = max_idle
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    async def post(self, path: str, body: bytes, *, content_type: str = "application/json") -> HttpResponse:
+        """POST ``body`` to ``path`` (appended to the base URL's path) and return the whole response.
+
+        A request that fails on a reused connection before any byte of the answer came back (the server closed
+        it while it sat idle) is sent once more on a fresh connection.
+
+        Raises:
+            HttpClientError: the connection failed or the response was malformed.
+        """
+        if self._closed:
+            raise HttpClientError("the HTTP pool is closed")
+        request = (f"POST {self._prefix}{path} HTTP/1.1\r\n{self._fixed_headers}Content-Type: {content_type}\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.closed:
+                continue
+            try:
+                return await self._exchange(conn, request)
+            except HttpClientError:
+                if conn.received_any:
+                    raise
+                break  # stale keep-alive connection: one more try on a new connection
+        return await self._exchange(await self._connect(), request)
+
+    async def _exchange(self, conn: _Connection, request: bytes) -> HttpResponse:
+        try:
+            response = await conn.exchange(request)
+        except BaseException:
+            conn.close()  # a failed or cancelled exchange leaves the connection mid-response: never reuse it
+            raise
+        if conn.keep_alive and not conn.closed and not self._closed and len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        return response
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    _Connection, self._host, self._port, ssl=self._ssl,
+                    server_hostname=self._host if self._ssl else None)
+        except TimeoutError:
+            raise HttpClientError(f"connecting to {self._host}:{self._port} timed out") from None
+        except OSError as exc:
+            raise HttpClientError(f"cannot connect to {self._host}:{self._port}: {exc}") from exc
+        return conn
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

@@ -1,0 +1,272 @@
+"""benchwright.httpclient against real loopback servers that answer the ways HTTP servers do (and misbehave)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import gzip
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from benchwright.httpclient import HttpClientError, HttpPool
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, int]], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes] | None:
+    """One request off the connection: (request line, headers, body), or None at end of stream."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return line, headers, body
+
+
+def response(body: bytes, *, status: str = "200 OK", extra: str = "") -> bytes:
+    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+@asynccontextmanager
+async def serving(handler: Handler, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[tuple[str, dict]]:
+    """A loopback server running ``handler`` per connection; yields its base URL and counters."""
+    stats = {"connections": 0, "requests": 0}
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stats["connections"] += 1
+        try:
+            await handler(reader, writer, stats)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0, ssl=ssl_context)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}/v1", stats
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def echo_keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+    while (req := await read_request(reader)) is not None:
+        stats["requests"] += 1
+        line, headers, body = req
+        writer.write(response(f"{line}|{headers.get('authorization')}|{body.decode()}".encode(),
+                              extra="X-Litellm-Response-Cost: 0.5\r\n"))
+        await writer.drain()
+
+
+async def test_post_sends_path_headers_and_body_and_reuses_the_connection() -> None:
+    async with serving(echo_keep_alive) as (url, stats):
+        pool = HttpPool(url, headers={"Authorization": "Bearer k"})
+        try:
+            first = await pool.post("/chat/completions", b'{"a": 1}')
+            second = await pool.post("/chat/completions", b"two")
+        finally:
+            await pool.aclose()
+    assert first.status == 200
+    assert first.body == b'POST /v1/chat/completions HTTP/1.1|Bearer k|{"a": 1}'
+    assert first.headers["x-litellm-response-cost"] == "0.5"  # names lower-cased
+    assert second.body.endswith(b"|two")
+    assert stats == {"connections": 1, "requests": 2}
+
+
+async def test_concurrent_requests_get_their_own_answers() -> None:
+    async with serving(echo_keep_alive) as (url, stats):
+        pool = HttpPool(url, max_idle=8)
+        try:
+            bodies = [f"n{i}".encode() for i in range(50)]
+            answers = await asyncio.gather(*(pool.post("/x", b) for b in bodies))
+            again = await asyncio.gather(*(pool.post("/x", b) for b in bodies[:8]))
+        finally:
+            await pool.aclose()
+    assert [a.body.rsplit(b"|", 1)[1] for a in answers] == bodies
+    assert [a.body.rsplit(b"|", 1)[1] for a in again] == bodies[:8]
+    assert stats["connections"] == 50  # eight of them were kept and reused for the second round
+
+
+async def test_chunked_gzip_and_error_statuses() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        while (req := await read_request(reader)) is not None:
+            path = req[0].split()[1]
+            if path.endswith("/chunked"):
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            elif path.endswith("/gzip"):
+                writer.write(response(gzip.compress(b"unzipped"), extra="Content-Encoding: gzip\r\n"))
+            else:
+                writer.write(response(b'{"error": "slow down"}', status="429 Too Many Requests"))
+            await writer.drain()
+
+    async with serving(handler) as (url, stats):
+        pool = HttpPool(url)
+        try:
+            chunked = await pool.post("/chunked", b"")
+            zipped = await pool.post("/gzip", b"")
+            limited = await pool.post("/other", b"")
+        finally:
+            await pool.aclose()
+    assert chunked.body == b"hello world"
+    assert zipped.body == b"unzipped"
+    assert (limited.status, limited.body) == (429, b'{"error": "slow down"}')
+    assert stats["connections"] == 1
+
+
+async def test_body_delimited_by_close_and_connection_close_is_not_reused() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        await read_request(reader)
+        stats["requests"] += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+        await writer.drain()
+
+    async with serving(handler) as (url, stats):
+        pool = HttpPool(url)
+        try:
+            answers = [await pool.post("/x", b"") for _ in range(3)]
+        finally:
+            await pool.aclose()
+    assert [a.body for a in answers] == [b"until the end"] * 3
+    assert stats == {"connections": 3, "requests": 3}
+
+
+async def test_stale_idle_connection_is_replaced_once() -> None:
+    """A kept-alive connection the server drops as the next request arrives (its idle timeout raced the request):
+    the request goes out again on a fresh connection instead of failing."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        if stats["connections"] == 1:
+            await read_request(reader)
+            stats["requests"] += 1
+            writer.write(response(b"ok"))  # advertises keep-alive...
+            await writer.drain()
+            await read_request(reader)  # ...but drops the next request unanswered
+            return
+        while await read_request(reader) is not None:
+            stats["requests"] += 1
+            writer.write(response(b"ok again"))
+            await writer.drain()
+
+    async with serving(handler) as (url, stats):
+        pool = HttpPool(url)
+        try:
+            first = await pool.post("/x", b"")
+            second = await pool.post("/x", b"")
+        finally:
+            await pool.aclose()
+    assert (first.body, second.body) == (b"ok", b"ok again")
+    assert stats == {"connections": 2, "requests": 2}
+
+
+async def test_failures_are_http_client_errors_naming_the_problem() -> None:
+    async def cut_short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        await read_request(reader)
+        writer.write(b"this is not HTTP\r\n\r\n")
+        await writer.drain()
+
+    for handler, message in ((cut_short, "closed the connection before the response was complete"),
+                             (garbage, "malformed HTTP response")):
+        async with serving(handler) as (url, _):
+            pool = HttpPool(url)
+            try:
+                with pytest.raises(HttpClientError, match=message):
+                    await pool.post("/x", b"")
+            finally:
+                await pool.aclose()
+
+    async with serving(echo_keep_alive) as (url, _):
+        pass  # closed: nothing listens on that port any more
+    pool = HttpPool(url)
+    with pytest.raises(HttpClientError, match="cannot connect to 127.0.0.1"):
+        await pool.post("/x", b"")
+    await pool.aclose()
+    with pytest.raises(HttpClientError, match="closed"):
+        await pool.post("/x", b"")
+
+
+async def test_cancelled_request_does_not_leave_a_half_read_connection_for_reuse() -> None:
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        while (req := await read_request(reader)) is not None:
+            stats["requests"] += 1
+            if req[2] == b"slow":
+                await release.wait()
+            writer.write(response(req[2]))
+            await writer.drain()
+
+    async with serving(handler) as (url, stats):
+        pool = HttpPool(url)
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await pool.post("/x", b"slow")
+            release.set()
+            fast = await pool.post("/x", b"fast")
+        finally:
+            await pool.aclose()
+    assert fast.body == b"fast"  # not the late answer to "slow"
+    assert stats["connections"] == 2
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def test_https_verifies_the_server_certificate(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    async with serving(echo_keep_alive, server_ctx) as (url, _):
+        trusting = HttpPool(url, ssl_context=ssl.create_default_context(cafile=str(cert)))
+        default = HttpPool(url)  # the system trust store does not know this self-signed certificate
+        try:
+            answer = await trusting.post("/chat/completions", b"over tls")
+            with pytest.raises(HttpClientError, match="CERTIFICATE_VERIFY_FAILED"):
+                await default.post("/chat/completions", b"refused")
+        finally:
+            await trusting.aclose()
+            await default.aclose()
+    assert answer.body.endswith(b"|over tls")
+
+
+async def test_bad_urls_and_header_injection_are_refused() -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        HttpPool("ftp://example.com")
+    with pytest.raises(ValueError, match="line break"):
+        HttpPool("http://example.com", headers={"Authorization": "Bearer x\r\nEvil: 1"})
