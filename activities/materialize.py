@@ -17,7 +17,7 @@ from activities.common import Deps, failure, in_thread, maybe_inject_fault
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseStarted
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
-from benchwright.materialize import Execute, RunHalted, run_batch
+from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle
 from benchwright.sandbox import ExecLimits
 from benchwright.schemas import ModelSpec
@@ -93,7 +93,7 @@ class MaterializeActivities:
                           limits: TrialLimits) -> None:
             if not items:
                 return
-            threads = max(1, min(inp.concurrency, len(items)))
+            threads = scorer_threads(inp.concurrency, len(items))
             async with sandbox(self.deps, run_id=inp.run_id, role="work",
                                key=("materialize", inp.invocation, inp.start),
                                restore=snapshot_of(self.deps, inp.run_id, "atomize"),

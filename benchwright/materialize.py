@@ -27,8 +27,21 @@ from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import TaskRow, TrialResult
 
+SCORER_THREAD_HEADROOM = 64
 FLUSH_EVERY = 200
 FLUSH_INTERVAL_S = 0.25
+
+
+def scorer_threads(concurrency: int, items: int) -> int:
+    """Scorer threads for a batch of ``items`` trials whose model calls are capped at ``concurrency`` in flight.
+
+    More threads than call slots: the SUT client queues the surplus calls (its semaphore, not the thread count,
+    enforces the concurrency), so when a call returns the next one is already waiting in the worker instead of a
+    runner thread first having to report its result, take the next task and ask for its call, a round trip
+    through two processes during which a slot would sit idle. A trial's attempt clock (``attempt.duration``)
+    starts when a thread picks it up, so it includes that short wait for a slot.
+    """
+    return max(1, min(items, concurrency + min(concurrency, SCORER_THREAD_HEADROOM)))
 
 
 class RunHalted(Exception):

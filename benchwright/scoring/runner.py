@@ -25,6 +25,7 @@ import importlib.util
 import itertools
 import json
 import os
+import queue
 import sys
 import threading
 import traceback
@@ -39,17 +40,43 @@ class SutCallError(Exception):
 
 
 class _Channel:
+    """The protocol's output side. Messages from every task thread go through one writer thread, which writes
+    whatever has queued up in one go: under load that is one pipe write (and one wake-up of the host) for many
+    messages instead of one each."""
+
     def __init__(self, out_fd: int) -> None:
-        self._out = os.fdopen(out_fd, "w", encoding="utf-8", buffering=1 << 16)
+        self._out = os.fdopen(out_fd, "wb", buffering=0)
         self._lock = threading.Lock()
         self._calls = itertools.count()
         self._pending: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="protocol-writer", daemon=True)
+        self._writer.start()
 
     def send(self, msg: dict[str, Any]) -> None:
-        line = json.dumps(msg, ensure_ascii=False, default=str)
-        with self._lock:
-            self._out.write(line + "\n")
-            self._out.flush()
+        self._queue.put((json.dumps(msg, ensure_ascii=False, default=str) + "\n").encode())
+
+    def close(self) -> None:
+        """Write out everything sent so far (the process exits after this)."""
+        self._queue.put(None)
+        self._writer.join()
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            batch = [first]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            done = None in batch
+            data = b"".join(b for b in batch if b is not None)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[self._out.write(view):]
+            except OSError:
+                return  # the host is gone; nothing left to tell it
+            if done:
+                return
 
     def call_sut(self, task_id: int, prompt_or_messages: Any, params: dict[str, Any]) -> str:
         if isinstance(prompt_or_messages, str):
@@ -130,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)  # the scorer's prints land on stderr, never in the protocol
     sys.stdout = sys.stderr
     channel = _Channel(protocol_fd)
+    try:
+        return _serve(channel, opts)
+    finally:
+        channel.close()
+
+
+def _serve(channel: _Channel, opts: argparse.Namespace) -> int:
     try:
         scorer = _load_scorer(opts.impl)
     except BaseException as exc:  # noqa: BLE001
