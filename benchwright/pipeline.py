@@ -36,7 +36,7 @@ def plan_phases(launch: LaunchRequest) -> list[PlannedPhase]:
 
 class MaterializeOptions(BaseModel):
     concurrency: int = Field(default=128, ge=1, le=4096)
-    batch_tasks: int = Field(default=250, ge=1)
+    batch_tasks: int = Field(default=1000, ge=1)
     parallel_batches: int = Field(default=4, ge=1, le=64)
 
 
@@ -141,6 +141,34 @@ class MaterializeCompleteInput(BaseModel):
 def batch_bounds(total: int, batch_tasks: int) -> list[tuple[int, int]]:
     """Split task indices ``0..total-1`` into ``[start, stop)`` ranges of at most ``batch_tasks``."""
     return [(start, min(start + batch_tasks, total)) for start in range(0, total, batch_tasks)]
+
+
+def plan_batches(total: int, batch_tasks: int, parallel: int) -> tuple[list[tuple[int, int]], int]:
+    """The Materialize batches of ``total`` tasks, and how many of them run at once.
+
+    Each batch pays a fixed cost (a sandbox restored from the post-Atomize snapshot and a scorer runtime started
+    in it: ~0.1 s of CPU), so batches are as large as ``batch_tasks`` allows rather than split up to fill
+    ``parallel``: 1,000 tasks are one batch with the whole concurrency, not four with a quarter each. Beyond
+    ``parallel`` batches, their number is rounded up to a multiple of ``parallel`` and the tasks spread evenly,
+    so the last round of batches in flight is as full as the others (the run's concurrency is split evenly between
+    the batches in flight; a half-empty last round would leave call slots idle).
+
+    Returns:
+        ``[start, stop)`` index ranges covering every task once, in order, and the number in flight (>= 1).
+    """
+    if total <= 0:
+        return [], 1
+    count = -(-total // max(batch_tasks, 1))
+    parallel = max(parallel, 1)
+    if count > parallel:
+        count = -(-count // parallel) * parallel
+    size, extra = divmod(total, count)
+    bounds, start = [], 0
+    for i in range(count):
+        stop = start + size + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds, min(parallel, count)
 
 
 class HaltInput(BaseModel):

@@ -44,8 +44,9 @@ class Settings(BaseSettings):
     materialize_concurrency: int = 128
     """SUT calls in flight per run during Materialize."""
 
-    materialize_batch_tasks: int = 250
-    """Tasks per Materialize batch activity (all trials of a task stay in one batch)."""
+    materialize_batch_tasks: int = 1000
+    """Most tasks per Materialize batch activity (all trials of a task stay in one batch); see
+    ``benchwright.pipeline.plan_batches``."""
 
     materialize_parallel_batches: int = 4
     """Batch activities of one run in flight at once; the concurrency is split between them."""

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         StopRequest,
         batch_bounds,
+        plan_batches,
         plan_phases,
     )
     from benchwright.temporal_ui import RUN_PHASE, RUN_STATUS
@@ -304,8 +305,11 @@ class RunWorkflow:
                                         start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
                                         summary=f"materialize v{invocation}: start")
         opts = inp.materialize
-        bounds = batch_bounds(self._tasks_total, opts.batch_tasks)
-        in_flight = max(1, min(opts.parallel_batches, len(bounds)))
+        if workflow.patched("balanced-batches"):
+            bounds, in_flight = plan_batches(self._tasks_total, opts.batch_tasks, opts.parallel_batches)
+        else:  # histories recorded before batches were balanced replay with the plan they were made with
+            bounds = batch_bounds(self._tasks_total, opts.batch_tasks)
+            in_flight = max(1, min(opts.parallel_batches, len(bounds)))
         limiter = asyncio.Semaphore(in_flight)
         concurrency = max(1, opts.concurrency // in_flight)
         self._tasks_settled = 0

@@ -16,7 +16,7 @@ import pytest
 from api.main import create_app
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
-from benchwright.pipeline import batch_bounds
+from benchwright.pipeline import plan_batches
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import DevModels, Stack, serve_app
 
@@ -53,9 +53,9 @@ async def test_history_grows_by_batches_not_tasks(stack: Stack, dev_models: DevM
         events = await wait_terminal(http, big["id"])
     base = await _history_length(stack, base_run["id"])
     length = await _history_length(stack, big["id"])
-    batch = stack.settings.materialize_batch_tasks
-    budget_2k = base + EVENTS_PER_BATCH * (len(batch_bounds(2000, batch)) - 1)
-    budget_10k = base + EVENTS_PER_BATCH * (len(batch_bounds(TARGET_TASKS, batch)) - 1)
+    batch, parallel = stack.settings.materialize_batch_tasks, stack.settings.materialize_parallel_batches
+    budget_2k = base + EVENTS_PER_BATCH * (len(plan_batches(2000, batch, parallel)[0]) - 1)
+    budget_10k = base + EVENTS_PER_BATCH * (len(plan_batches(TARGET_TASKS, batch, parallel)[0]) - 1)
     print(f"history: N=1 {base}, N=2000 {length} (budget {budget_2k}); projected N=10000 budget {budget_10k}")
     assert length <= budget_2k
     assert budget_10k < HISTORY_TARGET
@@ -78,8 +78,10 @@ async def test_worker_sigkill_mid_materialize_completes_without_loss_or_duplicat
     n = 300
     answers = _dataset(tmp_path / "tasks.jsonl", n)
     url = await dev_models.start(DevModelConfig(answers=answers, latency_ms=80))
-    # A stack of its own on a separate task queue, so only the subprocess workers below can run its activities.
-    settings = stack.settings.model_copy(update={"task_queue": f"bw-kill-{uuid.uuid4()}"})
+    # A stack of its own on a separate task queue, so only the subprocess workers below can run its activities;
+    # batches of 100 so the kill lands with several batches in flight.
+    settings = stack.settings.model_copy(update={"task_queue": f"bw-kill-{uuid.uuid4()}",
+                                                 "materialize_batch_tasks": 100})
     port = free_port()
     server, task = await serve_app(create_app(settings), port)
     env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,

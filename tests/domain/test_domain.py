@@ -10,7 +10,7 @@ import pytest
 from benchwright.datasets import analyze_dataset, detect_fields, detect_format, fetch_dataset, iter_rows
 from benchwright.errors import DatasetError, InvalidInput
 from benchwright.launch import resolve_launch
-from benchwright.pipeline import batch_bounds, plan_phases
+from benchwright.pipeline import batch_bounds, plan_batches, plan_phases
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.scoring.template import render_exact_match
 from benchwright.status import display_status
@@ -67,6 +67,26 @@ def test_batch_bounds_cover_every_index_once() -> None:
     assert bounds[0] == (0, 250) and bounds[-1] == (1000, 1001)
     assert [i for a, b in bounds for i in range(a, b)] == list(range(1001))
     assert batch_bounds(0, 250) == []
+
+
+@pytest.mark.parametrize("total, batch_tasks, parallel, sizes, in_flight", [
+    (1, 1000, 4, [1], 1),
+    (1000, 1000, 4, [1000], 1),  # one batch with the whole concurrency, not four with a quarter each
+    (1001, 1000, 4, [501, 500], 2),
+    (3000, 1000, 4, [1000, 1000, 1000], 3),
+    (5000, 1000, 4, [625] * 8, 4),  # 5 batches rounded up to 8: two full rounds of 4, no half-empty last one
+    (10_000, 1000, 4, [834] * 4 + [833] * 8, 4),
+    (7, 2, 1, [2, 2, 2, 1], 1),
+    (0, 1000, 4, [], 1),
+])
+def test_plan_batches_covers_every_task_once_in_even_full_rounds(total: int, batch_tasks: int, parallel: int,
+                                                                 sizes: list[int], in_flight: int) -> None:
+    bounds, running = plan_batches(total, batch_tasks, parallel)
+    assert [b - a for a, b in bounds] == sizes
+    assert running == in_flight
+    assert [i for a, b in bounds for i in range(a, b)] == list(range(total))
+    assert all(b - a <= batch_tasks for a, b in bounds)
+    assert len(bounds) <= parallel or len(bounds) % parallel == 0
 
 
 @pytest.mark.parametrize("name, text, fmt", [
