@@ -27,7 +27,7 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.main import create_app  # noqa: E402
-from benchwright.devmodel import DevModelConfig, build_app  # noqa: E402
+from benchwright.devmodel import DevModelConfig, DevModelServer, start_server  # noqa: E402
 from benchwright.devstack import free_port, temporal_binary  # noqa: E402
 from benchwright.settings import Settings  # noqa: E402
 from benchwright.store.accounts import create_account  # noqa: E402
@@ -86,21 +86,20 @@ class Stack:
 
 @dataclass
 class DevModels:
-    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]]
+    servers: list[DevModelServer]
 
     async def start(self, config: DevModelConfig) -> str:
-        port = free_port()
-        self.servers.append(await serve_app(build_app(config), port))
-        return f"http://127.0.0.1:{port}/v1"
+        server = await start_server(config, port=free_port())
+        self.servers.append(server)
+        return server.url
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def dev_models() -> AsyncIterator[DevModels]:
     models = DevModels(servers=[])
     yield models
-    for server, task in models.servers:
-        server.should_exit = True
-        await task
+    for server in models.servers:
+        await server.close()
 
 
 SAMPLE = Path(__file__).resolve().parents[1] / "benchwright" / "samples"

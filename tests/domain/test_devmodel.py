@@ -1,9 +1,10 @@
-"""Tests of the dev-model test double, over real HTTP against a real uvicorn server."""
+"""Tests of the dev-model test double, over real HTTP (httpx and raw sockets) against its asyncio server on loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import string
 import subprocess
 import sys
@@ -15,14 +16,15 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
+from benchwright import devmodel
 from benchwright.devmodel import (
     UNKNOWN_REPLY,
     DevModelConfig,
-    build_app,
+    DevModelServer,
     is_answered_correctly,
     load_answers,
+    start_server,
     wrong_answer,
 )
 
@@ -42,25 +44,23 @@ def _normalize(text: str) -> str:
 
 
 @asynccontextmanager
-async def running(config: DevModelConfig) -> AsyncIterator[httpx.AsyncClient]:
-    """Serve ``build_app(config)`` with uvicorn on a free port; yield a client pointed at /v1."""
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(config), host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
+async def serving(config: DevModelConfig) -> AsyncIterator[DevModelServer]:
+    """Run the dev-model server on a free loopback port for the duration of the block."""
+    server = await start_server(config)
     try:
-        deadline = time.monotonic() + 10
-        # Readiness polling (bounded): uvicorn only exposes a `started` flag.
-        while not server.started:
-            assert not task.done(), "server exited during startup"
-            assert time.monotonic() < deadline, "server did not start within 10 s"
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            yield client
+        yield server
     finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=10)
+        await asyncio.wait_for(server.close(), timeout=10)
+
+
+@asynccontextmanager
+async def running(config: DevModelConfig) -> AsyncIterator[httpx.AsyncClient]:
+    """Serve ``config`` on a free port; yield an httpx client pointed at the server's root."""
+    async with (
+        serving(config) as server,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as client,
+    ):
+        yield client
 
 
 def _chat_body(content: Any, *, model: str = "dev", **extra: Any) -> dict[str, Any]:
@@ -273,6 +273,233 @@ async def test_latency_is_non_blocking() -> None:
     assert replies == ["42"] * 10
     # Serial sleeping would take 3 s; concurrent sleeping takes ~0.3 s.
     assert latency_ms / 1000 <= elapsed < 1.5, elapsed
+
+
+async def test_api_key_is_demanded_when_configured() -> None:
+    async with running(DevModelConfig(answers=ANSWERS, api_key="sk-right")) as client:
+        body = _chat_body("What is 6 times 7?")
+        missing = await client.post("/v1/chat/completions", json=body)
+        wrong = await client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-wrong"})
+        right = await client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-right"})
+        # The key guards chat completions only, as before.
+        models = await client.get("/v1/models")
+    for response in (missing, wrong):
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "invalid_api_key"
+    assert right.json()["choices"][0]["message"]["content"] == "42"
+    assert models.status_code == 200
+
+
+async def test_routing_ignores_query_and_errors_name_method_and_path() -> None:
+    async with running(DevModelConfig(answers=ANSWERS)) as client:
+        with_query = await client.post("/v1/chat/completions?api-version=1", json=_chat_body("What is 6 times 7?"))
+        missing = await client.post("/v1/embeddings?x=1", json={"input": "x"})
+        wrong_method = await client.get("/v1/chat/completions")
+        models_by_post = await client.post("/models")
+        head = await client.head("/health")
+        redirect = await client.get("/health/?a=b")
+    assert with_query.json()["choices"][0]["message"]["content"] == "42"
+    assert missing.json()["error"]["message"] == "Not Found: POST /v1/embeddings"
+    assert wrong_method.json()["error"]["message"] == "Method Not Allowed: GET /v1/chat/completions"
+    assert models_by_post.status_code == 405
+    assert models_by_post.json()["error"]["message"] == "Method Not Allowed: POST /models"
+    # HEAD on a GET route, and Starlette's trailing-slash redirect, as the uvicorn/Starlette version had.
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == str(len(b'{"ok": true}'))
+    assert redirect.status_code == 307
+    assert redirect.headers["location"].endswith("/health?a=b")
+
+
+# --------------------------------------------------------------------------------------------------
+# HTTP/1.1 behaviour of the raw server
+# --------------------------------------------------------------------------------------------------
+
+
+def _request(method: str, path: str, body: bytes = b"", headers: str = "") -> bytes:
+    length = f"Content-Length: {len(body)}\r\n" if body or method == "POST" else ""
+    return f"{method} {path} HTTP/1.1\r\nHost: test\r\n{headers}{length}\r\n".encode() + body
+
+
+def _chat_bytes(question: str) -> bytes:
+    return json.dumps(_chat_body(question)).encode()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """Read one Content-Length-framed response (every response of the dev model is)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+    status_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), timeout=10)
+    return int(status_line.split()[1]), headers, body
+
+
+async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
+    return await asyncio.wait_for(reader.read(), timeout=10) == b""
+
+
+def _content(body: bytes) -> str:
+    return json.loads(body)["choices"][0]["message"]["content"]
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(base_url=server.url, timeout=10, limits=limits) as client:
+            local_ports = set()
+            for question, answer in ANSWERS.items():
+                async with client.stream("POST", "/chat/completions", json=_chat_body(question)) as response:
+                    local_ports.add(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+                    assert _content(await response.aread()) == answer
+                    assert "connection" not in response.headers
+    assert len(local_ports) == 1  # one TCP connection carried every request
+
+
+async def test_connection_close_and_http_1_0_close_after_the_response() -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_request("POST", "/v1/chat/completions", _chat_bytes("Who wrote Hamlet?"), "Connection: close\r\n"))
+        status, headers, body = await _read_response(reader)
+        assert (status, headers["connection"], _content(body)) == (200, "close", "William Shakespeare")
+        assert await _closed_by_server(reader)
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /health HTTP/1.0\r\n\r\n")
+        status, headers, body = await _read_response(reader)
+        assert (status, headers["connection"], body) == (200, "close", b'{"ok": true}')
+        assert await _closed_by_server(reader)
+        writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    # With latency, each answer waits for its own latency, and still none overtakes an earlier one.
+    async with serving(DevModelConfig(answers=ANSWERS, latency_ms=50)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        questions = list(ANSWERS)
+        pipeline = [_request("POST", "/v1/chat/completions", _chat_bytes(q)) for q in questions[:3]]
+        pipeline.insert(1, _request("GET", "/health"))
+        pipeline.append(_request("GET", "/nope"))
+        writer.write(b"".join(pipeline))
+        replies = [await _read_response(reader) for _ in pipeline]
+        writer.close()
+    assert [status for status, _, _ in replies] == [200, 200, 200, 200, 404]
+    assert _content(replies[0][2]) == ANSWERS[questions[0]]
+    assert replies[1][2] == b'{"ok": true}'
+    assert [_content(body) for _, _, body in replies[2:4]] == [ANSWERS[q] for q in questions[1:3]]
+
+
+async def test_malformed_request_gets_400_and_the_connection_closed() -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"THIS IS NOT HTTP\r\n\r\n")
+        status, headers, _ = await _read_response(reader)
+        assert (status, headers["connection"]) == (400, "close")
+        assert await _closed_by_server(reader)
+        writer.close()
+
+        # Requests before the malformed one on the same connection are still answered, in order.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(_request("GET", "/health") + b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n")
+        assert (await _read_response(reader))[0] == 200
+        assert (await _read_response(reader))[0] == 400
+        assert await _closed_by_server(reader)
+        writer.close()
+
+        # The server itself is unaffected.
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            assert (await client.get("/models")).status_code == 200
+
+
+async def test_chunked_request_body() -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        body = _chat_bytes("What is pi to two decimals?")
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        writer.write(head)
+        for start in range(0, len(body), 7):
+            piece = body[start : start + 7]
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        status, _, reply = await _read_response(reader)
+        writer.close()
+    assert (status, _content(reply)) == (200, "3.14")
+
+
+async def test_expect_100_continue_gets_an_interim_response() -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        body = _chat_bytes("Is the sky blue?")
+        writer.write(_request("POST", "/v1/chat/completions", headers="Expect: 100-continue\r\n").replace(
+            b"Content-Length: 0", b"Content-Length: %d" % len(body)))
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        status, _, reply = await _read_response(reader)
+        writer.close()
+    assert (status, _content(reply)) == (200, "yes")
+
+
+async def test_oversized_body_gets_413_and_the_connection_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        # Announced by Content-Length: refused before any of the body is read; the bytes the client
+        # keeps sending are drained, so the 413 is not lost to a connection reset.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Length: %d\r\n\r\n"
+                     % (64 * 2**20 + 1))
+        writer.write(b"x" * 2**18)
+        status, headers, body = await _read_response(reader)
+        assert (status, headers["connection"]) == (413, "close")
+        assert json.loads(body)["error"]["type"] == "invalid_request_error"
+        assert await _closed_by_server(reader)
+        writer.close()
+
+        # Chunked: refused once the received body passes the limit (lowered here to keep the test small).
+        monkeypatch.setattr(devmodel, "_MAX_BODY_BYTES", 1000)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"%x\r\n%s\r\n" % (600, b"x" * 600) * 2)
+        assert (await _read_response(reader))[0] == 413
+        assert await _closed_by_server(reader)
+        writer.close()
+
+
+async def test_a_request_that_crashes_the_handler_gets_500_and_the_server_survives() -> None:
+    async with serving(DevModelConfig(answers=ANSWERS)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        # json.loads raises RecursionError (not a ValueError) on absurd nesting; uvicorn answered 500 too.
+        writer.write(_request("POST", "/v1/chat/completions", b"[" * 100_000) + _request("GET", "/health"))
+        status, headers, _ = await _read_response(reader)
+        assert (status, headers["connection"]) == (500, "close")
+        assert await _closed_by_server(reader)
+        writer.close()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as client:
+            assert await _ask(client, "What is 6 times 7?") == "42"
+
+
+async def test_client_disconnect_during_latency_is_harmless(caplog: pytest.LogCaptureFixture) -> None:
+    async with serving(DevModelConfig(answers=ANSWERS, latency_ms=200)) as server:
+        for _ in range(5):
+            _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(_request("POST", "/v1/chat/completions", _chat_bytes("Who wrote Hamlet?")))
+            await writer.drain()
+            await asyncio.sleep(0.02)  # the request is parsed and its answer is waiting out the latency
+            writer.transport.abort()
+        await asyncio.sleep(0.3)  # past the latency: the abandoned answers would have been written now
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as client:
+            assert await _ask(client, "Who wrote Hamlet?") == "William Shakespeare"
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+async def test_close_lets_in_flight_answers_finish() -> None:
+    server = await start_server(DevModelConfig(answers=ANSWERS, latency_ms=300))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as client:
+        pending = asyncio.create_task(_ask(client, "What is 6 times 7?"))
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(server.close(), timeout=10)
+        assert await pending == "42"
+        with pytest.raises(httpx.ConnectError):
+            await client.get("/health")
 
 
 # --------------------------------------------------------------------------------------------------
