@@ -90,7 +90,7 @@ def run_once(client: Client, dev: dict, dataset: Path, model_url: str, *, k: int
     t0 = time.perf_counter()
     run = client.launch(dataset=str(dataset), model={"identifier": "openai/dev", "api_base": model_url},
                         concurrency=c, **body)
-    final = client.wait(run["id"], poll_s=0.1)
+    final = client.wait(run["id"])
     wall = time.perf_counter() - t0
     cpu = {name: round(_cpu_s(pid) - cpu0[name], 2) for name, pid in pids.items()}
     assert final["status"] == "ok", final

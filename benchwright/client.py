@@ -37,6 +37,10 @@ def read_dev_json(data_dir: Path | None = None) -> dict[str, Any]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
+WAIT_HOLD_S = 20.0
+"""Longest single long poll of ``Client.wait`` (kept below the HTTP timeout)."""
+
+
 class Client:
     def __init__(self, api_url: str, api_key: str, *, timeout: float = 60.0) -> None:
         self._http = httpx.Client(base_url=api_url.rstrip("/"), headers={"Authorization": f"Bearer {api_key}"},
@@ -131,13 +135,18 @@ class Client:
     def account(self) -> dict[str, Any]:
         return self._call("GET", "/v1/account")  # type: ignore[no-any-return]
 
-    def wait(self, run_id: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> dict[str, Any]:
-        """Poll until the run leaves ``running`` or halts (paused or waiting included), then return it."""
+    def wait(self, run_id: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Return the run once it leaves ``running`` or halts (paused or waiting included).
+
+        Long-polls the API (``GET /v1/runs/{id}?wait_s=``), which answers the moment the run's workflow completes.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        hold = max(1.0, min(WAIT_HOLD_S, self._http.timeout.read - 5 if self._http.timeout.read else WAIT_HOLD_S))
         while True:
-            run = self.run(run_id)
+            left = None if deadline is None else deadline - time.monotonic()
+            run = self._call("GET", f"/v1/runs/{run_id}",
+                             params={"wait_s": round(hold if left is None else max(0.0, min(hold, left)), 3)})
             if run["status"] != "running" or run["halted"]:
                 return run
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} still running after {timeout_s} s")
-            time.sleep(poll_s)

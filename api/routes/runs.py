@@ -106,10 +106,39 @@ def get_runs(account: AccountDep, state: StateDep, limit: Annotated[int, Query(g
     return list_runs(state.engine, account_id=account.id, limit=limit, cursor=cursor)
 
 
+WAIT_HALT_CHECK_S = 0.25
+
+
+def _settled(view: RunView) -> bool:
+    return view.status != "running" or view.halted
+
+
 @router.get("/{run_id}", response_model=RunView)
-def get_one(run_id: str, account: AccountDep, state: StateDep) -> RunView:
+async def get_one(run_id: str, account: AccountDep, state: StateDep,
+                  wait_s: Annotated[float, Query(ge=0, le=60, description=(
+                      "Long poll: hold the answer until the run stops running (it finished, or halted: stopped, "
+                      "paused, waiting for a review) or this many seconds passed; the run is returned either "
+                      "way."))] = 0) -> RunView:
     """One run: status, halt fields, display_status, phase, cost and the task summary."""
-    return run_view(state.engine, get_run(state.engine, run_id=run_id, account_id=account.id))
+    def read() -> RunView:
+        return run_view(state.engine, get_run(state.engine, run_id=run_id, account_id=account.id))
+
+    view = await run_in_threadpool(read)
+    if wait_s <= 0 or _settled(view):
+        return view
+    # The workflow's completion wakes us at once (its last activity wrote the row); a halt leaves the workflow
+    # running, so the row is also re-read every WAIT_HALT_CHECK_S.
+    finished = asyncio.create_task((await state.temporal()).get_workflow_handle(run_id).result())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    try:
+        while not _settled(view) and (left := deadline - loop.time()) > 0:
+            await asyncio.wait([finished], timeout=min(WAIT_HALT_CHECK_S, left))
+            view = await run_in_threadpool(read)
+    finally:
+        finished.cancel()
+        await asyncio.gather(finished, return_exceptions=True)  # a failed workflow's error is the row's to tell
+    return view
 
 
 def _event_view(row: EventRow) -> EventView:

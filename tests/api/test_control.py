@@ -343,3 +343,25 @@ async def test_billed_sandbox_time_debits_the_balance_and_halts_at_zero(stack: S
     assert shown["balance_usd"] == pytest.approx(balance)
     assert refused.status_code == 409 and refused.json()["error"]["code"] in ("not_paused", "already_finished")
     assert again.status_code == 402 and again.json()["error"]["code"] == "balance_exhausted"
+
+
+async def test_long_poll_answers_on_pause_on_finish_and_at_its_deadline(stack: Stack,
+                                                                        slow_model: tuple[str, str]) -> None:
+    dataset, url = slow_model
+    loop = asyncio.get_running_loop()
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": dataset, "model": {"identifier": "openai/dev", "api_base": url},
+                                  "concurrency": 4})
+        t0 = loop.time()
+        still = (await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 0.4})).json()
+        assert still["status"] == "running" and loop.time() - t0 >= 0.4  # held to its deadline, then answered
+        paused = await http.post(f"/v1/runs/{run['id']}/pause")
+        assert paused.status_code == 200
+        t0 = loop.time()
+        held = (await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 30})).json()
+        assert held["display_status"] == "paused" and loop.time() - t0 < 5  # a halt answers at once
+        assert (await http.post(f"/v1/runs/{run['id']}/resume")).status_code == 200
+        done = (await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 60}, timeout=90)).json()
+        assert done["status"] == "ok" and settled(done) == 300
+        refused = await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 61})
+    assert refused.status_code == 422 and "wait_s" in refused.text
