@@ -23,10 +23,24 @@ class ResolvedLaunch:
     backend: str
 
 
+def resolve_trials(launch_trials: TrialsConfig | None, subset_default: TrialsConfig | None) -> TrialsConfig:
+    """§7 precedence: the launch body's ``trials``, else the subset's ``default_trials``, else k = 1 with
+    ``any_pass``. Whichever wins is validated (unknown aggregator, missing parameters: 400) and frozen on the run.
+
+    Raises:
+        InvalidInput: the winning config names an unknown aggregator or lacks a parameter it needs.
+    """
+    return validate_trials(launch_trials or subset_default or TrialsConfig())
+
+
 def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_paths: bool,
                    default_compute: str = "local", configured_backends: tuple[str, ...] = ("local",),
-                   saved_compute: str | None = None) -> ResolvedLaunch:
+                   saved_compute: str | None = None,
+                   subset_default_trials: TrialsConfig | None = None) -> ResolvedLaunch:
     """The driver, trials config, limits and compute backend a launch runs with.
+
+    ``subset_default_trials`` is the launched subset's ``default_trials`` (§7) when the launch names a registry
+    subset; the registry is not built yet, so the API passes none today.
 
     Raises:
         InvalidInput: unknown driver, bad trials config, an unenforceable limit, an unknown or unconfigured
@@ -43,7 +57,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_pa
         if not allow_local_paths:
             raise InvalidInput("this deployment does not read datasets from local paths; give an http(s) URL",
                                code="local_paths_disabled")
-    trials = validate_trials(launch.trials or TrialsConfig())
+    trials = resolve_trials(launch.trials, subset_default_trials)
     limits = resolve_limits(limits=launch.limits, constraints=launch.constraints, metadata=launch.metadata)
     backend = resolve_compute(requested=launch.compute, saved=saved_compute, default=default_compute,
                               configured=configured_backends)

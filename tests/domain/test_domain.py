@@ -9,7 +9,8 @@ import pytest
 
 from benchwright.datasets import analyze_dataset, detect_fields, detect_format, fetch_dataset, iter_rows
 from benchwright.errors import DatasetError, InvalidInput
-from benchwright.launch import resolve_launch
+from benchwright.launch import resolve_launch, resolve_trials
+from benchwright.scoring.aggregators import TrialsConfig
 from benchwright.pipeline import batch_bounds, plan_batches, plan_phases
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.scoring.template import render_exact_match
@@ -24,6 +25,20 @@ def test_plan_skips_find_for_a_dataset_launch_and_runs_the_rest_in_order() -> No
     plan = plan_phases(_launch())
     assert [p.phase for p in plan] == list(PHASES)
     assert {p.phase: p.skip_reason for p in plan if p.skip_reason} == {"find": "dataset given at launch"}
+
+
+def test_trials_precedence_launch_then_subset_default_then_k1_any_pass() -> None:
+    launch = TrialsConfig.model_validate({"plan": {"k": 3}, "aggregator": {"name": "mean"}})
+    subset = TrialsConfig.model_validate({"plan": {"k": 5}, "aggregator": {"name": "majority_on", "field": "a"}})
+    assert resolve_trials(launch, subset) == launch
+    assert resolve_trials(None, subset) == subset
+    fallback = resolve_trials(None, None)
+    assert (fallback.plan.k, fallback.aggregator.name) == (1, "any_pass")
+    broken_default = TrialsConfig.model_validate({"plan": {"k": 2}, "aggregator": {"name": "weighted_mean"}})
+    with pytest.raises(InvalidInput, match="weight"):
+        resolve_trials(None, broken_default)  # whichever config wins is validated
+    assert resolve_launch(_launch(), default_driver="builtin", allow_local_paths=False,
+                          subset_default_trials=subset).trials == subset
 
 
 def test_resolve_launch_defaults_and_refusals() -> None:
