@@ -157,6 +157,8 @@ class MaterializeActivities:
         proxy = load_handle(self.deps.run_dir(inp.run_id))  # read once per batch
         sut = self._sut(inp, proxy)
         execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
+        # Connections to the model open while the batch's sandbox and scorer runtime start.
+        warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
         work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp, tasks_path=workdir / "tasks.jsonl",
@@ -173,7 +175,7 @@ class MaterializeActivities:
         except (ScorerLoadError, BenchwrightError) as exc:
             raise failure(exc) from exc
         finally:
-            for task in (ticker, watcher, work):
+            for task in (warming, ticker, watcher, work):
                 task.cancel()
             await sut.aclose()
         maybe_inject_fault(self.deps, inp.metadata, "materialize")

@@ -219,6 +219,19 @@ class HttpPool:
             raise HttpClientError(f"cannot connect to {self._host}:{self._port}: {exc}") from exc
         return conn
 
+    async def warm(self, count: int) -> int:
+        """Open connections ahead of the requests until ``count`` (at most ``max_idle``) are idle; returns how
+        many were opened. Failures are not raised: the requests that follow will report them."""
+        want = min(count, self._max_idle) - len(self._idle)
+        results = await asyncio.gather(*(self._connect() for _ in range(max(0, want))), return_exceptions=True)
+        for conn in results:
+            if isinstance(conn, _Connection):
+                if self._closed or len(self._idle) >= self._max_idle:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
+        return sum(isinstance(c, _Connection) for c in results)
+
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []

@@ -48,6 +48,9 @@ class SutClient(Protocol):
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply: ...
 
+    async def warm(self, calls: int) -> None:
+        """Get ready for about ``calls`` calls (e.g. open connections) while the caller prepares its work."""
+
     async def aclose(self) -> None: ...
 
 
@@ -80,7 +83,8 @@ class OpenAICompatibleSut:
         base = (spec.api_base or OPENAI_DEFAULT_BASE).rstrip("/")
         key = api_key or os.environ.get("OPENAI_API_KEY") or "benchwright-no-key"
         self._timeout_s = timeout_s
-        self._slots = asyncio.Semaphore(max(concurrency, 1))
+        self._limit = max(concurrency, 1)
+        self._slots = asyncio.Semaphore(self._limit)
         self._pool = HttpPool(base, headers={"Authorization": f"Bearer {key}"}, max_idle=max(concurrency, 1))
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
@@ -109,6 +113,11 @@ class OpenAICompatibleSut:
             # Behind the run's LiteLLM proxy, the cost it reports is the one recorded (§4: the proxy meters the SUT).
             return self._reply(raw, resp.headers.get("x-litellm-response-cost"))
         raise AssertionError("unreachable")
+
+    async def warm(self, calls: int) -> None:
+        """Open the connections the first ``calls`` calls will use (at most the concurrency), so the first wave of
+        a batch does not pay 128 connects at once (it took ~40 ms to get 128 calls going without, ~10 ms with)."""
+        await self._pool.warm(min(calls, self._limit))
 
     def _reply(self, raw: bytes, reported_cost: str | None = None) -> SutReply:
         try:
@@ -156,6 +165,9 @@ class LiteLLMSut:
         raw_usage = getattr(resp, "usage", None)
         usage = {k: int(getattr(raw_usage, k, 0) or 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
         return SutReply(text=text, usage=usage, cost_usd=self._prices.cost(usage))
+
+    async def warm(self, calls: int) -> None:
+        return None  # litellm keeps its own connection pools
 
     async def aclose(self) -> None:
         return None

@@ -270,3 +270,20 @@ async def test_bad_urls_and_header_injection_are_refused() -> None:
         HttpPool("ftp://example.com")
     with pytest.raises(ValueError, match="line break"):
         HttpPool("http://example.com", headers={"Authorization": "Bearer x\r\nEvil: 1"})
+
+
+async def test_warm_opens_connections_the_next_requests_use() -> None:
+    async with serving(echo_keep_alive) as (url, stats):
+        pool = HttpPool(url, max_idle=6)
+        try:
+            assert await pool.warm(10) == 6  # capped at what the pool keeps
+            await asyncio.gather(*(pool.post("/x", b"") for _ in range(6)))
+            assert await pool.warm(6) == 0  # all six are back in the pool
+        finally:
+            await pool.aclose()
+    assert stats == {"connections": 6, "requests": 6}
+    pool = HttpPool(url)  # nothing listens there any more: warming fails quietly, the request reports it
+    assert await pool.warm(3) == 0
+    with pytest.raises(HttpClientError, match="cannot connect"):
+        await pool.post("/x", b"")
+    await pool.aclose()
