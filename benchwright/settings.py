@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     materialize_concurrency: int = 128
     """SUT calls in flight per run during Materialize."""
 
-    materialize_batch_tasks: int = 1000
+    materialize_batch_tasks: int = 2500
     """Most tasks per Materialize batch activity (all trials of a task stay in one batch); see
     ``benchwright.pipeline.plan_batches``."""
 

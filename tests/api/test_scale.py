@@ -44,22 +44,37 @@ async def test_history_grows_by_batches_not_tasks(stack: Stack, dev_models: DevM
     answers = _dataset(tmp_path / "big.jsonl", 2000)
     _dataset(tmp_path / "one.jsonl", 1)
     url = await dev_models.start(DevModelConfig(answers=answers))
-    async with stack.http() as http:
-        base_run = await launch(http, {"dataset": str(tmp_path / "one.jsonl"),
-                                       "model": {"identifier": "openai/dev", "api_base": url}})
-        await wait_terminal(http, base_run["id"])
-        big = await launch(http, {"dataset": str(tmp_path / "big.jsonl"),
-                                  "model": {"identifier": "openai/dev", "api_base": url}})
-        events = await wait_terminal(http, big["id"])
+    # Batches of 250 (the default holds 2,500 tasks), so this run has eight batches: two rounds of four.
+    batch, parallel = 250, stack.settings.materialize_parallel_batches
+    port = free_port()
+    server, task = await serve_app(create_app(stack.settings.model_copy(update={"materialize_batch_tasks": batch})),
+                                   port)
+    try:
+        async with stack.http() as http:
+            http.base_url = f"http://127.0.0.1:{port}"
+            base_run = await launch(http, {"dataset": str(tmp_path / "one.jsonl"),
+                                           "model": {"identifier": "openai/dev", "api_base": url}})
+            await wait_terminal(http, base_run["id"])
+            big = await launch(http, {"dataset": str(tmp_path / "big.jsonl"),
+                                      "model": {"identifier": "openai/dev", "api_base": url}})
+            events = await wait_terminal(http, big["id"])
+    finally:
+        server.should_exit = True
+        await task
     base = await _history_length(stack, base_run["id"])
     length = await _history_length(stack, big["id"])
-    batch, parallel = stack.settings.materialize_batch_tasks, stack.settings.materialize_parallel_batches
-    budget_2k = base + EVENTS_PER_BATCH * (len(plan_batches(2000, batch, parallel)[0]) - 1)
+    batches = len(plan_batches(2000, batch, parallel)[0])
+    budget_2k = base + EVENTS_PER_BATCH * (batches - 1)
     budget_10k = base + EVENTS_PER_BATCH * (len(plan_batches(TARGET_TASKS, batch, parallel)[0]) - 1)
-    print(f"history: N=1 {base}, N=2000 {length} (budget {budget_2k}); projected N=10000 budget {budget_10k}")
+    default_10k = base + EVENTS_PER_BATCH * (len(plan_batches(
+        TARGET_TASKS, stack.settings.materialize_batch_tasks, parallel)[0]) - 1)
+    print(f"history: N=1 {base}, N=2000 in {batches} batches {length} (budget {budget_2k}); projected N=10000: "
+          f"{budget_10k} in batches of {batch}, {default_10k} with the default batch size")
+    summaries = [e["data"] for e in events if e["type"] == "MaterializeTaskAggregated"]
+    assert batches == 8 and length > base  # it did grow, by its batches
     assert length <= budget_2k
-    assert budget_10k < HISTORY_TARGET
-    assert sum(e["type"] == "MaterializeTaskResult" for e in events) == 2000
+    assert budget_10k < HISTORY_TARGET and default_10k < HISTORY_TARGET
+    assert sum(e["type"] == "MaterializeTaskResult" for e in events) == 2000 == len(summaries)
 
 
 async def _live_sandboxes(stack: Stack, run_id: str) -> list[str]:

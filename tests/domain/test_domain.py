@@ -91,6 +91,7 @@ def test_batch_bounds_cover_every_index_once() -> None:
     (3000, 1000, 4, [1000, 1000, 1000], 3),
     (5000, 1000, 4, [625] * 8, 4),  # 5 batches rounded up to 8: two full rounds of 4, no half-empty last one
     (10_000, 1000, 4, [834] * 4 + [833] * 8, 4),
+    (10_000, 2500, 4, [2500] * 4, 4),  # the default: one full round
     (7, 2, 1, [2, 2, 2, 1], 1),
     (0, 1000, 4, [], 1),
 ])
