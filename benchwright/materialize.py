@@ -70,6 +70,17 @@ def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dic
     return by_task, aggregated
 
 
+async def _settle_and_commit(work: asyncio.Task[None], stopped: Awaitable[None],
+                             flush: Callable[[], Awaitable[None]]) -> None:
+    """After a cancellation: let the batch's work wind down, stop background commits, commit what is left."""
+    await asyncio.gather(work, return_exceptions=True)
+    await stopped
+    try:
+        await flush()
+    except RunHalted:
+        pass  # already halted for another reason; the ceiling was recorded on the row by flush()
+
+
 Execute = Callable[[list[TrialItem], Callable[[TrialRecord], Awaitable[None]], TrialLimits], Awaitable[None]]
 """Runs trial items through the scorer wherever it lives (one work sandbox, or a task sandbox per task) and
 reports each record; see ``activities.materialize``."""
@@ -91,7 +102,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
     items = [TrialItem(index=inp.start + i, trial=t, row=row)
              for i, row in enumerate(rows) for t in range(k) if t not in by_task.get(inp.start + i, {})]
     counts = {"pass": 0, "fail": 0, "err": 0}
-    flush_every = 1 if inp.run_cost_usd is not None else FLUSH_EVERY
+    cost_ceiling = inp.run_cost_usd is not None
     pending: list[NewEvent] = []
     written = 0
     last_flush = time.monotonic()
@@ -126,6 +137,18 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
                                             key=f"materialize-{inp.invocation}-budget")
                     raise RunHalted(reason)
 
+    wake_flusher = asyncio.Event()
+    stopping = False
+
+    async def background_flushes() -> None:
+        # Commits happen beside the scorer traffic, not in its path: a commit awaited inside on_record held up the
+        # reading of the runner's messages (and so the next model calls) for as long as the store took.
+        while not stopping:
+            await wake_flusher.wait()
+            wake_flusher.clear()
+            if not stopping:
+                await flush()
+
     async def on_record(rec: TrialRecord) -> None:
         by_task.setdefault(rec.index, {})[rec.trial] = TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta,
                                                                      error=rec.error)
@@ -137,8 +160,17 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         ))
         if len(by_task[rec.index]) == k:
             aggregate_task(rec.index)
-        if len(pending) >= flush_every or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
-            await flush()
+        if cost_ceiling:
+            await flush()  # committed and checked before the next result is taken: halts within one task
+        elif len(pending) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+            wake_flusher.set()
+
+    async def stop_flusher(flusher: asyncio.Task[None]) -> None:
+        """Let a commit in progress finish (never cancel one half-way: its count would be lost) and end the task."""
+        nonlocal stopping
+        stopping = True
+        wake_flusher.set()
+        await asyncio.gather(flusher, return_exceptions=True)
 
     # Tasks whose trials were all recorded by an earlier attempt that died before aggregating them.
     for index, trials in by_task.items():
@@ -146,12 +178,24 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             aggregate_task(index)
     limits = TrialLimits(attempts=inp.task_limits.attempts, duration_s=inp.task_limits.duration_s,
                          cost_usd=inp.task_limits.cost_usd, attempt_duration_s=inp.task_limits.attempt_duration_s)
+    flusher = asyncio.create_task(background_flushes())
+    work = asyncio.create_task(execute(items, on_record, limits))
     try:
-        await execute(items, on_record, limits)
+        await asyncio.wait([work, flusher], return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():  # the flusher ended first: a commit crossed a ceiling (RunHalted) or the store failed
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            flusher.result()
+        work.result()
     except asyncio.CancelledError:
         # Halted or paused: keep what was measured. The records already settled are committed before we go.
-        await asyncio.shield(flush())
+        work.cancel()
+        await asyncio.shield(_settle_and_commit(work, stop_flusher(flusher), flush))
         raise
+    except BaseException:
+        await asyncio.shield(stop_flusher(flusher))
+        raise
+    await stop_flusher(flusher)
     await flush()
     return MaterializeBatchResult(start=inp.start, stop=inp.stop, trials_recorded=written, passed=counts["pass"],
                                   failed=counts["fail"], errored=counts["err"])
