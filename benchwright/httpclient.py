@@ -23,6 +23,10 @@ from urllib.parse import urlsplit
 import httptools
 
 
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""A response body larger than this is refused (a model reply is kilobytes; this bounds a broken endpoint)."""
+
+
 class HttpClientError(Exception):
     """The request failed below HTTP: connection refused or reset, a malformed response, the peer went away."""
 
@@ -47,6 +51,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[HttpResponse] | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
+        self._body_size = 0
         self._headers_done = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------------------------
@@ -55,11 +60,16 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._waiter is None:  # bytes nobody asked for: the connection's state is unknown, never reuse it
+            self.close()
+            return
         self.received_any = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(HttpClientError(f"malformed HTTP response: {exc}"))
+        except httptools.HttpParserError as exc:  # httptools wraps what a callback raises in one of these
+            too_large = self._body_size > MAX_BODY_BYTES
+            self._fail(HttpClientError(f"response body exceeds {MAX_BODY_BYTES // 2**20} MiB" if too_large
+                                       else f"malformed HTTP response: {exc}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -76,6 +86,10 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._waiter is None or self._waiter.done():
+            self.keep_alive = False  # a response nobody asked for: the connection is not reused
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -83,11 +97,15 @@ class _Connection(asyncio.Protocol):
         self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > MAX_BODY_BYTES:
+            raise OverflowError("response body too large")  # stops the parser; reported in data_received
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
+            self._reset()
             return
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # an interim response (100 Continue): the real one follows
@@ -128,6 +146,7 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self._headers = {}
         self._body = []
+        self._body_size = 0
         self._headers_done = False
 
     def _fail(self, exc: Exception) -> None:

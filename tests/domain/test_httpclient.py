@@ -287,3 +287,41 @@ async def test_warm_opens_connections_the_next_requests_use() -> None:
     with pytest.raises(HttpClientError, match="cannot connect"):
         await pool.post("/x", b"")
     await pool.aclose()
+
+
+async def test_an_oversized_body_and_unsolicited_bytes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import benchwright.httpclient as httpclient
+
+    monkeypatch.setattr(httpclient, "MAX_BODY_BYTES", 1000)
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(5):
+            writer.write(b"258\r\n" + b"x" * 600 + b"\r\n")  # 5 x 600 bytes, no Content-Length to refuse up front
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with serving(big) as (url, _):
+        pool = HttpPool(url)
+        try:
+            with pytest.raises(HttpClientError, match="response body exceeds"):
+                await pool.post("/x", b"")
+        finally:
+            await pool.aclose()
+
+    async def chatty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        while await read_request(reader) is not None:
+            stats["requests"] += 1
+            writer.write(response(b"ok") + (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra"
+                                            if stats["requests"] == 1 else b""))
+            await writer.drain()
+
+    async with serving(chatty) as (url, stats):
+        pool = HttpPool(url)
+        try:
+            first = await pool.post("/x", b"")
+            second = await pool.post("/x", b"")  # not answered with the stray "extra" response
+        finally:
+            await pool.aclose()
+    assert (first.body, second.body) == (b"ok", b"ok")
