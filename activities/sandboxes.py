@@ -151,6 +151,18 @@ async def take_snapshot(deps: Deps, box: Sandbox, *, run_id: str, phase: str, in
     return snapshot_id
 
 
+async def snapshot_files(deps: Deps, files: dict[str, bytes], *, run_id: str, phase: str, invocation: int) -> str:
+    """A work-sandbox snapshot holding ``files``, made without a sandbox (for a phase that only puts files in
+    place and runs nothing), recorded like ``take_snapshot``'s."""
+    backend = LocalBackend(deps.settings.sandboxes_dir(), allow_unisolated=deps.settings.allow_unisolated)
+    try:
+        snapshot_id = await backend.snapshot_files(files, label=f"{run_id}:{phase}:v{invocation}")
+    finally:
+        await backend.close()
+    await record_snapshot(deps, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id)
+    return snapshot_id
+
+
 async def record_snapshot(deps: Deps, *, run_id: str, phase: str, invocation: int, snapshot_id: str) -> None:
     """SnapshotCreated for the phase, and the id remembered for the phases after. Snapshots are content-addressed,
     so a phase that left the filesystem as it found it records its predecessor's id without taking one."""

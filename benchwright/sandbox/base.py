@@ -212,6 +212,10 @@ class SandboxBackend(Protocol):
         """Capture the work directory; returns a snapshot id that ``create(snapshot_id=...)`` restores."""
         ...
 
+    async def snapshot_files(self, files: Mapping[str, bytes], *, label: str, base: str | None = None) -> str:
+        """The snapshot of ``base`` plus ``files`` (relative path -> content), made without a live sandbox."""
+        ...
+
     async def kill(self, sandbox_id: str) -> float:
         """End every process of the sandbox and release it; returns its lifetime in seconds. Idempotent."""
         ...

@@ -1437,6 +1437,40 @@ class LocalBackend:
         return await asyncio.to_thread(self.snapshots.capture, self._dir(sandbox_id) / "work", label=label,
                                        source=meta.sandbox_id)
 
+    async def snapshot_files(self, files: Mapping[str, bytes], *, label: str, base: str | None = None) -> str:
+        """A snapshot of ``base``'s files (none if not given) plus ``files``, made without a live sandbox.
+
+        It is the snapshot a sandbox would give after ``create(snapshot_id=base)`` and a ``write_file`` of each
+        file (same modes, so the same id), for phases that only put files in place and run nothing: no
+        namespaces, processes or cgroups are set up for it.
+
+        Raises:
+            SandboxPathError: a path would leave the work directory.
+            SandboxError: ``base`` is unknown or damaged.
+        """
+        return await asyncio.to_thread(self._snapshot_files_sync, dict(files), label, base)
+
+    def _snapshot_files_sync(self, files: dict[str, bytes], label: str, base: str | None) -> str:
+        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.snapshots.root))
+        try:
+            if base is not None:
+                self.snapshots.restore(base, staging, uid=None, gid=None)
+            for path, data in files.items():
+                parts = _split_relpath(path)
+                dfd = _open_parent(staging, parts, create=True, uid=None, gid=None)
+                try:
+                    fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
+                try:
+                    _write_all(fd, data)
+                    os.fchmod(fd, 0o644)  # write_file's default mode
+                finally:
+                    os.close(fd)
+            return self.snapshots.capture(staging, label=label, source="files")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
     # -- kill / list / reap -------------------------------------------------------------------------------------
 
     async def kill(self, sandbox_id: str) -> float:

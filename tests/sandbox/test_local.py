@@ -32,6 +32,7 @@ from benchwright.sandbox import (
     ExecLimits,
     IsolationUnavailable,
     LocalBackend,
+    SandboxError,
     SandboxInfo,
     SandboxNotFound,
     SandboxPathError,
@@ -662,6 +663,24 @@ async def test_snapshot_restore_identical_dedup_and_survives_restart(backend: Lo
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+async def test_snapshot_of_files_equals_the_sandbox_made_one_and_builds_on_a_base(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    await backend.write_file(info.sandbox_id, "data/rows.jsonl", b'{"q": 1}\n')
+    via_sandbox = await backend.snapshot(info.sandbox_id, label="through a sandbox")
+    direct = await backend.snapshot_files({"data/rows.jsonl": b'{"q": 1}\n'}, label="without one")
+    assert direct == via_sandbox  # same files, modes and layout: the same content-addressed id
+
+    layered = await backend.snapshot_files({"task_impl.py": b"class Scorer: ..."}, label="on top", base=direct)
+    box = await _create(backend, snapshot_id=layered)
+    assert await backend.read_file(box.sandbox_id, "data/rows.jsonl") == b'{"q": 1}\n'
+    assert await backend.read_file(box.sandbox_id, "task_impl.py") == b"class Scorer: ..."
+    with pytest.raises(SandboxPathError):
+        await backend.snapshot_files({"../outside": b"x"}, label="escape")
+    with pytest.raises(SandboxError, match="snapshot"):
+        await backend.snapshot_files({"a": b"x"}, label="bad base", base="0" * 64)
+    assert not list(backend.snapshots.root.glob("staging-*")), "no staging directory is left behind"
 
 
 async def test_damaged_snapshot_is_refused(backend: LocalBackend) -> None:
