@@ -1,0 +1,49 @@
+"""Saved workflow histories replay against today's RunWorkflow (TEMPORAL-NOTES: versioning long runs).
+
+A run started by an older worker must finish on a newer one: every change to the commands the workflow issues goes
+behind ``workflow.patched``, and a history recorded before the change is kept here so a missing patch fails CI.
+
+- ``run_600_tasks_before_balanced_batches.json``: recorded with the code before ``plan_batches`` (three batches of
+  250, 250 and 100 tasks); it replays only because the new plan is behind ``patched("balanced-batches")``.
+- ``run_600_tasks_balanced_batches.json``: recorded with ``plan_batches`` (three batches of 200).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from worker import PASSTHROUGH
+from workflows.run import RunWorkflow
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+HISTORIES = Path(__file__).with_name("histories")
+
+
+def _replayer() -> Replayer:
+    return Replayer(workflows=[RunWorkflow], data_converter=pydantic_data_converter,
+                    workflow_runner=SandboxedWorkflowRunner(
+                        restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in HISTORIES.glob("*.json")))
+async def test_saved_history_replays_deterministically(name: str) -> None:
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, f"{name}: {result.replay_failure}"
+
+
+async def test_a_change_without_a_patch_would_be_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay above is not vacuous: with the patch check forced on, the pre-change history no longer replays."""
+    from temporalio import workflow
+
+    monkeypatch.setattr(workflow, "patched", lambda _id: True)
+    name = "run_600_tasks_before_balanced_batches.json"
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
