@@ -127,17 +127,26 @@ async def get_one(run_id: str, account: AccountDep, state: StateDep,
     if wait_s <= 0 or _settled(view):
         return view
     # The workflow's completion wakes us at once (its last activity wrote the row); a halt leaves the workflow
-    # running, so the row is also re-read every WAIT_HALT_CHECK_S.
-    finished = asyncio.create_task((await state.temporal()).get_workflow_handle(run_id).result())
+    # running, so the row is also re-read every WAIT_HALT_CHECK_S. Without Temporal (unreachable, or the workflow
+    # gone) the row alone is polled at that pace.
+    try:
+        finished: asyncio.Task[Any] | None = asyncio.create_task(
+            (await state.temporal()).get_workflow_handle(run_id).result())
+    except Unavailable:
+        finished = None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     try:
         while not _settled(view) and (left := deadline - loop.time()) > 0:
-            await asyncio.wait([finished], timeout=min(WAIT_HALT_CHECK_S, left))
+            if finished is None or finished.done():
+                await asyncio.sleep(min(WAIT_HALT_CHECK_S, left))
+            else:
+                await asyncio.wait([finished], timeout=min(WAIT_HALT_CHECK_S, left))
             view = await run_in_threadpool(read)
     finally:
-        finished.cancel()
-        await asyncio.gather(finished, return_exceptions=True)  # a failed workflow's error is the row's to tell
+        if finished is not None:
+            finished.cancel()
+            await asyncio.gather(finished, return_exceptions=True)  # a failed workflow's error is the row's to tell
     return view
 
 

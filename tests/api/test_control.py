@@ -365,3 +365,20 @@ async def test_long_poll_answers_on_pause_on_finish_and_at_its_deadline(stack: S
         assert done["status"] == "ok" and settled(done) == 300
         refused = await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 61})
     assert refused.status_code == 422 and "wait_s" in refused.text
+
+
+async def test_long_poll_on_a_run_whose_workflow_is_gone_answers_at_its_deadline(
+        stack: Stack, slow_model: tuple[str, str]) -> None:
+    """A workflow terminated behind the platform's back never writes the row's end: the long poll still answers, at
+    its deadline, with the row as it stands."""
+    dataset, url = slow_model
+    loop = asyncio.get_running_loop()
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": dataset, "model": {"identifier": "openai/dev", "api_base": url},
+                                  "concurrency": 1})
+        await stack.client.get_workflow_handle(run["id"]).terminate(reason="test: gone")
+        t0 = loop.time()
+        held = await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 0.8})
+        waited = loop.time() - t0
+    assert held.status_code == 200 and held.json()["status"] == "running"
+    assert 0.8 <= waited < 5
