@@ -196,6 +196,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         await asyncio.shield(stop_flusher(flusher))
         raise
     await stop_flusher(flusher)
+    flusher.result()  # a background commit that crossed a ceiling (RunHalted) or failed is this batch's outcome
     await flush()
     return MaterializeBatchResult(start=inp.start, stop=inp.stop, trials_recorded=written, passed=counts["pass"],
                                   failed=counts["fail"], errored=counts["err"])
