@@ -114,15 +114,19 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self.keep_alive and self._parser.should_keep_alive()
         body = b"".join(self._body)
         encoding = self._headers.get("content-encoding", "identity").strip().lower()
-        try:
-            if encoding in ("gzip", "x-gzip"):
-                body = zlib.decompress(body, wbits=16 + zlib.MAX_WBITS)
-            elif encoding == "deflate":
-                body = zlib.decompress(body)
-        except zlib.error as exc:
-            self._fail(HttpClientError(f"response body is not valid {encoding}: {exc}"))
-            self.close()
-            return
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS)
+            try:
+                body = inflater.decompress(body, MAX_BODY_BYTES)
+                unfinished = bool(inflater.unconsumed_tail)
+            except zlib.error as exc:
+                self._fail(HttpClientError(f"response body is not valid {encoding}: {exc}"))
+                self.close()
+                return
+            if unfinished:  # a small compressed body that inflates past the limit
+                self._fail(HttpClientError(f"response body exceeds {MAX_BODY_BYTES // 2**20} MiB once decompressed"))
+                self.close()
+                return
         waiter.set_result(HttpResponse(status=status, headers=self._headers, body=body))
         self._reset()
 

@@ -302,13 +302,19 @@ async def test_an_oversized_body_and_unsolicited_bytes_are_refused(monkeypatch: 
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
-    async with serving(big) as (url, _):
-        pool = HttpPool(url)
-        try:
-            with pytest.raises(HttpClientError, match="response body exceeds"):
-                await pool.post("/x", b"")
-        finally:
-            await pool.aclose()
+    async def bomb(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        await read_request(reader)
+        writer.write(response(gzip.compress(b"\0" * 5000), extra="Content-Encoding: gzip\r\n"))  # ~40 bytes sent
+        await writer.drain()
+
+    for handler, message in ((big, "response body exceeds 0 MiB$"), (bomb, "exceeds 0 MiB once decompressed")):
+        async with serving(handler) as (url, _):
+            pool = HttpPool(url)
+            try:
+                with pytest.raises(HttpClientError, match=message):
+                    await pool.post("/x", b"")
+            finally:
+                await pool.aclose()
 
     async def chatty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
         while await read_request(reader) is not None:
