@@ -596,6 +596,30 @@ def _parse_proxy_url(url: str) -> tuple[str, int]:
 # ---------------------------------------------------------------------------------------------------- snapshots ---
 
 
+def _write_file_into(work: Path, parts: list[str], data: bytes, *, mode: int, uid: int | None,
+                     gid: int | None) -> None:
+    """Write a regular file at ``parts`` under ``work`` (parents created), never through a symlink."""
+    dfd = _open_parent(work, parts, create=True, uid=uid, gid=gid)
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (40, 21):  # ELOOP, EISDIR
+                raise SandboxPathError(f"{'/'.join(parts)!r} is a symlink or a directory") from exc
+            raise
+    finally:
+        os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SandboxPathError(f"{'/'.join(parts)!r} is not a regular file")
+        _write_all(fd, data)
+        if uid is not None:
+            os.fchown(fd, uid, gid or uid)
+        os.fchmod(fd, mode & 0o777)
+    finally:
+        os.close(fd)
+
+
 class _SnapshotStore:
     """Content-addressed snapshots of work directories (see the module docstring for the layout)."""
 
@@ -1378,25 +1402,7 @@ class LocalBackend:
         await asyncio.to_thread(self._write_file_sync, meta, parts, bytes(data), mode)
 
     def _write_file_sync(self, meta: _Meta, parts: list[str], data: bytes, mode: int) -> None:
-        dfd = _open_parent(self._dir(meta.sandbox_id) / "work", parts, create=True, uid=meta.uid, gid=meta.gid)
-        try:
-            try:
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno in (40, 21):  # ELOOP, EISDIR
-                    raise SandboxPathError(f"{'/'.join(parts)!r} is a symlink or a directory") from exc
-                raise
-        finally:
-            os.close(dfd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise SandboxPathError(f"{'/'.join(parts)!r} is not a regular file")
-            _write_all(fd, data)
-            if meta.uid is not None:
-                os.fchown(fd, meta.uid, meta.gid or meta.uid)
-            os.fchmod(fd, mode & 0o777)
-        finally:
-            os.close(fd)
+        _write_file_into(self._dir(meta.sandbox_id) / "work", parts, data, mode=mode, uid=meta.uid, gid=meta.gid)
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         """Read ``path`` from the work directory.
@@ -1455,18 +1461,8 @@ class LocalBackend:
         try:
             if base is not None:
                 self.snapshots.restore(base, staging, uid=None, gid=None)
-            for path, data in files.items():
-                parts = _split_relpath(path)
-                dfd = _open_parent(staging, parts, create=True, uid=None, gid=None)
-                try:
-                    fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
-                finally:
-                    os.close(dfd)
-                try:
-                    _write_all(fd, data)
-                    os.fchmod(fd, 0o644)  # write_file's default mode
-                finally:
-                    os.close(fd)
+            for path, data in files.items():  # as write_file would, with its default mode
+                _write_file_into(staging, _split_relpath(path), data, mode=0o644, uid=None, gid=None)
             return self.snapshots.capture(staging, label=label, source="files")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
