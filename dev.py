@@ -4,6 +4,7 @@
     python3 dev.py demo          create .venv if needed, install Benchwright, run the end-to-end demo
     python3 dev.py test [ARGS]   create .venv if needed, install Benchwright with test extras, run pytest
     python3 dev.py bench [ARGS]  run bench/materialize.py
+    python3 dev.py bench sse [ARGS]  run bench/sse.py (SSE streams on a live run)
 
 The environment is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -52,7 +53,8 @@ def main() -> None:
     elif command == "bench":
         ensure_env("test")
         os.chdir(ROOT)
-        os.execve(str(PY), [str(PY), "bench/materialize.py", *args], env)
+        script, args = ("bench/sse.py", args[1:]) if args[:1] == ["sse"] else ("bench/materialize.py", args)
+        os.execve(str(PY), [str(PY), script, *args], env)
     else:
         sys.exit(__doc__)
 

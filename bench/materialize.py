@@ -16,52 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchstack import cpu_s, peak_rss_mb, running_stack, write_dataset  # noqa: E402
 from benchwright.client import Client  # noqa: E402
-from benchwright.devstack import free_port  # noqa: E402
-
-BW = [sys.executable, "-m", "benchwright.cli"]
-
-
-def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
-        time.sleep(0.05)
-    raise SystemExit(f"{path} did not appear")
-
-
-def _write_dataset(path: Path, n: int) -> None:
-    with path.open("w") as f:
-        for i in range(n):
-            f.write(json.dumps({"question": f"What is {i} plus {i + 7}? (item {i})", "answer": str(2 * i + 7)}) + "\n")
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _history_length(address: str, run_id: str) -> int:
@@ -88,13 +52,13 @@ def _all_events(client: Client, run_id: str) -> list[dict]:
 
 def run_once(client: Client, dev: dict, dataset: Path, model_url: str, *, k: int, c: int, pids: dict) -> dict:
     body = {"trials": {"plan": {"k": k}, "aggregator": {"name": "any_pass"}}} if k > 1 else {}
-    cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
+    cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
     t0 = time.perf_counter()
     run = client.launch(dataset=str(dataset), model={"identifier": "openai/dev", "api_base": model_url},
                         concurrency=c, **body)
     final = client.wait(run["id"])
     wall = time.perf_counter() - t0
-    cpu = {name: round(_cpu_s(pid) - cpu0[name], 2) for name, pid in pids.items()}
+    cpu = {name: round(cpu_s(pid) - cpu0[name], 2) for name, pid in pids.items()}
     assert final["status"] == "ok", final
     events = _all_events(client, run["id"])
     results = [e for e in events if e["type"] == "MaterializeTaskResult"]
@@ -117,22 +81,10 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bw-bench-"))
     dataset, overhead_set = work / "tasks.jsonl", work / "one.jsonl"
-    _write_dataset(dataset, args.tasks)
-    _write_dataset(overhead_set, 1)
-    ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
-    up = subprocess.Popen([*BW, "up", "--data-dir", str(work / "data"), "--api-port", str(ports["api"]),
-                           "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ready = work / "model.json"
-    model = subprocess.Popen([*BW, "dev-model", "--answers", str(dataset), "--latency-ms", str(args.latency_ms),
-                              "--port", "0", "--ready-file", str(ready)],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        dev = _wait_file(work / "data" / "dev.json", up)
-        model_url = _wait_file(ready, model)["url"]
-        stack_pids = json.loads((work / "data" / "pids.json").read_text())
-        pids = {"worker": stack_pids["worker"], "api": stack_pids["api"], "temporal": stack_pids["temporal"],
-                "dev_model": model.pid}
+    write_dataset(dataset, args.tasks)
+    write_dataset(overhead_set, 1)
+    with running_stack(work, answers=dataset, latency_ms=args.latency_ms) as stack:
+        dev, model_url, pids = stack.dev, stack.model_url, stack.pids
         with Client(dev["api_url"], dev["api_key"], timeout=120) as client:
             # Warm-up (the worker's first runs pay imports and caches), then N=1 and each configuration in turn, so
             # the fixed overhead and the runs it is subtracted from are measured under the same conditions.
@@ -163,13 +115,8 @@ def main() -> None:
                       f"{cpu['worker']}/{cpu['api']}/{cpu['temporal']}/{cpu['dev_model']}   "
                       f"{'MEETS' if wall <= target else 'MISSES'} target (median vs 1.15 x limit + median overhead)")
                 print(f"       phases ms {best['phases_ms']}; all walls {[round(r['wall_s'], 2) for r in runs[c]]}")
-            print(f"worker peak RSS: {_peak_rss_mb(pids['worker']):.0f} MB; lm-eval reference ~9 s, inspect_ai ~20 s "
+            print(f"worker peak RSS: {peak_rss_mb(pids['worker']):.0f} MB; lm-eval reference ~9 s, inspect_ai ~20 s "
                   f"for N=1000, C=128, L=50 ms (goal: < 4.5 s)")
-    finally:
-        for proc in (model, up):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""What the bench scripts share: the real stack as separate processes, datasets, and /proc readings."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchwright.devstack import free_port  # noqa: E402
+
+BW = [sys.executable, "-m", "benchwright.cli"]
+
+
+@dataclass
+class BenchStack:
+    """A running ``benchwright up`` plus a ``benchwright dev-model``, as a user would start them."""
+
+    dev: dict
+    """dev.json: api_url, api_key, temporal_address."""
+    model_url: str
+    pids: dict[str, int]
+    """worker, api, temporal and dev_model process ids."""
+
+
+def wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise SystemExit(f"{path} did not appear")
+
+
+def write_dataset(path: Path, n: int) -> None:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"question": f"What is {i} plus {i + 7}? (item {i})", "answer": str(2 * i + 7)}) + "\n")
+
+
+def _status_kb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_rss_mb(pid: int) -> float:
+    return _status_kb(pid, "VmHWM")
+
+
+def rss_mb(pid: int) -> float:
+    return _status_kb(pid, "VmRSS")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def running_stack(work: Path, *, answers: Path, latency_ms: float) -> Iterator[BenchStack]:
+    """Start ``benchwright up`` and the dev model (answering from ``answers``) under ``work``; stop both after."""
+    ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
+    up = subprocess.Popen([*BW, "up", "--data-dir", str(work / "data"), "--api-port", str(ports["api"]),
+                           "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ready = work / "model.json"
+    model = subprocess.Popen([*BW, "dev-model", "--answers", str(answers), "--latency-ms", str(latency_ms),
+                              "--port", "0", "--ready-file", str(ready)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        dev = wait_file(work / "data" / "dev.json", up)
+        model_url = wait_file(ready, model)["url"]
+        stack_pids = json.loads((work / "data" / "pids.json").read_text())
+        pids = {"worker": stack_pids["worker"], "api": stack_pids["api"], "temporal": stack_pids["temporal"],
+                "dev_model": model.pid}
+        yield BenchStack(dev=dev, model_url=model_url, pids=pids)
+    finally:
+        for proc in (model, up):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
