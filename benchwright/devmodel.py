@@ -19,6 +19,11 @@ Endpoints: ``POST /v1/chat/completions`` (and ``/chat/completions``; ``stream: t
 ``GET /v1/models`` (and ``/models``), ``GET /health``. Authentication is not required unless
 ``api_key`` is configured; otherwise any ``Authorization`` header is accepted and ignored.
 
+Fault modes, for tests of how callers meet a sick provider: ``known_models_only`` answers 404
+``model_not_found`` for a model other than ``model_name`` (as OpenAI does), and ``faults`` make a
+window of chat requests (counted from 0 in arrival order) answer 401, 403, 429 (with ``Retry-After``),
+500 or 503 in OpenAI's error shape. ``DevModelServer.chat_statuses`` counts what was answered.
+
 The server is a raw ``asyncio.Protocol`` HTTP/1.1 server on ``httptools`` (uvicorn's C parser), not
 a framework app, because its CPU per request is what benchmarks measure: they drive it at 128+
 concurrent requests on small machines, and a single-threaded server that spends 100 µs per request
@@ -63,6 +68,7 @@ __all__ = [
     "UNKNOWN_REPLY",
     "DevModelConfig",
     "DevModelServer",
+    "Fault",
     "is_answered_correctly",
     "load_answers",
     "serve",
@@ -112,6 +118,44 @@ _DECOYS = (
 _YES_NO_FLIPS = {"yes": "no", "no": "yes", "true": "false", "false": "true"}
 
 
+_FAULT_ERRORS: dict[int, tuple[str, str, str]] = {
+    # status -> (message, type, code), as OpenAI words them
+    401: ("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+    403: ("You are not allowed to sample from this model.", "invalid_request_error", "permission_denied"),
+    429: ("Rate limit reached for requests. Please try again later.", "requests", "rate_limit_exceeded"),
+    500: ("The server had an error while processing your request.", "server_error", "internal_error"),
+    503: ("The engine is currently overloaded, please try again later.", "server_error", "overloaded"),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Chat requests ``first <= n < first + count`` (``count`` None: all from ``first`` on) answer ``status``.
+
+    Attributes:
+        status: One of 401, 403, 429, 500, 503.
+        first: The first affected chat request, counted from 0 in arrival order.
+        count: How many requests are affected; None for every one from ``first`` on.
+        retry_after: A ``Retry-After`` header value to send with the answer (seconds or an HTTP date).
+    """
+
+    status: int
+    first: int = 0
+    count: int | None = None
+    retry_after: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in _FAULT_ERRORS:
+            raise ValueError(f"fault status must be one of {sorted(_FAULT_ERRORS)}, got {self.status!r}")
+        if self.first < 0 or (self.count is not None and self.count < 0):
+            raise ValueError("fault first and count must be >= 0")
+        if self.retry_after is not None and any(c in self.retry_after for c in "\r\n"):
+            raise ValueError("retry_after must not contain a line break")
+
+    def covers(self, n: int) -> bool:
+        return n >= self.first and (self.count is None or n < self.first + self.count)
+
+
 @dataclass(frozen=True)
 class DevModelConfig:
     """Configuration of the dev-model test double.
@@ -123,6 +167,10 @@ class DevModelConfig:
         model_name: Id listed by ``/v1/models``. Requests naming any model are answered anyway.
         api_key: When set, chat completions demand ``Authorization: Bearer <api_key>`` and answer 401 otherwise,
             like a real provider (so tests can tell who holds the real key).
+        known_models_only: Answer 404 ``model_not_found`` to a chat request naming a model other than
+            ``model_name`` (the ``openai/`` prefix a caller routes by is never sent).
+        faults: Windows of chat requests that answer an error status instead (see ``Fault``); the first
+            window covering a request wins.
     """
 
     answers: dict[str, str]
@@ -130,6 +178,8 @@ class DevModelConfig:
     latency_ms: float = 0.0
     model_name: str = "dev"
     api_key: str | None = None
+    known_models_only: bool = False
+    faults: tuple[Fault, ...] = ()
 
     def __post_init__(self) -> None:
         # NaN fails both comparisons, so it is rejected too.
@@ -522,7 +572,7 @@ _WANTED_HEADERS = frozenset((b"authorization", b"content-length", b"expect", b"h
 
 _STATUS_LINES = {
     status: b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())
-    for status in (200, 307, 400, 401, 404, 405, 413, 500)
+    for status in (200, 307, 400, 401, 403, 404, 405, 413, 429, 500, 503)
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE = b"connection: close\r\n"
@@ -614,6 +664,9 @@ class _Handler:
         self.connections: set[_Connection] = set()
         self.closing = False
         self.all_closed: asyncio.Future[None] | None = None
+        self.config = config
+        self.chat_requests = 0
+        self.chat_statuses: dict[int, int] = {}
 
     def answer(
         self,
@@ -633,9 +686,31 @@ class _Handler:
             return 405, _JSON_CONTENT_TYPE, _route_error("Method Not Allowed", method, path), b"", 0.0
         if static_body is not None:
             return 200, _JSON_CONTENT_TYPE, static_body, b"", 0.0
+        answer = self._chat_answer(body, headers)
+        self.chat_statuses[answer[0]] = self.chat_statuses.get(answer[0], 0) + 1
+        return answer
+
+    def _chat_answer(self, body: bytes, headers: dict[bytes, bytes]) -> _Answer:
+        """A chat request's answer: its fault window's error, a refused key, an unknown model, or the reply."""
+        n, self.chat_requests = self.chat_requests, self.chat_requests + 1
+        for fault in self.config.faults:
+            if fault.covers(n):
+                message, kind, code = _FAULT_ERRORS[fault.status]
+                error = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+                extra = b"retry-after: %s\r\n" % fault.retry_after.encode("latin-1") if fault.retry_after else b""
+                return fault.status, _JSON_CONTENT_TYPE, _ENCODER.encode(error).encode(), extra, self.delay
         if self.expected_auth is not None and headers.get(b"authorization") != self.expected_auth:
             body = _error_body("Incorrect API key provided.", "invalid_api_key")
             return 401, _JSON_CONTENT_TYPE, body, b"", 0.0
+        if self.config.known_models_only:
+            try:
+                model = json.loads(body).get("model")
+            except (ValueError, AttributeError):
+                model = None  # malformed: chat() answers 400
+            if isinstance(model, str) and model != self.config.model_name:
+                error = {"error": {"message": f"The model `{model}` does not exist or you do not have access to it.",
+                                   "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
+                return 404, _JSON_CONTENT_TYPE, _ENCODER.encode(error).encode(), b"", 0.0
         return self.chat(body)
 
     def _unrouted(
@@ -959,6 +1034,11 @@ class DevModelServer:
     def url(self) -> str:
         """Base URL of the OpenAI-compatible API, ``http://HOST:PORT/v1`` (wildcard host -> loopback)."""
         return f"http://{_url_host(self.host)}:{self.port}/v1"
+
+    @property
+    def chat_statuses(self) -> dict[int, int]:
+        """How many chat-completions requests were answered with each status so far."""
+        return dict(self._handler.chat_statuses)
 
     async def close(self) -> None:
         """Stop listening and close every connection once its in-flight answer has been sent.

@@ -31,6 +31,10 @@ class HttpClientError(Exception):
     """The request failed below HTTP: connection refused or reset, a malformed response, the peer went away."""
 
 
+class HttpConnectError(HttpClientError):
+    """No connection could be made (refused, host unknown, connect timed out): nothing was sent."""
+
+
 @dataclass
 class HttpResponse:
     status: int
@@ -237,9 +241,9 @@ class HttpPool:
                     _Connection, self._host, self._port, ssl=self._ssl,
                     server_hostname=self._host if self._ssl else None)
         except TimeoutError:
-            raise HttpClientError(f"connecting to {self._host}:{self._port} timed out") from None
+            raise HttpConnectError(f"connecting to {self._host}:{self._port} timed out") from None
         except OSError as exc:
-            raise HttpClientError(f"cannot connect to {self._host}:{self._port}: {exc}") from exc
+            raise HttpConnectError(f"cannot connect to {self._host}:{self._port}: {exc}") from exc
         return conn
 
     async def warm(self, count: int) -> int:

@@ -203,5 +203,8 @@ class ControlResult(BaseModel):
 
 
 RESUMABLE_PREFIXES = ("agent_review", "operator_pause", "restart_cap_exceeded")
+SUT_UNAVAILABLE = "sut_unavailable"
+"""Halt prefix (not resumable) when the model's calls kept failing fatally during Materialize
+(``benchwright.breaker``): ``sut_unavailable: <what is wrong, in plain words>``."""
 RESTART_CAP = 2
 """Phase restarts allowed per run (§10); a third request parks the run for a human."""

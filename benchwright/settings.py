@@ -53,6 +53,15 @@ class Settings(BaseSettings):
 
     sut_timeout_s: float = 120.0
     sut_retries: int = 2
+    """Most retries of one model call after a transient fault (connection, 429, 5xx, timeout); 429/503 waits honour
+    ``Retry-After`` and never outlast the trial attempt's duration limit (``benchwright.sut``)."""
+    sut_probe_timeout_s: float = 30.0
+    """Bound on each try of Attach's liveness probe (one ``max_tokens=1`` completion through the scorer's route)."""
+    sut_probe_retries: int = 3
+    """Retries of the probe after a transient fault (429, 5xx, connection) before Attach fails."""
+    sut_breaker_threshold: int = 10
+    """Consecutive fatal model-call failures (unreachable, 401/403, 404) with no success between that halt a run
+    ``sut_unavailable`` during Materialize (``benchwright.breaker``)."""
 
     temporal_ui_url: str | None = None
 

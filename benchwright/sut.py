@@ -12,27 +12,65 @@ Two routes, one interface (``SutClient.complete``):
 * ``litellm``: every other provider goes through ``litellm.acompletion``, imported on first use only.
 
 Both return the reply text, the token usage and the cost in USD from the run's prices (``benchwright.prices``).
-Transient faults (connection errors, 429, 5xx, timeouts) are retried with backoff; anything else fails the call.
+Transient faults (connection errors, 429, 5xx, timeouts) are retried with exponential backoff and jitter; a 429 or
+503's ``Retry-After`` (seconds or an HTTP date) is honoured: the next try waits at least that long. Retries stop
+after ``retries`` of them, or as soon as the next wait would outlast ``budget_s`` (the trial attempt's duration
+limit): the call then fails with the last answer. Anything else fails the call at once. A failure is a
+``SutError`` whose ``kind`` says what went wrong, so the Attach probe (``probe``) and the Materialize breaker
+(``benchwright.breaker``) can put it in plain words (``explain``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
 import random
+import socket
+import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from benchwright.httpclient import HttpClientError, HttpPool
+from benchwright.errors import Unavailable
+from benchwright.httpclient import HttpClientError, HttpConnectError, HttpPool
 from benchwright.prices import Prices
 from benchwright.schemas import ModelSpec
 
+if TYPE_CHECKING:
+    from benchwright.proxy.model_proxy import ProxyHandle
+
 OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
+
+SutFailure = Literal["unreachable", "auth", "not_found", "rate_limited", "server", "timeout", "rejected",
+                     "bad_reply"]
+"""What a failed call ran into: ``unreachable`` (no connection could be made), ``auth`` (401/403), ``not_found``
+(404: the model, or the endpoint's path), ``rate_limited`` (429 after the retries), ``server`` (5xx after the
+retries, or the connection broke mid-answer), ``timeout`` (no answer in time), ``rejected`` (another 4xx: this
+request's fault), ``bad_reply`` (a 2xx that is not a chat completion)."""
+
+FATAL_FAILURES: frozenset[SutFailure] = frozenset({"unreachable", "auth", "not_found"})
+"""Failures no later call can escape (every call shares the endpoint, the key and the model name): the kinds the
+Materialize breaker counts."""
 
 
 class SutError(Exception):
-    """A model call failed for good."""
+    """A model call failed for good.
+
+    Attributes:
+        kind: What went wrong (``SutFailure``).
+        status: The HTTP status of the last answer, when there was one.
+        endpoint: The base URL that was called.
+        detail: The provider's own words (its error message), or the transport's.
+    """
+
+    def __init__(self, message: str, *, kind: SutFailure = "rejected", status: int | None = None,
+                 endpoint: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.kind: SutFailure = kind
+        self.status = status
+        self.endpoint = endpoint
+        self.detail = detail
 
 
 @dataclass
@@ -60,27 +98,141 @@ def route_for(identifier: str) -> str:
 
 
 def make_sut(spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrency: int, timeout_s: float,
-             retries: int) -> SutClient:
-    """The client for ``spec``'s route, sized for ``concurrency`` calls in flight."""
+             retries: int, budget_s: float | None = None) -> SutClient:
+    """The client for ``spec``'s route, sized for ``concurrency`` calls in flight.
+
+    Args:
+        timeout_s: Bound on one try of a call.
+        retries: Most retries of one call after a transient fault (connection, 429, 5xx, timeout).
+        budget_s: Bound on one call with its retries' waits (the attempt duration limit); None: no bound beyond
+            ``retries`` (and a ``Retry-After`` longer than ``timeout_s`` is then not waited for).
+    """
     if route_for(spec.identifier) == "openai":
         return OpenAICompatibleSut(spec, prices=prices, api_key=api_key, concurrency=concurrency,
-                                   timeout_s=timeout_s, retries=retries)
+                                   timeout_s=timeout_s, retries=retries, budget_s=budget_s)
     return LiteLLMSut(spec, prices=prices, api_key=api_key, concurrency=concurrency, timeout_s=timeout_s,
                       retries=retries)
+
+
+def run_sut(model: ModelSpec, *, prices: Prices, proxy: ProxyHandle | None, concurrency: int, timeout_s: float,
+            retries: int, budget_s: float | None = None) -> SutClient:
+    """The run's model route, the one place it is decided: through the run's LiteLLM proxy with its fake key when
+    Attach started one, else straight to the model. The Attach probe and every Materialize batch use it, so the
+    probe proves exactly the path the scorer's calls will take."""
+    if proxy is not None:
+        via_proxy = ModelSpec(identifier=f"openai/{proxy.model_name}", api_base=proxy.base_url, params=model.params)
+        return make_sut(via_proxy, prices=prices, api_key=proxy.fake_key, concurrency=concurrency,
+                        timeout_s=timeout_s, retries=retries, budget_s=budget_s)
+    return make_sut(model, prices=prices, api_key=None, concurrency=concurrency, timeout_s=timeout_s,
+                    retries=retries, budget_s=budget_s)
 
 
 def _backoff(attempt: int) -> float:
     return min(0.25 * 2**attempt, 4.0) * (0.5 + random.random() / 2)
 
 
+def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (RFC 9110: delay-seconds or an HTTP date), None if absent or
+    unreadable. A date in the past means 0."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT by definition
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _provider_message(raw: bytes) -> str:
+    """The provider's own error message (OpenAI's ``{"error": {"message"}}`` shape), else the body's start."""
+    try:
+        data = json.loads(raw)
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+        if isinstance(message, str) and message.strip():
+            return message.strip()[:300]
+    except ValueError:
+        pass
+    return raw[:300].decode(errors="replace").strip()
+
+
+def _status_kind(status: int) -> SutFailure:
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    if status == 429:
+        return "rate_limited"
+    return "server" if status >= 500 else "rejected"
+
+
+def _connect_reason(exc: HttpClientError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, socket.gaierror):
+        return "host not found"
+    return str(exc)
+
+
+def explain(exc: SutError, *, spec: ModelSpec) -> str:
+    """``exc`` in plain words for a person, naming what to check (the secret, the model name, the URL)."""
+    endpoint = spec.api_base or exc.endpoint or "the provider"
+    said = f": {exc.detail}" if exc.detail else ""
+    if exc.kind == "unreachable":
+        return f"model endpoint {endpoint} is unreachable ({exc.detail or 'no connection'})"
+    if exc.kind == "auth":
+        check = (f"check the secret '{spec.secret}'" if spec.secret
+                 else "the model names no secret: add one (model.secret) holding the provider's key")
+        return f"the provider refused the key (HTTP {exc.status}): {check}{said}"
+    if exc.kind == "not_found":
+        return f"the provider does not know model '{spec.identifier}' (HTTP 404){said}"
+    if exc.kind in ("rate_limited", "server"):
+        return f"model endpoint {endpoint} keeps answering HTTP {exc.status}{said}"
+    if exc.kind == "timeout":
+        return f"model endpoint {endpoint} did not answer in time{said}"
+    return str(exc)
+
+
+PROBE_MESSAGES = [{"role": "user", "content": "Reply with one word: ready"}]
+PROBE_PARAMS: dict[str, Any] = {"max_tokens": 1}
+
+
+async def probe(sut: SutClient, *, spec: ModelSpec) -> None:
+    """One cheap completion (``max_tokens=1``) through ``sut``: proof that the model is live before a run spends
+    anything on it. The client's own retries cover 429/5xx at probe time.
+
+    A ``rejected`` answer (400/422: e.g. a model that wants ``max_completion_tokens``) passes: the endpoint
+    answered, took the key and knows the model, which is all the probe is for.
+
+    Raises:
+        Unavailable: the model is not usable, in plain words (``explain``).
+    """
+    try:
+        await sut.complete(PROBE_MESSAGES, PROBE_PARAMS)
+    except SutError as exc:
+        if exc.kind == "rejected":
+            return
+        raise Unavailable(explain(exc, spec=spec), code="model_unavailable") from exc
+
+
 class OpenAICompatibleSut:
     def __init__(self, spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrency: int, timeout_s: float,
-                 retries: int) -> None:
+                 retries: int, budget_s: float | None = None) -> None:
         self._model = spec.identifier.split("/", 1)[1]
         self._params = spec.params
         self._prices = prices
         self._retries = retries
+        self._budget_s = budget_s
         base = (spec.api_base or OPENAI_DEFAULT_BASE).rstrip("/")
+        self._base = base
         key = api_key or os.environ.get("OPENAI_API_KEY") or "benchwright-no-key"
         self._timeout_s = timeout_s
         self._limit = max(concurrency, 1)
@@ -91,28 +243,46 @@ class OpenAICompatibleSut:
         body = {**self._params, **params, "model": self._model, "messages": messages}
         body.pop("stream", None)
         payload = json.dumps(body).encode()
+        started = time.monotonic()
         for attempt in range(self._retries + 1):
-            last = attempt == self._retries
             try:
                 async with self._slots, asyncio.timeout(self._timeout_s):
                     resp = await self._pool.post("/chat/completions", payload)
-            except (HttpClientError, TimeoutError) as exc:
-                if last:
-                    what = f"no answer within {self._timeout_s:g} s" if isinstance(exc, TimeoutError) else str(exc)
-                    raise SutError(f"model endpoint unreachable: {what}") from exc
-                await asyncio.sleep(_backoff(attempt))
-                continue
-            status, raw = resp.status, resp.body
-            if status == 429 or status >= 500:
-                if last:
-                    raise SutError(f"model endpoint answered HTTP {status}: {raw[:300].decode(errors='replace')}")
-                await asyncio.sleep(_backoff(attempt))
-                continue
-            if status >= 400:
-                raise SutError(f"model endpoint answered HTTP {status}: {raw[:300].decode(errors='replace')}")
-            # Behind the run's LiteLLM proxy, the cost it reports is the one recorded (§4: the proxy meters the SUT).
-            return self._reply(raw, resp.headers.get("x-litellm-response-cost"))
+            except HttpConnectError as exc:
+                error = self._error(f"is unreachable ({_connect_reason(exc)})", "unreachable", None,
+                                    _connect_reason(exc))
+                wait = _backoff(attempt)
+            except HttpClientError as exc:  # the connection broke mid-exchange: the endpoint's fault, transient
+                error = self._error(f"broke off the answer: {exc}", "server", None, str(exc))
+                wait = _backoff(attempt)
+            except TimeoutError:
+                error = self._error(f"gave no answer within {self._timeout_s:g} s", "timeout", None, "")
+                wait = _backoff(attempt)
+            else:
+                status, raw = resp.status, resp.body
+                if status < 400:
+                    # Behind the run's LiteLLM proxy, the cost it reports is the one recorded (§4: the proxy meters
+                    # the SUT).
+                    return self._reply(raw, resp.headers.get("x-litellm-response-cost"))
+                said = _provider_message(raw)
+                error = self._error(f"answered HTTP {status}: {said}", _status_kind(status), status, said)
+                if error.kind not in ("rate_limited", "server"):
+                    raise error
+                asked = retry_after_s(resp.headers.get("retry-after"))
+                wait = max(asked * (1 + random.random() / 10), _backoff(attempt)) if asked is not None \
+                    else _backoff(attempt)
+                if asked is not None and self._budget_s is None and asked > self._timeout_s:
+                    raise error  # asked to come back later than any one call may take: report it now
+            if attempt == self._retries:
+                raise error
+            if self._budget_s is not None and time.monotonic() - started + wait > self._budget_s:
+                raise error  # the wait would outlast the attempt: its duration limit would fail it anyway
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable")
+
+    def _error(self, what: str, kind: SutFailure, status: int | None, detail: str) -> SutError:
+        return SutError(f"model endpoint {self._base} {what}", kind=kind, status=status, endpoint=self._base,
+                        detail=detail)
 
     async def warm(self, calls: int) -> None:
         """Open the connections the first ``calls`` calls will use (at most the concurrency), so the first wave of
@@ -125,7 +295,7 @@ class OpenAICompatibleSut:
             text = data["choices"][0]["message"].get("content") or ""
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise SutError("model endpoint sent a reply that is not a chat completion: "
-                           f"{raw[:300].decode(errors='replace')}") from exc
+                           f"{raw[:300].decode(errors='replace')}", kind="bad_reply", endpoint=self._base) from exc
         usage = {k: int(v) for k, v in (data.get("usage") or {}).items() if isinstance(v, int)}
         try:
             cost = float(reported_cost) if reported_cost is not None else self._prices.cost(usage)
@@ -160,7 +330,7 @@ class LiteLLMSut:
                     model=self._spec.identifier, messages=messages, **self._kwargs, **{**self._spec.params, **params}
                 )
         except Exception as exc:  # litellm raises many provider-specific types; all mean the call failed
-            raise SutError(f"{type(exc).__name__}: {exc}") from exc
+            raise _litellm_error(exc, self._spec.api_base or "") from exc
         text = resp.choices[0].message.content or ""
         raw_usage = getattr(resp, "usage", None)
         usage = {k: int(getattr(raw_usage, k, 0) or 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
@@ -171,3 +341,20 @@ class LiteLLMSut:
 
     async def aclose(self) -> None:
         return None
+
+
+def _litellm_error(exc: Exception, endpoint: str) -> SutError:
+    """A litellm exception as a ``SutError`` of the right kind (litellm retried it already, ``num_retries``).
+    Its exceptions carry the provider's HTTP status as ``status_code``; connection failures have none."""
+    name = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    if "Timeout" in name:
+        kind: SutFailure = "timeout"
+    elif name == "APIConnectionError":
+        kind = "unreachable"
+    elif isinstance(status, int):
+        kind = _status_kind(status)
+    else:
+        kind = "rejected"
+    return SutError(f"{name}: {exc}", kind=kind, status=status if isinstance(status, int) else None,
+                    endpoint=endpoint, detail=str(getattr(exc, "message", "") or exc)[:300])
