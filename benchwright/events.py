@@ -144,6 +144,20 @@ class RunResumed(Event):
     review_resolution: str | None = None
 
 
+class ControlRefused(Event):
+    """A control signal (Temporal UI / ``temporal workflow signal``) the workflow refused, and why.
+
+    Updates answer a refusal synchronously (409) and leave no trace; a signal has no caller to answer, so the
+    refusal is written to the log for the operator who sent it.
+    """
+
+    control: str
+    """``pause``, ``resume``, ``stop`` or ``review_resolution``."""
+    code: str
+    """The same code the update's 409 carries (``not_paused``, ``already_finished``, ...)."""
+    reason: str
+
+
 class PhaseRestartRequested(Event):
     """The Driver asked for the current phase to start over (closes that invocation instead of PhaseCompleted)."""
 
@@ -158,7 +172,7 @@ class HumanReviewRequested(Event):
     reason: str
 
 
-EVENT_TYPES.update({cls.__name__: cls for cls in (RunHalted, RunResumed, PhaseRestartRequested,
+EVENT_TYPES.update({cls.__name__: cls for cls in (RunHalted, RunResumed, ControlRefused, PhaseRestartRequested,
                                                   HumanReviewRequested)})
 
 

@@ -161,6 +161,10 @@ class RunView(BaseModel):
     error: str | None = None
     created_at: datetime
     finished_at: datetime | None
+    terminal: bool = False
+    """The run is over: its log is closed by PipelineFinished (the SSE stream ends there, and polling the events
+    says ``terminal`` at the same moment). A torn-down run keeps its ``status`` (§1: a halt is a flag, not a
+    status), so wait on ``terminal``, not on ``status``; render ``display_status``."""
 
 
 class RunList(BaseModel):

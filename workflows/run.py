@@ -8,8 +8,16 @@ trace in history):
     resolve_review(ReviewResolution)
                                    clear ``agent_review`` / ``restart_cap_exceeded``; the text becomes the Driver's
                                    instructions for the re-run of the phase that asked.
+Signals (the Temporal UI's "Send a Signal", ``temporal workflow signal``; same semantics and bookkeeping as the
+updates, one code path behind both; a signal the update would refuse is ignored and leaves ``ControlRefused``):
+    stop(StopRequest | None)       as the stop update; ``{"reason": "..."}`` is optional.
+    pause(), resume()              as the updates.
+    review_resolution(str)         as resolve_review, with the text as the resolution.
 Queries:
     state                          phase, invocation counters, restarts used, halt, tasks settled / total.
+
+Every handler works from the workflow's first moment: ``@workflow.init`` gives the instance its input before any
+signal or update is delivered (a stop sent 0 ms after launch used to find no input and fail the workflow task).
 
 The plan comes from ``benchwright.pipeline.plan_phases``. Each phase invocation runs as a task the workflow can
 interrupt: a halt (from an update, a ceiling timer, or an activity that saw the budget crossed) cancels it at once.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import workflow
@@ -29,7 +38,14 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from benchwright.events import Event, HumanReviewRequested, PhaseFailed, PhaseSkipped, PipelineStarted
+    from benchwright.events import (
+        ControlRefused,
+        Event,
+        HumanReviewRequested,
+        PhaseFailed,
+        PhaseSkipped,
+        PipelineStarted,
+    )
     from benchwright.pipeline import (
         RESTART_CAP,
         RESUMABLE_PREFIXES,
@@ -81,8 +97,9 @@ def _resumable(reason: str | None) -> bool:
 
 @workflow.defn(name="RunWorkflow")
 class RunWorkflow:
-    def __init__(self) -> None:
-        self._inp: RunInput | None = None
+    @workflow.init
+    def __init__(self, inp: RunInput) -> None:
+        self._inp = inp
         self._phase: str | None = None
         self._invocations: dict[str, int] = {}
         self._restarts = 0
@@ -94,6 +111,9 @@ class RunWorkflow:
         self._tasks_total = 0
         self._tasks_settled = 0
         self._model_proxy = False
+        self._halt_writes = 0
+        """Halt/clear writes in flight: teardown waits for them so RunHalted never lands after PipelineFinished."""
+        self._refusals = 0
 
     # -- queries and updates -------------------------------------------------------------------------------------
 
@@ -105,7 +125,7 @@ class RunWorkflow:
 
     @workflow.update
     async def stop(self, req: StopRequest) -> ControlResult:
-        await self._raise_halt("operator_kill" + (f": {req.reason}" if req.reason else ""), override=True)
+        await self._do_stop(req)
         return self._control()
 
     @stop.validator
@@ -138,9 +158,7 @@ class RunWorkflow:
 
     @workflow.update
     async def resolve_review(self, req: ReviewResolution) -> ControlResult:
-        if self._phase is not None:
-            self._instructions[self._phase] = req.resolution
-        await self._clear_halt(req.resolution)
+        await self._do_resolve(req)
         return self._control()
 
     @resolve_review.validator
@@ -150,6 +168,50 @@ class RunWorkflow:
                             + (f" (halt_reason: {self._halt})" if self._halt else ""), "not_waiting")
         if not req.resolution.strip():
             raise _conflict("review_resolution must not be empty", "empty_resolution")
+
+    # Signals: the validators above decide; a refusal is logged instead of answered.
+
+    @workflow.signal(name="stop")
+    async def stop_signal(self, req: StopRequest | None = None) -> None:
+        req = req or StopRequest()
+        if await self._accepts("stop", lambda: self._validate_stop(req)):
+            await self._do_stop(req)
+
+    @workflow.signal(name="pause")
+    async def pause_signal(self) -> None:
+        if await self._accepts("pause", self._validate_pause):
+            await self._raise_halt("operator_pause")
+
+    @workflow.signal(name="resume")
+    async def resume_signal(self) -> None:
+        if await self._accepts("resume", self._validate_resume):
+            await self._clear_halt(None)
+
+    @workflow.signal(name="review_resolution")
+    async def review_signal(self, text: str) -> None:
+        req = ReviewResolution(resolution=text if isinstance(text, str) else "")
+        if await self._accepts("review_resolution", lambda: self._validate_review(req)):
+            await self._do_resolve(req)
+
+    async def _accepts(self, control: str, validate: Callable[[], None]) -> bool:
+        """Run an update's validator for a signal; on refusal write ControlRefused and answer False."""
+        try:
+            validate()
+        except ApplicationError as refusal:
+            details = refusal.details[0] if refusal.details and isinstance(refusal.details[0], dict) else {}
+            self._refusals += 1
+            await self._record([(f"refused:{self._refusals}", ControlRefused(
+                control=control, code=str(details.get("code", "conflict")), reason=refusal.message))])
+            return False
+        return True
+
+    async def _do_stop(self, req: StopRequest) -> None:
+        await self._raise_halt("operator_kill" + (f": {req.reason}" if req.reason else ""), override=True)
+
+    async def _do_resolve(self, req: ReviewResolution) -> None:
+        if self._phase is not None:
+            self._instructions[self._phase] = req.resolution
+        await self._clear_halt(req.resolution)
 
     def _refuse_if_finished(self) -> None:
         if self._finished:
@@ -162,7 +224,6 @@ class RunWorkflow:
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
-        self._inp = inp
         plan = plan_phases(inp.launch)
         markers: list[tuple[str, Event]] = [
             ("pipeline:started", PipelineStarted(workflow_id=workflow.info().workflow_id,
@@ -185,11 +246,12 @@ class RunWorkflow:
         finally:
             clock.cancel()
         await self._linger_then_stop_proxy()
+        # Signal handlers may still be writing (a refusal's event); let them land before the workflow closes.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         return result
 
     async def _linger_then_stop_proxy(self) -> None:
         """The model proxy stays up for the linger window after the run ends (metered apart), then stops."""
-        assert self._inp is not None
         if not self._model_proxy:
             return
         if self._inp.proxy_linger_s > 0:
@@ -239,7 +301,6 @@ class RunWorkflow:
 
     async def _attempt(self, phase: str, invocation: int) -> PhaseControl | None:
         """Run one phase invocation, interruptible by a halt or its duration ceiling."""
-        assert self._inp is not None
         self._phase = phase
         workflow.upsert_search_attributes([RUN_PHASE.value_set(phase)])
         self._details()
@@ -279,7 +340,6 @@ class RunWorkflow:
         return None
 
     async def _execute_phase(self, phase: str, invocation: int) -> PhaseControl | None:
-        assert self._inp is not None
         inp = self._inp
         phase_inp = PhaseInput(run_id=inp.run_id, phase=phase, invocation=invocation, launch=inp.launch,
                                driver=inp.driver, instructions=self._instructions.get(phase),
@@ -297,7 +357,6 @@ class RunWorkflow:
         return result.control
 
     async def _materialize(self, phase_inp: PhaseInput) -> None:
-        assert self._inp is not None
         inp = self._inp
         started = workflow.now()
         invocation = phase_inp.invocation
@@ -351,18 +410,20 @@ class RunWorkflow:
         ``override`` lets a ceiling replace a resumable halt (a run that hits its duration while paused is torn
         down, not left paused).
         """
-        assert self._inp is not None
         if self._halt is not None and not override:
             return
         self._halts += 1
         replace = self._halt is not None
         self._halt = reason
         self._details()
-        await self._execute_log("halt_run", HaltInput(run_id=self._inp.run_id, reason=reason, key=f"{self._halts}",
-                                                      replace=replace))
+        self._halt_writes += 1
+        try:
+            await self._execute_log("halt_run", HaltInput(run_id=self._inp.run_id, reason=reason,
+                                                          key=f"{self._halts}", replace=replace))
+        finally:
+            self._halt_writes -= 1
 
     async def _clear_halt(self, resolution: str | None) -> None:
-        assert self._inp is not None
         self._halts += 1
         await self._execute_log("clear_halt", ResumeInput(run_id=self._inp.run_id, key=f"{self._halts}",
                                                           resolution=resolution))
@@ -370,7 +431,9 @@ class RunWorkflow:
         self._details()
 
     async def _teardown(self) -> RunResult:
-        assert self._inp is not None
+        if workflow.patched("halt-written-before-teardown"):
+            # A halt raised in the workflow's first milliseconds may still be writing its row: close the log after it.
+            await workflow.wait_condition(lambda: self._halt_writes == 0)
         await self._execute_log("finish_halted", FinishInput(run_id=self._inp.run_id, status=self._status))
         self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set("halted")])
@@ -378,7 +441,6 @@ class RunWorkflow:
         return RunResult(run_id=self._inp.run_id, status=self._status, error=self._halt)
 
     async def _fail(self, err: ActivityError) -> RunResult:
-        assert self._inp is not None
         phase = self._phase or "unknown"
         cause = err.cause
         error_type = cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
@@ -396,13 +458,11 @@ class RunWorkflow:
         return RunResult(run_id=self._inp.run_id, status="error", error=error)
 
     async def _record(self, events: list[tuple[str, Event]]) -> None:
-        assert self._inp is not None
         payload = [{"key": key, "type": ev.type_name(), "data": ev.model_dump(mode="json")} for key, ev in events]
         await self._execute_log("record_events", EventsInput(run_id=self._inp.run_id, events=payload),
                                 summary="record " + ", ".join(ev.type_name() for _, ev in events)[:200])
 
     async def _finish(self, status: str, error: str | None = None) -> None:
-        assert self._inp is not None
         await self._execute_log("finish_run", FinishInput(run_id=self._inp.run_id, status=status, error=error),
                                 summary=f"finish: {status}")
         self._status = status

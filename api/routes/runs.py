@@ -167,9 +167,12 @@ async def get_events(
         start = int(last_event_id) if last_event_id and last_event_id.lstrip("-").isdigit() else after
         return StreamingResponse(_stream(state, run.id, start, request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    rows = await run_in_threadpool(read_events, state.engine, run.id, after=after, limit=limit)
+    # One rule with the SSE stream, which closes after PipelineFinished: the run row is read first, and
+    # finished_at is set in the transaction that appends PipelineFinished, so a run seen finished here has its
+    # terminal event in the page read next (unless the page is full).
     current = await run_in_threadpool(get_run, state.engine, run_id=run.id)
-    terminal = current.status != "running" and len(rows) < limit
+    rows = await run_in_threadpool(read_events, state.engine, run.id, after=after, limit=limit)
+    terminal = current.finished_at is not None and len(rows) < limit
     return EventPage(events=[_event_view(r) for r in rows], next_after=rows[-1].seq if rows else after,
                      terminal=terminal)
 

@@ -99,7 +99,8 @@ def run_view(engine: Engine, run: Run) -> RunView:
         per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 and run.finished_at is not None else []
     passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
     settled = passed + failed + errored
-    in_flight = run.status == "running" and run.phase == "materialize"
+    # Tasks run only while Materialize is live: a paused, waiting or torn-down run has none in flight.
+    in_flight = run.status == "running" and run.phase == "materialize" and not run.halted and run.finished_at is None
     summary = TasksSummary(
         passed=passed, failed=failed, errored=errored,
         running=max(run.tasks_total - settled, 0) if in_flight else 0,
@@ -117,6 +118,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
         metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, limits=run.limits,
         backend=run.backend, materialize_mode=run.materialize_mode, isolation=run.isolation, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
+        terminal=run.finished_at is not None,
     )
 
 
