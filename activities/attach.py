@@ -3,6 +3,12 @@
 When the model names a provider secret (or the deployment says ``model_proxy = "always"``), Attach starts the run's
 model proxy (the real LiteLLM proxy, role proxy) holding that secret; the scorer side only ever gets the proxy's URL
 and a per-run fake key. Otherwise a keyless model is called directly (nothing to isolate, no start-up to pay).
+
+Then Attach proves the model is live (§2: it sits right before Atomize for this): one ``max_tokens=1`` completion
+through exactly the route the scorer's calls will take (``benchwright.sut.run_sut``). A dead endpoint, a refused
+key or an unknown model fails the phase with the provider's answer in plain words, so the run ends ``error`` at
+Attach instead of erroring every task. The probe's cost (a few tokens) is not recorded: it belongs to no task, and
+cost.model is the sum of the tasks' model spend.
 """
 
 from __future__ import annotations
@@ -13,9 +19,18 @@ from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
 from benchwright.events import ModelProxyArtifact, ProxyLingerMetered, SandboxCreated, SandboxKilled
+from benchwright.errors import Unavailable
 from benchwright.pipeline import FinishInput, PhaseInput, PhaseResult
-from benchwright.proxy.model_proxy import load_handle, secret_env_name, start_model_proxy, stop_model_proxy
+from benchwright.prices import prices_for
+from benchwright.proxy.model_proxy import (
+    ProxyHandle,
+    load_handle,
+    secret_env_name,
+    start_model_proxy,
+    stop_model_proxy,
+)
 from benchwright.proxy_config import litellm_config_yaml
+from benchwright.sut import probe, run_sut
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.policy import secret_value
 from benchwright.store.runs import get_run
@@ -31,6 +46,7 @@ class AttachActivities:
         proxied = spec.secret is not None or self.deps.settings.model_proxy == "always"
         async with phase(self.deps, inp) as scope:
             secret_env = secret_env_name(spec.secret) if spec.secret else None
+            handle: ProxyHandle | None = None
             if proxied:
                 value = None
                 if spec.secret is not None:
@@ -42,10 +58,26 @@ class AttachActivities:
                 scope.emit("proxy", SandboxCreated(
                     sandbox_id=f"proxy-{handle.pid}", role="proxy", backend="local", instance_size="local-process",
                     isolation="process", metadata={"benchwright_role": "proxy", "port": handle.port}))
+            await self._probe(inp, handle)
             scope.emit("artifact", ModelProxyArtifact(model_id=spec.identifier,
                                                       litellm_config_yaml=litellm_config_yaml(spec, secret_env=secret_env)))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control,
                            detail={"model_proxy": proxied})
+
+    async def _probe(self, inp: PhaseInput, proxy: ProxyHandle | None) -> None:
+        """The liveness probe; on failure the proxy just started is stopped (the workflow only stops proxies of
+        runs whose Attach completed) before the phase fails with the probe's plain-words error."""
+        settings = self.deps.settings
+        sut = run_sut(inp.launch.model, prices=prices_for(inp.launch.model), proxy=proxy, concurrency=1,
+                      timeout_s=settings.sut_probe_timeout_s, retries=settings.sut_probe_retries)
+        try:
+            await probe(sut, spec=inp.launch.model)
+        except Unavailable:
+            if proxy is not None:
+                await in_thread(stop_model_proxy, self.deps.run_dir(inp.run_id))
+            raise
+        finally:
+            await sut.aclose()
 
     @activity.defn(name="stop_model_proxy")
     async def stop_proxy(self, inp: FinishInput) -> None:

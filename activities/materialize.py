@@ -20,7 +20,6 @@ from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle
 from benchwright.sandbox import ExecLimits
-from benchwright.schemas import ModelSpec
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.pipeline import (
     MaterializeBatchInput,
@@ -32,8 +31,9 @@ from benchwright.pipeline import (
 from benchwright.prices import prices_for
 from benchwright.scoring.host import ScorerLoadError
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.control import halted_reason
-from benchwright.sut import SutClient, make_sut
+from benchwright.breaker import SutBreaker
+from benchwright.store.control import halt_run, halted_reason
+from benchwright.sut import SutClient, run_sut
 
 HEARTBEAT_EVERY_S = 1.0
 
@@ -65,16 +65,18 @@ class MaterializeActivities:
                         PhaseCompleted(phase="materialize", duration_ms=inp.duration_ms))])
 
     def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None) -> SutClient:
-        """The run's model route: through its LiteLLM proxy (with the fake key) when Attach started one."""
+        """The run's model route (the one Attach probed), behind the breaker that halts the run ``sut_unavailable``
+        when its calls keep failing fatally (the halt watcher below then stops the batch)."""
         settings = self.deps.settings
-        if proxy is not None:
-            via_proxy = ModelSpec(identifier=f"openai/{proxy.model_name}", api_base=proxy.base_url,
-                                  params=inp.model.params)
-            return make_sut(via_proxy, prices=prices_for(inp.model), api_key=proxy.fake_key,
-                            concurrency=inp.concurrency, timeout_s=settings.sut_timeout_s,
-                            retries=settings.sut_retries)
-        return make_sut(inp.model, prices=prices_for(inp.model), api_key=None, concurrency=inp.concurrency,
-                        timeout_s=settings.sut_timeout_s, retries=settings.sut_retries)
+        sut = run_sut(inp.model, prices=prices_for(inp.model), proxy=proxy, concurrency=inp.concurrency,
+                      timeout_s=settings.sut_timeout_s, retries=settings.sut_retries,
+                      budget_s=inp.task_limits.attempt_duration_s)
+
+        async def halt(reason: str) -> None:
+            await in_thread(halt_run, self.deps.engine, run_id=inp.run_id, reason=reason,
+                            key=f"materialize-{inp.invocation}-{inp.start}-sut")
+
+        return SutBreaker(sut, spec=inp.model, threshold=settings.sut_breaker_threshold, on_trip=halt)
 
     @staticmethod
     def _scorer_env(proxy: ProxyHandle | None, box: Sandbox) -> dict[str, str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -132,13 +131,18 @@ async def test_unloadable_task_impl_fails_atomize_with_a_clear_error(stack: Stac
     assert "Scorer has no method solve" in failed[0]["detail"]
 
 
-async def test_sut_failure_for_good_is_err(stack: Stack, tmp_path: Path) -> None:
+async def test_sut_failure_for_good_is_err(stack: Stack, dev_models: DevModels) -> None:
+    # Live at Attach's probe (call 0), then every call answers 500 through its retries: each task is err. (A dead
+    # endpoint fails Attach instead, and a refused key halts the run: tests/api/test_sut_faults.py.)
+    from benchwright.devmodel import DevModelConfig, Fault, load_answers
+
+    url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl"),
+                                                faults=(Fault(500, first=1),)))
     async with stack.http() as http:
-        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
-                                                                 "api_base": "http://127.0.0.1:9/v1"}})
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": url}})
         await wait_terminal(http, run["id"])
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
         detail = (await http.get(f"/v1/runs/{run['id']}/tasks/0")).json()
     assert final["status"] == "ok" and final["tasks"]["summary"]["errored"] == 60
     assert final["tasks"]["summary"]["pass_rate"] is None
-    assert "unreachable" in detail["trials"][0]["error"]
+    assert "answered HTTP 500" in detail["trials"][0]["error"]

@@ -1,0 +1,103 @@
+"""A dead or misconfigured model endpoint must not read as success (issue 15 item 9a), on the real stack.
+
+Attach's probe fails the run at Attach in plain words; a model that breaks mid-run (401 from the second call on)
+halts the run ``sut_unavailable`` instead of erroring every task; 5xx for good still makes per-task ``err`` rows
+(transient faults do not trip the breaker); 429 with ``Retry-After`` is waited out and the tasks pass.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from benchwright.devmodel import DevModelConfig, Fault, load_answers
+from tests.api.helpers import launch, wait_terminal
+from tests.conftest import SAMPLE, DevModels, Stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+DATASET = str(SAMPLE / "arithmetic.jsonl")
+TASKS = 60  # rows in the sample
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:  # bound, never listening: connecting to it is refused
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+async def _run(stack: Stack, model: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": model})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    return final, events
+
+
+def _answers() -> dict[str, str]:
+    return load_answers(SAMPLE / "arithmetic.jsonl")
+
+
+async def test_unreachable_endpoint_fails_attach_in_plain_words(stack: Stack) -> None:
+    url = _closed_port_url()
+    final, events = await _run(stack, {"identifier": "openai/dev", "api_base": url})
+    failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+    assert final["status"] == "error" and not final["halted"]
+    assert failed and failed[0]["phase"] == "attach" and failed[0]["error_type"] == "Unavailable"
+    assert f"model endpoint {url} is unreachable (connection refused)" in failed[0]["detail"]
+    assert "is unreachable (connection refused)" in final["error"]
+    assert not any(e["type"] == "MaterializeTaskResult" for e in events)  # nothing ran against a dead model
+
+
+async def test_unknown_model_fails_attach_naming_the_model(stack: Stack, dev_models: DevModels) -> None:
+    url = await dev_models.start(DevModelConfig(answers=_answers(), known_models_only=True))
+    final, events = await _run(stack, {"identifier": "openai/gpt-nope", "api_base": url})
+    failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+    assert final["status"] == "error"
+    assert failed and failed[0]["phase"] == "attach"
+    assert "the provider does not know model 'openai/gpt-nope' (HTTP 404)" in failed[0]["detail"]
+
+
+async def test_key_refused_mid_run_halts_sut_unavailable(stack: Stack, dev_models: DevModels) -> None:
+    server_url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(401, first=1),)))
+    server = dev_models.servers[-1]
+    final, events = await _run(stack, {"identifier": "openai/dev", "api_base": server_url})
+    threshold = stack.settings.sut_breaker_threshold
+    assert final["halted"] and final["display_status"] == "halted"
+    assert final["halt_reason"].startswith("sut_unavailable: the provider refused the key (HTTP 401)")
+    assert f"{threshold} model calls in a row failed" in final["halt_reason"]
+    # The probe passed (call 0); the failures before the trip are err rows, the rest never became results.
+    errored = final["tasks"]["summary"]["errored"]
+    assert errored < threshold and final["tasks"]["summary"]["passed"] == 0
+    assert server.chat_statuses[200] == 1
+    halts = [e["data"]["halt_reason"] for e in events if e["type"] == "RunHalted"]
+    assert halts == [final["halt_reason"]]
+
+
+async def test_5xx_for_good_after_the_probe_errs_each_task_with_the_status(
+        stack: Stack, dev_models: DevModels) -> None:
+    url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(503, first=1),)))
+    server = dev_models.servers[-1]
+    final, _ = await _run(stack, {"identifier": "openai/dev", "api_base": url})
+    summary = final["tasks"]["summary"]
+    assert final["status"] == "ok" and not final["halted"]  # transient faults never trip the breaker
+    assert summary["errored"] == TASKS and summary["pass_rate"] is None
+    # every task's call: one try and sut_retries retries, all 503
+    assert server.chat_statuses == {200: 1, 503: TASKS * (stack.settings.sut_retries + 1)}
+    async with stack.http() as http:
+        detail = (await http.get(f"/v1/runs/{final['id']}/tasks/0")).json()
+    assert "answered HTTP 503" in detail["trials"][0]["error"]
+
+
+async def test_429_with_retry_after_is_waited_out_and_tasks_pass(stack: Stack, dev_models: DevModels) -> None:
+    # The probe is call 0; every task's first call (1..60) is told to come back in 1 s.
+    url = await dev_models.start(DevModelConfig(answers=_answers(),
+                                                faults=(Fault(429, first=1, count=TASKS, retry_after="1"),)))
+    server = dev_models.servers[-1]
+    final, events = await _run(stack, {"identifier": "openai/dev", "api_base": url})
+    summary = final["tasks"]["summary"]
+    assert final["status"] == "ok" and summary["passed"] == TASKS and summary["errored"] == 0
+    assert server.chat_statuses == {200: 1 + TASKS, 429: TASKS}
+    done = {e["data"]["phase"]: e["data"]["duration_ms"] for e in events if e["type"] == "PhaseCompleted"}
+    assert done["materialize"] >= 1000  # Retry-After was honoured (the backoff alone waits ~0.2 s)
