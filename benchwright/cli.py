@@ -208,14 +208,43 @@ def watch_run(client: Any, run_id: str) -> dict[str, Any]:
     return run
 
 
-def _summary(run: dict[str, Any]) -> str:
+def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
+    """The final report: score and counts, then in plain words why the run is not a clean success (its error, its
+    halt reason, its errored tasks with the first one's error), so a run of errors never reads as a result."""
     s = run["tasks"]["summary"]
     rate = "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}"
     text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
             f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
     if run.get("error"):
         text += f"\n  error: {run['error']}"
+    if run["halted"] and run.get("halt_reason"):
+        text += f"\n  halted: {run['halt_reason']}"
+    if s["errored"]:
+        ended = "finished" if run["status"] == "ok" and not run["halted"] else "stopped"
+        text += f"\n  {ended} with {s['errored']} of {s['total']} tasks errored" + (f": {first_error}" if first_error
+                                                                                      else "")
     return text
+
+
+def _first_error(client: Any, run: dict[str, Any]) -> str | None:
+    """The error of the first errored task (the run view carries counts only): what the summary shows as the cause."""
+    if not run["tasks"]["summary"]["errored"]:
+        return None
+    after: int | None = -1
+    while after is not None:
+        page = client.tasks(run["id"], after=after)
+        for task in page["tasks"]:
+            if task["outcome"] == "err":
+                trials = client.task(run["id"], task["index"])["trials"]
+                return next((t["error"] for t in trials if t["error"]), None)
+        after = page["next_after"]
+    return None
+
+
+def _run_succeeded(run: dict[str, Any]) -> bool:
+    """Whether ``run --watch`` exits 0: the run ended ok, unhalted, and not every task errored."""
+    s = run["tasks"]["summary"]
+    return run["status"] == "ok" and not run["halted"] and not (s["total"] > 0 and s["errored"] == s["total"])
 
 
 @app.command()
@@ -248,11 +277,12 @@ def run(dataset: Annotated[str, typer.Option(help="Dataset URL, or a local path 
                 out.print(launched["id"], highlight=False)
                 return
             final = watch_run(client, launched["id"])
+            first_error = _first_error(client, final)
     except (ApiError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    out.print(_summary(final), highlight=False)
-    raise typer.Exit(0 if final["status"] == "ok" else 1)
+    out.print(_summary(final, first_error), highlight=False, markup=False)
+    raise typer.Exit(0 if _run_succeeded(final) else 1)
 
 
 @app.command()

@@ -7,6 +7,7 @@ halts the run ``sut_unavailable`` instead of erroring every task; 5xx for good s
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -101,3 +102,36 @@ async def test_429_with_retry_after_is_waited_out_and_tasks_pass(stack: Stack, d
     assert server.chat_statuses == {200: 1 + TASKS, 429: TASKS}
     done = {e["data"]["phase"]: e["data"]["duration_ms"] for e in events if e["type"] == "PhaseCompleted"}
     assert done["materialize"] >= 1000  # Retry-After was honoured (the backoff alone waits ~0.2 s)
+
+
+def _cli_run(stack: Stack, *args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from benchwright.cli import app
+
+    return CliRunner().invoke(app, ["run", "--dataset", DATASET, "--model", "openai/dev", "--watch",
+                                    "--api-url", stack.api_url, "--api-key", stack.api_key, *args])
+
+
+async def test_cli_run_watch_says_plainly_when_every_task_errored(stack: Stack, dev_models: DevModels) -> None:
+    url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(503, first=1),)))
+    # The CLI is synchronous; the stack serves it from this event loop while it runs in a thread.
+    result = await asyncio.to_thread(_cli_run, stack, "--api-base", url)
+    assert result.exit_code == 1, result.output
+    # e.g. "finished with 60 of 60 tasks errored: solve: SutCallError: model endpoint ... answered HTTP 503: ..."
+    assert f"finished with {TASKS} of {TASKS} tasks errored: " in result.output
+    assert f"model endpoint {url} answered HTTP 503" in result.output.split("tasks errored: ", 1)[1]
+
+
+async def test_cli_run_watch_reports_a_dead_endpoint_and_fails(stack: Stack) -> None:
+    url = _closed_port_url()
+    result = await asyncio.to_thread(_cli_run, stack, "--api-base", url)
+    assert result.exit_code == 1, result.output
+    assert "error: attach failed: " in result.output
+    assert f"model endpoint {url} is unreachable (connection refused)" in result.output
+
+
+async def test_cli_run_watch_exits_0_for_a_clean_run(stack: Stack) -> None:
+    result = await asyncio.to_thread(_cli_run, stack, "--api-base", stack.dev_url)
+    assert result.exit_code == 0, result.output
+    assert "tasks errored" not in result.output
