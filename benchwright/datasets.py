@@ -10,14 +10,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from benchwright.errors import DatasetError, InvalidInput
+from benchwright.dataset_access import DatasetAccess, open_source
+from benchwright.errors import DatasetError
 
 MAX_DATASET_BYTES = 2 * 1024**3
 FIELD_PAIRS: tuple[tuple[str, str], ...] = (
@@ -49,16 +48,17 @@ class Analysis:
     reference_field: str | None
 
 
-def is_url(source: str) -> bool:
-    return source.startswith(("http://", "https://"))
-
-
-def fetch_dataset(*, source: str, dest_dir: Path, allow_local_paths: bool, timeout_s: float = 60.0) -> Fetched:
+def fetch_dataset(*, source: str, dest_dir: Path, access: DatasetAccess,
+                  on_refused: Callable[[str], None] = lambda host: None) -> Fetched:
     """Copy the dataset at ``source`` (URL or local path) into ``dest_dir``, hashing it on the way.
 
+    The source is untrusted: :func:`~benchwright.dataset_access.open_source` applies the account's host policy, the
+    internal-address refusal and the local-path rules; ``on_refused`` hears every refused host.
+
     Raises:
-        DatasetError: the URL answered an error status, the path does not exist, or the data is too large.
-        InvalidInput: a local path was given where the deployment does not allow them.
+        DatasetError: a refusal, an error status, a missing file, a time bound, or data over
+            ``MAX_DATASET_BYTES``.
+        InvalidInput: a local path was given where the deployment or the account does not allow them.
         httpx.TransportError: a network fault (transient: the caller retries).
     """
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def fetch_dataset(*, source: str, dest_dir: Path, allow_local_paths: bool, timeo
     size = 0
     tmp = dest.with_suffix(dest.suffix + ".part")
     with tmp.open("wb") as out:
-        for chunk in _chunks(source, allow_local_paths=allow_local_paths, timeout_s=timeout_s):
+        for chunk in open_source(source, access, on_refused):
             size += len(chunk)
             if size > MAX_DATASET_BYTES:
                 raise DatasetError(f"dataset is larger than {MAX_DATASET_BYTES} bytes")
@@ -84,26 +84,6 @@ def _suffix(source: str) -> str:
         if name.endswith(ext):
             return ext
     return ".data"
-
-
-def _chunks(source: str, *, allow_local_paths: bool, timeout_s: float) -> Iterator[bytes]:
-    if is_url(source):
-        with httpx.stream("GET", source, timeout=timeout_s, follow_redirects=True) as resp:
-            if resp.status_code >= 400:
-                raise DatasetError(f"fetching {source} answered HTTP {resp.status_code}", code="fetch_failed")
-            yield from resp.iter_bytes(1 << 16)
-        return
-    if "://" in source:
-        raise DatasetError(f"unsupported dataset scheme in {source!r}: use http(s) or a local path")
-    if not allow_local_paths:
-        raise InvalidInput("this deployment does not read datasets from local paths; give an http(s) URL",
-                           code="local_paths_disabled")
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise DatasetError(f"no dataset file at {source}", code="fetch_failed")
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 16):
-            yield chunk
 
 
 def detect_format(path: Path) -> str:
@@ -128,24 +108,39 @@ def iter_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
     """Stream the dataset's rows as dicts.
 
     Raises:
-        DatasetError: a row is not an object, or the file does not parse, naming where.
+        DatasetError: a row is not an object, the file does not parse, or its bytes are not UTF-8, naming where.
     """
     if fmt == "jsonl":
-        with path.open("r", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with path.open("rb") as f:
+            for lineno, line in enumerate(_decoded_lines(f), 1):
                 if line.strip():
                     yield _as_object(_loads(line, f"line {lineno}"), f"line {lineno}")
     elif fmt == "json":
-        data = _loads(path.read_text(encoding="utf-8"), "the file")
+        data = _loads(_decode(path.read_bytes(), "the file"), "the file")
         if not isinstance(data, list):
             raise DatasetError("a JSON dataset must be an array of objects")
         for i, item in enumerate(data):
             yield _as_object(item, f"item {i}")
     elif fmt == "csv":
-        with path.open("r", encoding="utf-8", newline="") as f:
-            yield from csv.DictReader(f)
+        with path.open("rb") as f:
+            yield from csv.DictReader(_decoded_lines(f))
     else:
         raise DatasetError(f"unknown dataset format {fmt!r}")
+
+
+def _decoded_lines(raw: Iterable[bytes]) -> Iterator[str]:
+    """Lines decoded one at a time, so an encoding error names its line (a text-mode file decodes 8 KiB blocks
+    and reports neither line nor offset)."""
+    for lineno, line in enumerate(raw, 1):
+        yield _decode(line, f"line {lineno}")
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"dataset {where} is not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start} "
+                           f"({exc.reason}); save the file as UTF-8") from exc
 
 
 def _loads(text: str, where: str) -> Any:
@@ -191,9 +186,13 @@ def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path, require_fields:
         for row in iter_rows(source, fmt):
             for key in row:
                 columns.setdefault(str(key), None)
-            out.write(json.dumps(row, ensure_ascii=False, default=str))
-            out.write("\n")
             rows += 1
+            try:
+                out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            except UnicodeEncodeError as exc:  # a lone surrogate from a JSON escape such as "\ud800"
+                tmp.unlink(missing_ok=True)
+                raise DatasetError(f"dataset row {rows} holds text that is not valid Unicode "
+                                   f"({exc.object[exc.start:exc.end]!r}: {exc.reason})") from exc
     if rows == 0:
         tmp.unlink(missing_ok=True)
         raise DatasetError("the dataset has no rows")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchwright.compute import resolve_compute
-from benchwright.datasets import is_url
+from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
 from benchwright.errors import InvalidInput
 from benchwright.limits import RunLimits, resolve_limits
 from benchwright.schemas import LaunchRequest, suggest
@@ -33,7 +33,7 @@ def resolve_trials(launch_trials: TrialsConfig | None, subset_default: TrialsCon
     return validate_trials(launch_trials or subset_default or TrialsConfig())
 
 
-def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_paths: bool,
+def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: LocalPathRules,
                    default_compute: str = "local", configured_backends: tuple[str, ...] = ("local",),
                    saved_compute: str | None = None,
                    subset_default_trials: TrialsConfig | None = None) -> ResolvedLaunch:
@@ -44,7 +44,10 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_pa
 
     Raises:
         InvalidInput: unknown driver, bad trials config, an unenforceable limit, an unknown or unconfigured
-            compute backend, or a local dataset path where they are not allowed.
+            compute backend, or a local dataset path where the deployment or the account does not allow them.
+        DatasetError: a local dataset path inside a protected place or outside the dataset roots
+            (``dataset_blocked``). Whether the file exists is Fetch's to find out: the API and the worker need
+            not share a file system, and Fetch enforces every rule again.
     """
     driver = launch.driver or default_driver
     if driver not in DRIVERS:
@@ -54,9 +57,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, allow_local_pa
         if "://" in launch.dataset:
             raise InvalidInput(f"dataset must be an http(s) URL or a path, got {launch.dataset!r}",
                                code="invalid_dataset")
-        if not allow_local_paths:
-            raise InvalidInput("this deployment does not read datasets from local paths; give an http(s) URL",
-                               code="local_paths_disabled")
+        check_local_path(launch.dataset, local_paths, must_exist=False)
     trials = resolve_trials(launch.trials, subset_default_trials)
     limits = resolve_limits(limits=launch.limits, constraints=launch.constraints, metadata=launch.metadata)
     backend = resolve_compute(requested=launch.compute, saved=saved_compute, default=default_compute,

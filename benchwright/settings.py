@@ -38,6 +38,14 @@ class Settings(BaseSettings):
     """Whether Fetch may read a dataset from a path on the worker's host. Off by default, so a shared server never
     reads its host's files for a caller; ``benchwright up`` (the one-machine embedded stack) turns it on."""
 
+    dataset_roots: list[Path] = Field(default_factory=list)
+    """When set (``BENCHWRIGHT_DATASET_ROOTS='["/srv/datasets"]'``), local dataset paths must resolve under one of
+    these directories. Local paths also need the account's ``local_paths`` flag, and are never read from the data
+    directory or the host's secret-holding places (``benchwright.dataset_access``)."""
+
+    dataset_fetch_timeout_s: float = 600.0
+    """Longest a dataset download may take in all (connect and read are bounded separately, at 10 s and 30 s)."""
+
     allow_fault_injection: bool = False
     """Honour ``metadata.fault_injection`` on launches (tests only): makes a phase fail once after its events."""
 

@@ -103,7 +103,8 @@ def _ensure_dev_key(data_dir: Path) -> str:
         except Unauthorized:
             pass
     try:
-        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd)
+        # The embedded stack's own account may read local datasets (accounts added later may not by default).
+        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd, local_paths=True)
     except Conflict:
         key = create_key(engine, account_name=DEV_ACCOUNT)
     key_file.write_text(json.dumps({"account": DEV_ACCOUNT, "api_key": key}))

@@ -116,8 +116,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
                         temporal_address=env.client.service_client.config.target_host)
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
-    _, key = create_account(engine, name="tester", balance_usd=1000.0)
-    _, other = create_account(engine, name="someone-else", balance_usd=1000.0)
+    # Both may name local dataset files (the operator's grant); tests/api/test_dataset_security.py makes one without.
+    _, key = create_account(engine, name="tester", balance_usd=1000.0, local_paths=True)
+    _, other = create_account(engine, name="someone-else", balance_usd=1000.0, local_paths=True)
     worker: Worker = build_worker(env.client, settings=settings, engine=engine)
     port = free_port()
     from benchwright.devmodel import load_answers

@@ -19,6 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
 from benchwright.compute import materialize_mode
+from benchwright.dataset_access import LocalPathRules
 from benchwright.errors import Conflict, InvalidInput, NotFound, PaymentRequired, Unavailable
 from benchwright.events import TERMINAL_EVENT
 from benchwright.launch import resolve_launch
@@ -60,8 +61,9 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     """Launch a run: records RunLaunched (seq 0) and starts its workflow."""
     settings = state.settings
     saved = await run_in_threadpool(saved_compute, state.engine, account_id=account.id)
+    local_paths = LocalPathRules.from_settings(settings, account_local_paths=account.local_paths)
     resolved = resolve_launch(body, default_driver=settings.default_driver,
-                              allow_local_paths=settings.allow_local_paths, default_compute=settings.default_compute,
+                              local_paths=local_paths, default_compute=settings.default_compute,
                               configured_backends=settings.configured_backends(), saved_compute=saved)
     if body.model.secret is not None:
         await run_in_threadpool(secret_value, state.engine, account_id=account.id, name=body.model.secret)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import ipaddress
 import logging
 import os
 import re
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from benchwright.proxy.addresses import endpoint_allowed, internal_reason
 from benchwright.proxy.policy import HostPolicy, decide, normalize_host
 
 __all__ = ["BlockedHostRecorder", "EgressProxy", "InMemoryBlockedLog"]
@@ -802,23 +802,23 @@ class EgressProxy:
 
     async def _resolve_public(self, host: str, connect_host: str, port: int) -> str:
         """Resolve once and connect to that address (no second lookup to rebind), refusing addresses inside the
-        platform (loopback, private, link-local, unspecified, multicast: the worker's own services, cloud
+        platform (:func:`~benchwright.proxy.addresses.internal_reason`: the worker's own services, cloud
         metadata) unless the platform allowed that exact endpoint (the run's model proxy). The account's policy
         cannot open these: a host name is the account's to allow, the platform's own network is not."""
         infos = await asyncio.get_running_loop().getaddrinfo(connect_host, port, type=socket.SOCK_STREAM)
         if not infos:
             raise OSError(f"{host} did not resolve")
         address = str(infos[0][4][0])
-        if self._allow_internal or (address, port) in self._internal_allowed or (connect_host, port) in self._internal_allowed:
+        if self._allow_internal or endpoint_allowed(self._internal_allowed, host=connect_host, address=address,
+                                                    port=port):
             return address
         for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified or ip.is_multicast \
-                    or ip.is_reserved:
+            reason = internal_reason(str(info[4][0]))
+            if reason is not None:
                 await self._record(host)
                 raise _ClientError(403, f"Benchwright egress proxy: {host} resolves to an internal address "
-                                        f"({ip}); sandboxes cannot reach the platform's own network.",
-                                   (("X-Benchwright-Blocked", host),))
+                                        f"({info[4][0]}: {reason}); sandboxes cannot reach the platform's own "
+                                        "network.", (("X-Benchwright-Blocked", host),))
         return address
 
     async def _record(self, host: str) -> None:

@@ -22,13 +22,17 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_account(engine: Engine, *, name: str, balance_usd: float = 0.0) -> tuple[Account, str]:
+def create_account(engine: Engine, *, name: str, balance_usd: float = 0.0,
+                   local_paths: bool = False) -> tuple[Account, str]:
     """Create an account with one API key; returns the account and the key (the only time it is visible).
+
+    ``local_paths`` lets the account name dataset files on the worker's host (where the deployment allows local
+    paths at all). Off unless the operator says so: an account added to a running stack must not read its files.
 
     Raises:
         Conflict: an account with this name exists.
     """
-    account = Account(id=str(uuid.uuid4()), name=name, balance_usd=balance_usd)
+    account = Account(id=str(uuid.uuid4()), name=name, balance_usd=balance_usd, local_paths=local_paths)
     try:
         with session_scope(engine) as session:
             session.add(account)

@@ -25,6 +25,9 @@ class Account(SQLModel, table=True):
     name: str = Field(unique=True, index=True, max_length=200)
     balance_usd: float = 0.0
     """Prepaid balance; billed spend is debited by the ``events_cost`` trigger."""
+    local_paths: bool = False
+    """The operator lets this account name dataset files on the worker's host (``accounts create --local-paths``;
+    the embedded stack's own account has it). The deployment must allow local paths too."""
     created_at: datetime = Field(default_factory=utcnow)
 
 

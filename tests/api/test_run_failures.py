@@ -20,12 +20,14 @@ DATASET = str(SAMPLE / "arithmetic.jsonl")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def missing_url() -> AsyncIterator[str]:
-    """A real HTTP server on loopback whose dataset path answers 404."""
+async def missing_url(stack: Stack) -> AsyncIterator[str]:
+    """A real HTTP server on loopback whose dataset path answers 404 (an operator-listed internal endpoint)."""
     app = Starlette(routes=[Route("/data.jsonl", lambda _: PlainTextResponse("gone", status_code=404))])
     port = free_port()
     server, task = await serve_app(app, port)
+    stack.settings.egress_internal_allowed.append(f"127.0.0.1:{port}")
     yield f"http://127.0.0.1:{port}/data.jsonl"
+    stack.settings.egress_internal_allowed.remove(f"127.0.0.1:{port}")
     server.should_exit = True
     await task
 

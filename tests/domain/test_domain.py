@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from benchwright.dataset_access import DatasetAccess, LocalPathRules
 from benchwright.datasets import analyze_dataset, detect_fields, detect_format, fetch_dataset, iter_rows
 from benchwright.errors import DatasetError, InvalidInput
 from benchwright.launch import resolve_launch, resolve_trials
@@ -15,6 +16,10 @@ from benchwright.pipeline import batch_bounds, plan_batches, plan_phases
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.scoring.template import render_exact_match
 from benchwright.status import display_status
+
+
+LOCAL = LocalPathRules(deployment=True, account=True)
+LOCAL_ACCESS = DatasetAccess(local=LOCAL)
 
 
 def _launch(**kw: object) -> LaunchRequest:
@@ -37,20 +42,20 @@ def test_trials_precedence_launch_then_subset_default_then_k1_any_pass() -> None
     broken_default = TrialsConfig.model_validate({"plan": {"k": 2}, "aggregator": {"name": "weighted_mean"}})
     with pytest.raises(InvalidInput, match="weight"):
         resolve_trials(None, broken_default)  # whichever config wins is validated
-    assert resolve_launch(_launch(), default_driver="builtin", allow_local_paths=False,
+    assert resolve_launch(_launch(), default_driver="builtin", local_paths=LocalPathRules(),
                           subset_default_trials=subset).trials == subset
 
 
 def test_resolve_launch_defaults_and_refusals() -> None:
-    resolved = resolve_launch(_launch(), default_driver="builtin", allow_local_paths=False)
+    resolved = resolve_launch(_launch(), default_driver="builtin", local_paths=LocalPathRules())
     assert resolved.driver == "builtin" and resolved.trials.plan.k == 1
     assert resolved.trials.aggregator.name == "any_pass"
     with pytest.raises(InvalidInput, match="did you mean 'builtin'"):
-        resolve_launch(_launch(driver="builtn"), default_driver="builtin", allow_local_paths=True)
+        resolve_launch(_launch(driver="builtn"), default_driver="builtin", local_paths=LOCAL)
     with pytest.raises(InvalidInput) as err:
-        resolve_launch(_launch(dataset="/etc/passwd"), default_driver="builtin", allow_local_paths=False)
+        resolve_launch(_launch(dataset="/etc/passwd"), default_driver="builtin", local_paths=LocalPathRules())
     assert err.value.code == "local_paths_disabled"
-    assert resolve_launch(_launch(dataset="/tmp/x.jsonl"), default_driver="builtin", allow_local_paths=True)
+    assert resolve_launch(_launch(dataset="/tmp/x.jsonl"), default_driver="builtin", local_paths=LOCAL)
 
 
 def test_model_string_and_object_are_one_schema_and_retired_keys_are_refused() -> None:
@@ -134,7 +139,7 @@ def test_dataset_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="no rows"):
         analyze_dataset(source=empty, fmt="jsonl", tasks_path=tmp_path / "t.jsonl")
     with pytest.raises(DatasetError, match="no dataset file"):
-        fetch_dataset(source=str(tmp_path / "nope.jsonl"), dest_dir=tmp_path / "w", allow_local_paths=True)
+        fetch_dataset(source=str(tmp_path / "nope.jsonl"), dest_dir=tmp_path / "w", access=LOCAL_ACCESS)
 
 
 def test_fetch_hashes_what_it_copies(tmp_path: Path) -> None:
@@ -142,7 +147,7 @@ def test_fetch_hashes_what_it_copies(tmp_path: Path) -> None:
 
     src = tmp_path / "d.jsonl"
     src.write_text('{"question": "q", "answer": "a"}\n')
-    fetched = fetch_dataset(source=str(src), dest_dir=tmp_path / "work", allow_local_paths=True)
+    fetched = fetch_dataset(source=str(src), dest_dir=tmp_path / "work", access=LOCAL_ACCESS)
     assert fetched.sha256 == hashlib.sha256(src.read_bytes()).hexdigest() and fetched.bytes == src.stat().st_size
 
 
