@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from temporalio.client import Client
@@ -17,14 +20,30 @@ from activities.common import Deps
 from activities.fetch import FetchActivities
 from activities.materialize import MaterializeActivities
 from activities.run_log import ControlActivities, RunLogActivities
-from activities.sandboxes import reap_orphans
 from activities.setup import SetupActivities
+from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
+from benchwright.teardown import release_worker, reap_worker_leftovers
 from workflows.run import RunWorkflow
 
 # Modules the workflow sandbox shares with the worker instead of re-importing per run (10x cheaper, and SQLModel
 # tables cannot be defined twice). None of them is used for I/O from workflow code.
 PASSTHROUGH = ("benchwright", "pydantic", "pydantic_core", "sqlmodel", "sqlalchemy", "yaml", "httpx")
+
+
+class StackWorker(Worker):
+    """A Temporal worker that, once shut down (its activities cancelled and finished), kills the sandboxes and stops
+    the model proxies its process started: a worker leaves nothing running behind it, in-process (tests) or not."""
+
+    def __init__(self, client: Client, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self._settings = settings
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            await asyncio.shield(release_worker(settings=self._settings))
 
 
 def build_worker(client: Client, *, settings: Settings, engine: Engine, task_queue: str | None = None) -> Worker:
@@ -49,8 +68,9 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         control.clear,
         control.finish_halted,
     ]
-    return Worker(
+    return StackWorker(
         client,
+        settings=settings,
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow],
         activities=activities,
@@ -61,20 +81,27 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
 
 
 async def run_worker(settings: Settings) -> None:
-    """Connect, migrate the store, and poll the task queue until cancelled."""
+    """Connect, migrate the store, and poll the task queue until SIGTERM/SIGINT; then shut down cleanly (activities
+    cancelled, this worker's sandboxes killed and model proxies stopped) and return."""
     from benchwright.store.db import make_engine, migrate
     from benchwright.temporal_client import connect
 
+    ProcessRegistry(settings.data_dir).record(kind="worker", pid=os.getpid(), group=os.getpgid(0) == os.getpid())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
-    # Sandboxes left behind by a worker that died (a SIGKILL runs no cleanup) are killed before this one polls.
-    await reap_orphans(Deps(engine=engine, settings=settings))
+    # What dead workers left (a SIGKILL runs no cleanup) is killed before this one polls.
+    await reap_worker_leftovers(settings=settings, engine=engine)
     client = await connect(settings)
     worker = build_worker(client, settings=settings, engine=engine)
     # Everything loaded so far (SDK, SQLAlchemy, pydantic schemas: ~100 MB of objects) lives as long as the process;
     # frozen, the cyclic collector stops re-scanning it in every full collection during a sweep.
     gc.freeze()
-    await worker.run()
+    async with worker:
+        await stop.wait()
 
 
 if __name__ == "__main__":

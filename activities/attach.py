@@ -21,6 +21,8 @@ from activities.common import Deps, in_thread, phase
 from benchwright.events import ModelProxyArtifact, ProxyLingerMetered, SandboxCreated, SandboxKilled
 from benchwright.errors import Unavailable
 from benchwright.pipeline import FinishInput, PhaseInput, PhaseResult
+from benchwright.procreg import ProcessRegistry
+from benchwright.schemas import ModelSpec
 from benchwright.prices import prices_for
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
@@ -36,6 +38,27 @@ from benchwright.store.policy import secret_value
 from benchwright.store.runs import get_run
 
 
+async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
+    value = None
+    if spec.secret is not None:
+        run = await in_thread(get_run, deps.engine, run_id=run_id)
+        value = await in_thread(secret_value, deps.engine, account_id=run.account_id, name=spec.secret)
+    return await in_thread(start_model_proxy, run_dir=deps.run_dir(run_id), spec=spec, secret_value=value,
+                           registry=ProcessRegistry(deps.settings.data_dir))
+
+
+async def live_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle | None:
+    """The run's model proxy for Materialize: the one Attach started, or a new one if it died with the worker that
+    started it (proxies never outlive their worker) while the run still needs it (a keyed model, or a handle left
+    behind). None for a run called directly."""
+    handle = load_handle(deps.run_dir(run_id))
+    if handle is not None and handle.alive():
+        return handle
+    if handle is None and spec.secret is None:
+        return None
+    return await _start_proxy(deps, run_id=run_id, spec=spec)
+
+
 class AttachActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -48,13 +71,7 @@ class AttachActivities:
             secret_env = secret_env_name(spec.secret) if spec.secret else None
             handle: ProxyHandle | None = None
             if proxied:
-                value = None
-                if spec.secret is not None:
-                    run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
-                    value = await in_thread(secret_value, self.deps.engine, account_id=run.account_id,
-                                            name=spec.secret)
-                handle = await in_thread(start_model_proxy, run_dir=self.deps.run_dir(inp.run_id), spec=spec,
-                                         secret_value=value)
+                handle = await _start_proxy(self.deps, run_id=inp.run_id, spec=spec)
                 scope.emit("proxy", SandboxCreated(
                     sandbox_id=f"proxy-{handle.pid}", role="proxy", backend="local", instance_size="local-process",
                     isolation="process", metadata={"benchwright_role": "proxy", "port": handle.port}))

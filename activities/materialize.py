@@ -18,7 +18,8 @@ from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseStarted
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
-from benchwright.proxy.model_proxy import ProxyHandle, load_handle
+from activities.attach import live_proxy
+from benchwright.proxy.model_proxy import ProxyHandle
 from benchwright.sandbox import ExecLimits
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.pipeline import (
@@ -156,7 +157,8 @@ class MaterializeActivities:
                 if reason is not None:
                     return reason
 
-        proxy = load_handle(self.deps.run_dir(inp.run_id))  # read once per batch
+        # Read once per batch; started again if it died with the worker that started it.
+        proxy = await live_proxy(self.deps, run_id=inp.run_id, spec=inp.model)
         sut = self._sut(inp, proxy)
         execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
         # Connections to the model open while the batch's sandbox and scorer runtime start.

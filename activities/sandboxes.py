@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from activities.common import Deps, in_thread
-from benchwright.devstack import pid_alive
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
 from benchwright.proxy.policy import HostPolicy
@@ -184,40 +183,3 @@ async def put_runtime(box: Sandbox, impl_source: str) -> None:
     """The scorer runtime and task_impl.py into the sandbox's working directory."""
     await put_file(box, "runner.py", Path(RUNNER).read_bytes())
     await put_file(box, "task_impl.py", impl_source.encode())
-
-
-async def reap_orphans(deps: Deps) -> list[str]:
-    """Kill sandboxes whose worker process is gone (a crashed worker cannot clean up after itself), and model
-    proxies of runs that finished longer ago than the linger window (their workflow's stop never came)."""
-    await in_thread(_reap_model_proxies, deps)
-
-    def orphan(info: SandboxInfo) -> bool:
-        owner = info.metadata.get("owner_pid")
-        return isinstance(owner, int) and not pid_alive(owner)
-
-    backend = LocalBackend(deps.settings.sandboxes_dir(), allow_unisolated=deps.settings.allow_unisolated)
-    try:
-        return await backend.reap(orphan)
-    finally:
-        await backend.close()
-
-
-def _reap_model_proxies(deps: Deps) -> None:
-    from benchwright.proxy.model_proxy import load_handle, stop_model_proxy
-    from benchwright.errors import NotFound
-
-    runs_dir = deps.settings.runs_dir()
-    if not runs_dir.exists():
-        return
-    for path in runs_dir.glob("*/proxy.json"):
-        handle = load_handle(path.parent)
-        if handle is None:
-            continue
-        try:
-            run = get_run(deps.engine, run_id=path.parent.name)
-        except NotFound:
-            stop_model_proxy(path.parent)
-            continue
-        ended = run.finished_at.timestamp() if run.finished_at else None
-        if ended is not None and time.time() > ended + deps.settings.proxy_linger_s + 60:
-            stop_model_proxy(path.parent)

@@ -41,16 +41,21 @@ def up(data_dir: DataDir = None,
        api_port: Annotated[int, typer.Option(help="API port on 127.0.0.1.")] = 8700,
        temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
        ui_port: Annotated[int, typer.Option(help="Temporal UI port.")] = 8233,
+       shutdown_timeout: Annotated[float, typer.Option(
+           min=1.0, help="Seconds Ctrl-C/SIGTERM gives the worker, API and Temporal to stop (and the worker to kill "
+                         "its sandboxes and model proxies) before SIGKILL.")] = 30.0,
        allow_unisolated: Annotated[bool, typer.Option(
            help="Where Linux namespaces are unavailable (not root), run scorers WITHOUT isolation instead of "
                 "refusing; recorded on every run as isolation 'none'.")] = False) -> None:
-    """Start the embedded stack (Temporal dev server, worker, API) until Ctrl-C."""
+    """Start the embedded stack (Temporal dev server, worker, API) until Ctrl-C; then stop all of it (model proxies
+    and sandboxes included). What a killed stack left running is stopped at the next start."""
     from benchwright.supervisor import StackConfig, run_up
 
     if allow_unisolated:
         os.environ["BENCHWRIGHT_ALLOW_UNISOLATED"] = "true"
         console.print("[yellow]warning:[/yellow] sandboxes may run without isolation on this host (--allow-unisolated)")
-    cfg = StackConfig(data_dir=_data_dir(data_dir), api_port=api_port, temporal_port=temporal_port, ui_port=ui_port)
+    cfg = StackConfig(data_dir=_data_dir(data_dir), api_port=api_port, temporal_port=temporal_port, ui_port=ui_port,
+                      shutdown_timeout_s=shutdown_timeout)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     raise typer.Exit(run_up(cfg, say=lambda m: console.print(m, highlight=False)))
 
@@ -342,8 +347,8 @@ def demo(data_dir: DataDir = None,
         for proc in (model_proc, stack):
             if proc.poll() is None:
                 proc.terminate()
-                try:
-                    proc.wait(30)
+                try:  # `up` stops its children within its shutdown timeout (30 s), then sweeps
+                    proc.wait(60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()

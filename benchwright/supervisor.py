@@ -1,12 +1,22 @@
 """``benchwright up``: the embedded stack on one machine — Temporal dev server, worker, API — supervised.
 
-Children are started on loopback, each stopped by its own PID on Ctrl-C/SIGTERM. The worker is restarted if it
-dies; if Temporal or the API dies, the whole stack stops (a half-up stack is worse than a clear failure).
-When everything answers, ``DIR/dev.json`` says where: ``{api_url, temporal_address, temporal_ui_url, api_key}``.
+Children are started on loopback. The worker is restarted if it dies; if Temporal or the API dies, the whole stack
+stops (a half-up stack is worse than a clear failure). When everything answers, ``DIR/dev.json`` says where:
+``{api_url, temporal_address, temporal_ui_url, api_key}``.
+
+Nothing outlives the stack. Every child is recorded in the data directory's process registry
+(``benchwright.procreg``) with its start time. On Ctrl-C/SIGTERM the worker is stopped first (it cancels its
+activities, kills its sandboxes, stops its model proxies), then the API and Temporal, each escalated to SIGKILL
+within ``shutdown_timeout_s``; then a sweep of the data directory (``benchwright.teardown.reap_stack``) kills any
+process, proxy or sandbox still left. A SIGKILL of ``up`` runs none of that: the same sweep runs at the next start,
+before anything is served. ``DIR/stack.lock`` (an flock held while ``up`` runs) keeps a second ``up`` from
+sweeping away a live stack.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -15,12 +25,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
 from benchwright.devstack import port_open, temporal_binary
 from benchwright.errors import Unavailable
+from benchwright.procreg import Kind, ProcEntry, ProcessRegistry
+from benchwright.teardown import reap_stack
 from benchwright.temporal_ui import dev_server_args
 
 READY_TIMEOUT_S = 60.0
@@ -34,6 +46,9 @@ class StackConfig:
     temporal_port: int = 7233
     ui_port: int = 8233
     host: str = "127.0.0.1"
+    shutdown_timeout_s: float = 30.0
+    """Stopping the stack takes at most this long (plus a few seconds of SIGKILL sweep): two thirds for the worker
+    to cancel its activities and release its sandboxes and proxies, the rest for the API and Temporal."""
 
     @property
     def temporal_address(self) -> str:
@@ -57,10 +72,11 @@ class StackConfig:
 
 @dataclass
 class Child:
-    name: str
+    name: Kind
     argv: list[str]
     log: Path
     env: dict[str, str]
+    registry: ProcessRegistry
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = field(default=0)
 
@@ -68,18 +84,25 @@ class Child:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        self.registry.record(kind=self.name, pid=self.proc.pid, group=True, owner=os.getpid())
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def terminate(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.terminate()
+
+    def wait_or_kill(self, deadline: float) -> None:
+        """Wait for the child until ``deadline`` (monotonic), then SIGKILL its process group."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.terminate()
         try:
-            self.proc.wait(timeout)
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
 
@@ -139,6 +162,9 @@ class Stack:
         logs = cfg.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = cfg.child_env()
+        self.registry = ProcessRegistry(cfg.data_dir)
+        self._lock: IO[str] | None = None
+        self._me: ProcEntry | None = None
         self.temporal = Child("temporal", [
             temporal_binary(), "server", "start-dev", "--ip", cfg.host, "--port", str(cfg.temporal_port),
             "--ui-port", str(cfg.ui_port), "--db-filename", str(cfg.data_dir / "temporal.db"), "--log-level", "warn",
@@ -146,16 +172,44 @@ class Stack:
             # paid an fsync (~4 ms per workflow task, ~90 ms of a 0.6 s run). A crash of the machine (not of the
             # process) may lose the last transactions, as with our own store.
             "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-            *dev_server_args()], logs / "temporal.log", env)
+            *dev_server_args()], logs / "temporal.log", env, self.registry)
         self.worker = Child("worker", [sys.executable, "-m", "benchwright.cli", "worker",
-                                       "--data-dir", str(cfg.data_dir)], logs / "worker.log", env)
+                                       "--data-dir", str(cfg.data_dir)], logs / "worker.log", env, self.registry)
         self.api = Child("api", [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
                                  "--host", cfg.host, "--port", str(cfg.api_port), "--log-level", "warning",
-                                 "--no-access-log"], logs / "api.log", env)
+                                 "--no-access-log"], logs / "api.log", env, self.registry)
         self.dev_json = cfg.data_dir / "dev.json"
+
+    def _take_lock(self) -> None:
+        """Hold ``DIR/stack.lock`` while this supervisor lives (the kernel drops it when the process dies, however
+        it dies); another ``up`` on the same data directory fails here instead of sweeping this stack away."""
+        lock = (self.cfg.data_dir / "stack.lock").open("a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            lock.close()
+            raise Unavailable(f"another `benchwright up` (pid {holder}) is running on {self.cfg.data_dir}") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._lock = lock
+
+    def _sweep(self, when: str) -> None:
+        """Stop whatever this data directory's stack left running (see ``reap_stack``)."""
+        timeout = self.cfg.shutdown_timeout_s
+        reaped = reap_stack(data_dir=self.cfg.data_dir, workers_timeout_s=timeout * 2 / 3,
+                            others_timeout_s=timeout / 3)
+        if reaped:
+            self.say(f"{when}: stopped what was left of the stack: {reaped.describe()}")
 
     def start(self) -> dict[str, str]:
         cfg = self.cfg
+        self._take_lock()
+        self._sweep("before starting")  # a stack killed with SIGKILL left its children, proxies and sandboxes
+        self._me = self.registry.record(kind="supervisor", pid=os.getpid(), group=False)
         for name, port in (("Temporal", cfg.temporal_port), ("Temporal UI", cfg.ui_port), ("API", cfg.api_port)):
             if port_open(cfg.host, port):
                 raise Unavailable(f"port {port} for the {name} is already in use; pick another with the --*-port options")
@@ -199,10 +253,25 @@ class Stack:
         return 0
 
     def stop(self) -> None:
+        """Worker first (it releases its sandboxes and proxies while Temporal and the store are still up), then
+        the API and Temporal, all within ``shutdown_timeout_s``; then the sweep, which SIGKILLs any leftover."""
+        if self._lock is None:  # never started: the data directory belongs to another `up`
+            return
         self.dev_json.unlink(missing_ok=True)
         (self.cfg.data_dir / "pids.json").unlink(missing_ok=True)
-        for child in (self.worker, self.api, self.temporal):
-            child.stop()
+        started = time.monotonic()
+        timeout = self.cfg.shutdown_timeout_s
+        self.worker.terminate()
+        self.worker.wait_or_kill(started + timeout * 2 / 3)
+        for child in (self.api, self.temporal):
+            child.terminate()
+        for child in (self.api, self.temporal):
+            child.wait_or_kill(started + timeout)
+        self._sweep("stopping")
+        if self._me is not None:
+            self.registry.forget(self._me)
+        self._lock.close()
+        self._lock = None
 
 
 def run_up(cfg: StackConfig, *, say: Any = print) -> int:

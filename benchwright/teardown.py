@@ -1,0 +1,116 @@
+"""Nothing outlives the stack: what a worker releases when it stops, what it reaps when it starts, and the sweep
+``benchwright up`` makes of its whole data directory when it stops and before it starts.
+
+Three owners, three scopes (all within one data directory, never beyond it; other stacks run beside this one):
+
+* a worker shutting down kills the sandboxes *it* created and stops the model proxies *it* started
+  (``release_worker``); runs it leaves unfinished go on with another worker, which starts what it needs again;
+* a worker starting reaps what dead workers left: sandboxes whose creator is gone, proxies whose worker is gone
+  or whose run ended more than a linger ago (``reap_worker_leftovers``);
+* the supervisor, when the stack stops and again before it starts (after a SIGKILL nothing of that ran), stops
+  every process in the stack's registry, every proxy and every sandbox under the data directory
+  (``reap_stack``): workers first (SIGTERM: they clean up their own), then the API and Temporal, then the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+
+from benchwright.devstack import pid_alive
+from benchwright.procreg import ProcEntry, ProcessRegistry
+from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies
+from benchwright.sandbox import LocalBackend, SandboxInfo
+from benchwright.settings import Settings
+
+
+@dataclass
+class Reaped:
+    """What a sweep found still running."""
+
+    processes: list[ProcEntry] = field(default_factory=list)
+    proxies: int = 0
+    sandboxes: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.processes or self.proxies or self.sandboxes)
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{e.kind} {e.pid}" for e in self.processes) or "no stack processes"
+        return f"{kinds}; {self.proxies} model proxies; {len(self.sandboxes)} sandboxes"
+
+
+async def _reap_sandboxes(sandboxes_root: Path, which: Callable[[SandboxInfo], bool]) -> list[str]:
+    # allow_unisolated: the reaper must see (and kill) unisolated sandboxes too; it creates none.
+    backend = LocalBackend(sandboxes_root, allow_unisolated=True)
+    try:
+        return await backend.reap(which)
+    finally:
+        await backend.close()
+
+
+def _owner(info: SandboxInfo) -> int | None:
+    owner = info.metadata.get("owner_pid")
+    return owner if isinstance(owner, int) else None
+
+
+def run_finished_at(engine: Engine, run_id: str) -> float | None:
+    """When the run ended (epoch seconds), None while it runs, 0.0 if the store does not know it."""
+    from benchwright.errors import NotFound
+    from benchwright.store.runs import get_run
+
+    try:
+        run = get_run(engine, run_id=run_id)
+    except NotFound:
+        return 0.0
+    return run.finished_at.timestamp() if run.finished_at else None
+
+
+async def release_worker(*, settings: Settings) -> list[str]:
+    """A worker's shutdown: kill the sandboxes this process created, stop the proxies it started.
+
+    Returns the sandboxes killed (their activities were cancelled first, so normally none is left).
+    """
+    await asyncio.to_thread(stop_owned_proxies, ProcessRegistry(settings.data_dir))
+    me = os.getpid()
+    return await _reap_sandboxes(settings.sandboxes_dir(), lambda info: _owner(info) == me)
+
+
+async def reap_worker_leftovers(*, settings: Settings, engine: Engine) -> list[str]:
+    """A worker's start: sandboxes whose creator died (a SIGKILL runs no cleanup) and proxies nobody will stop.
+
+    Returns the sandboxes killed.
+    """
+    await asyncio.to_thread(reap_model_proxies, registry=ProcessRegistry(settings.data_dir),
+                            runs_dir=settings.runs_dir(), finished_at=lambda run_id: run_finished_at(engine, run_id),
+                            linger_s=settings.proxy_linger_s)
+
+    def orphan(info: SandboxInfo) -> bool:
+        owner = _owner(info)
+        return owner is not None and not pid_alive(owner)
+
+    return await _reap_sandboxes(settings.sandboxes_dir(), orphan)
+
+
+def reap_stack(*, data_dir: Path, workers_timeout_s: float, others_timeout_s: float) -> Reaped:
+    """Stop everything the data directory's stack started, except supervisors (the caller, or a live one it must
+    not touch: ``benchwright up`` holds the data directory's lock, so none other is alive when this runs).
+
+    Workers get ``workers_timeout_s`` after SIGTERM to cancel their activities and kill their own sandboxes and
+    proxies; the API and Temporal ``others_timeout_s``; then SIGKILL. Whatever remains (sandboxes and proxies of
+    workers that were SIGKILLed, or of a stack that crashed) is killed last.
+    """
+    settings = Settings(data_dir=data_dir)
+    registry = ProcessRegistry(data_dir)
+    reaped = Reaped()
+    reaped.processes += registry.stop(registry.live(kinds=("worker",)), timeout_s=workers_timeout_s)
+    reaped.processes += registry.stop(registry.live(kinds=("api", "temporal")), timeout_s=others_timeout_s)
+    reaped.proxies = reap_model_proxies(registry=registry, runs_dir=settings.runs_dir(), finished_at=lambda _: None,
+                                        linger_s=0.0, everything=True)
+    reaped.sandboxes = asyncio.run(_reap_sandboxes(settings.sandboxes_dir(), lambda _: True))
+    return reaped
