@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
 from benchwright.errors import BenchwrightError
+from benchwright.limits import ScorerCeilings
 from benchwright.events import PhaseCompleted, PhaseStarted
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
@@ -39,10 +40,17 @@ from benchwright.sut import SutClient, run_sut
 HEARTBEAT_EVERY_S = 1.0
 
 
-def _limits(threads: int) -> ExecLimits:
+SANDBOX_MARGIN_S = 60.0
+"""The scorer sandbox outlives the batch's ceiling by this much: the host settles the trials and kills the runtime
+at the ceiling itself; the sandbox's own limits are the backstop."""
+
+
+def _limits(threads: int, ceilings: ScorerCeilings) -> ExecLimits:
     # The runner's threads count against the process limit; leave room for what the scorer itself starts. One
-    # core: the runner is one Python process (one GIL), so only a scorer's own runaway children would want more.
-    return ExecLimits(cpu_seconds=24 * 3600, memory_mb=2048, wall_seconds=24 * 3600, max_processes=threads + 64,
+    # core: the runner is one Python process (one GIL), so only a scorer's own runaway children would want more;
+    # at one core its CPU time cannot exceed its wall time, so both share the batch's ceiling.
+    bound = ceilings.batch_duration_s + SANDBOX_MARGIN_S
+    return ExecLimits(cpu_seconds=int(bound), memory_mb=2048, wall_seconds=bound, max_processes=threads + 64,
                       cpu_cores=1.0)
 
 
@@ -52,6 +60,7 @@ HALT_POLL_S = 0.2
 class MaterializeActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        self.ceilings = ScorerCeilings.of(deps.settings)
 
     @activity.defn(name="materialize_begin")
     async def begin(self, inp: PhaseInput) -> PhaseResult:
@@ -101,8 +110,8 @@ class MaterializeActivities:
                                key=("materialize", inp.invocation, inp.start),
                                restore=snapshot_of(self.deps, inp.run_id, "atomize"),
                                internal_allowed=self._allowed_internal(proxy)) as box:
-                await run_trials(spawn=box.spawn(self._scorer_env(proxy, box), _limits(threads)), items=items,
-                                 sut=sut, threads=threads, on_record=on_record, limits=limits)
+                await run_trials(spawn=box.spawn(self._scorer_env(proxy, box), _limits(threads, self.ceilings)),
+                                 items=items, sut=sut, threads=threads, on_record=on_record, limits=limits)
 
         return execute
 
@@ -124,8 +133,9 @@ class MaterializeActivities:
                                          restore=snapshot_of(self.deps, inp.run_id, "atomize"),
                                          internal_allowed=self._allowed_internal(proxy),
                                          metadata={"task_index": index}) as box:
-                    await run_trials(spawn=box.spawn(self._scorer_env(proxy, box), _limits(len(trials))),
-                                     items=trials, sut=sut, threads=len(trials), on_record=on_record, limits=limits)
+                    spawn = box.spawn(self._scorer_env(proxy, box), _limits(len(trials), self.ceilings))
+                    await run_trials(spawn=spawn, items=trials, sut=sut, threads=len(trials), on_record=on_record,
+                                     limits=limits)
 
             async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
                 for index, trials in by_task.items():
@@ -166,7 +176,7 @@ class MaterializeActivities:
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
         work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp, tasks_path=workdir / "tasks.jsonl",
-                                             execute=execute, progress=progress))
+                                             execute=execute, progress=progress, ceilings=self.ceilings))
         try:
             await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not work.done():

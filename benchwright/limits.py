@@ -14,16 +14,26 @@ what is allowed, never stored and ignored.
 | task.duration           | a trial's wall time across its attempts; past it the row is err, not retried  |
 | task.cost               | a trial's model spend; past it the row is err (the spend still counts)        |
 | attempt.duration        | bounds one attempt of a trial; past it that attempt errs                      |
+
+Scorer time is never unbounded (``ScorerCeilings``, deployment settings published by ``GET /v1/limits``): a launch
+without ``attempt.duration`` gets the deployment's default, a scorer runtime must finish importing task_impl.py
+within ``scorer.load``, and a Materialize batch's trials not settled within ``batch.duration`` err
+``limit_exceeded:batch.duration``. An attempt past its ceiling is stopped by killing the scorer runtime (a
+thread spinning in Python cannot be interrupted); a fresh runtime carries on with the batch's other trials.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from benchwright.errors import InvalidInput
 from benchwright.schemas import PHASES
+
+if TYPE_CHECKING:
+    from benchwright.settings import Settings
 
 ENFORCEABLE: dict[str, tuple[str, ...]] = {
     "run": ("cost", "duration"),
@@ -66,9 +76,36 @@ class RunLimits(BaseModel):
         return None
 
 
-def matrix() -> dict[str, Any]:
-    """The enforceable matrix as the API publishes it."""
+@dataclass(frozen=True)
+class ScorerCeilings:
+    """The deployment's ceilings on scorer time (from its settings), so a looping scorer ends as err rows."""
+
+    attempt_duration_s: float = 300.0
+    """``attempt.duration`` for launches that set none (their own ``limits.attempt.duration`` overrides it)."""
+    load_s: float = 60.0
+    """How long one scorer runtime may take to import task_impl.py and build its Scorer."""
+    batch_duration_s: float = 36_000.0
+    """Wall time of one Materialize batch's scoring; also bounds its sandbox's CPU and wall time."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> ScorerCeilings:
+        """The ceilings a deployment's settings name."""
+        return cls(attempt_duration_s=settings.default_attempt_duration_s, load_s=settings.scorer_load_s,
+                   batch_duration_s=settings.materialize_batch_duration_s)
+
+    def task_limits(self, task: TaskLimits) -> TaskLimits:
+        """``task`` with the default attempt ceiling where the launch set none."""
+        if task.attempt_duration_s is not None:
+            return task
+        return task.model_copy(update={"attempt_duration_s": self.attempt_duration_s})
+
+
+def matrix(ceilings: ScorerCeilings | None = None) -> dict[str, Any]:
+    """The enforceable matrix as the API publishes it, with the deployment's defaults and fixed ceilings."""
+    ceilings = ceilings or ScorerCeilings()
     return {
+        "defaults": {"attempt.duration": ceilings.attempt_duration_s},
+        "ceilings": {"scorer.load": ceilings.load_s, "batch.duration": ceilings.batch_duration_s},
         "levels": {level: list(q) for level, q in ENFORCEABLE.items()},
         "phase_names": [p for p in PHASES],
         "units": {"cost": "USD (decimals allowed)", "duration": "seconds", "attempts": "count (integer >= 1)"},

@@ -20,6 +20,7 @@ from sqlmodel import Session
 
 from benchwright.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
+from benchwright.limits import ScorerCeilings
 from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
@@ -87,11 +88,13 @@ reports each record; see ``activities.materialize``."""
 
 
 async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: Path, execute: Execute,
-                    progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
+                    progress: Callable[[dict[str, Any]], None],
+                    ceilings: ScorerCeilings = ScorerCeilings()) -> MaterializeBatchResult:
     """Run the batch to completion and return its outcome counts.
 
     After every commit the run's budget is checked; with a run.cost ceiling every result is committed on its own,
-    so the run halts within one task of crossing it.
+    so the run halts within one task of crossing it. ``ceilings`` (the deployment's) bound scorer time where the
+    launch did not: the default attempt.duration, the scorer's load time, and the batch's own wall time.
 
     Raises:
         RunHalted: a ceiling or the balance was crossed (the run row is halted before this is raised).
@@ -176,8 +179,10 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
     for index, trials in by_task.items():
         if len(trials) == k:
             aggregate_task(index)
-    limits = TrialLimits(attempts=inp.task_limits.attempts, duration_s=inp.task_limits.duration_s,
-                         cost_usd=inp.task_limits.cost_usd, attempt_duration_s=inp.task_limits.attempt_duration_s)
+    task_limits = ceilings.task_limits(inp.task_limits)
+    limits = TrialLimits(attempts=task_limits.attempts, duration_s=task_limits.duration_s,
+                         cost_usd=task_limits.cost_usd, attempt_duration_s=task_limits.attempt_duration_s,
+                         load_s=ceilings.load_s, deadline=time.monotonic() + ceilings.batch_duration_s)
     flusher = asyncio.create_task(background_flushes())
     work = asyncio.create_task(execute(items, on_record, limits))
     try:

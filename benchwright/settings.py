@@ -71,6 +71,15 @@ class Settings(BaseSettings):
     """Consecutive fatal model-call failures (unreachable, 401/403, 404) with no success between that halt a run
     ``sut_unavailable`` during Materialize (``benchwright.breaker``)."""
 
+    default_attempt_duration_s: float = Field(default=300.0, gt=0)
+    """``attempt.duration`` for launches that set none, so a scorer that never returns yields err rows, never a
+    stuck run (a launch's ``limits.attempt.duration`` overrides it). Published by ``GET /v1/limits``."""
+    scorer_load_s: float = Field(default=60.0, gt=0)
+    """How long a scorer runtime may take to import task_impl.py and build its Scorer before it is killed."""
+    materialize_batch_duration_s: float = Field(default=36_000.0, gt=0)
+    """Ceiling on one Materialize batch's scoring (10 h: under the workflow's 12 h batch timeout, so the batch ends
+    with err rows rather than being retried by Temporal); it also bounds the scorer sandbox's CPU and wall time."""
+
     temporal_ui_url: str | None = None
 
     default_compute: str = "local"

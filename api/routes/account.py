@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
-from benchwright.limits import matrix
+from benchwright.limits import ScorerCeilings, matrix
 from benchwright.store.accounts import get_account
 
 router = APIRouter(prefix="/v1", tags=["account"])
@@ -30,6 +30,6 @@ async def account_view(account: AccountDep, state: StateDep) -> AccountView:
 
 
 @router.get("/limits")
-def limits_matrix() -> dict[str, Any]:
-    """The enforceable limits matrix: levels, their quantities, and units (anything else is refused with 400)."""
-    return matrix()
+def limits_matrix(state: StateDep) -> dict[str, Any]:
+    """The enforceable limits matrix (anything else is refused with 400), the defaults and the fixed ceilings."""
+    return matrix(ScorerCeilings.of(state.settings))

@@ -8,9 +8,9 @@ asks for are made here with the run's SUT client, so untrusted scorer code never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,7 +21,6 @@ from benchwright.scoring.aggregators import normalize_score, outcome_for
 from benchwright.sut import SutClient, SutError
 
 RUNNER = Path(__file__).with_name("runner.py")
-_LINE_LIMIT = 64 * 1024 * 1024
 _STDERR_TAIL = 8192
 
 
@@ -65,18 +64,6 @@ handle shaped like ``asyncio.subprocess.Process`` (stdin/stdout/stderr pipes, ``
 ``task_impl.py`` and ``runner.py`` are in its working directory."""
 
 
-def subprocess_spawn(workdir: Path, env: dict[str, str] | None = None) -> Spawn:
-    """A ``Spawn`` for a plain subprocess in ``workdir`` (no isolation: only for tests of the runtime itself)."""
-
-    async def spawn(args: list[str]) -> Any:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, str(RUNNER), *args, cwd=str(workdir), env=env or runner_env(str(workdir)),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            limit=_LINE_LIMIT)
-
-    return spawn
-
-
 async def check_impl(*, spawn: Spawn, timeout_s: float = 60.0) -> None:
     """Load task_impl.py in a runner and return once it reports ready.
 
@@ -99,12 +86,23 @@ async def check_impl(*, spawn: Spawn, timeout_s: float = 60.0) -> None:
 
 @dataclass(frozen=True)
 class TrialLimits:
-    """Per-trial ceilings (§9 task/attempt levels). A trial past one lands in err with the limit in its meta."""
+    """Per-trial ceilings (§9 task/attempt levels) and the batch's own. A trial past one lands in err with the limit
+    in its meta."""
 
     attempts: int = 1
     duration_s: float | None = None
     cost_usd: float | None = None
     attempt_duration_s: float | None = None
+    load_s: float = 60.0
+    """How long a scorer runtime may take to import task_impl.py and build its Scorer (one stuck there is killed)."""
+    deadline: float | None = None
+    """``time.monotonic()`` past which every trial not yet settled errs ``limit_exceeded:batch.duration``."""
+
+
+WATCH_EVERY_S = 0.05
+_RESTART_ERROR = "scorer runtime could not be restarted"
+_NO_RETRY = ("task.duration", "task.cost", "batch.duration")
+"""Ceilings that fail the trial itself (§9: a task ceiling never retries), not just one attempt."""
 
 
 async def run_trials(*, spawn: Spawn, items: list[TrialItem], sut: SutClient, threads: int,
@@ -113,48 +111,39 @@ async def run_trials(*, spawn: Spawn, items: list[TrialItem], sut: SutClient, th
     """Run every item through the scorer; ``on_record`` gets one record per item, in completion order.
 
     An item whose scorer raised, whose model call failed for good, or whose runner died becomes an ``err`` record
-    (after ``limits.attempts`` attempts); only a scorer that does not load at all raises.
+    (after ``limits.attempts`` attempts); only a scorer that does not load at all raises. An attempt past its
+    duration ceiling cannot be interrupted inside the runner (a thread in ``while True: pass`` never yields), so
+    the runtime is killed, which frees its CPU, and a fresh one carries on with the trials still unsettled.
 
     Raises:
-        ScorerLoadError: task_impl.py did not load.
+        ScorerLoadError: task_impl.py did not load (or did not finish loading within ``limits.load_s``).
     """
     if not items:
         return
-    timed = limits.attempt_duration_s is not None or limits.duration_s is not None
-    proc = await spawn(["--impl", "task_impl.py", "--threads", str(threads), *(["--report-starts"] if timed else [])])
-    session = _Session(proc, items, sut, on_record, limits)
-    try:
-        await session.run()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
+    await _Session(spawn, items, sut, threads, on_record, limits).run()
 
 
-class _Session:
-    def __init__(self, proc: asyncio.subprocess.Process, items: list[TrialItem], sut: SutClient,
-                 on_record: Callable[[TrialRecord], Awaitable[None]], limits: TrialLimits) -> None:
+class _Runtime:
+    """One scorer runtime process and what belongs to it: its pipes, the model calls it has in flight, the tail of
+    its stderr. ``killed`` says the host ended it (a ceiling), as opposed to a runtime that died on its own;
+    ``doomed_at`` that an attempt in it ran past its ceiling, so it starts nothing more and is killed once the
+    attempts it started are settled; ``drained`` that it confirmed so."""
+
+    def __init__(self, proc: Any) -> None:
         self.proc = proc
-        self.items = dict(enumerate(items))
-        self.next_id = len(items)
-        self.sut = sut
-        self.on_record = on_record
-        self.limits = limits
-        # Clocks start when the runner picks a task up (its "start" message), not while it waits in the queue.
-        self.attempt_started: dict[int, float] = {}
-        self.trial_started: dict[tuple[int, int], float] = {}
-        self.attempts: dict[tuple[int, int], int] = {(i.index, i.trial): 1 for i in items}
-        self.usage: dict[int, dict[str, int]] = {}
-        self.cost: dict[int, float] = {}
         self.calls: set[asyncio.Task[None]] = set()
-        self.stderr_tail = b""
-        self.write_lock = asyncio.Lock()
         self.outbox: list[bytes] = []
+        self.write_lock = asyncio.Lock()
+        self.stderr_tail = b""
+        self.killed = False
+        self.doomed_at: float | None = None
+        self.drained = False
+        self.drain = asyncio.create_task(self._drain_stderr())
 
     def send(self, msg: dict[str, Any]) -> None:
         """Queue a message for the runner. What is queued during one turn of the event loop goes out in one write:
         a pipe write per model reply (and the runner's wake-up per write) cost ~0.1 ms of this process's CPU each.
-        Lines are whole in every write, so these writes interleave safely with ``_send_tasks``'s chunks."""
+        Lines are whole in every write, so these writes interleave safely with ``write``'s chunks."""
         if not self.outbox:
             asyncio.get_running_loop().call_soon(self._flush_outbox)
         self.outbox.append((json.dumps(msg, ensure_ascii=False, default=str) + "\n").encode())
@@ -162,67 +151,151 @@ class _Session:
     def _flush_outbox(self) -> None:
         data, self.outbox = b"".join(self.outbox), []
         stdin = self.proc.stdin
-        if data and stdin is not None and not stdin.is_closing():
+        if data and stdin is not None and not stdin.is_closing() and not self.killed:
             stdin.write(data)  # a dead runner is noticed on stdout (EOF), which settles what is left
 
-    async def _send_tasks(self) -> None:
-        """All tasks in large writes (one syscall per ~64 KiB, not one per task); the runner queues them."""
-        assert self.proc.stdin is not None
-        chunk: list[bytes] = []
-        size = 0
-        for item_id, item in self.items.items():
-            line = (json.dumps({"op": "task", "id": item_id, "row": item.row}, ensure_ascii=False, default=str)
-                    + "\n").encode()
-            chunk.append(line)
-            size += len(line)
-            if size >= 1 << 16:
-                await self._write(b"".join(chunk))
-                chunk, size = [], 0
-        if chunk:
-            await self._write(b"".join(chunk))
-
-    async def _write(self, data: bytes) -> None:
+    async def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         async with self.write_lock:
             self.proc.stdin.write(data)
             await self.proc.stdin.drain()
 
+    def kill(self) -> None:
+        """End the runtime now (every thread of it, however stuck); its stdout then ends, waking the reader."""
+        self.killed = True
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def close(self) -> None:
+        """Cancel its model calls, end the process and reap it."""
+        for call in self.calls:
+            call.cancel()
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await self.proc.wait()
+        try:  # the rest of its stderr, for the error message; a grandchild holding the pipe must not hold us
+            await asyncio.wait_for(asyncio.shield(self.drain), 2.0)
+        except TimeoutError:
+            self.drain.cancel()
+
+    def died(self) -> str:
+        tail = self.stderr_tail.decode(errors="replace").strip()[-1000:]
+        return f"scorer runtime exited (code {self.proc.returncode})" + (f": {tail}" if tail else "")
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
+
+
+class _Session:
+    def __init__(self, spawn: Spawn, items: list[TrialItem], sut: SutClient, threads: int,
+                 on_record: Callable[[TrialRecord], Awaitable[None]], limits: TrialLimits) -> None:
+        self.spawn = spawn
+        self.items = dict(enumerate(items))
+        self.next_id = len(items)
+        self.sut = sut
+        self.threads = threads
+        self.on_record = on_record
+        self.limits = limits
+        self.runtime: _Runtime | None = None
+        self.runtimes = 0
+        # Clocks start when the runner picks a task up (its "start" message), not while it waits in the queue.
+        self.attempt_started: dict[int, float] = {}
+        self.trial_started: dict[tuple[int, int], float] = {}
+        self.attempts: dict[tuple[int, int], int] = {(i.index, i.trial): 1 for i in items}
+        self.usage: dict[int, dict[str, int]] = {}
+        self.cost: dict[int, float] = {}
+        self.failure: Exception | None = None
+        """What ended the watchdog (``on_record`` raised in it); ``run`` raises it."""
+
+    def _timed(self) -> bool:
+        return (self.limits.attempt_duration_s is not None or self.limits.duration_s is not None
+                or self.limits.deadline is not None)
+
     async def run(self) -> None:
-        assert self.proc.stdout is not None
-        drain = asyncio.create_task(self._drain_stderr())
-        watchdog: asyncio.Task[None] | None = None
+        watchdog = asyncio.create_task(self._watch_durations()) if self._timed() else None
         try:
-            hello = await self.proc.stdout.readline()
-            msg = json.loads(hello) if hello.strip() else {}
-            if msg.get("op") != "ready":
-                await drain
-                raise ScorerLoadError(
-                    f"task_impl.py failed to load: {msg.get('error') or self._died()}", msg.get("trace", ""))
-            if self._timed():
-                watchdog = asyncio.create_task(self._watch_durations())
-            try:
-                await self._send_tasks()
-                await self._read_until_done()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the runner died; what is left becomes err records below
-            for item_id in list(self.items):
-                await self._settle(item_id, ok=False, error=self._died(), retry=False)
+            while self.items and self.failure is None:
+                runtime = await self._start_runtime()
+                if runtime is None:
+                    return
+                self.runtime = runtime
+                try:
+                    await self._serve(runtime)
+                finally:
+                    self.runtime = None
+                    await asyncio.shield(runtime.close())
+                self.attempt_started.clear()  # a trial re-sent to a fresh runtime starts its attempt anew
+                if self.items and not runtime.killed and self.failure is None:
+                    # It died on its own (a crash, out of memory): what is left becomes err records.
+                    for item_id in list(self.items):
+                        await self._settle(item_id, ok=False, error=runtime.died(), retry=False)
+            if self.failure is not None:
+                raise self.failure
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-            for call in self.calls:
-                call.cancel()
-            if self.proc.stdin is not None and not self.proc.stdin.is_closing():
-                self.proc.stdin.close()
-            if not drain.done():
-                drain.cancel()
 
-    async def _read_until_done(self) -> None:
-        assert self.proc.stdout is not None
+    async def _start_runtime(self) -> _Runtime | None:
+        """A runtime that has loaded the scorer. The first one failing to load is the scorer's fault (raised); a
+        replacement failing settles what is left as err (the scorer loaded before, in the same sandbox)."""
+        self.runtimes += 1
+        args = ["--impl", "task_impl.py", "--threads", str(self.threads)]
+        runtime = _Runtime(await self.spawn([*args, *(["--report-starts"] if self._timed() else [])]))
+        assert runtime.proc.stdout is not None
+        msg: dict[str, Any] = {}
+        try:
+            hello = await asyncio.wait_for(runtime.proc.stdout.readline(), self.limits.load_s)
+            msg = json.loads(hello) if hello.strip() else {}
+        except TimeoutError:
+            msg = {"error": f"it did not finish loading within {self.limits.load_s:g} s"}
+        if msg.get("op") == "ready":
+            return runtime
+        await runtime.close()
+        error = msg.get("error") or runtime.died()
+        if self.runtimes == 1:
+            raise ScorerLoadError(f"task_impl.py failed to load: {error}", msg.get("trace", ""))
+        for item_id in list(self.items):
+            await self._settle(item_id, ok=False, error=f"{_RESTART_ERROR}: {error}", retry=False)
+        return None
+
+    async def _serve(self, runtime: _Runtime) -> None:
+        """Give the runtime every unsettled trial and read until they are all settled or the runtime ends."""
+        if self.failure is not None:
+            return  # the watchdog failed while this runtime loaded
+        try:
+            await self._send_tasks(runtime, list(self.items.items()))
+            await self._read_until_done(runtime)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the runner died (or was killed); the caller settles or re-sends what is left
+
+    async def _send_tasks(self, runtime: _Runtime, items: list[tuple[int, TrialItem]]) -> None:
+        """All tasks in large writes (one syscall per ~64 KiB, not one per task); the runner queues them."""
+        chunk: list[bytes] = []
+        size = 0
+        for item_id, item in items:
+            line = (json.dumps({"op": "task", "id": item_id, "row": item.row}, ensure_ascii=False, default=str)
+                    + "\n").encode()
+            chunk.append(line)
+            size += len(line)
+            if size >= 1 << 16:
+                await runtime.write(b"".join(chunk))
+                chunk, size = [], 0
+        if chunk:
+            await runtime.write(b"".join(chunk))
+
+    async def _read_until_done(self, runtime: _Runtime) -> None:
+        stdout = runtime.proc.stdout
+        assert stdout is not None
         while self.items:
-            line = await self.proc.stdout.readline()
+            line = await stdout.readline()
             if not line:
-                await self.proc.wait()
+                await runtime.proc.wait()
                 return
             msg = json.loads(line)
             if msg["op"] == "start":
@@ -232,17 +305,22 @@ class _Session:
                     self.attempt_started[msg["id"]] = now
                     self.trial_started.setdefault((item.index, item.trial), now)
             elif msg["op"] == "call":
-                task = asyncio.create_task(self._call(msg))
-                self.calls.add(task)
-                task.add_done_callback(self.calls.discard)
+                if not runtime.killed:
+                    task = asyncio.create_task(self._call(runtime, msg))
+                    runtime.calls.add(task)
+                    task.add_done_callback(runtime.calls.discard)
             elif msg["op"] == "result":
                 if msg.get("ok"):
                     await self._settle(msg["id"], ok=True, score=msg.get("score"), output=msg.get("output"))
                 else:
                     error = f"{msg.get('stage', 'scorer')}: {msg.get('error')}"
                     await self._settle(msg["id"], ok=False, error=error, trace=msg.get("trace"))
+                self._maybe_kill(time.monotonic())
+            elif msg["op"] == "drained":
+                runtime.drained = True
+                self._maybe_kill(time.monotonic())
 
-    async def _call(self, msg: dict[str, Any]) -> None:
+    async def _call(self, runtime: _Runtime, msg: dict[str, Any]) -> None:
         item_id = msg["task"]
         try:
             reply = await self.sut.complete(msg["messages"], msg.get("params") or {})
@@ -254,28 +332,51 @@ class _Session:
                 usage[k] = usage.get(k, 0) + v
             self.cost[item_id] = self.cost.get(item_id, 0.0) + reply.cost_usd
             answer = {"op": "reply", "call": msg["call"], "ok": True, "text": reply.text}
-        self.send(answer)
+        runtime.send(answer)
 
-    def _timed(self) -> bool:
-        return self.limits.attempt_duration_s is not None or self.limits.duration_s is not None
+    def _expired(self, now: float) -> list[tuple[int, str, str]]:
+        """Trials past a ceiling now, as (id, limit path, error)."""
+        if self.limits.deadline is not None and now > self.limits.deadline:
+            return [(item_id, "batch.duration", "limit_exceeded:batch.duration (the batch's ceiling passed)")
+                    for item_id in self.items]
+        out = []
+        for item_id, item in self.items.items():
+            if item_id not in self.attempt_started:
+                continue  # still queued in the runner
+            trial_s = now - self.trial_started[(item.index, item.trial)]
+            if self.limits.duration_s is not None and trial_s > self.limits.duration_s:
+                out.append((item_id, "task.duration", f"limit_exceeded:task.duration ({self.limits.duration_s:g} s)"))
+            elif (self.limits.attempt_duration_s is not None
+                  and now - self.attempt_started[item_id] > self.limits.attempt_duration_s):
+                out.append((item_id, "attempt.duration",
+                            f"limit_exceeded:attempt.duration ({self.limits.attempt_duration_s:g} s)"))
+        return out
 
     async def _watch_durations(self) -> None:
-        """Fail attempts and trials that run past their duration ceilings (their late results are ignored)."""
-        while self.items:
-            await asyncio.sleep(0.05)
-            now = time.monotonic()
-            for item_id in list(self.items):
-                item = self.items[item_id]
-                if item_id not in self.attempt_started:
-                    continue  # still queued in the runner
-                trial_s = now - self.trial_started[(item.index, item.trial)]
-                if self.limits.duration_s is not None and trial_s > self.limits.duration_s:
-                    await self._settle(item_id, ok=False, limit="task.duration",
-                                       error=f"limit_exceeded:task.duration ({self.limits.duration_s:g} s)")
-                elif (self.limits.attempt_duration_s is not None
-                      and now - self.attempt_started[item_id] > self.limits.attempt_duration_s):
-                    await self._settle(item_id, ok=False, limit="attempt.duration",
-                                       error=f"limit_exceeded:attempt.duration ({self.limits.attempt_duration_s:g} s)")
+        """Fail attempts and trials that run past their ceilings, and have the runtime running them killed: the
+        attempt cannot be stopped any other way, and a stuck thread would otherwise spin (and hold its pool slot)
+        for good. The runtime is first drained, not killed at once: the attempts it already started keep their
+        progress (and the other stuck ones, started a few ms apart, reach their ceilings too), so one kill serves
+        a whole wave of stuck attempts; the trials it never started, and retries, go to its replacement."""
+        try:
+            while True:
+                await asyncio.sleep(WATCH_EVERY_S)
+                now = time.monotonic()
+                expired = self._expired(now)
+                runtime = self.runtime
+                if expired and runtime is not None and not runtime.killed:
+                    if expired[0][1] == "batch.duration":
+                        runtime.kill()  # every trial is settled below: nothing of this runtime is still wanted
+                    elif runtime.doomed_at is None:
+                        runtime.doomed_at = now
+                        runtime.send({"op": "drain"})
+                for item_id, limit, error in expired:
+                    await self._settle(item_id, ok=False, limit=limit, error=error)
+                self._maybe_kill(now)
+        except Exception as exc:  # noqa: BLE001 - on_record's (a commit crossing run.cost): the session's outcome
+            self.failure = exc
+            if self.runtime is not None:
+                self.runtime.kill()  # wakes the reader, and run() raises it
 
     async def _retry(self, item_id: int, item: TrialItem) -> bool:
         """Start another attempt of a failed trial if task.attempts allows (under a new id, so a late result of
@@ -286,12 +387,27 @@ class _Session:
         self.attempts[key] += 1
         new_id, self.next_id = self.next_id, self.next_id + 1
         self.items[new_id] = item
-        self.attempt_started[new_id] = time.monotonic()
         for carry in (self.usage, self.cost):
             if item_id in carry:
                 carry[new_id] = carry.pop(item_id)  # type: ignore[index]
-        self.send({"op": "task", "id": new_id, "row": item.row})
+        if self.runtime is not None and not self.runtime.killed and self.runtime.doomed_at is None:
+            self.runtime.send({"op": "task", "id": new_id, "row": item.row})
+        # else: the next runtime is given every unsettled trial, this one included
         return True
+
+    def _maybe_kill(self, now: float) -> None:
+        """Kill a doomed runtime once it has confirmed the drain and every attempt it started is settled, or once
+        a whole attempt ceiling has passed since it was doomed (by then each attempt it started has ended or
+        expired; a runtime too wedged to confirm the drain is killed then too)."""
+        runtime = self.runtime
+        if runtime is None or runtime.killed or runtime.doomed_at is None:
+            return
+        if (runtime.drained and not self.attempt_started) or now - runtime.doomed_at > self._drain_grace():
+            runtime.kill()
+
+    def _drain_grace(self) -> float:
+        ceilings = [c for c in (self.limits.attempt_duration_s, self.limits.duration_s) if c is not None]
+        return min(ceilings, default=0.0)
 
     async def _settle(self, item_id: int, *, ok: bool, score: Any = None, output: str | None = None,
                       error: str | None = None, trace: str | None = None, limit: str | None = None,
@@ -310,7 +426,7 @@ class _Session:
         cost = self.cost.get(item_id, 0.0)
         if error is None and self.limits.cost_usd is not None and cost > self.limits.cost_usd:
             error, limit = f"limit_exceeded:task.cost (${cost:.6f} > ${self.limits.cost_usd:g})", "task.cost"
-        if error and retry and limit not in ("task.duration", "task.cost") and await self._retry(item_id, item):
+        if error and retry and limit not in _NO_RETRY and await self._retry(item_id, item):
             return
         if trace:
             meta = {**meta, "trace": trace}
@@ -324,12 +440,3 @@ class _Session:
             index=item.index, trial=item.trial, outcome=outcome, score=None if error else value, output=output,
             meta=meta, error=error, usage=self.usage.pop(item_id, {}), cost_usd=self.cost.pop(item_id, 0.0),
         ))
-
-    def _died(self) -> str:
-        tail = self.stderr_tail.decode(errors="replace").strip()[-1000:]
-        return f"scorer runtime exited (code {self.proc.returncode})" + (f": {tail}" if tail else "")
-
-    async def _drain_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        while chunk := await self.proc.stderr.read(65536):
-            self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]

@@ -7,9 +7,12 @@ only, so it starts fast and needs nothing installed where it runs). The scorer n
 Protocol (one JSON object per line):
     host -> runner   {"op": "task", "id": I, "row": {...}}
                      {"op": "reply", "call": C, "ok": true, "text": "..."} | {"op": "reply", "call": C, "ok": false, "error": "..."}
+                     {"op": "drain"}   start no more queued tasks (an attempt here ran past its ceiling: once
+                                       the started ones end, the host kills this runtime and starts a fresh one)
                      end of input (the host closes stdin once every result is in, or when it gives up)
     runner -> host   {"op": "ready"} | {"op": "fatal", "error": "...", "trace": "..."}
                      {"op": "start", "id": I}             a thread picked the task up (with --report-starts)
+                     {"op": "drained"}                    after "drain": no "start" follows
                      {"op": "call", "call": C, "task": I, "messages": [...], "params": {...}}
                      {"op": "result", "id": I, "ok": true, "score": <raw score()>, "output": "..."}
                      {"op": "result", "id": I, "ok": false, "stage": "extract|solve|score", "error": "...", "trace": "..."}
@@ -113,11 +116,17 @@ class _Channel:
 class _TaskThreads:
     """``count`` threads running queued tasks. A background thread starts them (~60 µs each) while the scorer
     loads, instead of one per task as the first tasks arrive: started lazily, 192 threads put the first wave of
-    model calls ~30 ms behind the first one."""
+    model calls ~30 ms behind the first one.
 
-    def __init__(self, count: int) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.SimpleQueue()
+    ``on_pick`` runs as a thread takes a task, under the same lock as ``drain``: so every "start" it reports is
+    sent before "drained", and none after."""
+
+    def __init__(self, count: int, on_pick: Callable[[int], None] | None = None) -> None:
+        self._queue: queue.SimpleQueue[tuple[int, Callable[..., None], tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._on_pick = on_pick
+        self._pick_lock = threading.Lock()
+        self._draining = False
         self._starter = threading.Thread(target=self._start, args=(count,), name="task-starter", daemon=True)
         self._starter.start()
 
@@ -129,11 +138,24 @@ class _TaskThreads:
 
     def _serve(self) -> None:
         while (work := self._queue.get()) is not None:
-            fn, args = work
+            task_id, fn, args = work
+            with self._pick_lock:
+                if self._draining:
+                    continue
+                if self._on_pick is not None:
+                    self._on_pick(task_id)
             fn(*args)
 
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        self._queue.put((fn, args))
+    def submit(self, task_id: int, fn: Callable[..., None], *args: Any) -> None:
+        self._queue.put((task_id, fn, args))
+
+    def drain(self, then: Callable[[], None]) -> None:
+        """Start no more queued tasks (they are dropped; the host re-sends them elsewhere), then call ``then``."""
+        with self._pick_lock:
+            self._draining = True
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            then()
 
     def shutdown(self) -> None:
         """Drop tasks not yet started, let running ones finish, and end every thread."""
@@ -163,9 +185,7 @@ def _load_scorer(path: str) -> Any:
     return scorer
 
 
-def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any], report_start: bool) -> None:
-    if report_start:
-        channel.send({"op": "start", "id": task_id})
+def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any]) -> None:
     stage = "extract"
     try:
         scorer.extract(row)
@@ -200,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(channel: _Channel, opts: argparse.Namespace) -> int:
-    pool = None if opts.check else _TaskThreads(max(opts.threads, 1))
+    def report(task_id: int) -> None:
+        channel.send({"op": "start", "id": task_id})
+
+    pool = None if opts.check else _TaskThreads(max(opts.threads, 1), report if opts.report_starts else None)
     try:
         scorer = _load_scorer(opts.impl)
     except BaseException as exc:  # noqa: BLE001
@@ -214,9 +237,11 @@ def _serve(channel: _Channel, opts: argparse.Namespace) -> int:
     for line in sys.stdin:
         msg = json.loads(line)
         if msg.get("op") == "task":
-            pool.submit(_run_task, channel, scorer, msg["id"], msg["row"], opts.report_starts)
+            pool.submit(msg["id"], _run_task, channel, scorer, msg["id"], msg["row"])
         elif msg.get("op") == "reply":
             channel.deliver(msg)
+        elif msg.get("op") == "drain":
+            pool.drain(lambda: channel.send({"op": "drained"}))
     # stdin ended: the host has every result, or gave up. Unblock calls still waiting so the threads can end.
     channel.fail_pending("the host closed the scorer channel")
     pool.shutdown()
