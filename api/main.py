@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api import errors
 from api.deps import AppState
-from api.routes import account, policy, runs
+from api.routes import account, admin, policy, runs
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 
@@ -31,6 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(account.router)
     app.include_router(policy.router)
+    app.include_router(admin.router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, bool]:

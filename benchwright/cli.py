@@ -24,6 +24,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                        "score with the full event log behind it.")
 accounts_app = typer.Typer(no_args_is_help=True, help="Accounts and their API keys.")
 app.add_typer(accounts_app, name="accounts")
+admin_app = typer.Typer(no_args_is_help=True, help="Platform administration (admin accounts only).")
+app.add_typer(admin_app, name="admin")
 
 SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
 DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
@@ -80,7 +82,11 @@ def worker(data_dir: DataDir = None) -> None:
 
 
 @accounts_app.command("create")
-def accounts_create(name: str, data_dir: DataDir = None) -> None:
+def accounts_create(name: str, data_dir: DataDir = None,
+                    admin: Annotated[bool, typer.Option(
+                        "--admin", help="A platform administrator: may halt any account's run (the §9 admin "
+                        "halt, 'benchwright admin halt').")] = False,
+                    ) -> None:
     """Create an account and print its API key (shown only this once)."""
     from benchwright.errors import BenchwrightError
     from benchwright.store.accounts import create_account
@@ -90,11 +96,12 @@ def accounts_create(name: str, data_dir: DataDir = None) -> None:
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
     try:
-        account, key = create_account(engine, name=name, balance_usd=settings.initial_balance_usd)
+        account, key = create_account(engine, name=name, balance_usd=settings.initial_balance_usd,
+                                      admin=admin)
     except BenchwrightError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(1) from None
-    console.print(f"created account [bold]{account.name}[/bold] ({account.id}, balance "
+    console.print(f"created {'admin ' if admin else ''}account [bold]{account.name}[/bold] ({account.id}, balance "
                   f"${account.balance_usd:.2f}); its API key:")
     out.print(key, highlight=False)
 
@@ -137,9 +144,24 @@ ApiKey = Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_KEY")]
 
 @app.command()
 def halt(run_id: str, reason: Annotated[Optional[str], typer.Option(help="Why (recorded).")] = None,
+         admin: Annotated[bool, typer.Option("--admin", help="Halt any account's run as a platform administrator "
+                                                            "('admin: <reason>'; --reason required).")] = False,
          data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Stop a run for good (operator_kill); what it measured is kept."""
+    if admin:
+        admin_halt(run_id, reason=reason or "", data_dir=data_dir, api_url=api_url, api_key=api_key)
+        return
     _control("stop", run_id, data_dir, api_url, api_key, reason=reason)
+
+
+@admin_app.command("halt")
+def admin_halt(run_id: str, reason: Annotated[str, typer.Option(help="Why (recorded as 'admin: <reason>').")],
+               data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Halt any account's run for good (the §9 admin halt, display_status killed); needs an admin account's key."""
+    if not reason.strip():
+        console.print("[red]error:[/red] an admin halt needs --reason (it is recorded as 'admin: <reason>')")
+        raise typer.Exit(2)
+    _control("admin_halt", run_id, data_dir, api_url, api_key, reason=reason)
 
 
 @app.command()
@@ -159,6 +181,89 @@ def review(run_id: str, resolution: Annotated[str, typer.Argument(help="Your gui
            data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Resolve a run waiting for human review; the text becomes the Driver's instructions."""
     _control("resolve_review", run_id, data_dir, api_url, api_key, resolution=resolution)
+
+
+@app.command("runs")
+def runs_cmd(status: Annotated[Optional[str], typer.Option(
+                 help="Only runs whose display_status (or status) is this: running, ok, error, halted, killed, "
+                      "waiting, paused.")] = None,
+             model: Annotated[Optional[str], typer.Option(help="Only runs whose model identifier contains this.")
+                              ] = None,
+             limit: Annotated[int, typer.Option(min=1, help="At most this many runs (newest first).")] = 20,
+             json_out: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON array.")] = False,
+             data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """List your runs, newest first."""
+    from itertools import islice
+
+    from benchwright.cli_support import runs_table
+    from benchwright.client import ApiError
+
+    try:
+        with _client(data_dir, api_url, api_key) as client:
+            found = list(islice((r for r in client.iter_runs()
+                                 if (status is None or status in (r["display_status"], r["status"]))
+                                 and (model is None or model in r["model"])), limit))
+    except (ApiError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if json_out:
+        out.print(json.dumps(found, indent=2), highlight=False, markup=False)
+    elif found:
+        out.print(runs_table(found))
+    else:
+        console.print("no runs")
+
+
+@app.command()
+def events(run_id: str,
+           follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream new events live (SSE; resumes after a "
+                                                                     "dropped connection) until the run ends.")] = False,
+           after: Annotated[int, typer.Option(min=-1, help="Start after this seq (-1: from the start).")] = -1,
+           json_out: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+           data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Print a run's event log, one line per event (seq, time, type, data)."""
+    from collections.abc import Iterator
+
+    from benchwright.cli_support import event_line
+    from benchwright.client import ApiError
+
+    def logged(client: Any) -> Iterator[dict[str, Any]]:
+        cursor = after
+        while True:
+            page = client.events(run_id, after=cursor)
+            yield from page["events"]
+            if not page["events"]:
+                return
+            cursor = page["next_after"]
+
+    try:
+        with _client(data_dir, api_url, api_key) as client:
+            for event in (client.stream_events(run_id, after=after) if follow else logged(client)):
+                out.print(json.dumps(event) if json_out else event_line(event), highlight=False, markup=False,
+                          soft_wrap=True)
+    except (ApiError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def tasks(run_id: str, json_out: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON array.")] = False,
+          data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Print a run's settled tasks: index, outcome, score and an excerpt of the output (all pages)."""
+    from benchwright.cli_support import tasks_table
+    from benchwright.client import ApiError
+
+    try:
+        with _client(data_dir, api_url, api_key) as client:
+            rows = list(client.iter_tasks(run_id))
+    except (ApiError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if json_out:
+        out.print(json.dumps(rows, indent=2), highlight=False, markup=False)
+    else:
+        out.print(tasks_table(rows))
+        console.print(f"{len(rows)} tasks settled")
 
 
 @app.command("dev-model")
@@ -190,27 +295,11 @@ def _client(data_dir: Path | None, api_url: str | None, api_key: str | None):  #
     return Client(api_url or dev["api_url"], api_key or dev["api_key"])
 
 
-def _progress_line(run: dict[str, Any], elapsed: float) -> str:
-    s = run["tasks"]["summary"]
-    settled = s["passed"] + s["failed"] + s["errored"]
-    rate = "-" if s["pass_rate"] is None else f"{s['pass_rate']:.3f}"
-    return (f"[bold]{run['display_status']}[/bold]  phase {run['phase'] or '-'}  tasks {settled}/{s['total']}  "
-            f"pass {s['passed']} fail {s['failed']} err {s['errored']}  pass rate {rate}  {elapsed:.1f} s")
-
-
 def watch_run(client: Any, run_id: str) -> dict[str, Any]:
-    """Show live progress until the run ends; returns the final run."""
-    from rich.live import Live
+    """A live progress bar (tasks/s, ETA) on stderr until the run is over or waits for a person; the final run."""
+    from benchwright.cli_support import watch_run as watch
 
-    started = time.monotonic()
-    run = client.run(run_id)
-    with Live(_progress_line(run, 0.0), console=console, refresh_per_second=8, transient=False) as live:
-        while run["status"] == "running" and not run["halted"]:
-            time.sleep(0.2)
-            run = client.run(run_id)
-            live.update(_progress_line(run, time.monotonic() - started))
-    console.print()
-    return run
+    return watch(client, run_id, console)
 
 
 def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
@@ -257,36 +346,79 @@ def run(dataset: Annotated[str, typer.Option(help="Dataset URL, or a local path 
         model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
         api_base: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
         driver: Annotated[Optional[str], typer.Option(help="The Driver (default: the deployment's).")] = None,
-        trials: Annotated[int, typer.Option(min=1, help="Trials per task (k).")] = 1,
-        aggregator: Annotated[str, typer.Option(help="Trial aggregator.")] = "any_pass",
+        trials: Annotated[Optional[int], typer.Option(help="Trials per task (k, 1-100).")] = None,
+        aggregator: Annotated[Optional[str], typer.Option(
+            help="Trial aggregator: any_pass, all_pass, mean, majority_on, weighted_mean, min_above.")] = None,
+        aggregator_param: Annotated[Optional[list[str]], typer.Option(
+            "--aggregator-param", metavar="KEY=VALUE", help="An aggregator parameter (repeatable): field=answer, "
+            "weight=w, threshold=0.8.")] = None,
+        concurrency: Annotated[Optional[int], typer.Option(help="SUT calls in flight during Materialize.")] = None,
+        limit: Annotated[Optional[list[str]], typer.Option(
+            "--limit", metavar="LEVEL.QUANTITY=N", help="A ceiling (repeatable, §9): run.cost=5, run.duration=600, "
+            "task.attempts=2, attempt.duration=60 ... ('GET /v1/limits' lists them).")] = None,
+        constraints: Annotated[Optional[list[str]], typer.Option(
+            "--constraints", metavar="KEY=N", help="The older ceilings (repeatable): max_cost_cents, "
+            "max_duration_ms, max_tasks.")] = None,
+        compute: Annotated[Optional[str], typer.Option(
+            help="Compute backend: local, sandbox0, e2b, default or auto (default: your saved choice).")] = None,
+        visibility: Annotated[Optional[str], typer.Option(help="private (default), unlisted or public.")] = None,
+        task_impl: Annotated[Optional[Path], typer.Option(
+            "--task-impl", exists=True, dir_okay=False, readable=True,
+            help="A task_impl.py to use verbatim instead of the one Atomize writes.")] = None,
+        requirement: Annotated[Optional[list[str]], typer.Option(
+            "--requirement", metavar="SPEC", help="A package the scorer needs, e.g. sympy>=1.12 (repeatable).")] = None,
+        metadata: Annotated[Optional[list[str]], typer.Option(
+            "--metadata", metavar="KEY=VALUE", help="A label kept on the run (repeatable; KEY:=JSON for a typed "
+            "value, e.g. limit:=20).")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON (the final run with --watch).")
+                            ] = False,
         watch: Annotated[bool, typer.Option("--watch/--no-watch", help="Show live progress until it ends.")] = False,
+        operator: Annotated[Optional[str], typer.Option(hidden=True)] = None,
+        agent: Annotated[Optional[str], typer.Option(hidden=True)] = None,
         data_dir: DataDir = None,
         api_url: Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_URL")] = None,
         api_key: Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_KEY")] = None) -> None:
-    """Launch a run through the REST API (and optionally watch it)."""
+    """Launch a run through the REST API (and optionally watch it). Every key of the launch body has a flag."""
+    from benchwright.cli_support import BadFlag, flat, nested, trials_block
     from benchwright.client import ApiError
 
+    for retired, value in (("--operator", operator), ("--agent", agent)):
+        if value is not None:  # §8: the flag exists only to name its new spelling
+            console.print(f"[red]error:[/red] {retired} was renamed --driver (§8): pass --driver {value}")
+            raise typer.Exit(2)
     if not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
-    body: dict[str, Any] = {}
-    if trials != 1 or aggregator != "any_pass":
-        body["trials"] = {"plan": {"k": trials}, "aggregator": {"name": aggregator}}
+    try:
+        body: dict[str, Any] = {
+            "trials": trials_block(k=trials, aggregator=aggregator, params=aggregator_param or []),
+            "limits": nested("--limit", limit) if limit else None,
+            "constraints": flat("--constraints", constraints, numbers=True) if constraints else None,
+            "metadata": flat("--metadata", metadata, numbers=False) if metadata else None,
+            "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
+            "concurrency": concurrency, "compute": compute, "visibility": visibility}
+    except (BadFlag, UnicodeDecodeError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     try:
         with _client(data_dir, api_url, api_key) as client:
             launched = client.launch(dataset=dataset, model=model_spec, driver=driver, **body)
             console.print(f"launched run [bold]{launched['id']}[/bold]")
             if not watch:
-                out.print(launched["id"], highlight=False)
+                out.print(json.dumps(launched, indent=2) if json_out else launched["id"], highlight=False,
+                          markup=False)
                 return
             final = watch_run(client, launched["id"])
             first_error = _first_error(client, final)
     except (ApiError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    out.print(_summary(final, first_error), highlight=False, markup=False)
+    if json_out:
+        out.print(json.dumps(final, indent=2), highlight=False, markup=False)
+    else:
+        out.print(_summary(final, first_error), highlight=False, markup=False)
     raise typer.Exit(0 if _run_succeeded(final) else 1)
 
 

@@ -14,10 +14,12 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
+from benchwright.events import TERMINAL_EVENT
+from benchwright.schemas import RETIRED_LAUNCH_KEYS
 from benchwright.settings import default_data_dir
 
 
@@ -37,8 +39,23 @@ def read_dev_json(data_dir: Path | None = None) -> dict[str, Any]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
+def _raise_for(resp: httpx.Response) -> None:
+    """Raise the API's ``{"error": ...}`` answer as ApiError (any 4xx/5xx; a body that is not ours is quoted)."""
+    if resp.status_code < 400:
+        return
+    try:
+        err = resp.json()["error"]
+        code, message = str(err.get("code", "error")), str(err.get("message", resp.text))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ApiError(resp.status_code, "http_error", resp.text) from None
+    raise ApiError(resp.status_code, code, message)
+
+
 WAIT_HOLD_S = 20.0
 """Longest single long poll of ``Client.wait`` (kept below the HTTP timeout)."""
+SSE_RECONNECTS = 8
+"""Consecutive failed connections ``stream_events`` tolerates (backing off 0.25 s doubling to 5 s) before it gives
+up; any event received resets the count."""
 
 
 class Client:
@@ -54,7 +71,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -65,28 +82,36 @@ class Client:
             resp = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ApiError(0, "unreachable", f"cannot reach the API at {self._http.base_url}: {exc}") from exc
-        if resp.status_code >= 400:
-            try:
-                err = resp.json()["error"]
-                raise ApiError(resp.status_code, err.get("code", "error"), err.get("message", resp.text))
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(resp.status_code, "http_error", resp.text) from None
+        _raise_for(resp)
         return resp.json()
 
     def launch(self, *, dataset: str, model: str | dict[str, Any], driver: str | None = None,
                task_impl: str | None = None, trials: dict[str, Any] | None = None,
                metadata: dict[str, Any] | None = None, visibility: str | None = None,
-               **extra: Any) -> dict[str, Any]:
-        """Launch a run (``POST /v1/runs``). Unknown keyword arguments are sent as-is, so the API names them."""
+               concurrency: int | None = None, limits: dict[str, Any] | None = None,
+               constraints: dict[str, Any] | None = None, compute: str | None = None,
+               requirements: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+        """Launch a run (``POST /v1/runs``); the arguments are the launch body's keys (``LaunchRequest``).
+
+        Unknown keyword arguments are sent as-is, so the API names them in its 422, except the retired
+        ``operator`` and ``agent`` (§8): they raise TypeError naming ``driver=`` before anything is sent.
+        """
+        for key, replacement in RETIRED_LAUNCH_KEYS.items():
+            if key in extra:
+                raise TypeError(f"launch() got '{key}=', which was renamed '{replacement}=' (§8)")
         body: dict[str, Any] = {"dataset": dataset, "model": model, **extra}
         for key, value in (("driver", driver), ("task_impl", task_impl), ("trials", trials),
-                           ("metadata", metadata), ("visibility", visibility)):
+                           ("metadata", metadata), ("visibility", visibility), ("concurrency", concurrency),
+                           ("limits", limits), ("constraints", constraints), ("compute", compute),
+                           ("requirements", requirements)):
             if value is not None:
                 body[key] = value
         return self._call("POST", "/v1/runs", json=body)  # type: ignore[no-any-return]
 
-    def run(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/runs/{run_id}")  # type: ignore[no-any-return]
+    def run(self, run_id: str, *, wait_s: float | None = None) -> dict[str, Any]:
+        """One run; with ``wait_s`` the API holds the answer until the run settles or that many seconds pass."""
+        params = {"wait_s": round(wait_s, 3)} if wait_s else None
+        return self._call("GET", f"/v1/runs/{run_id}", params=params)  # type: ignore[no-any-return]
 
     def runs(self, *, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
@@ -94,16 +119,52 @@ class Client:
             params["cursor"] = cursor
         return self._call("GET", "/v1/runs", params=params)  # type: ignore[no-any-return]
 
+    def iter_runs(self, *, page: int = 200) -> Iterator[dict[str, Any]]:
+        """Every run of the account as summaries, newest first, following ``next_cursor``."""
+        cursor: str | None = None
+        while True:
+            body = self.runs(limit=page, cursor=cursor)
+            yield from body["runs"]
+            cursor = body["next_cursor"]
+            if not cursor:
+                return
+
     def events(self, run_id: str, *, after: int = -1, limit: int = 1000) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/events", params={"after": after, "limit": limit})  # type: ignore[no-any-return]
 
-    def stream_events(self, run_id: str, *, after: int = -1) -> Iterator[dict[str, Any]]:
-        """Live events over SSE until the run's terminal event."""
+    def stream_events(self, run_id: str, *, after: int = -1,
+                      reconnects: int = SSE_RECONNECTS) -> Iterator[dict[str, Any]]:
+        """Live events over SSE (from the one after seq ``after``) until the run's terminal event.
+
+        A dropped connection (the API restarted, a proxy cut the stream) is resumed with ``Last-Event-ID`` set to
+        the last seq received, so no event is lost or repeated. A stream that closes cleanly before the terminal
+        event is resumed too, unless the run is over (its terminal event precedes ``after``).
+        """
+        last, failures = after, 0
+        while True:
+            try:
+                for event in self._sse_once(run_id, last):
+                    last, failures = int(event["seq"]), 0
+                    yield event
+                    if event["type"] == TERMINAL_EVENT:
+                        return
+                if self.run(run_id).get("terminal"):
+                    return
+            except httpx.TransportError as exc:
+                if failures >= reconnects:
+                    raise ApiError(0, "unreachable", f"the event stream of run {run_id} dropped {failures + 1} "
+                                                     f"times in a row (last seq {last}): {exc}") from exc
+            failures += 1
+            time.sleep(min(5.0, 0.25 * 2 ** (failures - 1)))
+
+    def _sse_once(self, run_id: str, after: int) -> Iterator[dict[str, Any]]:
+        """One SSE connection: the events it delivers until the server closes it."""
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-        with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as resp:
+        with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=httpx.Timeout(
+                self._http.timeout.connect, read=None)) as resp:
             if resp.status_code >= 400:
                 resp.read()
-                self._call("GET", f"/v1/runs/{run_id}")  # raises the API's error
+                _raise_for(resp)
             data: list[str] = []
             for line in resp.iter_lines():
                 if line.startswith("data:"):
@@ -115,12 +176,27 @@ class Client:
     def tasks(self, run_id: str, *, after: int = -1, limit: int = 500) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/tasks", params={"after": after, "limit": limit})  # type: ignore[no-any-return]
 
+    def iter_tasks(self, run_id: str, *, page: int = 500) -> Iterator[dict[str, Any]]:
+        """Every settled task row of the run, by index, following ``next_after``."""
+        after = -1
+        while True:
+            body = self.tasks(run_id, after=after, limit=page)
+            yield from body["tasks"]
+            if body["next_after"] is None or not body["tasks"]:
+                return
+            after = body["next_after"]
+
     def task(self, run_id: str, index: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]
 
     def stop(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
         """Halt the run for good (operator_kill)."""
         return self._call("POST", f"/v1/runs/{run_id}/stop", json={"reason": reason} if reason else None)  # type: ignore[no-any-return]
+
+    def admin_halt(self, run_id: str, *, reason: str) -> dict[str, Any]:
+        """Halt any account's run as a platform administrator (``admin: <reason>``, display_status ``killed``).
+        A non-admin key gets 404: for it the route does not exist."""
+        return self._call("POST", f"/v1/admin/runs/{run_id}/halt", json={"reason": reason})  # type: ignore[no-any-return]
 
     def pause(self, run_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/runs/{run_id}/pause")  # type: ignore[no-any-return]
@@ -144,8 +220,8 @@ class Client:
         hold = max(1.0, min(WAIT_HOLD_S, self._http.timeout.read - 5 if self._http.timeout.read else WAIT_HOLD_S))
         while True:
             left = None if deadline is None else deadline - time.monotonic()
-            run = self._call("GET", f"/v1/runs/{run_id}",
-                             params={"wait_s": round(hold if left is None else max(0.0, min(hold, left)), 3)})
+            hold_s = hold if left is None else max(0.0, min(hold, left))
+            run: dict[str, Any] = self._call("GET", f"/v1/runs/{run_id}", params={"wait_s": round(hold_s, 3)})
             if run["status"] != "running" or run["halted"]:
                 return run
             if deadline is not None and time.monotonic() >= deadline:

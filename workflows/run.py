@@ -3,6 +3,7 @@
 Updates (answered synchronously; a refusal raises ``ApplicationError(type="Conflict")`` with a code and leaves no
 trace in history):
     stop(StopRequest)              halt with ``operator_kill[: reason]`` and tear down; refused once finished.
+    admin_halt(StopRequest)        as stop, raised by a platform administrator: ``admin: <reason>`` (§9).
     pause()                        halt with ``operator_pause``; in-flight work is cancelled and re-run on resume.
     resume()                       clear an ``operator_pause``; anything else answers ``not_paused``.
     resolve_review(ReviewResolution)
@@ -133,6 +134,17 @@ class RunWorkflow:
         self._refuse_if_finished()
         if self._halt is not None and not _resumable(self._halt):
             raise _conflict(f"the run is already halted ({self._halt})", "already_halted")
+
+    @workflow.update
+    async def admin_halt(self, req: StopRequest) -> ControlResult:
+        await self._raise_halt(f"admin: {req.reason}", override=True)
+        return self._control()
+
+    @admin_halt.validator
+    def _validate_admin_halt(self, req: StopRequest) -> None:
+        self._validate_stop(req)
+        if not (req.reason or "").strip():
+            raise _conflict("an admin halt needs a reason (it is recorded as 'admin: <reason>')", "empty_reason")
 
     @workflow.update
     async def pause(self) -> ControlResult:

@@ -230,7 +230,7 @@ class RunPatch(BaseModel):
     visibility: Visibility | None = None
 
 
-async def _control(state: StateDep, run_id: str, account_id: str, update: str, arg: Any = None,
+async def _control(state: StateDep, run_id: str, account_id: str | None, update: str, arg: Any = None,
                    request_id: str | None = None) -> RunView:
     """Send a control update to the run's workflow; its refusal (a validator's Conflict) becomes a 409."""
     run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account_id)

@@ -28,6 +28,9 @@ class Account(SQLModel, table=True):
     local_paths: bool = False
     """The operator lets this account name dataset files on the worker's host (``accounts create --local-paths``;
     the embedded stack's own account has it). The deployment must allow local paths too."""
+    admin: bool = False
+    """A platform administrator (``accounts create --admin``): may halt any account's run (§9 ``admin`` halt,
+    ``POST /v1/admin/runs/{id}/halt``). Set only from the operator's command line, never through the API."""
     created_at: datetime = Field(default_factory=utcnow)
 
 
