@@ -28,7 +28,7 @@ def test_metadata_is_text_unless_typed_and_aggregator_params_keep_key_names_as_t
 def test_throughput_uses_a_sliding_window_and_restarts_with_a_new_invocation() -> None:
     meter = Throughput(window_s=10)
     assert meter.rate() is None and meter.eta_s(100) is None
-    for second in range(0, 31):  # 2 tasks/s for 20 s, then 10 tasks/s
+    for second in range(31):  # 2 tasks/s for 20 s, then 10 tasks/s
         meter.add(float(second), 2 * second if second <= 20 else 40 + 10 * (second - 20))
     assert meter.rate() == pytest.approx(10.0)
     assert meter.eta_s(50) == pytest.approx(5.0) and meter.eta_s(0) == 0.0
