@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from temporalio.client import Client
 
+from api.sse import SseHub
 from benchwright.errors import Unavailable
 from benchwright.settings import Settings
 from benchwright.store.accounts import authenticate
@@ -23,6 +24,8 @@ class AppState:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
         self.engine = engine
+        self.sse = SseHub(engine)
+        """The live SSE feeds: one store reader per run with streams open, shared by all of them."""
         self._client: Client | None = None
         self._lock = asyncio.Lock()
 

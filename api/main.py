@@ -23,6 +23,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(engine)
         app.state.bw = AppState(settings, engine)
         yield
+        await app.state.bw.sse.close()  # stops the feeds' readers and ends any stream still open
         engine.dispose()
 
     app = FastAPI(title="Benchwright", version="0.1.0", lifespan=lifespan,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -18,10 +16,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
+from api.sse import resume_point
 from benchwright.compute import materialize_mode
 from benchwright.dataset_access import LocalPathRules
 from benchwright.errors import Conflict, InvalidInput, NotFound, PaymentRequired, Unavailable
-from benchwright.events import TERMINAL_EVENT
 from benchwright.launch import resolve_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
 from benchwright.schemas import (
@@ -52,8 +50,6 @@ from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATU
 from workflows.run import RunWorkflow
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
-SSE_POLL_S = 0.1
-SSE_KEEPALIVE_S = 15.0
 
 
 @router.post("", status_code=201, response_model=RunView)
@@ -163,11 +159,13 @@ async def get_events(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventPage | StreamingResponse:
     """The run's event log from ``after``; with ``Accept: text/event-stream``, a live SSE stream (id = seq) that
-    resumes from ``Last-Event-ID`` and closes after the terminal event."""
+    resumes from ``Last-Event-ID`` (an id it sent: -1 up to the run's last seq, else 422) and closes after the
+    terminal event."""
     run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account.id)
     if "text/event-stream" in request.headers.get("accept", ""):
-        start = int(last_event_id) if last_event_id and last_event_id.lstrip("-").isdigit() else after
-        return StreamingResponse(_stream(state, run.id, start, request), media_type="text/event-stream",
+        start = resume_point(last_event_id=last_event_id, after=after, last_seq=run.next_seq - 1)
+        return StreamingResponse(state.sse.stream(run_id=run.id, after=start, finished=run.finished_at is not None),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     # One rule with the SSE stream, which closes after PipelineFinished: the run row is read first, and
     # finished_at is set in the transaction that appends PipelineFinished, so a run seen finished here has its
@@ -177,28 +175,6 @@ async def get_events(
     terminal = current.finished_at is not None and len(rows) < limit
     return EventPage(events=[_event_view(r) for r in rows], next_after=rows[-1].seq if rows else after,
                      terminal=terminal)
-
-
-async def _stream(state: StateDep, run_id: str, after: int, request: Request) -> AsyncIterator[str]:
-    idle = 0.0
-    while True:
-        rows = await run_in_threadpool(read_events, state.engine, run_id, after=after, limit=1000)
-        for row in rows:
-            view = _event_view(row)
-            yield f"id: {view.seq}\nevent: {view.type}\ndata: {json.dumps(view.model_dump(mode='json'))}\n\n"
-            after = row.seq
-            if row.type == TERMINAL_EVENT:
-                return
-        if rows:
-            idle = 0.0
-            continue
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(SSE_POLL_S)
-        idle += SSE_POLL_S
-        if idle >= SSE_KEEPALIVE_S:
-            idle = 0.0
-            yield ": keep-alive\n\n"
 
 
 @router.get("/{run_id}/tasks", response_model=TaskList)

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.errors import NotFound
-from benchwright.events import Event
+from benchwright.events import TERMINAL_EVENT, Event
 from benchwright.store.db import session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, utcnow
 
@@ -146,3 +146,12 @@ def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 10
                 .order_by(EventRow.seq).limit(limit)  # type: ignore[arg-type]
             ).scalars()
         )
+
+
+def terminal_seq(engine: Engine, run_id: str) -> int | None:
+    """The seq of the run's terminal event (PipelineFinished), or None while the run has not finished."""
+    with Session(engine) as session:
+        return session.execute(
+            select(EventRow.seq).where(EventRow.run_id == run_id, EventRow.type == TERMINAL_EVENT)
+            .order_by(EventRow.seq).limit(1)  # type: ignore[arg-type]
+        ).scalar_one_or_none()

@@ -1,0 +1,310 @@
+"""Live SSE streams of runs: one reader per run fans its event log out to every stream on it (issue 15 item 9).
+
+Each stream used to poll the store every 0.1 s in the threadpool and format every event per stream. With 200
+streams on a live 3,000-task run (6,033 events) that cost ~66 µs of API CPU per event per stream (80 s in all), the
+streams delivered their last event 84–88 s after the run ended, ``GET /v1/runs/{id}`` waited 10 s at the median
+(the streams held the threadpool and the store's connection pool), and the API grew from 122 to 807 MB.
+
+Now a ``RunFeed`` per run with streams on it reads the store once per tick for all of them, formats each event's
+frame once, and keeps the frames in blocks of up to ``block_bytes``: a bounded window (``buffer_bytes``) shared by
+every stream on the run. Each stream is a cursor (the last seq it sent) into that window:
+
+- at the tail, it waits for the reader's next blocks and sends each as one chunk (the same bytes object for every
+  stream; a stream mid-block sends the block's tail);
+- behind the window (it resumed from an old ``Last-Event-ID``, or it read so slowly that the window moved past it),
+  it catches up from the store in pages, through a small pool of store reads of its own so catch-ups never starve
+  the API's other requests, and joins the window when it reaches it. Positions are seqs, so there are no gaps and
+  no duplicates at the seam;
+- a stream that reads nothing holds one block at most: the server's send waits for the socket (flow control), so
+  a stalled client costs its socket buffer and a cursor, never a growing queue.
+
+A stream closes after the run's terminal event. The reader stops after reading it, and the feed is dropped when its
+last stream goes, so nothing polls a run nobody watches. Every store read runs in a worker thread (anyio), never
+on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from anyio import CapacityLimiter, to_thread
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.engine import Engine
+
+from benchwright.errors import Unavailable
+from benchwright.events import TERMINAL_EVENT
+from benchwright.schemas import EventView
+from benchwright.store.events import read_events, terminal_seq
+
+KEEPALIVE = b": keep-alive\n\n"
+_EVENT_ID = re.compile(r"-?\d{1,19}")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One event as its SSE frame (``id`` = seq), formatted once for every stream."""
+
+    seq: int
+    terminal: bool
+    data: bytes
+
+
+def frames(engine: Engine, run_id: str, *, after: int, limit: int) -> list[Frame]:
+    """The run's events after ``after`` (at most ``limit``) as SSE frames, up to and including the terminal event.
+
+    Runs in a worker thread: the read and the JSON encoding stay off the event loop.
+    """
+    out: list[Frame] = []
+    for row in read_events(engine, run_id, after=after, limit=limit):
+        view = EventView(seq=row.seq, type=row.type, data=row.data, created_at=row.created_at)
+        data = f"id: {row.seq}\nevent: {row.type}\ndata: ".encode() + view.model_dump_json().encode() + b"\n\n"
+        out.append(Frame(seq=row.seq, terminal=row.type == TERMINAL_EVENT, data=data))
+        if row.type == TERMINAL_EVENT:
+            break
+    return out
+
+
+def resume_point(*, last_event_id: str | None, after: int, last_seq: int) -> int:
+    """Where a stream starts: after ``Last-Event-ID`` when the client sends one, else after ``after``.
+
+    A stream's position must be an event the run has: an id the server sent is never past the log's end, and a
+    stream positioned past it would wait for an event that never comes. So ``Last-Event-ID`` must be an integer from
+    -1 to the run's last seq (and so must ``after``, for a stream); anything else is a 422 naming the value and the
+    range, the answer FastAPI gives for a malformed parameter.
+
+    Raises:
+        RequestValidationError: a malformed or out-of-range ``Last-Event-ID`` (or stream ``after``).
+    """
+    if last_event_id is not None and last_event_id.strip():
+        raw = last_event_id.strip()
+        start = int(raw) if _EVENT_ID.fullmatch(raw) else None
+        if start is None or not -1 <= start <= last_seq:
+            _refuse(("header", "last-event-id"), raw, last_seq)
+        assert start is not None
+        return start
+    if after > last_seq:
+        _refuse(("query", "after"), str(after), last_seq)
+    return after
+
+
+def _refuse(loc: tuple[str, str], value: str, last_seq: int) -> None:
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    msg = (f"must be the id (seq) of an event of this run, from -1 to {last_seq} (its last event so far); "
+           f"got {shown!r}")
+    raise RequestValidationError([{"loc": loc, "type": "value_error", "msg": msg, "input": shown}])
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Consecutive frames joined into one chunk: seqs ``first``.. ``first + len(starts) - 1``."""
+
+    first: int
+    data: bytes
+    starts: tuple[int, ...]
+    """Offset in ``data`` of each frame."""
+    terminal: bool
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.starts) - 1
+
+    def after(self, seq: int) -> bytes:
+        """The frames with seq > ``seq`` (the whole block when it starts after ``seq``)."""
+        return self.data if seq < self.first else self.data[self.starts[seq + 1 - self.first]:]
+
+
+def _blocks(batch: list[Frame], limit: int) -> list[_Block]:
+    out: list[_Block] = []
+    group: list[Frame] = []
+    size = 0
+    for frame in batch:
+        if group and size + len(frame.data) > limit:
+            out.append(_block(group))
+            group, size = [], 0
+        group.append(frame)
+        size += len(frame.data)
+    if group:
+        out.append(_block(group))
+    return out
+
+
+def _block(group: list[Frame]) -> _Block:
+    starts, at = [], 0
+    for frame in group:
+        starts.append(at)
+        at += len(frame.data)
+    return _Block(first=group[0].seq, data=b"".join(f.data for f in group), starts=tuple(starts),
+                  terminal=group[-1].terminal)
+
+
+@dataclass
+class RunFeed:
+    """One run's reader and the window of its latest frames, shared by every stream on the run."""
+
+    run_id: str
+    tail: int
+    """The last seq read; the reader starts after the first stream's position."""
+    blocks: list[_Block] = field(default_factory=list)
+    size: int = 0
+    terminal: int | None = None
+    """The terminal event's seq, once read; nothing after it is read."""
+    error: BaseException | None = None
+    streams: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    reader: asyncio.Task[None] | None = None
+
+    @property
+    def base(self) -> int:
+        """The first seq in the window (``tail + 1`` when it is empty)."""
+        return self.blocks[0].first if self.blocks else self.tail + 1
+
+    def since(self, seq: int) -> list[_Block]:
+        """The window's blocks holding frames after ``seq`` (``seq + 1 >= base``)."""
+        i = len(self.blocks)
+        while i > 0 and self.blocks[i - 1].last > seq:
+            i -= 1
+        return self.blocks[i:]
+
+    def add(self, blocks: list[_Block], *, max_bytes: int) -> None:
+        for block in blocks:
+            self.blocks.append(block)
+            self.size += len(block.data)
+            self.tail = block.last
+            if block.terminal:
+                self.terminal = block.last
+        while self.size > max_bytes and len(self.blocks) > 1:
+            self.size -= len(self.blocks.pop(0).data)
+        self.notify()
+
+    def notify(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+
+class SseHub:
+    """The feeds of the runs that have streams open in this API process."""
+
+    def __init__(self, engine: Engine, *, poll_s: float = 0.1, keepalive_s: float = 15.0,
+                 buffer_bytes: int = 8 << 20, block_bytes: int = 64 << 10, page: int = 1000,
+                 catchup_page: int = 500, catchup_reads: int = 4) -> None:
+        """Args:
+            engine: The store.
+            poll_s: A feed's reader reads the store this often while the run is quiet.
+            keepalive_s: A stream with nothing to send for this long sends an SSE comment.
+            buffer_bytes: The most a feed keeps of frames already read (8 MiB held all 6,033 events of a 3,000-task
+                run, so streams opened at the launch never touch the store).
+            block_bytes: The most one chunk holds (the most a stalled stream pins).
+            page: Events per store read of a reader.
+            catchup_page: Events per store read of a stream behind the window.
+            catchup_reads: Store reads of streams behind their window at one time, over all runs.
+        """
+        self._engine = engine
+        self._poll_s, self._keepalive_s = poll_s, keepalive_s
+        self._buffer_bytes, self._block_bytes = buffer_bytes, block_bytes
+        self._page, self._catchup_page = page, catchup_page
+        self._catchup = CapacityLimiter(catchup_reads)
+        self._feeds: dict[str, RunFeed] = {}
+        self._closed = False
+        self.catchups = 0
+        """Store reads by streams behind their window, since the start (for operators and tests)."""
+
+    def feed(self, run_id: str) -> RunFeed | None:
+        """The run's live feed, if streams are open on it (for tests and operators)."""
+        return self._feeds.get(run_id)
+
+    async def stream(self, *, run_id: str, after: int, finished: bool) -> AsyncIterator[bytes]:
+        """The run's SSE frames after seq ``after``, closing after the terminal event.
+
+        Args:
+            run_id: The run (the caller checked access).
+            after: The last seq the client has (-1: from the start).
+            finished: The run had finished when the request was read: a client that already has the terminal
+                event gets an empty stream (events appended after it, like the proxy's linger, are not streamed).
+        """
+        if finished:
+            end = await to_thread.run_sync(terminal_seq, self._engine, run_id, limiter=self._catchup)
+            if end is not None and after >= end:
+                return
+        feed = self._join(run_id, after)
+        try:
+            while not self._closed:
+                changed = feed.changed
+                if feed.terminal is not None and after >= feed.terminal:
+                    return
+                sent = False
+                if after + 1 < feed.base:  # behind the window: catch up from the store
+                    self.catchups += 1
+                    batch = await to_thread.run_sync(self._frames, run_id, after, self._catchup_page,
+                                                     limiter=self._catchup)
+                    if batch:
+                        yield b"".join(f.data for f in batch)
+                        after, sent = batch[-1].seq, True
+                        if batch[-1].terminal:
+                            return
+                else:
+                    for block in feed.since(after):
+                        yield block.after(after)
+                        after, sent = block.last, True
+                if sent or changed.is_set():
+                    continue
+                if feed.error is not None:
+                    raise Unavailable(f"the event feed of run {run_id} failed: {feed.error}") from feed.error
+                try:
+                    async with asyncio.timeout(self._keepalive_s):
+                        await changed.wait()
+                except TimeoutError:
+                    yield KEEPALIVE
+        finally:
+            self._leave(feed)
+
+    async def close(self) -> None:
+        """Stop every reader and end every stream (the API is shutting down)."""
+        self._closed = True
+        feeds = list(self._feeds.values())
+        for feed in feeds:
+            feed.notify()
+            if feed.reader is not None:
+                feed.reader.cancel()
+        await asyncio.gather(*(f.reader for f in feeds if f.reader is not None), return_exceptions=True)
+
+    def _frames(self, run_id: str, after: int, limit: int) -> list[Frame]:
+        return frames(self._engine, run_id, after=after, limit=limit)
+
+    def _join(self, run_id: str, after: int) -> RunFeed:
+        feed = self._feeds.get(run_id)
+        if feed is None:
+            feed = self._feeds[run_id] = RunFeed(run_id=run_id, tail=after)
+            feed.reader = asyncio.create_task(self._read(feed), name=f"sse-feed-{run_id}")
+        feed.streams += 1
+        return feed
+
+    def _leave(self, feed: RunFeed) -> None:
+        feed.streams -= 1
+        if feed.streams == 0:
+            if self._feeds.get(feed.run_id) is feed:
+                del self._feeds[feed.run_id]
+            if feed.reader is not None:
+                feed.reader.cancel()
+
+    async def _read(self, feed: RunFeed) -> None:
+        """The feed's reader: one store read per tick for every stream on the run, until the terminal event."""
+        try:
+            while feed.terminal is None:
+                batch = await to_thread.run_sync(self._frames, feed.run_id, feed.tail, self._page)
+                if batch:
+                    feed.add(_blocks(batch, self._block_bytes), max_bytes=self._buffer_bytes)
+                if len(batch) < self._page and feed.terminal is None:
+                    await asyncio.sleep(self._poll_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the streams end with it; the next stream on the run starts a fresh feed
+            feed.error = exc
+            if self._feeds.get(feed.run_id) is feed:
+                del self._feeds[feed.run_id]
+            feed.notify()
+
+
+__all__ = ["Frame", "KEEPALIVE", "RunFeed", "SseHub", "frames", "resume_point"]
