@@ -1,0 +1,102 @@
+"""The process registry and the proxy reaper with real processes: a recycled PID is never signalled, SIGTERM is
+escalated to SIGKILL at the deadline, and a proxy lives past its run's linger only while someone will stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from benchwright.procreg import ProcessRegistry, proc_starttime
+from benchwright.proxy.model_proxy import ProxyHandle, load_handle, proxy_file, reap_model_proxies
+
+IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" \
+              "time.sleep(600)"
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _sleeper(procs: list[subprocess.Popen[bytes]], code: str = "import time; time.sleep(600)") -> int:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    procs.append(proc)
+    if "ready" in code:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc.pid
+
+
+def test_an_entry_whose_pid_was_recycled_is_dropped_and_its_process_never_signalled(
+        tmp_path: Path, spawn: list[subprocess.Popen[bytes]]) -> None:
+    registry = ProcessRegistry(tmp_path)
+    pid = _sleeper(spawn)
+    entry = registry.record(kind="worker", pid=pid, group=True)
+    assert entry is not None and registry.live() == [entry]
+    # The same PID with another start time: what the registry would hold after the kernel reused the PID.
+    stale = replace(entry, start=entry.start - 1)
+    (registry.dir / f"{pid}.json").write_text(json.dumps(asdict(stale)))
+    assert registry.live() == [], "an entry naming another process than the live one is dropped"
+    assert registry.stop([stale], timeout_s=0.1) == []
+    assert spawn[0].poll() is None, "the process now holding the PID was not touched"
+
+
+def test_stop_escalates_to_sigkill_at_the_deadline(tmp_path: Path, spawn: list[subprocess.Popen[bytes]]) -> None:
+    registry = ProcessRegistry(tmp_path)
+    stubborn = registry.record(kind="api", pid=_sleeper(spawn, IGNORE_TERM), group=True)
+    polite = registry.record(kind="temporal", pid=_sleeper(spawn), group=True)
+    assert stubborn is not None and polite is not None
+    started = time.monotonic()
+    assert registry.stop([stubborn, polite], timeout_s=1.0) == [stubborn, polite]
+    took = time.monotonic() - started
+    assert spawn[0].wait(5) == -signal.SIGKILL and spawn[1].wait(5) == -signal.SIGTERM
+    assert 1.0 <= took < 5.0, took
+    assert registry.live() == [] and list(registry.dir.glob("*.json")) == []
+
+
+def _fake_proxy(run_dir: Path, pid: int) -> None:
+    """A run's proxy.json naming ``pid`` (a sleeper stands in for LiteLLM: the reaper only signals it)."""
+    run_dir.mkdir(parents=True)
+    handle = ProxyHandle(pid=pid, port=1, fake_key="sk-bw-x", model_name="m", started_at=time.time(),
+                         start_ticks=proc_starttime(pid))
+    proxy_file(run_dir).write_text(json.dumps(asdict(handle)))
+
+
+def test_proxies_are_reaped_past_their_linger_or_when_their_worker_is_gone(
+        tmp_path: Path, spawn: list[subprocess.Popen[bytes]]) -> None:
+    registry = ProcessRegistry(tmp_path)
+    runs = tmp_path / "runs"
+    ended = {"running": None, "lingering": time.time() - 1, "done": time.time() - 60, "unknown": 0.0}
+    for run_id in ended:
+        _fake_proxy(runs / run_id, _sleeper(spawn))
+    # A proxy recorded as started by a worker that is gone (the worker's PID: a process that has exited).
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = registry.record(kind="model_proxy", pid=_sleeper(spawn), group=True, owner=gone.pid)
+    assert orphan is not None
+
+    stopped = reap_model_proxies(registry=registry, runs_dir=runs, finished_at=ended.__getitem__, linger_s=30)
+
+    assert stopped == 3
+    alive = {run_id: spawn[i].poll() is None for i, run_id in enumerate(ended)}
+    assert alive == {"running": True, "lingering": True, "done": False, "unknown": False}
+    assert spawn[4].poll() is not None, "the orphaned worker's proxy was stopped"
+    assert load_handle(runs / "done") is None and load_handle(runs / "running") is not None
+
+    assert reap_model_proxies(registry=registry, runs_dir=runs, finished_at=ended.__getitem__, linger_s=30,
+                              everything=True) == 2
+    assert all(p.poll() is not None for p in spawn)
+    assert os.listdir(registry.dir) == [] and list(runs.glob("*/proxy.json")) == []
