@@ -47,6 +47,11 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 
 async def current_account(request: Request, state: StateDep) -> Account:
+    """The account whose key is in ``Authorization: Bearer <key>``.
+
+    The scheme is matched case-insensitively (``bearer`` and ``BEARER`` work too): RFC 7235 §2.1 makes
+    authentication schemes case-insensitive, so refusing one spelling would break conforming clients.
+    """
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     token = key.strip() if scheme.lower() == "bearer" else None

@@ -1,4 +1,8 @@
-"""The one place that maps errors to HTTP answers: ``{"error": {"code", "message"}}``."""
+"""The one place that maps errors to HTTP answers: ``{"error": {"code", "message"}}``.
+
+It also declares them: ``responses(...)`` builds the OpenAPI ``responses=`` of a route from the same table, so
+every status a route can answer is documented with the one error schema (``ErrorBody``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
@@ -16,6 +21,7 @@ from benchwright.errors import (
     Conflict,
     InvalidInput,
     NotFound,
+    PayloadTooLarge,
     PaymentRequired,
     Unauthorized,
     Unavailable,
@@ -27,8 +33,50 @@ STATUS: dict[type[BenchwrightError], int] = {
     PaymentRequired: 402,
     NotFound: 404,
     Conflict: 409,
+    PayloadTooLarge: 413,
     Unavailable: 503,
 }
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    """Machine-readable, e.g. ``not_found``, ``already_finished``, ``payload_too_large``, ``validation_error``."""
+    message: str
+    """For the person reading it: names the problem and, where there is one, the fix."""
+    details: list[dict[str, Any]] | None = None
+    """422 only: one entry per invalid field (``loc``, ``type``, ``msg``)."""
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of the API."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "A value is present but not acceptable (unknown driver, unenforceable limit, unconfigured backend, a body "
+         "that is not UTF-8, ...)",
+    401: "Missing or wrong API key (`Authorization: Bearer <key>`; the scheme is case-insensitive)",
+    402: "The account's balance is exhausted",
+    404: "No such resource for this caller",
+    409: "The resource's state refuses the call (e.g. `already_finished`, `not_paused`, `already_halted`)",
+    413: "The request body is larger than the deployment's limit (`payload_too_large`)",
+    422: "The request does not match the schema (`validation_error`, one detail per field)",
+    503: "A service Benchwright needs (Temporal, a worker) is not answering",
+}
+AUTHED = (401, 422)
+"""What every authenticated route can answer: a bad or missing key, a request that does not match the schema."""
+
+
+BODY = (400, 413)
+"""What a route with a request body can answer besides AUTHED: a body that is not UTF-8/JSON at all (400), or one
+over the size limit (413)."""
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route: the given statuses (plus AUTHED) with the shared error schema."""
+    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]}
+            for status in sorted({*AUTHED, *statuses})}
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -67,7 +115,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
     return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
 
 

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import errors
+from api.body_limit import BodyLimit
 from api.deps import AppState
 from api.routes import account, admin, policy, runs
 from benchwright.settings import Settings
@@ -29,6 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Benchwright", version="0.1.0", lifespan=lifespan,
                   description="Run a model against a benchmark; get a comparable score with the full event log.")
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(runs.router)
     app.include_router(account.router)
     app.include_router(policy.router)

@@ -10,6 +10,7 @@ translate them to non-retryable Temporal ``ApplicationError``s.
     ├── PaymentRequired     402 — the account's balance is exhausted
     ├── NotFound            404 — no such resource for this caller
     ├── Conflict            409 — the resource is in a state that refuses the call
+    ├── PayloadTooLarge     413 — the request (or what it would make: a workflow input) is over a size limit
     └── Unavailable         503 — a service Benchwright needs is not answering
 """
 
@@ -50,6 +51,10 @@ class NotFound(BenchwrightError):
 
 class Conflict(BenchwrightError):
     code = "conflict"
+
+
+class PayloadTooLarge(BenchwrightError):
+    code = "payload_too_large"
 
 
 class Unavailable(BenchwrightError):

@@ -7,6 +7,7 @@ run views are what the API returns. Table models never cross these boundaries.
 from __future__ import annotations
 
 import difflib
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,36 @@ REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Z
 """A pip requirement specifier and nothing else (no options, URLs or paths reach pip's command line)."""
 RETIRED_LAUNCH_KEYS = {"operator": "driver", "agent": "driver"}
 
+MAX_METADATA_BYTES = 64 * 1024
+"""``metadata`` serialized as JSON: it is stored on the run and returned by ``GET /v1/runs/{id}``."""
+MAX_OBJECT_BYTES = 16 * 1024
+"""``model.params``, ``limits`` and ``constraints`` serialized as JSON."""
+MAX_INDEX = 2**31 - 1
+"""Bound of every integer path/query parameter (task index, ``after``): the store's integer columns and SQLite's
+and Postgres's parameters stay far from 2^63, which answered 500 before (issue 15 item 5)."""
+COMPUTE_VALUES = ("local", "sandbox0", "e2b", "default", "auto")
+"""What ``compute`` may say; ``benchwright.compute.COMPUTE_CHOICES`` (a test keeps the two equal)."""
+DRIVER_VALUES = ("builtin",)
+"""The drivers a launch may name; ``benchwright.launch.DRIVERS`` (a test keeps the two equal)."""
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_LAST_LABEL = r"[A-Za-z_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PORT = r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?"
+HOST_PATTERN = (rf"^(?:(?:\*\.)?(?:{_LABEL}\.)*{_LAST_LABEL}\.?|{_OCTET}(?:\.{_OCTET}){{3}}"
+                rf"|\[[0-9A-Fa-f:.]{{2,45}}\]){_PORT}$")
+"""A host-policy pattern as the OpenAPI schema states it (``benchwright.proxy.policy`` has the grammar): a DNS
+name whose last label is not numeric, optionally ``*.``-prefixed; a canonical IPv4 quad; or a bracketed IPv6
+literal; each with an optional ``:port``. Declared, not enforced here: the policy's parser refuses what is
+wrong with a message saying why."""
+
+
+def check_json_size(value: Any, *, limit: int, what: str) -> Any:
+    """Refuse a JSON value larger than ``limit`` bytes serialized (a ValueError names the field and the limit)."""
+    size = len(json.dumps(value, separators=(",", ":"), default=str))
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes serialized; at most {limit} are accepted")
+    return value
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -43,9 +74,14 @@ class ModelSpec(_Strict):
     input_cost_per_token: float | None = Field(default=None, ge=0)
     output_cost_per_token: float | None = Field(default=None, ge=0)
     params: dict[str, Any] = Field(default_factory=dict)
-    """Sampling parameters set once for the run (temperature, max_tokens, ...)."""
+    """Sampling parameters set once for the run (temperature, max_tokens, ...); at most 16 KiB serialized."""
     secret: str | None = Field(default=None, max_length=128)
     """Name of a provider secret (``POST /v1/secrets``) holding this model's API key."""
+
+    @field_validator("params")
+    @classmethod
+    def _small_params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_json_size(v, limit=MAX_OBJECT_BYTES, what="model.params")  # type: ignore[no-any-return]
 
     @field_validator("api_base")
     @classmethod
@@ -63,9 +99,10 @@ class LaunchRequest(_Strict):
     JSONL, a JSON array of objects, or CSV."""
     model: ModelSpec
     """The SUT: a LiteLLM model string, or an object with ``identifier`` and optional ``api_base`` and prices."""
-    driver: str | None = Field(default=None, max_length=256)
+    driver: str | None = Field(default=None, max_length=256, json_schema_extra={"enum": [*DRIVER_VALUES, None]})
     """The Driver (§8). Defaults to the deployment's configured default (``builtin`` on the embedded stack)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    """Free-form labels kept on the run (at most 64 KiB serialized); not returned by the run list."""
     visibility: Visibility = "private"
     task_impl: str | None = Field(default=None, max_length=MAX_TASK_IMPL_BYTES)
     """Python source of task_impl.py. When given, Atomize uses it verbatim instead of writing one."""
@@ -81,10 +118,20 @@ class LaunchRequest(_Strict):
     constraints: dict[str, Any] | None = None
     """Older spelling: ``max_cost_cents`` (run.cost), ``max_duration_ms`` (run.duration), ``max_tasks`` (caps the
     sample count without halting)."""
-    compute: str | None = Field(default=None, max_length=32)
+    compute: str | None = Field(default=None, max_length=32, json_schema_extra={"enum": [*COMPUTE_VALUES, None]})
     """Compute backend: ``local``, ``sandbox0``, ``e2b``, or ``default``/``auto`` (omit for your default, §4)."""
     concurrency: int | None = Field(default=None, ge=1, le=1024)
     """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_json_size(v, limit=MAX_METADATA_BYTES, what="metadata")  # type: ignore[no-any-return]
+
+    @field_validator("limits", "constraints")
+    @classmethod
+    def _small_objects(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_json_size(v, limit=MAX_OBJECT_BYTES, what="limits/constraints")  # type: ignore[no-any-return]
 
     @model_validator(mode="before")
     @classmethod
@@ -167,8 +214,35 @@ class RunView(BaseModel):
     status), so wait on ``terminal``, not on ``status``; render ``display_status``."""
 
 
+class RunSummary(BaseModel):
+    """One run of ``GET /v1/runs``: what a listing shows, without the launch body (metadata, limits, trials);
+    ``GET /v1/runs/{id}`` has the rest."""
+
+    id: str
+    status: RunStatus
+    halted: bool
+    halt_reason: str | None
+    display_status: DisplayStatus
+    model: str
+    """The model's LiteLLM identifier."""
+    driver: str
+    phase: str | None
+    visibility: Visibility
+    backend: str | None = None
+    cost: CostView
+    tasks: TasksBlock
+    error: str | None = None
+    created_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, view: RunView) -> RunSummary:
+        return cls(**{name: getattr(view, name) for name in cls.model_fields if name != "model"},
+                   model=str(view.model.get("identifier", "")))
+
+
 class RunList(BaseModel):
-    runs: list[RunView]
+    runs: list[RunSummary]
     next_cursor: str | None
     """Pass as ``?cursor=`` to get the next (older) page; null on the last page."""
 

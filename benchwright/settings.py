@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     """How long a run's model proxy stays up after the run ends (metered as cost.proxy_linger)."""
     proxy_usd_per_hour: float = 0.0
 
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body the API reads (1 MiB): a larger one is refused with 413 ``payload_too_large`` before
+    it is parsed. A launch's own fields are bounded tighter (metadata 64 KiB serialized, task_impl 512 KiB)."""
+
     initial_balance_usd: float = 10.0
     """Balance a new account starts with (``benchwright accounts credit`` adds more)."""
     billing_markup: float = 1.0

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
+from api.errors import responses
 from benchwright.limits import ScorerCeilings, matrix
 from benchwright.store.accounts import get_account
 
@@ -22,7 +23,7 @@ class AccountView(BaseModel):
     """Prepaid balance; billed spend (sandbox, driver, narration with markup) is debited as it lands."""
 
 
-@router.get("/account", response_model=AccountView)
+@router.get("/account", response_model=AccountView, responses=responses())
 async def account_view(account: AccountDep, state: StateDep) -> AccountView:
     """Who the API key belongs to, and the account's balance."""
     current = await run_in_threadpool(get_account, state.engine, account_id=account.id)

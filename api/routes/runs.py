@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
@@ -16,13 +19,15 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
+from api.errors import BODY, responses
 from api.sse import resume_point
 from benchwright.compute import materialize_mode
 from benchwright.dataset_access import LocalPathRules
-from benchwright.errors import Conflict, InvalidInput, NotFound, PaymentRequired, Unavailable
+from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, PaymentRequired, Unavailable
 from benchwright.launch import resolve_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
 from benchwright.schemas import (
+    MAX_INDEX,
     EventPage,
     EventView,
     LaunchRequest,
@@ -37,6 +42,7 @@ from benchwright.store.models import EventRow
 from benchwright.store.accounts import get_account
 from benchwright.store.policy import saved_compute, secret_value
 from benchwright.store.runs import (
+    CURSOR_PATTERN,
     create_run,
     finish_run,
     get_run,
@@ -50,9 +56,16 @@ from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATU
 from workflows.run import RunWorkflow
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
+RunId = Annotated[str, Path(max_length=64)]
+TaskIndex = Annotated[int, Path(ge=0, le=MAX_INDEX)]
+After = Annotated[int, Query(ge=-1, le=MAX_INDEX, description="Return what follows this seq/index (-1: from the start).")]
+MAX_RUN_INPUT_BYTES = 1024 * 1024
+"""Largest serialized RunInput a launch may start a workflow with. Temporal refuses payloads over 2 MB (its
+blob-size error limit; 4 MB is the gRPC message) after the run row would have been written; checking first means
+a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 2)."""
 
 
-@router.post("", status_code=201, response_model=RunView)
+@router.post("", status_code=201, response_model=RunView, responses=responses(*BODY, 402, 409, 503))
 async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
     """Launch a run: records RunLaunched (seq 0) and starts its workflow."""
     settings = state.settings
@@ -68,16 +81,21 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
     client = await state.temporal()
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
+    inp = RunInput(run_id=str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
+                   trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
+                   proxy_linger_s=settings.proxy_linger_s,
+                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
+                                                  batch_tasks=settings.materialize_batch_tasks,
+                                                  parallel_batches=settings.materialize_parallel_batches))
+    size = len(to_json(inp))  # bytes, as the pydantic data converter encodes the payload
+    if size > MAX_RUN_INPUT_BYTES:
+        raise PayloadTooLarge(f"the launch is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit "
+                              "(send less metadata or a smaller task_impl)")
     run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
                                   driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
                                   limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
                                   billing_markup=settings.billing_markup, backend=resolved.backend,
-                                  materialize_mode=mode)
-    inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver, trials=resolved.trials,
-                   limits=resolved.limits, materialize_mode=mode, proxy_linger_s=settings.proxy_linger_s,
-                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
-                                                  batch_tasks=settings.materialize_batch_tasks,
-                                                  parallel_batches=settings.materialize_parallel_batches))
+                                  materialize_mode=mode, run_id=inp.run_id)
     try:
         await client.start_workflow(
             RunWorkflow.run, inp, id=run.id, task_queue=settings.task_queue,
@@ -97,10 +115,12 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     return await run_in_threadpool(run_view, state.engine, run)
 
 
-@router.get("", response_model=RunList)
+@router.get("", response_model=RunList, responses=responses(400))
 def get_runs(account: AccountDep, state: StateDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-             cursor: str | None = None) -> RunList:
-    """The caller's runs, newest first; follow ``next_cursor`` for older ones."""
+             cursor: Annotated[str | None, Query(max_length=64, json_schema_extra={"pattern": CURSOR_PATTERN},
+                                                 description="A ``next_cursor`` from the previous page.")] = None,
+             ) -> RunList:
+    """The caller's runs as summaries (no launch body), newest first; follow ``next_cursor`` for older ones."""
     return list_runs(state.engine, account_id=account.id, limit=limit, cursor=cursor)
 
 
@@ -111,8 +131,8 @@ def _settled(view: RunView) -> bool:
     return view.status != "running" or view.halted
 
 
-@router.get("/{run_id}", response_model=RunView)
-async def get_one(run_id: str, account: AccountDep, state: StateDep,
+@router.get("/{run_id}", response_model=RunView, responses=responses(404))
+async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
                   wait_s: Annotated[float, Query(ge=0, le=60, description=(
                       "Long poll: hold the answer until the run stops running (it finished, or halted: stopped, "
                       "paused, waiting for a review) or this many seconds passed; the run is returned either "
@@ -152,10 +172,12 @@ def _event_view(row: EventRow) -> EventView:
     return EventView(seq=row.seq, type=row.type, data=row.data, created_at=row.created_at)
 
 
-@router.get("/{run_id}/events", response_model=EventPage)
+@router.get("/{run_id}/events", response_model=EventPage, responses={
+    **responses(404), 200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                            "description": "The page of events, or with `Accept: text/event-stream` the live stream"}})
 async def get_events(
-    run_id: str, request: Request, account: AccountDep, state: StateDep,
-    after: Annotated[int, Query(ge=-1)] = -1, limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+    run_id: RunId, request: Request, account: AccountDep, state: StateDep,
+    after: After = -1, limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventPage | StreamingResponse:
     """The run's event log from ``after``; with ``Accept: text/event-stream``, a live SSE stream (id = seq) that
@@ -177,16 +199,16 @@ async def get_events(
                      terminal=terminal)
 
 
-@router.get("/{run_id}/tasks", response_model=TaskList)
-def get_tasks(run_id: str, account: AccountDep, state: StateDep, after: Annotated[int, Query(ge=-1)] = -1,
+@router.get("/{run_id}/tasks", response_model=TaskList, responses=responses(404))
+def get_tasks(run_id: RunId, account: AccountDep, state: StateDep, after: After = -1,
               limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> TaskList:
     """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
     run = get_run(state.engine, run_id=run_id, account_id=account.id)
     return list_tasks(state.engine, run_id=run.id, after=after, limit=limit)
 
 
-@router.get("/{run_id}/tasks/{index}", response_model=TaskDetail)
-def get_task(run_id: str, index: int, account: AccountDep, state: StateDep) -> TaskDetail:
+@router.get("/{run_id}/tasks/{index}", response_model=TaskDetail, responses=responses(404))
+def get_task(run_id: RunId, index: TaskIndex, account: AccountDep, state: StateDep) -> TaskDetail:
     """One task with each trial's score, meta and output."""
     run = get_run(state.engine, run_id=run_id, account_id=account.id)
     return task_detail(state.engine, run_id=run.id, index=index)
@@ -198,67 +220,87 @@ class StopBody(BaseModel):
 
 
 class RunPatch(BaseModel):
-    """``PATCH /v1/runs/{id}``: resolve a human review, and/or change visibility."""
+    """``PATCH /v1/runs/{id}``: resolve a human review, and/or change visibility; at least one of the two (an
+    empty patch is refused with 400 ``empty_patch``, and the schema says so with ``minProperties``)."""
 
-    model_config = ConfigDict(extra="forbid")
-    review_resolution: str | None = Field(default=None, min_length=1, max_length=20_000)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    review_resolution: Annotated[str, Field(min_length=1, max_length=20_000)] | SkipJsonSchema[None] = None
     """Your guidance in prose; it becomes the Driver's instructions when the run picks up."""
-    visibility: Visibility | None = None
+    visibility: Visibility | SkipJsonSchema[None] = None
+
+
+UPDATE_OUTLIVED_RUN = "AcceptedUpdateCompletedWorkflow"
+"""The failure type the Temporal server gives an accepted update whose workflow completed before the handler
+returned (a stop racing the run's own PipelineFinished). It is a 409 like any call on a finished run."""
+CONTROL_RESPONSES = responses(404, 409, 503)
+
+
+def update_refusal(exc: WorkflowUpdateFailedError, *, update: str, finished_code: str) -> Exception:
+    """What a failed control update means to the caller: a validator's refusal or the run finishing first are
+    409s (with the validator's code, or ``finished_code``); anything else stays the SDK's error (a 500)."""
+    cause = exc.cause
+    if isinstance(cause, ApplicationError) and cause.type == "Conflict":
+        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+        return Conflict(cause.message, code=str(details.get("code", "conflict")))
+    if isinstance(cause, ApplicationError) and cause.type == UPDATE_OUTLIVED_RUN:
+        return Conflict(f"the run finished while the {update} was being applied", code=finished_code)
+    return exc
 
 
 async def _control(state: StateDep, run_id: str, account_id: str | None, update: str, arg: Any = None,
                    request_id: str | None = None) -> RunView:
-    """Send a control update to the run's workflow; its refusal (a validator's Conflict) becomes a 409."""
+    """Send a control update to the run's workflow; its refusal (a validator's Conflict), or the run finishing
+    first, becomes a 409. ``account_id`` None reaches any account's run (the admin halt, ``api/routes/admin.py``)."""
     run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account_id)
+    finished_code = {"resume": "not_paused", "resolve_review": "not_waiting"}.get(update, "already_finished")
     if run.finished_at is not None:
-        code = {"resume": "not_paused", "resolve_review": "not_waiting"}.get(update, "already_finished")
         raise Conflict(f"the run has finished ({run.status}{', halted: ' + run.halt_reason if run.halted else ''})",
-                       code=code)
+                       code=finished_code)
     client = await state.temporal()
     handle = client.get_workflow_handle(run_id)
     args = [arg] if arg is not None else []
     try:
         await handle.execute_update(update, *args, id=request_id, rpc_timeout=timedelta(seconds=30))
     except WorkflowUpdateFailedError as exc:
-        cause = exc.cause
-        if isinstance(cause, ApplicationError) and cause.type == "Conflict":
-            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            raise Conflict(cause.message, code=str(details.get("code", "conflict"))) from exc
-        raise
+        raise update_refusal(exc, update=update, finished_code=finished_code) from exc
     except WorkflowUpdateRPCTimeoutOrCancelledError as exc:
         raise Unavailable("no worker answered the control call in time; is a worker running?") from exc
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
+            # The server says NOT_FOUND ("workflow execution already completed") to an update that reaches a
+            # workflow that has just returned: the same race as above, one step earlier.
+            if (await run_in_threadpool(get_run, state.engine, run_id=run_id)).finished_at is not None:
+                raise Conflict(f"the run finished before the {update} reached it", code=finished_code) from exc
             raise NotFound(f"run {run_id} has no live workflow") from exc
         raise
     fresh = await run_in_threadpool(get_run, state.engine, run_id=run_id)
     return await run_in_threadpool(run_view, state.engine, fresh)
 
 
-@router.post("/{run_id}/stop", response_model=RunView)
-async def stop_run(run_id: str, account: AccountDep, state: StateDep, body: StopBody | None = None,
-                   idempotency_key: Annotated[str | None, Header()] = None) -> RunView:
+@router.post("/{run_id}/stop", response_model=RunView, responses=responses(*BODY, 404, 409, 503))
+async def stop_run(run_id: RunId, account: AccountDep, state: StateDep, body: StopBody | None = None,
+                   idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> RunView:
     """Halt the run for good (``operator_kill``): in-flight work is cancelled, partial results are kept."""
     return await _control(state, run_id, account.id, "stop", StopRequest(reason=body.reason if body else None),
                           idempotency_key)
 
 
-@router.post("/{run_id}/pause", response_model=RunView)
-async def pause_run(run_id: str, account: AccountDep, state: StateDep,
-                    idempotency_key: Annotated[str | None, Header()] = None) -> RunView:
+@router.post("/{run_id}/pause", response_model=RunView, responses=CONTROL_RESPONSES)
+async def pause_run(run_id: RunId, account: AccountDep, state: StateDep,
+                    idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> RunView:
     """Pause the run (``operator_pause``): in-flight work stops and picks up where it was on resume."""
     return await _control(state, run_id, account.id, "pause", None, idempotency_key)
 
 
-@router.post("/{run_id}/resume", response_model=RunView)
-async def resume_run(run_id: str, account: AccountDep, state: StateDep,
-                     idempotency_key: Annotated[str | None, Header()] = None) -> RunView:
+@router.post("/{run_id}/resume", response_model=RunView, responses=CONTROL_RESPONSES)
+async def resume_run(run_id: RunId, account: AccountDep, state: StateDep,
+                     idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> RunView:
     """Resume a paused run. Anything but an ``operator_pause`` halt answers 409 ``not_paused``."""
     return await _control(state, run_id, account.id, "resume", None, idempotency_key)
 
 
-@router.patch("/{run_id}", response_model=RunView)
-async def patch_run(run_id: str, body: RunPatch, account: AccountDep, state: StateDep) -> RunView:
+@router.patch("/{run_id}", response_model=RunView, responses=responses(*BODY, 404, 409, 503))
+async def patch_run(run_id: RunId, body: RunPatch, account: AccountDep, state: StateDep) -> RunView:
     """Resolve a human review (``review_resolution``), which clears the halt and wakes the run; or change
     visibility."""
     if body.review_resolution is None and body.visibility is None:

@@ -69,6 +69,31 @@ def delete_rule(engine: Engine, *, account_id: str, pattern: str) -> None:
         session.delete(row)
 
 
+def replace_policy(engine: Engine, *, account_id: str, default: str, rules: list[tuple[str, str]]) -> HostPolicy:
+    """Replace the whole policy (default mode and every rule) in one transaction; rules are validated first, so
+    a bad one changes nothing. Two rules with the same normalized pattern: the last one wins.
+
+    Raises:
+        InvalidInput: an invalid pattern or action, or a default other than allow/block.
+    """
+    if default not in ("allow", "block"):
+        raise InvalidInput(f"default mode must be 'allow' or 'block', got {default!r}", code="invalid_policy")
+    parsed = {rule.pattern: rule for rule in (_rule(pattern, action) for pattern, action in rules)}
+    with session_scope(engine) as session:
+        row = session.get(HostPolicyRow, account_id)
+        if row is None:
+            session.add(HostPolicyRow(account_id=account_id, default_mode=default))
+        else:
+            row.default_mode = default
+        for old in session.execute(select(HostRuleRow).where(HostRuleRow.account_id == account_id)).scalars():
+            session.delete(old)
+        session.flush()
+        for rule in parsed.values():
+            session.add(HostRuleRow(id=str(uuid.uuid4()), account_id=account_id, pattern=rule.pattern,
+                                    action=rule.action))
+    return get_policy(engine, account_id=account_id)
+
+
 def record_blocked(engine: Engine, *, run_id: str, account_id: str, host: str) -> None:
     """Count one refusal of ``host`` for the run (an atomic upsert: concurrent refusals all count)."""
     now = utcnow()

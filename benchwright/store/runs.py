@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import base64
+import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import defer
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session
 
 from benchwright.errors import InvalidInput, NotFound
@@ -18,6 +20,7 @@ from benchwright.schemas import (
     LaunchRequest,
     ProxyLinger,
     RunList,
+    RunSummary,
     RunView,
     TaskDetail,
     TaskList,
@@ -36,10 +39,13 @@ from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
                trials_config: dict[str, Any], limits: dict[str, Any] | None = None,
                billing_markup: float = 1.0, backend: str | None = None,
-               materialize_mode: str | None = None) -> Run:
-    """Insert the run row and its RunLaunched event (seq 0) in one transaction."""
+               materialize_mode: str | None = None, run_id: str | None = None) -> Run:
+    """Insert the run row and its RunLaunched event (seq 0) in one transaction.
+
+    ``run_id`` lets the caller build (and size-check) the workflow's input before anything is written.
+    """
     run = Run(
-        id=str(uuid.uuid4()),
+        id=run_id or str(uuid.uuid4()),
         account_id=account_id,
         model=launch.model.model_dump(mode="json", exclude_none=True),
         driver=driver,
@@ -155,29 +161,43 @@ def _latest_invocation(session: Session, run_id: str) -> int:
     return int(latest or 1)
 
 
+CURSOR_PATTERN = r"^[0-9]{1,17}\.[0-9a-f-]{1,36}$"
+"""``<created_at in µs since the epoch>.<run id>``: every string of this shape is a position in the list, so the
+schema says exactly which cursors are accepted (17 digits reach the year 5138, inside ``datetime``'s range)."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str | None = None) -> RunList:
-    """The account's runs, newest first, keyset-paginated by (created_at, id)."""
-    query = select(Run).where(Run.account_id == account_id)
+    """The account's runs as summaries, newest first, keyset-paginated by (created_at, id).
+
+    The launch body is not loaded: a page of 200 runs would otherwise read every run's task_impl and metadata
+    (up to ~0.6 MiB each) to return none of it.
+    """
+    query = select(Run).options(defer(Run.launch)).where(Run.account_id == account_id)  # type: ignore[arg-type]
     if cursor:
         created_at, run_id = _decode_cursor(cursor)
         query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))  # type: ignore[arg-type]
     with Session(engine) as session:
         runs = list(session.execute(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)).scalars())  # type: ignore[attr-defined]
+        for run in runs:
+            set_committed_value(run, "launch", {})  # a summary carries no launch body; run_view reads it
     page, more = runs[:limit], len(runs) > limit
     next_cursor = _encode_cursor(page[-1]) if more else None
-    return RunList(runs=[run_view(engine, r) for r in page], next_cursor=next_cursor)
+    return RunList(runs=[RunSummary.of(run_view(engine, r)) for r in page], next_cursor=next_cursor)
 
 
 def _encode_cursor(run: Run) -> str:
-    return base64.urlsafe_b64encode(f"{run.created_at.isoformat()}|{run.id}".encode()).decode()
+    created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
+    micros = (created - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{run.id}"
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, run_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(created), run_id
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput("cursor is not one this API issued", code="invalid_cursor") from exc
+    if not re.fullmatch(CURSOR_PATTERN, cursor):
+        raise InvalidInput("cursor is not one this API issued (pass next_cursor back as it is)", code="invalid_cursor")
+    micros, run_id = cursor.split(".", 1)
+    created = _EPOCH + timedelta(microseconds=int(micros))
+    return created, run_id
 
 
 def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500) -> TaskList:
