@@ -196,6 +196,8 @@ def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path, require_fields:
     if rows == 0:
         tmp.unlink(missing_ok=True)
         raise DatasetError("the dataset has no rows")
+    input_field: str | None
+    reference_field: str | None
     try:
         input_field, reference_field = detect_fields(list(columns))
     except DatasetError:

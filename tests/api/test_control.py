@@ -321,7 +321,8 @@ async def test_billed_sandbox_time_debits_the_balance_and_halts_at_zero(stack: S
     from benchwright.store.db import make_engine
 
     engine = make_engine(stack.settings.resolved_database_url())
-    account, key = create_account(engine, name=f"thin-{uuid.uuid4().hex[:6]}", balance_usd=0.05)
+    account, key = create_account(engine, name=f"thin-{uuid.uuid4().hex[:6]}", balance_usd=0.05,
+                                  local_paths=True)  # its dataset is a local file
     stack.settings.local_sandbox_usd_per_hour = 3600.0  # $1 per sandbox-second
     try:
         async with stack.http(key) as http:

@@ -135,3 +135,32 @@ async def test_cli_run_watch_exits_0_for_a_clean_run(stack: Stack) -> None:
     result = await asyncio.to_thread(_cli_run, stack, "--api-base", stack.dev_url)
     assert result.exit_code == 0, result.output
     assert "tasks errored" not in result.output
+
+
+async def test_a_wrong_secret_fails_attach_through_the_proxy_naming_the_secret(
+        stack: Stack, dev_models: DevModels) -> None:
+    from benchwright.devstack import pid_alive
+    from benchwright.proxy.model_proxy import load_handle
+
+    url = await dev_models.start(DevModelConfig(answers=_answers(), api_key="sk-the-real-one"))
+    async with stack.http() as http:
+        made = await http.post("/v1/secrets", json={"name": "STALEKEY", "value": "sk-revoked"})
+        assert made.status_code == 201, made.text
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": url,
+                                                                "secret": "STALEKEY"}})
+        pids: set[int] = set()
+        events: list[dict[str, Any]] = []
+        deadline = asyncio.get_running_loop().time() + 120
+        while not any(e["type"] == "PipelineFinished" for e in events):  # note the proxy's pid while it runs
+            assert asyncio.get_running_loop().time() < deadline, "the run did not finish"
+            handle = load_handle(stack.data_dir / "runs" / run["id"])
+            if handle is not None:
+                pids.add(handle.pid)
+            events = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
+            await asyncio.sleep(0.05)
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+    assert final["status"] == "error" and failed and failed[0]["phase"] == "attach"
+    assert "the provider refused the key (HTTP 401): check the secret 'STALEKEY'" in failed[0]["detail"]
+    assert pids and not any(pid_alive(pid) for pid in pids), "Attach stopped the proxy it started"
+    assert load_handle(stack.data_dir / "runs" / run["id"]) is None

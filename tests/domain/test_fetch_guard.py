@@ -16,10 +16,20 @@ from typing import Any
 
 import pytest
 
-from benchwright.dataset_access import DatasetAccess, LocalPathRules, _open_no_follow, check_local_path, open_source
+from benchwright.dataset_access import (
+    DatasetAccess,
+    LocalPathRules,
+    _open_no_follow,
+    check_local_path,
+    open_source,
+)
 from benchwright.datasets import analyze_dataset, fetch_dataset
 from benchwright.errors import DatasetError, InvalidInput
-from benchwright.proxy.addresses import endpoint_allowed, internal_reason, parse_endpoints
+from benchwright.proxy.addresses import (
+    endpoint_allowed,
+    internal_reason,
+    parse_endpoints,
+)
 from benchwright.proxy.policy import HostPolicy, HostRule
 
 ROWS = b'{"question": "1+1", "answer": "2"}\n'
@@ -62,7 +72,7 @@ class _Server:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:
                 outer.requests.append((self.path, self.headers.get("Host")))
                 routes.get(self.path, _status(404))(self)
 
