@@ -195,14 +195,14 @@ def runs_cmd(status: Annotated[Optional[str], typer.Option(
     """List your runs, newest first."""
     from itertools import islice
 
-    from benchwright.cli_support import runs_table
+    from benchwright.cli_support import model_name, runs_table
     from benchwright.client import ApiError
 
     try:
         with _client(data_dir, api_url, api_key) as client:
             found = list(islice((r for r in client.iter_runs()
                                  if (status is None or status in (r["display_status"], r["status"]))
-                                 and (model is None or model in r["model"])), limit))
+                                 and (model is None or model in model_name(r))), limit))
     except (ApiError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None

@@ -205,11 +205,18 @@ def event_line(event: dict[str, Any]) -> str:
     return f"{event['seq']:>6}  {event['created_at']}  {event['type']:<24} {excerpt(data, 160)}"
 
 
+def model_name(run: dict[str, Any]) -> str:
+    """The model's identifier: run summaries carry it as a string, run views (and APIs before the summaries) the
+    model object."""
+    model = run["model"]
+    return str(model.get("identifier", "")) if isinstance(model, dict) else str(model)
+
+
 def runs_table(runs: list[dict[str, Any]]) -> Table:
     table = Table("id", "status", "model", "phase", "tasks", "pass rate", "cost $", "created", box=None)
     for r in runs:
         s = r["tasks"]["summary"]
-        table.add_row(r["id"], r["display_status"], r["model"], r["phase"] or "-", f"{settled_count(r)}/{s['total']}",
+        table.add_row(r["id"], r["display_status"], model_name(r), r["phase"] or "-", f"{settled_count(r)}/{s['total']}",
                       "-" if s["pass_rate"] is None else f"{s['pass_rate']:.3f}", f"{r['cost']['incurred']:.4f}",
                       str(r["created_at"])[:19])
     return table

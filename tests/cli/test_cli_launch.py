@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from benchwright.cli_support import model_name
 from benchwright.client import Client
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
@@ -142,7 +143,7 @@ async def test_tasks_and_runs_list_what_the_api_holds(stack: Stack, tmp_path: Pa
 
     listed = json.loads((await bw("runs", "--json", "--limit", "500", env=env)).out)
     mine = next(r for r in listed if r["id"] == run_id)
-    assert mine["display_status"] == "ok" and mine["model"] == "openai/dev"
+    assert mine["display_status"] == "ok" and model_name(mine) == "openai/dev"
     ok_dev = json.loads((await bw("runs", "--json", "--status", "ok", "--model", "dev", "--limit", "500",
                                   env=env)).out)
     assert run_id in [r["id"] for r in ok_dev]
