@@ -2,7 +2,10 @@
 cgroup or sandbox directory behind (the run's LiteLLM proxy included), and what a crash (`up` and its worker
 killed with SIGKILL) left running (Temporal, the API, sandboxes, their cgroups) is reaped by the next `up` on the
 same data directory, which then works. Real processes throughout: `up` as a subprocess, the dev model, a keyed run behind its LiteLLM proxy,
-a scorer sleeping in a namespaced work sandbox."""
+a scorer sleeping in a namespaced work sandbox.
+
+Measured: 29 s and 17 s at a load average of 8 on two cores (LiteLLM's start-up is most of the first: 11 s on a
+quiet machine, ~30 s at a load average of 13, when the pair took ~100 s)."""
 
 from __future__ import annotations
 
@@ -140,16 +143,17 @@ def dev_model(tmp_path: Path) -> Iterator[str]:
         _stop(proc)
 
 
-def _start_slow_keyed_run(data_dir: Path, up: subprocess.Popen[bytes], model_url: str) -> tuple[dict[str, Any], str]:
-    """Launch a run whose model names a secret (so its LiteLLM proxy runs) and whose scorer sleeps; return once the
-    proxy is up and a work sandbox is alive in Materialize."""
+def _start_slow_run(data_dir: Path, up: subprocess.Popen[bytes], model_url: str, *, keyed: bool) -> str:
+    """Launch a run whose scorer sleeps (and, ``keyed``, whose model names a secret, so its LiteLLM proxy runs);
+    return its id once a work sandbox is alive in Materialize (and the proxy is up)."""
     dev = _wait_file(data_dir / "dev.json", up)
+    model = {"identifier": "openai/dev", "api_base": model_url}
     with httpx.Client(base_url=dev["api_url"], headers={"Authorization": f"Bearer {dev['api_key']}"},
                       timeout=30) as http:
-        assert http.post("/v1/secrets", json={"name": "TEARDOWN", "value": SECRET}).status_code == 201
-        made = http.post("/v1/runs", json={
-            "dataset": str(SAMPLE), "task_impl": SLOW_IMPL,
-            "model": {"identifier": "openai/dev", "api_base": model_url, "secret": "TEARDOWN"}})
+        if keyed:
+            assert http.post("/v1/secrets", json={"name": "TEARDOWN", "value": SECRET}).status_code == 201
+            model["secret"] = "TEARDOWN"
+        made = http.post("/v1/runs", json={"dataset": str(SAMPLE), "task_impl": SLOW_IMPL, "model": model})
         assert made.status_code == 201, made.text
         run_id = made.json()["id"]
 
@@ -159,11 +163,12 @@ def _start_slow_keyed_run(data_dir: Path, up: subprocess.Popen[bytes], model_url
             live = [m for m in _sandboxes(data_dir) if m.get("state") == "ready" and m.get("role") == "work"]
             return run["phase"] == "materialize" and bool(live)
 
-        # LiteLLM's start-up (~11 s here) is most of this wait.
-        _until("the run's proxy and a live work sandbox in Materialize", materializing, 90)
-    proxy = json.loads((data_dir / "runs" / run_id / "proxy.json").read_text())
-    assert SECRET.encode() in Path(f"/proc/{proxy['pid']}/environ").read_bytes(), "the proxy holds the real key"
-    return dev, run_id
+        # With a key, LiteLLM's start-up (11 s on a quiet machine, ~30 s at a load average of 13) is most of this.
+        _until("a live work sandbox in Materialize", materializing, 120)
+    if keyed:
+        proxy = json.loads((data_dir / "runs" / run_id / "proxy.json").read_text())
+        assert SECRET.encode() in Path(f"/proc/{proxy['pid']}/environ").read_bytes(), "the proxy holds the real key"
+    return run_id
 
 
 def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev_model: str) -> None:
@@ -171,7 +176,7 @@ def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev
     data_dir.mkdir()
     up = _up(data_dir, {"api": free_port(), "temporal": free_port(), "ui": free_port()})
     try:
-        _start_slow_keyed_run(data_dir, up, dev_model)
+        _start_slow_run(data_dir, up, dev_model, keyed=True)
         before = _footprint(up, data_dir)
         kinds = " ".join(_cmdline(pid) for pid in before.processes)
         assert "litellm" in kinds and "_nsexec.py init" in kinds, kinds
@@ -195,16 +200,16 @@ def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path,
     ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
     up = _up(data_dir, ports)
     try:
-        _, slow_run = _start_slow_keyed_run(data_dir, up, dev_model)
+        # Keyless: the proxy's death with its worker is tested apart (tests/domain/test_teardown_registry.py),
+        # which saves a LiteLLM start-up here.
+        slow_run = _start_slow_run(data_dir, up, dev_model, keyed=False)
         crashed = _footprint(up, data_dir)
-        proxy = json.loads(next(data_dir.glob("runs/*/proxy.json")).read_text())
         # A crash: `up` and its worker die by SIGKILL, nothing of theirs runs any cleanup. Temporal, the API and
-        # the sandbox (its init has its own session) are orphaned; the proxy dies with its worker (PDEATHSIG).
+        # the sandbox (its init has its own session) are orphaned.
         worker = json.loads((data_dir / "pids.json").read_text())["worker"]
         up.kill()
         os.kill(worker, signal.SIGKILL)
         up.wait()
-        _until("the proxy to die with its worker", lambda: proc_starttime(proxy["pid"]) != proxy["start_ticks"], 10)
         orphans = crashed.survivors()
         assert any("temporal" in o for o in orphans) and any("_nsexec.py" in o for o in orphans), orphans
         assert [d for d in crashed.sandbox_dirs if d.exists()] and [c for c in crashed.cgroups if c.exists()]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchwright.procreg import ProcessRegistry, proc_starttime
+from benchwright.proxy import model_proxy
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle, proxy_file, reap_model_proxies
 
 IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" \
@@ -100,3 +101,26 @@ def test_proxies_are_reaped_past_their_linger_or_when_their_worker_is_gone(
                               everything=True) == 2
     assert all(p.poll() is not None for p in spawn)
     assert os.listdir(registry.dir) == [] and list(runs.glob("*/proxy.json")) == []
+
+
+def test_a_process_started_through_the_lifeline_dies_with_its_parent(tmp_path: Path) -> None:
+    """What keeps a model proxy from outliving a worker killed with SIGKILL: the parent here starts a child through
+    ``_lifeline.py`` as ``start_model_proxy`` does, prints its PID, and is killed."""
+    lifeline = Path(model_proxy.__file__).with_name("_lifeline.py")
+    parent_code = (f"import os, subprocess, sys, time\n"
+                   f"child = subprocess.Popen([sys.executable, '-E', '-s', '-S', {str(lifeline)!r}, str(os.getpid()), "
+                   f"'sleep', '600'], start_new_session=True)\n"
+                   f"print(child.pid, flush=True)\ntime.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 10
+    while b"sleep" not in Path(f"/proc/{child}/cmdline").read_bytes():  # exec'd: the lifeline is armed
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    start = proc_starttime(child)
+    parent.kill()
+    parent.wait()
+    while proc_starttime(child) == start:
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.01)
