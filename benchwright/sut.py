@@ -345,11 +345,18 @@ class LiteLLMSut:
 
 def _litellm_error(exc: Exception, endpoint: str) -> SutError:
     """A litellm exception as a ``SutError`` of the right kind (litellm retried it already, ``num_retries``).
-    Its exceptions carry the provider's HTTP status as ``status_code``; connection failures have none."""
+    Its exceptions carry the provider's HTTP status as ``status_code``; a connection that could not be made shows
+    only down the exception chain (litellm reports it as a 500: measured with litellm 1.x against a closed port,
+    InternalServerError <- httpx.ConnectError <- aiohttp ClientConnectorError <- ConnectionRefusedError)."""
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
-    if "Timeout" in name:
-        kind: SutFailure = "timeout"
+    detail = str(getattr(exc, "message", "") or exc)[:300]
+    connect = _connect_failure(exc)
+    if connect is not None:
+        kind: SutFailure = "unreachable"
+        detail = connect
+    elif "Timeout" in name:
+        kind = "timeout"
     elif name == "APIConnectionError":
         kind = "unreachable"
     elif isinstance(status, int):
@@ -357,4 +364,18 @@ def _litellm_error(exc: Exception, endpoint: str) -> SutError:
     else:
         kind = "rejected"
     return SutError(f"{name}: {exc}", kind=kind, status=status if isinstance(status, int) else None,
-                    endpoint=endpoint, detail=str(getattr(exc, "message", "") or exc)[:300])
+                    endpoint=endpoint, detail=detail)
+
+
+def _connect_failure(exc: BaseException) -> str | None:
+    """Why no connection could be made, if that is what lies down ``exc``'s chain."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(link, socket.gaierror):
+            return "host not found"
+        link = link.__cause__ or link.__context__
+    return None

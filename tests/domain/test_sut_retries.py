@@ -239,3 +239,20 @@ async def test_breaker_streak_is_reset_by_a_success_and_ignores_transient_faults
         finally:
             await sut.aclose()
     assert len(trips) == 1 and "HTTP 401" in trips[0]
+
+
+async def test_the_litellm_route_classifies_failures_the_same_way() -> None:
+    # "hosted_vllm/..." is not OpenAI-routed here, so it goes through litellm.acompletion (imported on first use).
+    for config, kind in [({"faults": (Fault(401),)}, "auth"), ({"known_models_only": True}, "not_found"),
+                         ({"faults": (Fault(503),)}, "server")]:
+        async with dev_model(**config) as server:
+            sut = make_sut(ModelSpec(identifier="hosted_vllm/other", api_base=server.url), prices=PRICES,
+                           api_key=None, concurrency=1, timeout_s=5.0, retries=0)
+            with pytest.raises(SutError) as caught:
+                await sut.complete(ASK, {})
+            assert caught.value.kind == kind, caught.value
+    url = _closed_port_url()
+    sut = make_sut(ModelSpec(identifier="hosted_vllm/other", api_base=url), prices=PRICES, api_key=None,
+                   concurrency=1, timeout_s=5.0, retries=0)
+    with pytest.raises(Unavailable, match=re.escape(f"model endpoint {url} is unreachable (connection refused)")):
+        await probe(sut, spec=ModelSpec(identifier="hosted_vllm/other", api_base=url))
