@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,4 +114,8 @@ def reap_stack(*, data_dir: Path, workers_timeout_s: float, others_timeout_s: fl
     reaped.proxies = reap_model_proxies(registry=registry, runs_dir=settings.runs_dir(), finished_at=lambda _: None,
                                         linger_s=0.0, everything=True)
     reaped.sandboxes = asyncio.run(_reap_sandboxes(settings.sandboxes_dir(), lambda _: True))
+    # A directory without meta.json (its creator died between mkdir and the first write) has no process and no
+    # cgroup yet; with the whole stack down nothing else can be using it.
+    for stray in (settings.sandboxes_dir() / "sandboxes").glob("sb-*"):
+        shutil.rmtree(stray, ignore_errors=True)
     return reaped
