@@ -1,0 +1,41 @@
+// The drill-down for one task: every trial's outcome, score, score_meta, output and error (GET /tasks/{index}).
+
+import { api, ApiError } from "./api.js";
+import { h, json } from "./dom.js";
+
+export async function openTask(runId, index) {
+  const content = h("div", { class: "modal-body" }, h("p", { class: "muted" }, "Loading…"));
+  const close = h("button", { class: "close", id: "modal-close", "aria-label": "close" }, "×");
+  const dialog = h("dialog", { id: "task-modal", class: "modal", dataset: { index: String(index) } },
+    h("header", {}, h("h2", {}, `Task ${index}`), close), content);
+  close.addEventListener("click", () => dialog.close());
+  dialog.addEventListener("close", () => dialog.remove());
+  dialog.addEventListener("click", (e) => { if (e.target === dialog) dialog.close(); });
+  document.getElementById("task-modal")?.remove();
+  document.body.append(dialog);
+  dialog.showModal();
+  try {
+    const task = await api(`/v1/runs/${encodeURIComponent(runId)}/tasks/${index}`);
+    content.replaceChildren(
+      h("dl", { class: "facts" },
+        h("dt", {}, "outcome"), h("dd", {}, h("span", { class: `pill outcome-${task.outcome}` }, task.outcome)),
+        h("dt", {}, "score"), h("dd", {}, task.score ?? "–"),
+        h("dt", {}, "trial scores"), h("dd", { class: "mono" }, JSON.stringify(task.trial_scores)),
+        h("dt", {}, "invocation"), h("dd", {}, task.invocation)),
+      h("table", { class: "grid trials" },
+        h("thead", {}, h("tr", {}, ["Trial", "Outcome", "Score", "score_meta", "Output", "Error"]
+          .map((c) => h("th", {}, c)))),
+        h("tbody", {}, task.trials.map((t) => h("tr", { class: "trial-row", dataset: { trial: String(t.trial),
+                                                                                       outcome: t.outcome } },
+          h("td", { class: "num" }, t.trial),
+          h("td", {}, h("span", { class: `pill outcome-${t.outcome}` }, t.outcome)),
+          h("td", { class: "num" }, t.score ?? "–"),
+          h("td", {}, h("pre", {}, json(t.meta))),
+          h("td", {}, h("pre", {}, t.output ?? "")),
+          h("td", {}, t.error ? h("pre", { class: "error" }, t.error) : ""))))));
+  } catch (err) {
+    const text = err instanceof ApiError && err.status === 404 ? "This task has not settled yet." : err.message;
+    content.replaceChildren(h("p", { class: "muted" }, text));
+  }
+  return dialog;
+}
