@@ -321,3 +321,25 @@ async def test_dashboard_files_and_reads_are_same_origin_and_scoped_to_the_calle
     web = Path(__file__).resolve().parents[2] / "api" / "web"
     for path in web.iterdir():
         assert "http://" not in path.read_text() and "https://" not in path.read_text(), path.name
+
+
+async def test_review_box_appears_while_waiting_and_its_resolution_resumes_the_run(page: Any, stack: Stack,
+                                                                                  screenshots: Path) -> None:
+    hooks = {"review": {"phase": "atomize", "reason": "which field is the answer?"}}
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "metadata": {"test_hooks": hooks},
+                                  "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        await page.goto(f"/ui/#/runs/{run['id']}")
+        await page.wait_for_selector("#review-box:not([hidden]) #review-text", timeout=60_000)
+        assert "which field is the answer?" in await page.inner_text("#review-box")
+        assert await page.is_disabled("#btn-pause") and await page.is_disabled("#btn-resume")
+        await page.screenshot(path=str(screenshots / "run-page-waiting.png"), full_page=True)
+        await page.fill("#review-text", "Use the answer column.")
+        await page.click("#review-send")
+        await wait_terminal(http, run["id"])
+        events = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
+    resumed = [e["data"] for e in events if e["type"] == "RunResumed"]
+    assert resumed == [{"previous_reason": "agent_review: which field is the answer?",
+                        "review_resolution": "Use the answer column."}]
+    await page.wait_for_selector('.run[data-display-status="ok"]')
+    assert await page.is_hidden("#review-box")
