@@ -1,0 +1,167 @@
+"""The deployment's dataset catalog: what Find resolves a natural-language prompt against (§2, §3).
+
+A YAML (or JSON) file the operator configures (``Settings.catalog_path``; the embedded stack ships
+``benchwright/samples/catalog.yaml``, one bundled sample per scorer shape)::
+
+    datasets:
+      - name: gsm8k-mini
+        aliases: [gsm8k, grade school math]
+        description: Grade-school math word problems with a numeric final answer.
+        path: gsm8k-mini.jsonl          # or  url: https://...
+        format: jsonl
+        splits: [test]
+        license: MIT
+
+``path`` is relative to the catalog file and must stay inside its directory: a catalog path is the operator's
+file, so Fetch reads it under the catalog's own rules (that directory only, opened without following symlinks),
+not the launching account's local-path grant. ``url`` sources are fetched as untrusted, like a launch's URL.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+import yaml
+
+from benchwright.errors import InvalidInput
+
+BUNDLED_CATALOG = Path(__file__).resolve().parents[1] / "samples" / "catalog.yaml"
+
+_WORD = re.compile(r"[a-z0-9]+")
+_STOPWORDS = frozenset(
+    "a an and are as at be by can do for from how i in is it me my of on one only or please run some test the "
+    "their them this to use using want with evaluate eval benchmark dataset questions question model models "
+    "first each sample samples every all".split())
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+    url: str | None = None
+    path: str | None = None
+    """Relative to the catalog's directory."""
+    format: str | None = None
+    splits: tuple[str, ...] = ()
+    license: str | None = None
+
+    @property
+    def source(self) -> str:
+        """What FindArtifact records as the dataset: the URL, or ``catalog:<name>``."""
+        return self.url or f"catalog:{self.name}"
+
+    def keywords(self) -> set[str]:
+        out = set(words(self.name)) | set(words(self.description))
+        for alias in self.aliases:
+            out |= set(words(alias))
+        return out - _STOPWORDS
+
+
+@dataclass(frozen=True)
+class Match:
+    entry: CatalogEntry
+    score: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    entries: tuple[CatalogEntry, ...]
+    root: Path
+    """The catalog file's directory: bundled paths must resolve inside it."""
+    origin: str = ""
+
+    def get(self, name: str) -> CatalogEntry:
+        for entry in self.entries:
+            if entry.name == name:
+                return entry
+        raise InvalidInput(f"the catalog has no dataset named '{name}'", code="catalog_entry_missing")
+
+    def local_path(self, entry: CatalogEntry) -> Path:
+        """The bundled file of ``entry``, which must lie inside the catalog's directory.
+
+        Raises:
+            InvalidInput: the entry has no path, or its path leaves the catalog's directory.
+        """
+        if entry.path is None:
+            raise InvalidInput(f"catalog entry '{entry.name}' has no bundled path")
+        root = self.root.resolve()
+        resolved = (root / entry.path).resolve()
+        if root not in resolved.parents:
+            raise InvalidInput(f"catalog entry '{entry.name}' path {entry.path!r} leaves the catalog's directory "
+                               f"{root}; bundled datasets must lie inside it", code="dataset_blocked")
+        return resolved
+
+    def rank(self, prompt: str) -> list[Match]:
+        """Every entry scored against ``prompt``, best first.
+
+        A name or alias that appears in the prompt as whole words scores 10 (+1 per word, so "gsm8k mini" beats
+        "gsm8k"); otherwise each description keyword the prompt shares scores 1. Ties keep catalog order.
+        """
+        text = " " + " ".join(words(prompt)) + " "
+        said = set(words(prompt)) - _STOPWORDS
+        out: list[Match] = []
+        for entry in self.entries:
+            best: tuple[float, str] = (0.0, "")
+            for label in (entry.name, *entry.aliases):
+                phrase = " ".join(words(label))
+                if phrase and f" {phrase} " in text:
+                    score = 10.0 + len(phrase.split())
+                    if score > best[0]:
+                        best = (score, f"the prompt names it ('{label}')")
+            if best[0] == 0.0:
+                shared = sorted(said & entry.keywords())
+                if shared:
+                    best = (float(len(shared)), f"the prompt shares the keywords {', '.join(shared)} with its "
+                                                 "description")
+            if best[0] == 0.0:
+                similarity = max(difflib.SequenceMatcher(None, w, label.lower()).ratio()
+                                 for label in (entry.name, *entry.aliases) for w in [*said, ""])
+                best = (similarity / 2, "")  # < 0.5: only ever a 'nearest' hint, never a match
+            out.append(Match(entry=entry, score=best[0], why=best[1]))
+        return sorted(out, key=lambda m: -m.score)
+
+
+MIN_KEYWORDS = 2
+"""Shared description keywords a prompt needs (when it names no entry) for the builtin driver to pick an entry."""
+
+
+def load_catalog(path: Path) -> Catalog:
+    """Read a catalog file (YAML or JSON).
+
+    Raises:
+        InvalidInput: the file is missing or malformed, naming what is wrong.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"the dataset catalog {path} cannot be read: {exc.strerror}",
+                           code="catalog_invalid") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InvalidInput(f"the dataset catalog {path} does not parse: {exc}", code="catalog_invalid") from None
+    items = data.get("datasets") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise InvalidInput(f"the dataset catalog {path} needs a top-level 'datasets' list", code="catalog_invalid")
+    entries = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidInput(f"dataset catalog {path}: entry {i} needs a 'name'", code="catalog_invalid")
+        if bool(item.get("url")) == bool(item.get("path")):
+            raise InvalidInput(f"dataset catalog {path}: entry '{item['name']}' needs exactly one of 'url' and "
+                               "'path'", code="catalog_invalid")
+        entries.append(CatalogEntry(
+            name=item["name"], description=str(item.get("description", "")),
+            aliases=tuple(str(a) for a in item.get("aliases") or ()), url=item.get("url"), path=item.get("path"),
+            format=item.get("format"), splits=tuple(str(s) for s in item.get("splits") or ()),
+            license=item.get("license")))
+    return Catalog(entries=tuple(entries), root=path.parent, origin=str(path))
