@@ -456,7 +456,8 @@ class RunWorkflow:
         phase = self._phase or "unknown"
         cause = err.cause
         error_type = cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
-        detail = str(cause) if cause is not None else str(err)
+        # str(ApplicationError) prefixes its type, which error_type already carries ("Unavailable: Unavailable: ...")
+        detail = cause.message if isinstance(cause, ApplicationError) else str(cause) if cause is not None else str(err)
         trace = ""
         if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
             trace = str(cause.details[0].get("stack_trace", ""))
