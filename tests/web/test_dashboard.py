@@ -85,7 +85,7 @@ async def _until(http: httpx.AsyncClient, run_id: str, check: Any, timeout_s: fl
     """Poll the run through the API until ``check(run)`` holds (bounded in time)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        run = (await http.get(f"/v1/runs/{run_id}")).json()
+        run: dict[str, Any] = (await http.get(f"/v1/runs/{run_id}")).json()
         if check(run):
             return run
         assert time.monotonic() < deadline, f"condition not reached: {run}"
