@@ -27,13 +27,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset  # noqa: E402
+import httpx  # noqa: E402
+from benchstack import ROOT, BenchStack, cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset  # noqa: E402
+from benchwright.devstack import free_port  # noqa: E402
 
 GOAL_TAIL_S, GOAL_P99_MS = 2.0, 50.0
 _ID = re.compile(rb"\nid: (\d+)\n")
@@ -125,28 +129,72 @@ def _terminal_event(http: object, run_id: str) -> dict:
         after = page["next_after"]
 
 
+def _tree(pid: int, read: Callable[[int], float]) -> float:
+    """``read`` summed over the process and its children (uvicorn's workers)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return read(pid) + sum(read(child) for child in children)
+
+
+@contextmanager
+def _api(stack: BenchStack, work: Path, workers: int) -> Iterator[tuple[str, int]]:
+    """The API under test: the stack's own, or one of ``workers`` uvicorn processes on the same store and Temporal."""
+    if workers <= 0:
+        yield stack.dev["api_url"], stack.pids["api"]
+        return
+    port = free_port()
+    env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(work / "data"),
+           "BENCHWRIGHT_TEMPORAL_ADDRESS": stack.dev["temporal_address"], "BENCHWRIGHT_ALLOW_LOCAL_PATHS": "true",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory", "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", str(workers), "--log-level", "warning",
+                             "--no-access-log"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the {workers}-worker API did not start")
+            time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=3000)
     ap.add_argument("--streams", type=int, default=200)
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--concurrency", type=int, default=32, help="SUT calls in flight (32: a run of ~5 s)")
+    ap.add_argument("--api-workers", type=int, default=0,
+                    help="serve the streams and reads from a separate API of this many uvicorn workers (0: the stack's "
+                         "own single-process API)")
     ap.add_argument("--clients", nargs=2, metavar=("API_URL", "KEY"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.clients:
         asyncio.run(_clients(args.clients[0], args.clients[1], args.streams))
         return
 
-    import httpx
-
     work = Path(tempfile.mkdtemp(prefix="bw-bench-sse-"))
     dataset, one = work / "tasks.jsonl", work / "one.jsonl"
     write_dataset(dataset, args.tasks)
     write_dataset(one, 1)
-    with running_stack(work, answers=dataset, latency_ms=args.latency_ms) as stack:
-        api = stack.pids["api"]
+    with running_stack(work, answers=dataset, latency_ms=args.latency_ms) as stack, \
+            _api(stack, work, args.api_workers) as (api_url, api):
         headers = {"Authorization": f"Bearer {stack.dev['api_key']}"}
-        with httpx.Client(base_url=stack.dev["api_url"], headers=headers, timeout=300) as http:
+        with httpx.Client(base_url=api_url, headers=headers, timeout=300) as http:
             model = {"identifier": "openai/dev", "api_base": stack.model_url}
             warm = http.post("/v1/runs", json={"dataset": str(one), "model": model}).json()  # the worker's imports
             http.get(f"/v1/runs/{warm['id']}", params={"wait_s": 60}).raise_for_status()
@@ -157,24 +205,24 @@ def main() -> None:
             idle.join()
 
             clients = subprocess.Popen([sys.executable, __file__, "--streams", str(args.streams), "--clients",
-                                        stack.dev["api_url"], stack.dev["api_key"]],
+                                        api_url, stack.dev["api_key"]],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert clients.stdout is not None and clients.stdin is not None
             assert clients.stdout.readline().strip() == "ready"
-            rss0, cpu0 = rss_mb(api), cpu_s(api)
+            rss0, cpu0 = _tree(api, rss_mb), _tree(api, cpu_s)
             t0 = time.time()
             run = http.post("/v1/runs", json={"dataset": str(dataset), "model": model,
                                               "concurrency": args.concurrency}).json()
             clients.stdin.write(run["id"] + "\n")
             clients.stdin.flush()
-            live = _Sampler(httpx.Client(base_url=stack.dev["api_url"], headers=headers, timeout=300), run["id"])
+            live = _Sampler(httpx.Client(base_url=api_url, headers=headers, timeout=300), run["id"])
             live.start()
             results = json.loads(clients.stdout.readline())
             clients.wait(60)
             http.get(f"/v1/runs/{run['id']}", params={"wait_s": 60}).raise_for_status()  # for --streams 0
             live.stop.set()
             live.join()
-            api_cpu, rss1, peak = cpu_s(api) - cpu0, rss_mb(api), peak_rss_mb(api)
+            api_cpu, rss1, peak = _tree(api, cpu_s) - cpu0, _tree(api, rss_mb), _tree(api, peak_rss_mb)
             final = http.get(f"/v1/runs/{run['id']}").json()
             terminal = _terminal_event(http, run["id"])
 
