@@ -340,13 +340,11 @@ class SseHub:
                     feed.add(_blocks(batch, self._block_bytes), max_bytes=self._buffer_bytes)
                 if len(batch) < self._page and feed.terminal is None:
                     await asyncio.sleep(self._poll_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the streams end with it; the next stream on the run starts a fresh feed
+        except Exception as exc:  # noqa: BLE001 - the streams end with it; the next stream starts a fresh feed
             feed.error = exc
             if self._feeds.get(feed.run_id) is feed:
                 del self._feeds[feed.run_id]
             feed.notify()
 
 
-__all__ = ["Frame", "KEEPALIVE", "RunFeed", "SseHub", "frames", "resume_point"]
+__all__ = ["KEEPALIVE", "Frame", "RunFeed", "SseHub", "frames", "resume_point"]

@@ -24,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import cpu_s, peak_rss_mb, running_stack, write_dataset  # noqa: E402
-from benchwright.client import Client  # noqa: E402
+from benchstack import cpu_s, peak_rss_mb, running_stack, write_dataset
+
+from benchwright.client import Client
 
 
 async def _history_length(address: str, run_id: str) -> int:

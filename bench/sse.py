@@ -29,15 +29,24 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import httpx  # noqa: E402
-from benchstack import ROOT, BenchStack, cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset  # noqa: E402
-from benchwright.devstack import free_port  # noqa: E402
+import httpx
+from benchstack import (
+    ROOT,
+    BenchStack,
+    cpu_s,
+    peak_rss_mb,
+    rss_mb,
+    running_stack,
+    write_dataset,
+)
+
+from benchwright.devstack import free_port
 
 GOAL_TAIL_S, GOAL_P99_MS = 2.0, 50.0
 _ID = re.compile(rb"\nid: (\d+)\n")
@@ -116,7 +125,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def _created(event: dict) -> float:
     at = datetime.fromisoformat(event["created_at"])
-    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def _terminal_event(http: object, run_id: str) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.errors import NotFound
 from benchwright.events import TERMINAL_EVENT, Event
@@ -152,6 +152,6 @@ def terminal_seq(engine: Engine, run_id: str) -> int | None:
     """The seq of the run's terminal event (PipelineFinished), or None while the run has not finished."""
     with Session(engine) as session:
         return session.execute(
-            select(EventRow.seq).where(EventRow.run_id == run_id, EventRow.type == TERMINAL_EVENT)
-            .order_by(EventRow.seq).limit(1)  # type: ignore[arg-type]
+            select(col(EventRow.seq)).where(col(EventRow.run_id) == run_id, col(EventRow.type) == TERMINAL_EVENT)
+            .order_by(col(EventRow.seq)).limit(1)
         ).scalar_one_or_none()

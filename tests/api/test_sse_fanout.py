@@ -23,6 +23,8 @@ from api.main import create_app
 from api.sse import SseHub
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
+from benchwright.errors import Unavailable
+from benchwright.store.db import make_engine
 from tests.api.helpers import TERMINAL, launch
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app
 
@@ -228,3 +230,13 @@ async def test_a_stalled_stream_neither_grows_memory_nor_holds_up_the_others(
         assert ids == [e["seq"] for e in log]
         assert hub.catchups > catchups, "the stalled stream fell behind the window and caught up from the store"
         assert hub.feed(run_id) is None, "the feed went with its last stream"
+
+
+async def test_a_failing_store_read_ends_the_streams_and_drops_the_feed(tmp_path: Path) -> None:
+    """A store the reader cannot read (here: no tables): the stream ends with Unavailable instead of waiting forever,
+    and the next stream on the run gets a fresh feed."""
+    hub = SseHub(make_engine(f"sqlite:///{tmp_path / 'empty.db'}"), poll_s=0.01)
+    for _ in range(2):
+        with pytest.raises(Unavailable, match="the event feed of run r1 failed"):
+            await anext(hub.stream(run_id="r1", after=-1, finished=False))
+        assert hub.feed("r1") is None
