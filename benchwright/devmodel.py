@@ -171,6 +171,9 @@ class DevModelConfig:
             ``model_name`` (the ``openai/`` prefix a caller routes by is never sent).
         faults: Windows of chat requests that answer an error status instead (see ``Fault``); the first
             window covering a request wins.
+        seed: Mixed into the hash that picks which questions are answered correctly, so two doubles with the
+            same accuracy and different seeds get different questions right (two "models" of equal skill). The
+            default "" keeps the historical choice.
     """
 
     answers: dict[str, str]
@@ -180,6 +183,7 @@ class DevModelConfig:
     api_key: str | None = None
     known_models_only: bool = False
     faults: tuple[Fault, ...] = ()
+    seed: str = ""
 
     def __post_init__(self) -> None:
         # NaN fails both comparisons, so it is rejected too.
@@ -244,7 +248,7 @@ def load_answers(path: str | Path) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def is_answered_correctly(question: str, accuracy: float) -> bool:
+def is_answered_correctly(question: str, accuracy: float, seed: str = "") -> bool:
     """Decide, deterministically, whether the double answers ``question`` correctly.
 
     The first 8 bytes of ``sha256(question)`` are read as a number u uniform in [0, 1); the question
@@ -255,6 +259,7 @@ def is_answered_correctly(question: str, accuracy: float) -> bool:
     Args:
         question: The question text (as stored in the answer table).
         accuracy: Target fraction of correct answers, in [0, 1].
+        seed: Prefixed to the question before hashing (``DevModelConfig.seed``).
 
     Returns:
         True when the correct answer should be given.
@@ -264,7 +269,7 @@ def is_answered_correctly(question: str, accuracy: float) -> bool:
     """
     if not 0.0 <= accuracy <= 1.0:
         raise ValueError(f"accuracy must be in [0, 1], got {accuracy!r}")
-    digest = hashlib.sha256(question.encode("utf-8")).digest()
+    digest = hashlib.sha256((seed + question).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64 < accuracy
 
 
@@ -384,7 +389,7 @@ class _Responder:
             if not key or key in self.replies:
                 continue
             answer = str(answer)  # tolerate numeric answers in a programmatically built table
-            correct = is_answered_correctly(key, config.accuracy)
+            correct = is_answered_correctly(key, config.accuracy, config.seed)
             self.replies[key] = answer if correct else wrong_answer(answer)
         # Longest first, so the first contained question found is the longest match.
         self.by_length = sorted(self.replies, key=lambda q: (-len(q), q))

@@ -94,9 +94,16 @@ class ModelSpec(_Strict):
 class LaunchRequest(_Strict):
     """Body of ``POST /v1/runs``: a dataset launch (§3)."""
 
-    dataset: str = Field(min_length=1, max_length=4096)
+    dataset: str | None = Field(default=None, min_length=1, max_length=4096)
     """An http(s) URL, or a path on the server's host where the deployment allows local paths.
-    JSONL, a JSON array of objects, or CSV."""
+    JSONL, a JSON array of objects, or CSV. A pinned launch (``benchmark`` + ``subset``) gives none."""
+    benchmark: str | None = Field(default=None, min_length=1, max_length=200)
+    """Pinned launch (§3): a registry benchmark, by id, then by exact name. Not together with ``dataset``."""
+    subset: str | None = Field(default=None, min_length=1, max_length=200)
+    """Pinned launch: the benchmark's subset, by id, then by exact name; the run pins its current snapshot."""
+    impl: str | None = Field(default=None, min_length=1, max_length=200)
+    """Pinned launch: an impl id, or ``latest:official`` (the default): the run scores with that impl's exact
+    task_impl.py."""
     model: ModelSpec
     """The SUT: a LiteLLM model string, or an object with ``identifier`` and optional ``api_base`` and prices."""
     driver: str | None = Field(default=None, max_length=256, json_schema_extra={"enum": [*DRIVER_VALUES, None]})
@@ -155,6 +162,25 @@ class TasksSummary(BaseModel):
     """passed / (passed + failed); errors are excluded from the denominator (§12). None before any row settles."""
     pass_at_k: dict[str, float] = Field(default_factory=dict)
     """Unbiased pass@k estimates over the per-trial results (``{"pass@1": .., "pass@k": ..}``) for runs with k > 1."""
+    pass_rate_se: float | None = None
+    """Standard error of ``pass_rate``, ``√(p(1−p)/n)`` over the n scored tasks (``benchwright.stats``)."""
+    pass_rate_ci: tuple[float, float] | None = None
+    """95 % Wilson score interval of ``pass_rate`` [low, high]; from the counts, so live runs have it too."""
+    mean_score: ScoreEstimate | None = None
+    """Mean aggregated task score with a bootstrap interval over tasks: once the run is over, for runs with k > 1
+    or scores other than 0 and 1."""
+    pass_at_k_ci: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    """95 % bootstrap interval (over tasks) of each ``pass_at_k`` estimate, once the run is over."""
+
+
+class ScoreEstimate(BaseModel):
+    """A mean over tasks with its standard error and 95 % interval."""
+
+    value: float
+    se: float
+    ci: tuple[float, float]
+    method: Literal["wilson", "bootstrap"] = "bootstrap"
+    """``wilson`` (score interval from counts) or ``bootstrap`` (percentile, 2,000 resamples of tasks, seed 0)."""
 
 
 class TasksBlock(BaseModel):
@@ -208,6 +234,12 @@ class RunView(BaseModel):
     error: str | None = None
     created_at: datetime
     finished_at: datetime | None
+    fingerprint: str | None = None
+    """The run fingerprint (§6), stored at terminal status; ``GET /v1/runs/{id}/fingerprint`` shows its inputs."""
+    benchmark_id: str | None = None
+    """The run shape (§7): set at terminal status for pinned runs, at publication for dataset runs."""
+    subset_id: str | None = None
+    impl_id: str | None = None
     terminal: bool = False
     """The run is over: its log is closed by PipelineFinished (the SSE stream ends there, and polling the events
     says ``terminal`` at the same moment). A torn-down run keeps its ``status`` (§1: a halt is a flag, not a

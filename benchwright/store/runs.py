@@ -33,6 +33,7 @@ from benchwright.scoring.aggregators import pass_at_k_summary
 from benchwright.status import display_status
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
+from benchwright.store.intervals import pass_rate_interval, terminal_intervals
 from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
 
 
@@ -103,7 +104,12 @@ def run_view(engine: Engine, run: Run) -> RunView:
         )
         # pass@k reads every trial row: computed once the run is over, not on every poll of a live run
         per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 and run.finished_at is not None else []
+        # the bootstrap reads every task row too: once terminal, and then cached (benchwright/store/intervals.py)
+        boot = terminal_intervals(session, run_id=run.id, invocation=_latest_invocation(session, run.id),
+                                  finished_at=run.finished_at, k=_trials_k(run), per_task=per_task) \
+            if run.finished_at is not None else None
     passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
+    se, ci = pass_rate_interval(passed=passed, failed=failed)
     settled = passed + failed + errored
     # Tasks run only while Materialize is live: a paused, waiting or torn-down run has none in flight.
     in_flight = run.status == "running" and run.phase == "materialize" and not run.halted and run.finished_at is None
@@ -113,6 +119,8 @@ def run_view(engine: Engine, run: Run) -> RunView:
         total=run.tasks_total,
         pass_rate=passed / (passed + failed) if passed + failed else None,
         pass_at_k=_pass_at_k(per_task, _trials_k(run)),
+        pass_rate_se=se, pass_rate_ci=ci,
+        mean_score=boot.mean_score if boot else None, pass_at_k_ci=boot.pass_at_k_ci if boot else {},
     )
     cost = CostView(driver=run.cost_driver, model=run.cost_model, sandbox=run.cost_sandbox,
                     narration=run.cost_narration, incurred=run.cost_incurred, billed=run.cost_billed,
