@@ -1,0 +1,250 @@
+"""The builtin driver's scorer templates: each rendered exactly as Atomize writes it, exec'd, and its extractor and
+scorer called on tricky replies; and template selection from columns and sample rows."""
+
+from __future__ import annotations
+
+import json
+import time
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from benchwright.drivers import DriverFailed, ScorerPlan
+from benchwright.drivers.templates import render_plan, select_template
+
+
+def _load(plan: ScorerPlan, **kw: Any) -> dict[str, Any]:
+    ns: dict[str, Any] = {"__name__": "task_impl"}
+    exec(compile(render_plan(plan, **kw), "task_impl.py", "exec"), ns)
+    return ns
+
+
+NUMERIC = _load(ScorerPlan(template="numeric", fields={"input": "question", "reference": "answer"}, why=""))
+CHOICE = _load(ScorerPlan(template="multiple_choice",
+                          fields={"input": "question", "reference": "answer", "choices": "choices"}, why=""))
+EXACT = _load(ScorerPlan(template="exact_match", fields={"input": "question", "reference": "answer"}, why=""))
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    ("I think it's 42, no wait, 41", Fraction(41)),
+    ("Natalia sold 48/2 = 24 clips in May.\n#### 72", Fraction(72)),
+    ("So the total is \\boxed{1,234}.", Fraction(1234)),
+    ("The answer is $1,234.00.", Fraction(1234)),
+    ("The temperature dropped to -7 degrees, so the answer is -7.", Fraction(-7)),
+    ("It costs 3.75 dollars", Fraction("3.75")),
+    ("\\boxed{\\frac{3}{4}}", Fraction(3, 4)),
+    ("Answer: 18 (after 3 steps of 6)", Fraction(18)),
+    ("#### 5\nLet me double-check: 2 + 3 = 5 and 10 more is 15", Fraction(5)),
+    ("I don't know.", None),
+    ("The result is \u22125", Fraction(-5)),
+])
+def test_numeric_extracts_the_final_answer(reply: str, expected: Fraction | None) -> None:
+    assert NUMERIC["extract_answer"](reply) == expected
+
+
+@pytest.mark.parametrize(("reference", "reply", "score"), [
+    ("Janet has 16 - 3 - 4 = 9 eggs, 9 * 2 = 18.\n#### 18", "She makes $18 every day.", 1.0),
+    ("#### 1,234", "1234.0", 1.0),
+    ("1234", "The answer is 1,234", 1.0),
+    ("0.5", "\\boxed{1/2}", 1.0),
+    ("#### 18", "She makes 17 dollars, wait, 81.", 0.0),
+    ("42", "no idea", 0.0),
+])
+def test_numeric_scores_numerically_and_records_the_answer(reference: str, reply: str, score: float) -> None:
+    result = NUMERIC["Scorer"]().score({"question": "q", "answer": reference}, reply)
+    assert result["score"] == score
+    assert result["answer"] == NUMERIC["spell"](NUMERIC["extract_answer"](reply))
+
+
+def test_numeric_reference_without_a_number_is_an_error_not_a_zero() -> None:
+    with pytest.raises(ValueError, match="holds no number"):
+        NUMERIC["Scorer"]().score({"question": "q", "answer": "unknown"}, "4")
+
+
+CHOICES = ["Paris", "London", "Berlin", "Madrid"]
+
+
+@pytest.mark.parametrize(("reply", "letter"), [
+    ("The answer is **B**.", "B"),
+    ("(B)", "B"),
+    ("B) London is the capital of the UK.", "B"),
+    ("Answer: b", "B"),
+    ("b", "B"),
+    ("**C**", "C"),
+    ("I'd go with the answer is C because Berlin is in Germany. (A) is tempting.", "C"),
+    ("The capital is Madrid.", "D"),
+    ("Option D", None),  # no verb: not an answer phrase, but "D" stands alone
+    ("The answer is a bit unclear; I would say London.", "B"),
+    ("I cannot decide between A and B.", None),
+    ("", None),
+])
+def test_choice_extracts_the_letter_robustly(reply: str, letter: str | None) -> None:
+    expected = "D" if reply == "Option D" else letter
+    assert CHOICE["extract_letter"](reply, CHOICES) == expected
+
+
+@pytest.mark.parametrize(("row", "letter"), [
+    ({"question": "q", "choices": CHOICES, "answer": 1}, "B"),
+    ({"question": "q", "choices": CHOICES, "answer": "2"}, "C"),
+    ({"question": "q", "choices": CHOICES, "answer": "d"}, "D"),
+    ({"question": "q", "choices": {"text": CHOICES, "label": ["1", "2", "3", "4"]}, "answer": "4"}, "D"),
+    ({"question": "q", "choices": json.dumps(CHOICES), "answer": "Paris"}, "A"),
+])
+def test_choice_reads_every_reference_form(row: dict[str, Any], letter: str) -> None:
+    assert CHOICE["reference_letter"](row) == letter
+
+
+def test_choice_prompt_lists_lettered_choices_and_scores() -> None:
+    row = {"question": "What is the capital of France?", "choices": CHOICES, "answer": 0}
+    prompt = CHOICE["Scorer"]().extract(row)
+    assert "What is the capital of France?" in prompt and "A. Paris" in prompt and "D. Madrid" in prompt
+    assert CHOICE["Scorer"]().score(row, "The answer is (A).") == {"score": 1.0, "answer": "A", "reference": "A"}
+    assert CHOICE["Scorer"]().score(row, "B")["score"] == 0.0
+
+
+def test_choice_with_letter_columns() -> None:
+    ns = _load(ScorerPlan(template="multiple_choice",
+                          fields={"input": "question", "reference": "answer", "letters": "A,B,C,D"}, why=""))
+    row = {"question": "2+2?", "A": "3", "B": "4", "C": "5", "D": "22", "answer": "B"}
+    assert "B. 4" in ns["Scorer"]().extract(row)
+    assert ns["Scorer"]().score(row, "The answer is B.")["score"] == 1.0
+
+
+@pytest.mark.parametrize(("reply", "reference", "score"), [
+    ("Paris.", "paris", 1.0),
+    ("The Paris", "Paris", 1.0),
+    ("1,000", "1000", 1.0),
+    ("London", "Paris", 0.0),
+])
+def test_exact_match(reply: str, reference: str, score: float) -> None:
+    assert EXACT["Scorer"]().score({"question": "q", "answer": reference}, reply)["score"] == score
+
+
+TOOLS = _load(ScorerPlan(template="tool_call",
+                         fields={"input": "question", "functions": "functions", "reference": "ground_truth"}, why=""))
+WEATHER = {"name": "weather.get", "description": "Weather for a city",
+           "parameters": {"type": "object", "properties": {
+               "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}},
+               "required": ["city"]}}
+
+
+def _tool_row(ground_truth: Any) -> dict[str, Any]:
+    return {"question": "Weather in Paris for 3 days?", "functions": [WEATHER], "ground_truth": ground_truth}
+
+
+def _reply(*calls: tuple[str, Any]) -> str:
+    return json.dumps({"tool_calls": [{"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}
+                                      for n, a in calls], "content": ""})
+
+
+@pytest.mark.parametrize(("reply", "score"), [
+    (_reply(("weather_get", {"days": 3, "city": "Paris"})), 1.0),  # order-insensitive, wire name mapped back
+    (_reply(("weather_get", {"city": " Paris", "days": "3"})), 1.0),  # "3" is an integer per the schema
+    (_reply(("weather_get", {"city": "Paris", "days": 3.0})), 1.0),
+    (_reply(("weather_get", {"city": "Paris", "days": 4})), 0.0),
+    (_reply(("weather_get", {"city": "Paris"})), 0.0),  # a missing argument
+    (_reply(("weather_get", {"city": "Paris", "days": 3, "metric": True})), 0.0),  # an extra argument
+    (_reply(("other", {"city": "Paris", "days": 3})), 0.0),
+    (_reply(("weather_get", {"city": "Paris", "days": 3}), ("weather_get", {"city": "Paris", "days": 3})), 0.0),
+    (json.dumps({"content": 'Sure:\n```json\n{"name": "weather.get", "arguments": {"city": "Paris", "days": 3}}\n```'}),
+     1.0),  # a call written as JSON in the text
+    (json.dumps({"content": "It is sunny."}), 0.0),
+])
+def test_tool_call_compares_structurally(reply: str, score: float) -> None:
+    row = _tool_row({"name": "weather.get", "arguments": {"city": "Paris", "days": 3}})
+    assert TOOLS["Scorer"]().score(row, reply)["score"] == score
+
+
+def test_tool_call_bfcl_ground_truth_with_allowed_values_and_optional_args() -> None:
+    row = _tool_row([{"weather.get": {"city": ["Paris", "Paris, France"], "days": [3], "metric": ["", True]}}])
+    assert TOOLS["Scorer"]().score(row, _reply(("weather_get", {"city": "Paris, France", "days": 3})))["score"] == 1.0
+    assert TOOLS["Scorer"]().score(row, _reply(("weather_get", {"city": "Paris", "days": 3,
+                                                                "metric": "true"})))["score"] == 1.0
+    assert TOOLS["Scorer"]().score(row, _reply(("weather_get", {"city": "Lyon", "days": 3})))["score"] == 0.0
+
+
+def test_tool_call_sends_the_functions_as_tools_and_reads_tool_calls() -> None:
+    row = _tool_row({"name": "weather.get", "arguments": {"city": "Paris", "days": 3}})
+    seen: dict[str, Any] = {}
+
+    class Reply(str):
+        tool_calls = [{"id": "c1", "type": "function",
+                       "function": {"name": "weather_get", "arguments": '{"city": "Paris", "days": 3}'}}]
+
+    def call_sut(messages: list[dict[str, Any]], **params: Any) -> str:
+        seen.update(messages=messages, **params)
+        return Reply("")
+
+    out = TOOLS["Scorer"]().solve(row, call_sut)
+    assert seen["tools"][0]["function"]["name"] == "weather_get"
+    assert seen["messages"][-1] == {"role": "user", "content": "Weather in Paris for 3 days?"}
+    assert TOOLS["Scorer"]().score(row, out)["score"] == 1.0
+
+
+CODE = _load(ScorerPlan(template="code", fields={"input": "prompt", "test": "test", "entry_point": "entry_point"},
+                        why=""), code_timeout_s=2.0)
+HUMANEVAL = {
+    "prompt": 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n',
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+    "entry_point": "add",
+}
+
+
+@pytest.mark.parametrize(("reply", "code"), [
+    ("Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nThis adds the numbers.",
+     "def add(a, b):\n    return a + b"),
+    ("```py\nimport math\n```\n\n```python\ndef add(a, b):\n    return a + b\n```",
+     "def add(a, b):\n    return a + b"),
+    ("Sure! def is below.\ndef add(a, b):\n    return a + b\nThat's it, hope it helps!",
+     "def add(a, b):\n    return a + b"),
+    ("    return a + b\n", "    return a + b"),
+])
+def test_code_extraction_strips_fences_and_prose(reply: str, code: str) -> None:
+    assert CODE["extract_code"](reply, "add") == code
+
+
+@pytest.mark.parametrize(("reply", "score"), [
+    ("```python\ndef add(a, b):\n    return a + b\n```", 1.0),
+    ("    return a + b\n", 1.0),  # HumanEval's body-only completion
+    ("```python\ndef add(a, b):\n    return a - b\n```", 0.0),
+    ("```python\ndef add(a, b):\n    raise RuntimeError('boom')\n```", 0.0),
+    ("I can't help with that.", 0.0),
+])
+def test_code_runs_the_tests(reply: str, score: float) -> None:
+    assert CODE["Scorer"]().score(HUMANEVAL, reply)["score"] == score
+
+
+def test_code_infinite_loop_fails_at_the_time_limit() -> None:
+    started = time.monotonic()
+    result = CODE["Scorer"]().score(HUMANEVAL, "```python\ndef add(a, b):\n    while True:\n        pass\n```")
+    assert result["score"] == 0.0 and result["timed_out"] is True
+    assert time.monotonic() - started < 6
+
+
+def test_code_mbpp_style() -> None:
+    ns = _load(ScorerPlan(template="code", fields={"input": "text", "test": "test_list"}, why=""))
+    row = {"text": "Write a function to square a number.", "test_list": ["assert square(3) == 9", "assert square(0) == 0"]}
+    assert "assert square(3) == 9" in ns["Scorer"]().extract(row)
+    assert ns["Scorer"]().score(row, "```python\ndef square(x):\n    return x * x\n```")["score"] == 1.0
+    assert ns["Scorer"]().score(row, "```python\ndef square(x):\n    return x + x\n```")["score"] == 0.0
+
+
+@pytest.mark.parametrize(("rows", "template"), [
+    ([{"question": "2+2?", "answer": "4"}], "numeric"),
+    ([{"question": "Natalia...", "answer": "48/2 = 24\n#### 72"}], "numeric"),
+    ([{"question": "Capital of France?", "answer": "Paris"}], "exact_match"),
+    ([{"question": "q", "subject": "math", "choices": ["1", "2"], "answer": 0}], "multiple_choice"),
+    ([{"question": "q", "A": "1", "B": "2", "C": "3", "D": "4", "answer": "A"}], "multiple_choice"),
+    ([{"id": "x", "question": "q", "function": [WEATHER], "ground_truth": []}], "tool_call"),
+    ([{"task_id": "t", "prompt": "def f():", "canonical_solution": "", "test": "", "entry_point": "f"}], "code"),
+    ([{"text": "t", "code": "", "test_list": []}], "code"),
+])
+def test_template_selection(rows: list[dict[str, Any]], template: str) -> None:
+    plan = select_template(columns=list(rows[0]), rows=rows)
+    assert plan.template == template and plan.why
+
+
+def test_no_template_fits_names_the_columns() -> None:
+    with pytest.raises(DriverFailed, match=r"\['foo', 'bar'\]"):
+        select_template(columns=["foo", "bar"], rows=[{"foo": 1, "bar": 2}])
