@@ -54,7 +54,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from http import HTTPStatus
 from pathlib import Path
@@ -174,6 +174,10 @@ class DevModelConfig:
         seed: Mixed into the hash that picks which questions are answered correctly, so two doubles with the
             same accuracy and different seeds get different questions right (two "models" of equal skill). The
             default "" keeps the historical choice.
+        tool_calls: Question text -> the calls to answer with (``{"name": ..., "arguments": {...}}`` each) when
+            the request offers ``tools``: the reply is an assistant message with ``tool_calls`` (content null,
+            finish_reason ``tool_calls``), as OpenAI sends it. Canned, so ``accuracy`` does not apply to them;
+            a request without ``tools`` gets the answer table's reply.
     """
 
     answers: dict[str, str]
@@ -184,6 +188,7 @@ class DevModelConfig:
     known_models_only: bool = False
     faults: tuple[Fault, ...] = ()
     seed: str = ""
+    tool_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # NaN fails both comparisons, so it is rejected too.
@@ -420,6 +425,19 @@ class _Responder:
         question = self.find_question(text)
         return UNKNOWN_REPLY if question is None else self.replies[question]
 
+    def tool_calls_for(self, text: str) -> list[dict[str, Any]] | None:
+        """The canned tool calls for the question in ``text`` (exact, else contained), in OpenAI's shape."""
+        canned = self.config.tool_calls
+        stripped = text.strip()
+        question = stripped if stripped in canned else next(
+            (q for q in sorted(canned, key=len, reverse=True) if q.strip() and q.strip() in stripped), None)
+        if question is None:
+            return None
+        return [{"id": f"call_{hashlib.sha256(f'{question}:{i}'.encode()).hexdigest()[:24]}", "type": "function",
+                 "function": {"name": call["name"], "arguments": call["arguments"] if isinstance(call["arguments"], str)
+                              else json.dumps(call["arguments"])}}
+                for i, call in enumerate(canned[question])]
+
 
 class _BadRequest(Exception):
     """The request body is not an acceptable chat-completions request."""
@@ -483,9 +501,13 @@ def _error_body(message: str, error_type: str = "invalid_request_error") -> byte
 
 
 def _completion_body(
-    completion_id: str, created: int, model: str, reply: str, usage: dict[str, int]
+    completion_id: str, created: int, model: str, reply: str, usage: dict[str, int],
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """A ``chat.completion`` object as OpenAI returns it."""
+    """A ``chat.completion`` object as OpenAI returns it (an assistant message with ``tool_calls`` when given)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply, "refusal": None}
+    if tool_calls:
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": tool_calls}
     payload = {
         "id": completion_id,
         "object": "chat.completion",
@@ -495,9 +517,9 @@ def _completion_body(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": reply, "refusal": None},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": "stop",
+                "finish_reason": "tool_calls" if tool_calls else "stop",
             }
         ],
         "usage": usage,
@@ -518,7 +540,8 @@ def _stream_pieces(reply: str) -> list[str]:
 
 
 def _stream_body(
-    completion_id: str, created: int, model: str, reply: str, usage: dict[str, int] | None
+    completion_id: str, created: int, model: str, reply: str, usage: dict[str, int] | None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> bytes:
     """The whole SSE stream of ``chat.completion.chunk`` events, ending with ``data: [DONE]``.
 
@@ -540,9 +563,15 @@ def _stream_body(
             event["usage"] = None
         return event
 
-    events: list[dict[str, Any]] = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
-    events.extend(chunk({"content": piece}, None) for piece in _stream_pieces(reply))
-    events.append(chunk({}, "stop"))
+    events: list[dict[str, Any]]
+    if tool_calls:
+        deltas = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+        events = [chunk({"role": "assistant", "content": None, "tool_calls": deltas}, None),
+                  chunk({}, "tool_calls")]
+    else:
+        events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
+        events.extend(chunk({"content": piece}, None) for piece in _stream_pieces(reply))
+        events.append(chunk({}, "stop"))
     if usage is not None:
         events.append(
             {
@@ -756,6 +785,9 @@ class _Handler:
                 user_text = text
                 break
         reply = UNKNOWN_REPLY if user_text is None else self.responder.reply_for(user_text)
+        calls = self.responder.tool_calls_for(user_text) if user_text is not None and payload.get("tools") else None
+        if calls:
+            reply = json.dumps([call["function"] for call in calls])  # what the usage counts as completion
 
         model = payload.get("model")
         if not isinstance(model, str) or not model:
@@ -767,9 +799,9 @@ class _Handler:
         if payload.get("stream") is True:
             options = payload.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            body = _stream_body(completion_id, created, model, reply, usage if include_usage else None)
+            body = _stream_body(completion_id, created, model, reply, usage if include_usage else None, calls)
             return 200, _SSE_CONTENT_TYPE, body, _NO_CACHE, self.delay
-        body = _completion_body(completion_id, created, model, reply, usage)
+        body = _completion_body(completion_id, created, model, reply, usage, calls)
         return 200, _JSON_CONTENT_TYPE, body, b"", self.delay
 
     def connection_closed(self, connection: _Connection) -> None:

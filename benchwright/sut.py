@@ -78,6 +78,8 @@ class SutReply:
     text: str
     usage: dict[str, int] = field(default_factory=dict)
     cost_usd: float = 0.0
+    tool_calls: list[dict[str, Any]] | None = None
+    """The reply's ``tool_calls`` as OpenAI sends them, when the request carried ``tools`` and the model called."""
 
 
 class SutClient(Protocol):
@@ -292,7 +294,9 @@ class OpenAICompatibleSut:
     def _reply(self, raw: bytes, reported_cost: str | None = None) -> SutReply:
         try:
             data = json.loads(raw)
-            text = data["choices"][0]["message"].get("content") or ""
+            message = data["choices"][0]["message"]
+            text = message.get("content") or ""
+            tool_calls = message.get("tool_calls") or None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise SutError("model endpoint sent a reply that is not a chat completion: "
                            f"{raw[:300].decode(errors='replace')}", kind="bad_reply", endpoint=self._base) from exc
@@ -301,7 +305,7 @@ class OpenAICompatibleSut:
             cost = float(reported_cost) if reported_cost is not None else self._prices.cost(usage)
         except ValueError:
             cost = self._prices.cost(usage)
-        return SutReply(text=text, usage=usage, cost_usd=cost)
+        return SutReply(text=text, usage=usage, cost_usd=cost, tool_calls=tool_calls)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -332,9 +336,11 @@ class LiteLLMSut:
         except Exception as exc:  # litellm raises many provider-specific types; all mean the call failed
             raise _litellm_error(exc, self._spec.api_base or "") from exc
         text = resp.choices[0].message.content or ""
+        calls = getattr(resp.choices[0].message, "tool_calls", None)
         raw_usage = getattr(resp, "usage", None)
         usage = {k: int(getattr(raw_usage, k, 0) or 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-        return SutReply(text=text, usage=usage, cost_usd=self._prices.cost(usage))
+        return SutReply(text=text, usage=usage, cost_usd=self._prices.cost(usage),
+                        tool_calls=[c.model_dump() for c in calls] if calls else None)
 
     async def warm(self, calls: int) -> None:
         return None  # litellm keeps its own connection pools

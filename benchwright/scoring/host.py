@@ -332,6 +332,8 @@ class _Session:
                 usage[k] = usage.get(k, 0) + v
             self.cost[item_id] = self.cost.get(item_id, 0.0) + reply.cost_usd
             answer = {"op": "reply", "call": msg["call"], "ok": True, "text": reply.text}
+            if reply.tool_calls:
+                answer["tool_calls"] = reply.tool_calls
         runtime.send(answer)
 
     def _expired(self, now: float) -> list[tuple[int, str, str]]:

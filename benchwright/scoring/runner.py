@@ -6,7 +6,8 @@ only, so it starts fast and needs nothing installed where it runs). The scorer n
 
 Protocol (one JSON object per line):
     host -> runner   {"op": "task", "id": I, "row": {...}}
-                     {"op": "reply", "call": C, "ok": true, "text": "..."} | {"op": "reply", "call": C, "ok": false, "error": "..."}
+                     {"op": "reply", "call": C, "ok": true, "text": "...", "tool_calls": [...]?}
+                     {"op": "reply", "call": C, "ok": false, "error": "..."}
                      {"op": "drain"}   start no more queued tasks (an attempt here ran past its ceiling: once
                                        the started ones end, the host kills this runtime and starts a fresh one)
                      end of input (the host closes stdin once every result is in, or when it gives up)
@@ -40,6 +41,18 @@ MAX_OUTPUT_CHARS = 20_000
 
 class SutCallError(Exception):
     """The model call failed for good (the host already retried transient faults)."""
+
+
+class SutText(str):
+    """What ``call_sut`` returns: the reply's text, a ``str`` as scorers expect, carrying the reply's
+    ``tool_calls`` (OpenAI's shape; empty unless the scorer passed ``tools=`` and the model called one)."""
+
+    tool_calls: list[dict[str, Any]]
+
+    def __new__(cls, text: str, tool_calls: list[dict[str, Any]]) -> SutText:
+        self = super().__new__(cls, text)
+        self.tool_calls = tool_calls
+        return self
 
 
 class _Channel:
@@ -97,7 +110,7 @@ class _Channel:
         reply = box[0]
         if not reply.get("ok"):
             raise SutCallError(reply.get("error", "model call failed"))
-        return str(reply.get("text", ""))
+        return SutText(str(reply.get("text", "")), reply.get("tool_calls") or [])
 
     def fail_pending(self, error: str) -> None:
         with self._lock:
