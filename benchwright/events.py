@@ -83,6 +83,36 @@ class AnalyzeArtifact(Event):
     columns: list[str]
     input_field: str | None
     reference_field: str | None
+    template: str | None = None
+    """The scorer shape the Driver chose (``numeric``, ``multiple_choice``...); None when the launch brought
+    task_impl.py. Atomize writes the scorer from it."""
+    fields: dict[str, str] = Field(default_factory=dict)
+    """The template's role -> column mapping (``{"input": "question", "reference": "answer"}``)."""
+    splits: dict[str, int] = Field(default_factory=dict)
+    """Split name -> rows, when the dataset ships splits (§13: each is a subset)."""
+
+
+class DatasetResolved(Event):
+    """Find's choice (§2): the catalog entry a natural-language prompt resolved to, and why."""
+
+    prompt: str
+    name: str
+    source: str
+    """The entry's URL, or ``catalog:<name>`` for a file bundled with the catalog."""
+    format: str | None = None
+    license: str | None = None
+    why: str
+
+
+class SyntheticSubsetCreated(Event):
+    """Analyze built the run's subset from a scoping phrase or a split (§7, §13): the tasks are these rows."""
+
+    name: str
+    recipe: str
+    count: int
+    source_rows: list[int]
+    """Row indices of the dataset, in task order (task i is row ``source_rows[i]``)."""
+    synthetic: bool = True
 
 
 class DatasetTasksArtifact(Event):
