@@ -286,6 +286,19 @@ def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {q
     serve(config, host=host, port=port, ready_file=str(ready_file) if ready_file else None)
 
 
+@app.command("scripted-llm")
+def scripted_llm(script: Annotated[Path, typer.Option(help="JSON/YAML script: {model: [conversation, ...]}.")],
+                 port: Annotated[int, typer.Option(help="Port to listen on.")] = 9100,
+                 host: str = "127.0.0.1") -> None:
+    """Serve a scripted-LLM TEST DOUBLE (OpenAI-compatible) that replays a Driver's turns and records requests."""
+    from benchwright.testkit.scripted_llm import ScriptedLlm, load_script, serve
+
+    llm = ScriptedLlm(scripts=load_script(script))
+    console.print(f"scripted LLM (test double) on http://{host}:{port}/v1: models {', '.join(sorted(llm.scripts))}; "
+                  f"recorded requests at /_scripted/requests")
+    serve(llm, host=host, port=port)
+
+
 def _client(data_dir: Path | None, api_url: str | None, api_key: str | None):  # type: ignore[no-untyped-def]
     from benchwright.client import Client, read_dev_json
 

@@ -238,3 +238,44 @@ class ProxyLingerMetered(Event):
 
 EVENT_TYPES.update({cls.__name__: cls for cls in (SandboxCreated, SandboxKilled, SnapshotCreated,
                                                   ProxyLingerMetered)})
+
+
+class ToolCallEvent(Event):
+    """The LLM driver called one of its phase tools (``benchwright.drivers.llm_tools``)."""
+
+    phase: str
+    invocation: int
+    step: int
+    """The driver's model call (1-based within the invocation) that asked for this tool."""
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultEvent(Event):
+    """What the tool answered the LLM driver (as sent to its model, truncated)."""
+
+    phase: str
+    invocation: int
+    step: int
+    call_id: str
+    name: str
+    ok: bool
+    content: str
+
+
+class DriverUsage(Event):
+    """Tokens one LLM-driver model call spent; the cost trigger adds ``cost_usd`` to cost.driver (billed)."""
+
+    phase: str
+    invocation: int
+    step: int
+    model: str
+    """The LiteLLM model string called (``openrouter/deepseek/deepseek-v4-flash``)."""
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    """From the deployment's configured driver prices, else LiteLLM's price map, else 0."""
+
+
+EVENT_TYPES.update({cls.__name__: cls for cls in (ToolCallEvent, ToolResultEvent, DriverUsage)})

@@ -14,12 +14,20 @@ what is allowed, never stored and ignored.
 | task.duration           | a trial's wall time across its attempts; past it the row is err, not retried  |
 | task.cost               | a trial's model spend; past it the row is err (the spend still counts)        |
 | attempt.duration        | bounds one attempt of a trial; past it that attempt errs                      |
+| phase.driver_steps      | the LLM driver's model calls per phase invocation; spent without finishing, the |
+|                         | phase asks for human review (the reviewer's instructions re-run it, fresh steps) |
+| phase:<name>.driver_steps | the same for one phase                                                      |
+| run.driver_tokens       | the LLM driver's tokens (prompt + completion) over the whole run; spent, the    |
+|                         | phase fails (``driver_budget_exhausted``): a review could not buy more tokens  |
 
 Scorer time is never unbounded (``ScorerCeilings``, deployment settings published by ``GET /v1/limits``): a launch
 without ``attempt.duration`` gets the deployment's default, a scorer runtime must finish importing task_impl.py
 within ``scorer.load``, and a Materialize batch's trials not settled within ``batch.duration`` err
 ``limit_exceeded:batch.duration``. An attempt past its ceiling is stopped by killing the scorer runtime (a
 thread spinning in Python cannot be interrupted); a fresh runtime carries on with the batch's other trials.
+
+The LLM driver is never unbounded either (``DriverBudgets``): a launch without ``phase.driver_steps`` or
+``run.driver_tokens`` gets the deployment's defaults, published by ``GET /v1/limits`` beside ``attempt.duration``.
 """
 
 from __future__ import annotations
@@ -36,14 +44,14 @@ if TYPE_CHECKING:
     from benchwright.settings import Settings
 
 ENFORCEABLE: dict[str, tuple[str, ...]] = {
-    "run": ("cost", "duration"),
-    "phase": ("duration",),
+    "run": ("cost", "duration", "driver_tokens"),
+    "phase": ("duration", "driver_steps"),
     "task": ("attempts", "duration", "cost"),
     "attempt": ("duration",),
 }
 """The matrix ``GET /v1/limits`` publishes. ``phase:<name>`` takes what ``phase`` takes."""
 
-INTEGER_QUANTITIES = {"attempts"}
+INTEGER_QUANTITIES = {"attempts", "driver_steps", "driver_tokens"}
 
 
 class TaskLimits(BaseModel):
@@ -66,6 +74,14 @@ class RunLimits(BaseModel):
     max_tasks: int | None = None
     """Caps the sample count (does not halt): the narrowest of constraints.max_tasks, metadata.limit and a
     harness's own limit."""
+    run_driver_tokens: int | None = None
+    phase_driver_steps: int | None = None
+    phase_driver_steps_by: dict[str, int] = Field(default_factory=dict)
+    """``phase:<name>.driver_steps``, which wins over ``phase.driver_steps`` for that phase."""
+
+    def driver_steps(self, phase: str) -> int | None:
+        """The LLM driver's step budget for one invocation of ``phase``, if the launch set one."""
+        return self.phase_driver_steps_by.get(phase, self.phase_driver_steps)
 
     def phase_limit(self, phase: str) -> tuple[float, str] | None:
         """The duration ceiling for ``phase`` and the limit path named in the halt reason, if any."""
@@ -100,22 +116,41 @@ class ScorerCeilings:
         return task.model_copy(update={"attempt_duration_s": self.attempt_duration_s})
 
 
-def matrix(ceilings: ScorerCeilings | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DriverBudgets:
+    """The deployment's default LLM-driver budgets, for launches whose limits set none."""
+
+    steps: int = 30
+    """``phase.driver_steps``: model calls per phase invocation."""
+    tokens: int = 1_000_000
+    """``run.driver_tokens``: prompt + completion tokens over the run."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> DriverBudgets:
+        return cls(steps=settings.driver_max_steps, tokens=settings.driver_max_tokens)
+
+
+def matrix(ceilings: ScorerCeilings | None = None, budgets: DriverBudgets | None = None) -> dict[str, Any]:
     """The enforceable matrix as the API publishes it, with the deployment's defaults and fixed ceilings."""
     ceilings = ceilings or ScorerCeilings()
+    budgets = budgets or DriverBudgets()
     return {
-        "defaults": {"attempt.duration": ceilings.attempt_duration_s},
+        "defaults": {"attempt.duration": ceilings.attempt_duration_s, "phase.driver_steps": budgets.steps,
+                     "run.driver_tokens": budgets.tokens},
         "ceilings": {"scorer.load": ceilings.load_s, "batch.duration": ceilings.batch_duration_s},
         "levels": {level: list(q) for level, q in ENFORCEABLE.items()},
         "phase_names": [p for p in PHASES],
-        "units": {"cost": "USD (decimals allowed)", "duration": "seconds", "attempts": "count (integer >= 1)"},
+        "units": {"cost": "USD (decimals allowed)", "duration": "seconds", "attempts": "count (integer >= 1)",
+                  "driver_steps": "LLM-driver model calls per phase invocation (integer >= 1)",
+                  "driver_tokens": "LLM-driver tokens, prompt + completion, per run (integer >= 1)"},
         "constraints": {"max_cost_cents": "run.cost (in cents)", "max_duration_ms": "run.duration (in ms)",
                         "max_tasks": "caps the sample count; does not halt"},
     }
 
 
 def _allowed() -> str:
-    return ", ".join(f"{lvl}.{q}" for lvl, qs in ENFORCEABLE.items() for q in qs) + ", phase:<name>.duration"
+    return (", ".join(f"{lvl}.{q}" for lvl, qs in ENFORCEABLE.items() for q in qs)
+            + ", phase:<name>.duration, phase:<name>.driver_steps")
 
 
 def _number(path: str, value: Any, *, integer: bool) -> float:
@@ -166,10 +201,15 @@ def resolve_limits(*, limits: dict[str, Any] | None, constraints: dict[str, Any]
     return RunLimits(
         run_cost_usd=flat.get("run.cost"), run_duration_s=flat.get("run.duration"),
         phase_duration_s=flat.get("phase.duration"),
-        phase_durations_s={p.split(":", 1)[1].split(".")[0]: v for p, v in flat.items() if p.startswith("phase:")},
+        phase_durations_s={p.split(":", 1)[1].split(".")[0]: v for p, v in flat.items()
+                           if p.startswith("phase:") and p.endswith(".duration")},
         task=TaskLimits(attempts=int(flat.get("task.attempts", 1)), duration_s=flat.get("task.duration"),
                         cost_usd=flat.get("task.cost"), attempt_duration_s=flat.get("attempt.duration")),
         max_tasks=min(caps) if caps else None,
+        run_driver_tokens=int(flat["run.driver_tokens"]) if "run.driver_tokens" in flat else None,
+        phase_driver_steps=int(flat["phase.driver_steps"]) if "phase.driver_steps" in flat else None,
+        phase_driver_steps_by={p.split(":", 1)[1].split(".")[0]: int(v) for p, v in flat.items()
+                               if p.startswith("phase:") and p.endswith(".driver_steps")},
     )
 
 

@@ -33,6 +33,21 @@ class Settings(BaseSettings):
 
     default_driver: str = "builtin"
     """Driver used when a launch names none. The embedded stack configures the offline ``builtin`` driver."""
+    driver_api_base: str | None = None
+    """Where LLM drivers (``<provider>://<model>``) send their calls instead of the provider's own endpoint (a
+    gateway, or the scripted-LLM test double in tests). Deployment-wide on purpose: the driver's credential goes
+    wherever this points, so a launch can never choose it."""
+    driver_input_cost_per_token: float | None = None
+    driver_output_cost_per_token: float | None = None
+    """USD per token for LLM-driver calls; when unset, LiteLLM's price map for the driver's model (else 0)."""
+    driver_max_steps: int = Field(default=30, ge=1)
+    """``phase.driver_steps`` for launches that set none: the LLM driver's model calls per phase invocation."""
+    driver_max_tokens: int = Field(default=1_000_000, ge=1)
+    """``run.driver_tokens`` for launches that set none: the LLM driver's tokens over the whole run."""
+    driver_timeout_s: float = Field(default=120.0, gt=0)
+    """Bound on one LLM-driver model call (LiteLLM retries transient faults twice within it)."""
+    driver_sample_tasks: int = Field(default=10, ge=1)
+    """Most sample tasks one runScorer tool call may run in the work sandbox."""
 
     allow_local_paths: bool = False
     """Whether Fetch may read a dataset from a path on the worker's host. Off by default, so a shared server never

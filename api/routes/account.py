@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
 from api.errors import responses
-from benchwright.limits import ScorerCeilings, matrix
+from benchwright.limits import DriverBudgets, ScorerCeilings, matrix
 from benchwright.store.accounts import get_account
 
 router = APIRouter(prefix="/v1", tags=["account"])
@@ -33,4 +33,4 @@ async def account_view(account: AccountDep, state: StateDep) -> AccountView:
 @router.get("/limits")
 def limits_matrix(state: StateDep) -> dict[str, Any]:
     """The enforceable limits matrix (anything else is refused with 400), the defaults and the fixed ceilings."""
-    return matrix(ScorerCeilings.of(state.settings))
+    return matrix(ScorerCeilings.of(state.settings), DriverBudgets.of(state.settings))

@@ -48,5 +48,16 @@ def test_unknown_constraint_is_refused() -> None:
 
 def test_matrix_lists_every_enforceable_path() -> None:
     published = matrix()["levels"]
-    assert published == {"run": ["cost", "duration"], "phase": ["duration"],
+    assert published == {"run": ["cost", "duration", "driver_tokens"], "phase": ["duration", "driver_steps"],
                          "task": ["attempts", "duration", "cost"], "attempt": ["duration"]}
+
+
+def test_driver_budgets_are_whole_numbers_per_phase_and_per_run() -> None:
+    limits = resolve_limits(limits={"phase": {"driver_steps": 5, "duration": 60}, "phase:atomize": {"driver_steps": 3},
+                                    "run": {"driver_tokens": 20_000}}, constraints=None, metadata={})
+    assert limits.driver_steps("atomize") == 3 and limits.driver_steps("analyze") == 5
+    assert limits.run_driver_tokens == 20_000
+    assert limits.phase_durations_s == {}, "a per-phase step budget is not a duration"
+    with pytest.raises(InvalidInput, match="limits.phase.driver_steps must be a whole number"):
+        resolve_limits(limits={"phase": {"driver_steps": 2.5}}, constraints=None, metadata={})
+    assert matrix()["defaults"]["phase.driver_steps"] >= 1 and matrix()["defaults"]["run.driver_tokens"] >= 1

@@ -117,6 +117,6 @@ def test_the_default_attempt_ceiling_applies_only_where_the_launch_set_none() ->
     assert ceilings.task_limits(TaskLimits()).attempt_duration_s == 300
     assert ceilings.task_limits(TaskLimits(attempt_duration_s=900)).attempt_duration_s == 900, "a launch overrides"
     published = matrix(ceilings)
-    assert published["defaults"] == {"attempt.duration": 300}
+    assert published["defaults"]["attempt.duration"] == 300
     assert published["ceilings"] == {"scorer.load": 60, "batch.duration": 36_000}
     assert published["levels"]["attempt"] == ["duration"]
