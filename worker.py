@@ -19,11 +19,13 @@ from activities.attach import AttachActivities
 from activities.common import Deps
 from activities.fetch import FetchActivities
 from activities.materialize import MaterializeActivities
+from activities.regression import RegressionActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
 from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
 from benchwright.teardown import release_worker, reap_worker_leftovers
+from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
 # Modules the workflow sandbox shares with the worker instead of re-importing per run (10x cheaper, and SQLModel
@@ -52,6 +54,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     attach = AttachActivities(deps)
     run_log = RunLogActivities(deps)
     control = ControlActivities(deps)
+    regression = RegressionActivities(deps)
     activities = [
         FetchActivities(deps).fetch,
         AnalyzeActivities(deps).analyze,
@@ -67,12 +70,15 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         control.halt,
         control.clear,
         control.finish_halted,
+        regression.start_replay,
+        regression.check_replay,
+        regression.post_alert,
     ]
     return StackWorker(
         client,
         settings=settings,
         task_queue=task_queue or settings.task_queue,
-        workflows=[RunWorkflow],
+        workflows=[RunWorkflow, RegressionWorkflow],
         activities=activities,
         max_concurrent_activities=64,
         workflow_runner=SandboxedWorkflowRunner(

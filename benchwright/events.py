@@ -279,3 +279,41 @@ class DriverUsage(Event):
 
 
 EVENT_TYPES.update({cls.__name__: cls for cls in (ToolCallEvent, ToolResultEvent, DriverUsage)})
+
+
+class RegressionDetected(Event):
+    """A scheduled replay (issue 17) fell significantly below its reference run: appended to the replay's log once
+    the comparison is in, so it follows PipelineFinished (like ProxyLingerMetered). Raised on the firing where the
+    drop first appears; later firings that still regress do not raise it again until a replay recovers."""
+
+    schedule_id: str
+    reference_run_id: str
+    difference: float
+    """The replay's pass rate minus the reference's on the tasks both scored (negative: a drop)."""
+    difference_ci: tuple[float, float]
+    p_value: float
+    """McNemar's exact test."""
+    lost: int
+    gained: int
+    alert_drop: float
+    alert_p: float
+    verdict: str
+
+
+EVENT_TYPES[RegressionDetected.type_name()] = RegressionDetected
+
+
+class ForkDecided(Event):
+    """The Fork phase's decision (§2, §10): where the fork starts over, what it inherited and what it overrides."""
+
+    parent_run_id: str
+    rewind_to: str
+    inherited: list[str]
+    """Phases inherited from the parent (their events are copied above, marked ``inherited_from``)."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Override name -> the value in force (task_impl as its sha256)."""
+    interpreted: list[str] = Field(default_factory=list)
+    """How the Driver read each clause of the prose instructions."""
+
+
+EVENT_TYPES[ForkDecided.__name__] = ForkDecided

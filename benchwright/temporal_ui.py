@@ -8,7 +8,9 @@ RUN_PHASE = SearchAttributeKey.for_keyword("BenchwrightPhase")
 RUN_STATUS = SearchAttributeKey.for_keyword("BenchwrightStatus")
 RUN_MODEL = SearchAttributeKey.for_keyword("BenchwrightModel")
 RUN_ACCOUNT = SearchAttributeKey.for_keyword("BenchwrightAccount")
-SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT)
+REGRESSION = SearchAttributeKey.for_keyword("BenchwrightRegression")
+"""A scheduled replay's outcome on its RegressionWorkflow: ok, detected, ongoing, replay_failed, incomparable."""
+SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION)
 
 
 def dev_server_args() -> list[str]:

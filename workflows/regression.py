@@ -1,0 +1,69 @@
+"""RegressionWorkflow: one firing of a regression schedule (issue 17). Orchestration only.
+
+Started by a Temporal Schedule (``api/routes/schedules.py``), never by hand. It replays the reference run as a
+child ``RunWorkflow`` (the run is an ordinary run: its own id, log, API view and Temporal UI entry), judges the
+replay against the reference, and on the transition into regression posts the webhook. The outcome is its result
+(the next firing reads it back as the last completion result), the ``BenchwrightRegression`` search attribute and
+the workflow's current details in the Temporal UI.
+
+No signals, updates or queries: pause or delete the schedule to stop firings; stop a replay through its run.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ChildWorkflowError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.regression import AlertInput
+    from benchwright.regression import CheckInput, CheckResult, PrepareInput, PreparedReplay, RegressionInput, RegressionResult
+    from benchwright.temporal_ui import REGRESSION, RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
+    from workflows.run import RunWorkflow
+
+STEP_TIMEOUT = timedelta(minutes=5)
+STEP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
+                         maximum_attempts=4)
+WEBHOOK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
+                            maximum_attempts=5)
+
+
+@workflow.defn
+class RegressionWorkflow:
+    @workflow.run
+    async def run(self, inp: RegressionInput) -> RegressionResult:
+        previous = workflow.get_last_completion_result(RegressionResult) if workflow.has_last_completion_result() \
+            else None
+        run_id = str(workflow.uuid4())
+        prepared: PreparedReplay = await workflow.execute_activity(
+            "start_replay", PrepareInput(regression=inp, run_id=run_id), result_type=PreparedReplay,
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="record the replay run")
+        model, dataset = prepared.run.launch.model.identifier, prepared.run.launch.dataset
+        try:
+            await workflow.execute_child_workflow(
+                RunWorkflow.run, prepared.run, id=run_id, task_queue=inp.task_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                search_attributes=TypedSearchAttributes([
+                    SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
+                    SearchAttributePair(RUN_MODEL, model), SearchAttributePair(RUN_ACCOUNT, prepared.account_name)]),
+                memo={"run_id": run_id, "account": prepared.account_name, "dataset": dataset,
+                      "replay_of": inp.reference_run_id, "schedule": inp.schedule_id},
+                static_summary=workflow_summary(model=model, dataset=dataset),
+                static_details=f"Scheduled replay of `{inp.reference_run_id}` (schedule `{inp.schedule_id}`)")
+        except ChildWorkflowError:
+            pass  # the run's row says how it ended; check_replay reads it
+        check = CheckInput(regression=inp, run_id=run_id, previously_regressed=bool(previous and previous.regressed))
+        checked: CheckResult = await workflow.execute_activity(
+            "check_replay", check, result_type=CheckResult,
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="compare with the reference")
+        result, event = checked.result, checked.event
+        if event is not None and inp.webhook:
+            await workflow.execute_activity(
+                "post_alert", AlertInput(**check.model_dump(), event=event), start_to_close_timeout=STEP_TIMEOUT,
+                retry_policy=WEBHOOK_RETRY, summary="post the alert to the webhook")
+        workflow.upsert_search_attributes([REGRESSION.value_set(result.status)])
+        workflow.set_current_details(f"**{result.status}** — replay `{run_id}`  \n{result.verdict}")
+        return result
