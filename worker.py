@@ -22,6 +22,7 @@ from activities.materialize import MaterializeActivities
 from activities.regression import RegressionActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
+from benchwright.drivers.llm import install_llm_driver
 from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
 from benchwright.teardown import release_worker, reap_worker_leftovers
@@ -50,6 +51,7 @@ class StackWorker(Worker):
 
 def build_worker(client: Client, *, settings: Settings, engine: Engine, task_queue: str | None = None) -> Worker:
     deps = Deps(engine=engine, settings=settings)
+    install_llm_driver(engine=engine, settings=settings)  # driver_for('<provider>://<model>') in this worker
     materialize = MaterializeActivities(deps)
     attach = AttachActivities(deps)
     run_log = RunLogActivities(deps)

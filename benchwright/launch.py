@@ -6,13 +6,15 @@ from dataclasses import dataclass
 
 from benchwright.compute import resolve_compute
 from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
+from benchwright.drivers.llm import LlmDriverSpec
 from benchwright.errors import InvalidInput
 from benchwright.limits import RunLimits, resolve_limits
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
 DRIVERS = ("builtin",)
-"""Drivers this deployment can run. ``builtin`` is the offline template driver; LLM drivers come later."""
+"""Drivers named by a word. ``builtin`` is the offline template driver; besides these, any ``<provider>://<model>``
+string names an LLM driver (``benchwright.drivers.llm``; its provider secret is checked at launch by the API)."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,14 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
             not share a file system, and Fetch enforces every rule again.
     """
     driver = launch.driver or default_driver
-    if driver not in DRIVERS:
-        raise InvalidInput(f"unknown driver '{driver}'{suggest(driver, DRIVERS)}; available: {', '.join(DRIVERS)}",
+    if "://" in driver:
+        LlmDriverSpec.parse(driver)
+    elif driver not in DRIVERS:
+        raise InvalidInput(f"unknown driver '{driver}'{suggest(driver, DRIVERS)}; available: {', '.join(DRIVERS)}, "
+                           "or '<provider>://<model>' for an LLM driver",
                            code="unknown_driver")
-    if not is_url(launch.dataset):
+    # A pinned launch's ``registry:`` dataset was written by the API from the registry (benchwright.registry).
+    if launch.dataset is not None and not launch.dataset.startswith("registry:") and not is_url(launch.dataset):
         if "://" in launch.dataset:
             raise InvalidInput(f"dataset must be an http(s) URL or a path, got {launch.dataset!r}",
                                code="invalid_dataset")

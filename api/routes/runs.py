@@ -23,6 +23,7 @@ from api.errors import BODY, responses
 from api.sse import resume_point
 from benchwright.compute import materialize_mode
 from benchwright.dataset_access import LocalPathRules
+from benchwright.drivers.llm import check_driver_secret
 from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, PaymentRequired, Unavailable
 from benchwright.launch import resolve_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
@@ -76,6 +77,7 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
                               configured_backends=settings.configured_backends(), saved_compute=saved)
     if body.model.secret is not None:
         await run_in_threadpool(secret_value, state.engine, account_id=account.id, name=body.model.secret)
+    await run_in_threadpool(check_driver_secret, state.engine, account_id=account.id, driver=resolved.driver)
     current = await run_in_threadpool(get_account, state.engine, account_id=account.id)
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
