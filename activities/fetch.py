@@ -5,24 +5,43 @@ The worker does the fetching outside any sandbox, so the source is untrusted inp
 the internal-address refusal, the operator's endpoints and the local-path rules all apply here
 (``benchwright.dataset_access``), and every refused host lands in the run's blocked-host log. The snapshot is made
 from the file directly rather than through a live sandbox (measured: ~45 ms of a ~0.5 s run went to creating and
-killing one to write a file)."""
+killing one to write a file).
+
+A URL dataset a public run already fetched is a cache hit (``activities.phase_cache``): nothing is downloaded, as
+long as the account's host policy allows the URL's host. A pinned launch's ``registry:`` dataset is the subset
+snapshot it pinned, copied from the blob store.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
+import httpx
 from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
+from activities.phase_cache import PhaseCache
 from activities.sandboxes import snapshot_files
-from benchwright.dataset_access import DatasetAccess, LocalPathRules
-from benchwright.datasets import fetch_dataset
+from benchwright.dataset_access import DatasetAccess, LocalPathRules, is_url
+from benchwright.datasets import Fetched, detect_format, fetch_dataset
+from benchwright.errors import DatasetError
 from benchwright.events import FetchArtifact
+from benchwright.fingerprint import sha256_hex
 from benchwright.pipeline import PhaseInput, PhaseResult
 from benchwright.proxy.addresses import parse_endpoints
+from benchwright.proxy.policy import decide, normalize_host
+from benchwright.registry.blobs import BlobStore
+from benchwright.registry.catalog import REGISTRY_SOURCE
+from benchwright.registry.pinned import fetch_pinned
 from benchwright.store.accounts import get_account
 from benchwright.store.policy import get_policy, record_blocked
 from benchwright.store.runs import get_run
+
+
+def fetch_input_hash(source: str) -> str:
+    """Fetch's phase fingerprint: the source alone (model-free; the bytes' sha256 is in its artifact)."""
+    return sha256_hex({"phase": "fetch", "source": source})
 
 
 class FetchActivities:
@@ -40,6 +59,10 @@ class FetchActivities:
 
     @activity.defn(name="fetch")
     async def fetch(self, inp: PhaseInput) -> PhaseResult:
+        source = inp.launch.dataset
+        if source is None:
+            raise DatasetError("the launch has no dataset to fetch")
+        cache = PhaseCache(self.deps, inp, fetch_input_hash(source))
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
             account_id = (await in_thread(get_run, self.deps.engine, run_id=inp.run_id)).account_id
@@ -48,12 +71,40 @@ class FetchActivities:
             def on_refused(host: str) -> None:  # runs in fetch_dataset's thread
                 record_blocked(self.deps.engine, run_id=inp.run_id, account_id=account_id, host=host)
 
-            fetched = await in_thread(fetch_dataset, source=inp.launch.dataset, dest_dir=workdir, access=access,
-                                      on_refused=on_refused)
-            (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
-            await snapshot_files(self.deps, {fetched.path.name: await in_thread(fetched.path.read_bytes)},
-                                 run_id=inp.run_id, phase="fetch", invocation=inp.invocation)
-            scope.emit("artifact", FetchArtifact(source=inp.launch.dataset, sha256=fetched.sha256, bytes=fetched.bytes,
-                                                 format=fetched.format))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail={"bytes": fetched.bytes},
-                           control=scope.control)
+            hit = await cache.lookup() if is_url(source) else None
+            if hit is not None:
+                await in_thread(_check_policy, source, access, on_refused)
+                _, detail = await cache.replay(scope, hit)
+            else:
+                cache.begin()
+                if source.startswith(REGISTRY_SOURCE):
+                    path, sha, size = await in_thread(fetch_pinned, self.deps.engine,
+                                                      BlobStore.from_settings(self.deps.settings), source=source,
+                                                      dest_dir=workdir)
+                    fetched = Fetched(path=path, sha256=sha, bytes=size, format=detect_format(path))
+                else:
+                    fetched = await in_thread(fetch_dataset, source=source, dest_dir=workdir, access=access,
+                                              on_refused=on_refused)
+                (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
+                await snapshot_files(self.deps, {fetched.path.name: await in_thread(fetched.path.read_bytes)},
+                                     run_id=inp.run_id, phase="fetch", invocation=inp.invocation)
+                scope.emit("artifact", FetchArtifact(source=source, sha256=fetched.sha256, bytes=fetched.bytes,
+                                                     format=fetched.format))
+                detail = {"bytes": fetched.bytes}
+                await cache.record(scope, detail=detail)
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail=detail, control=scope.control)
+
+
+def _check_policy(source: str, access: DatasetAccess, on_refused: Callable[[str], None]) -> None:
+    """A cached copy is still the URL's data: the account's host policy must allow that host, as for a download.
+
+    Raises:
+        DatasetError: the policy blocks the host (recorded in the blocked-host log like a refused download).
+    """
+    url = httpx.URL(source)
+    host = normalize_host(url.host)
+    allowed, reason = decide(access.policy, host, url.port or (443 if url.scheme == "https" else 80))
+    if not allowed:
+        on_refused(host)
+        raise DatasetError(f"fetching the dataset from {host} was refused: {host} is blocked by the account's host "
+                           f"policy ({reason})", code="dataset_blocked")

@@ -1,5 +1,8 @@
 """Setup: install the scorer's Python requirements into the work sandbox through the egress proxy (so pip's hosts
-meet the account's host policy and land in the blocked-host log), snapshot → SetupArtifact, SnapshotCreated."""
+meet the account's host policy and land in the blocked-host log), snapshot → SetupArtifact, SnapshotCreated.
+
+Setup's input hash is model-free (the post-Fetch snapshot, the requirements, the Python version), so a public run's
+identical install is a cache hit (``activities.phase_cache``): its snapshot is reused and nothing is installed."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 from temporalio import activity
 
 from activities.common import Deps, phase
+from activities.phase_cache import PhaseCache, setup_input_hash
 from activities.sandboxes import DEPS_DIR, latest_snapshot, record_snapshot, sandbox, take_snapshot
 from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
@@ -29,16 +33,26 @@ class SetupActivities:
     @activity.defn(name="setup")
     async def setup(self, inp: PhaseInput) -> PhaseResult:
         requirements = list(inp.launch.requirements)
+        python = platform.python_version()
+        detail: dict[str, object] = {}
         async with phase(self.deps, inp) as scope:
             before = latest_snapshot(self.deps, inp.run_id, before="setup")
-            if requirements or before is None:
-                await self._install(inp, requirements, before)
+            cache = PhaseCache(self.deps, inp, setup_input_hash(before=before, requirements=requirements,
+                                                                python=python))
+            # Never skipped by a pin (§2): a public run's identical install is copied, or the install runs.
+            if (hit := await cache.lookup()) is not None:
+                _, detail = await cache.replay(scope, hit)
             else:
-                # Nothing to install: the filesystem is the post-Fetch one, and keeps its content-addressed id.
-                await record_snapshot(self.deps, run_id=inp.run_id, phase="setup", invocation=inp.invocation,
-                                      snapshot_id=before)
-            scope.emit("artifact", SetupArtifact(python=platform.python_version(), requirements=requirements))
-        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
+                cache.begin()
+                if requirements or before is None:
+                    await self._install(inp, requirements, before)
+                else:
+                    # Nothing to install: the filesystem is the post-Fetch one, and keeps its content-addressed id.
+                    await record_snapshot(self.deps, run_id=inp.run_id, phase="setup", invocation=inp.invocation,
+                                          snapshot_id=before)
+                scope.emit("artifact", SetupArtifact(python=python, requirements=requirements))
+                await cache.record(scope)
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control, detail=detail)
 
     async def _install(self, inp: PhaseInput, requirements: list[str], before: str | None) -> None:
         async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation),

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from api import errors
 from api.body_limit import BodyLimit
 from api.deps import AppState
-from api.routes import account, admin, compare, policy, runs, schedules, ui
+from api.routes import account, admin, compare, policy, registry, runs, schedules, ui
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 
@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(account.router)
     app.include_router(policy.router)
     app.include_router(admin.router)
+    app.include_router(registry.router)
     app.include_router(compare.router)
     app.include_router(schedules.router)
     ui.install(app)  # the dashboard: /ui/ and /v1/ui

@@ -65,6 +65,17 @@ class PhaseSkipped(Event):
 
 class AgentTextEvent(Event):
     """The Driver talking (the builtin driver narrates its deterministic decisions)."""
+class PhaseCacheHit(Event):
+    """The phase copied a public run's cell instead of doing its work (§2): its artifacts and snapshot follow."""
+
+    phase: str
+    source_run_id: str
+    """The run that did the work."""
+    input_hash: str
+    """The cell: (phase, input_hash) in ``phase_fingerprints``."""
+    snapshot_id: str | None = None
+
+
 
     phase: str
     text: str

@@ -133,7 +133,23 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
             server.should_exit = True
             await task
     _assert_cost_totals_match_events(engine)
+    _assert_fingerprints_recompute(engine)
     await env.shutdown()
+
+
+def _assert_fingerprints_recompute(engine) -> None:  # type: ignore[no-untyped-def]
+    """Every finished run's stored fingerprint is what its log recomputes to (§6), for every run of the session."""
+    from sqlmodel import Session, select
+
+    from benchwright.fingerprint import derive
+    from benchwright.registry.shape import run_events
+    from benchwright.store.models import Run
+
+    with Session(engine) as session:
+        finished = [r for r in session.exec(select(Run)).all() if r.finished_at is not None]
+        for run in finished:
+            assert run.fingerprint == derive(run_events(session, run.id))[0], run.id
+    assert finished, "the session finished runs"
 
 
 def _assert_cost_totals_match_events(engine) -> None:  # type: ignore[no-untyped-def]

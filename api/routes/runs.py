@@ -39,6 +39,9 @@ from benchwright.schemas import (
     Visibility,
 )
 from benchwright.store.events import read_events
+from benchwright.registry.blobs import BlobStore
+from benchwright.registry.pinned import resolve_pin
+from benchwright.registry.shape import readable_run, set_pin
 from benchwright.store.models import EventRow
 from benchwright.store.accounts import get_account
 from benchwright.store.policy import saved_compute, secret_value
@@ -70,11 +73,16 @@ a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 
 async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
     """Launch a run: records RunLaunched (seq 0) and starts its workflow."""
     settings = state.settings
+    pin = await run_in_threadpool(resolve_pin, state.engine, BlobStore.from_settings(settings), account_id=account.id,
+                                  launch=body)
+    if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
+        body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
     saved = await run_in_threadpool(saved_compute, state.engine, account_id=account.id)
     local_paths = LocalPathRules.from_settings(settings, account_local_paths=account.local_paths)
     resolved = resolve_launch(body, default_driver=settings.default_driver,
                               local_paths=local_paths, default_compute=settings.default_compute,
-                              configured_backends=settings.configured_backends(), saved_compute=saved)
+                              configured_backends=settings.configured_backends(), saved_compute=saved,
+                              subset_default_trials=pin.default_trials if pin else None)
     if body.model.secret is not None:
         await run_in_threadpool(secret_value, state.engine, account_id=account.id, name=body.model.secret)
     await run_in_threadpool(check_driver_secret, state.engine, account_id=account.id, driver=resolved.driver)
@@ -98,6 +106,8 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
                                   limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
                                   billing_markup=settings.billing_markup, backend=resolved.backend,
                                   materialize_mode=mode, run_id=inp.run_id)
+    if pin is not None:
+        await run_in_threadpool(set_pin, state.engine, run_id=run.id, pinned=pin.record())
     try:
         await client.start_workflow(
             RunWorkflow.run, inp, id=run.id, task_queue=settings.task_queue,
@@ -141,7 +151,7 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
                       "way."))] = 0) -> RunView:
     """One run: status, halt fields, display_status, phase, cost and the task summary."""
     def read() -> RunView:
-        return run_view(state.engine, get_run(state.engine, run_id=run_id, account_id=account.id))
+        return run_view(state.engine, readable_run(state.engine, run_id=run_id, account_id=account.id))
 
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
@@ -185,7 +195,7 @@ async def get_events(
     """The run's event log from ``after``; with ``Accept: text/event-stream``, a live SSE stream (id = seq) that
     resumes from ``Last-Event-ID`` (an id it sent: -1 up to the run's last seq, else 422) and closes after the
     terminal event."""
-    run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account.id)
+    run = await run_in_threadpool(readable_run, state.engine, run_id=run_id, account_id=account.id)
     if "text/event-stream" in request.headers.get("accept", ""):
         start = resume_point(last_event_id=last_event_id, after=after, last_seq=run.next_seq - 1)
         return StreamingResponse(state.sse.stream(run_id=run.id, after=start, finished=run.finished_at is not None),
@@ -205,14 +215,14 @@ async def get_events(
 def get_tasks(run_id: RunId, account: AccountDep, state: StateDep, after: After = -1,
               limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> TaskList:
     """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
-    run = get_run(state.engine, run_id=run_id, account_id=account.id)
+    run = readable_run(state.engine, run_id=run_id, account_id=account.id)
     return list_tasks(state.engine, run_id=run.id, after=after, limit=limit)
 
 
 @router.get("/{run_id}/tasks/{index}", response_model=TaskDetail, responses=responses(404))
 def get_task(run_id: RunId, index: TaskIndex, account: AccountDep, state: StateDep) -> TaskDetail:
     """One task with each trial's score, meta and output."""
-    run = get_run(state.engine, run_id=run_id, account_id=account.id)
+    run = readable_run(state.engine, run_id=run_id, account_id=account.id)
     return task_detail(state.engine, run_id=run.id, index=index)
 
 

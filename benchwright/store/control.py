@@ -11,6 +11,7 @@ from benchwright.events import PipelineFinished, RunHalted, RunResumed
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, utcnow
+from benchwright.registry.shape import stamp_terminal
 
 RESUMABLE = ("agent_review", "operator_pause", "restart_cap_exceeded")
 """Halt reasons a run can come back from; every other halt tears the run down."""
@@ -53,6 +54,7 @@ def finish_halted(engine: Engine, *, run_id: str) -> None:
                             PipelineFinished(status=run.status, halted=True, halt_reason=run.halt_reason))
         if append_in_session(session, run_id, [event]):
             run.finished_at = utcnow()
+            stamp_terminal(session, run)
 
 
 def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | None) -> str | None:

@@ -79,6 +79,21 @@ class Run(SQLModel, table=True):
     """The seq the next appended event gets; only ever changed inside an append transaction."""
     created_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+    # The fingerprint family (§6, migration 0006; ``benchwright.fingerprint``), written at terminal status.
+    fingerprint: str | None = Field(default=None, max_length=12)
+    subset_fingerprint: str | None = Field(default=None, max_length=64)
+    impl_fingerprint: str | None = Field(default=None, max_length=64)
+    fetch_fingerprint: str | None = Field(default=None, max_length=64)
+    analyze_fingerprint: str | None = Field(default=None, max_length=64)
+    setup_fingerprint: str | None = Field(default=None, max_length=64)
+    atomize_fingerprint: str | None = Field(default=None, max_length=64)
+    # The run shape (§7): null while running and for a dataset run until it is published.
+    benchmark_id: str | None = Field(default=None, max_length=64, index=True)
+    subset_id: str | None = Field(default=None, max_length=64, index=True)
+    impl_id: str | None = Field(default=None, max_length=80)
+    pinned: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    """A pinned launch's resolution (benchmark_id, subset_id, subset_version, impl_id), frozen at launch."""
+
 
 
 class EventRow(SQLModel, table=True):
@@ -176,3 +191,85 @@ class AccountSettings(SQLModel, table=True):
     account_id: str = Field(foreign_key="accounts.id", primary_key=True, max_length=36)
     compute: str | None = Field(default=None, max_length=32)
     """The account's saved compute provider (§4 level 2); None means the deployment default."""
+
+class Benchmark(SQLModel, table=True):
+    """A registry benchmark (§7); ``public`` ones list their public runs and have leaderboards."""
+
+    __tablename__ = "benchmarks"
+
+    id: str = Field(primary_key=True, max_length=64)
+    name: str = Field(index=True, max_length=200)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
+    visibility: str = Field(default="private", max_length=16)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Subset(SQLModel, table=True):
+    __tablename__ = "benchmark_subsets"
+    __table_args__ = (UniqueConstraint("benchmark_id", "name", name="uq_subsets_benchmark_name"),)
+
+    id: str = Field(primary_key=True, max_length=64)
+    benchmark_id: str = Field(foreign_key="benchmarks.id", index=True, max_length=64)
+    name: str = Field(max_length=200)
+    rolling: bool = False
+    """The task list may grow (append-only); runs pin the snapshot they saw at launch."""
+    default_trials: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class SubsetSnapshot(SQLModel, table=True):
+    """One version of a subset's task list: a JSONL blob (its sha256 is the subset fingerprint)."""
+
+    __tablename__ = "subset_snapshots"
+
+    subset_id: str = Field(foreign_key="benchmark_subsets.id", primary_key=True, max_length=64)
+    version: int = Field(primary_key=True)
+    tasks_sha256: str = Field(max_length=64)
+    count: int
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Impl(SQLModel, table=True):
+    """An immutable scorer: ``<benchmark_id>:<first 12 hex of sha256(task_impl.py)>``."""
+
+    __tablename__ = "benchmark_subset_impls"
+
+    id: str = Field(primary_key=True, max_length=80)
+    benchmark_id: str = Field(foreign_key="benchmarks.id", index=True, max_length=64)
+    impl_fingerprint: str = Field(max_length=64)
+    """The full sha256 of task_impl.py; the source is the blob of that digest."""
+    official: bool = False
+    promoted_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class SubsetImpl(SQLModel, table=True):
+    """Which impls have scored which subsets (``latest:official`` picks among a subset's)."""
+
+    __tablename__ = "subset_impls"
+
+    subset_id: str = Field(foreign_key="benchmark_subsets.id", primary_key=True, max_length=64)
+    impl_id: str = Field(foreign_key="benchmark_subset_impls.id", primary_key=True, max_length=80)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class PhaseCell(SQLModel, table=True):
+    """What one phase of one run produced, under its model-free input hash (§2): the cross-run cache's cells.
+
+    Written for every run when the phase completes; only cells of finished public runs are ever served."""
+
+    __tablename__ = "phase_fingerprints"
+
+    run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
+    phase: str = Field(primary_key=True, max_length=32)
+    input_hash: str = Field(index=True, max_length=64)
+    artifacts: list[dict[str, Any]] = Field(sa_column=Column(JSON, nullable=False))
+    """The phase's Artifact events as ``{"type", "data"}``, replayed verbatim by a hit."""
+    snapshot_id: str | None = Field(default=None, max_length=64)
+    files: dict[str, str] = Field(sa_column=Column(JSON, nullable=False))
+    """Work-directory files the phase wrote (name -> blob sha256), which later phases read."""
+    result: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    """The phase result's ``tasks`` and ``detail``."""
+    source_run_id: str | None = Field(default=None, max_length=36)
+    """For a cell copied by a hit, the run that did the work."""
+    created_at: datetime = Field(default_factory=utcnow)

@@ -35,6 +35,8 @@ from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
 from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
+from benchwright.registry.catalog import check_can_be_public
+from benchwright.registry.shape import stamp_terminal
 
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
@@ -77,6 +79,7 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
             run.status = status
             run.error = error[:4000] if error else None
             run.finished_at = utcnow()
+            stamp_terminal(session, run)
 
 
 def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Run:
@@ -132,7 +135,8 @@ def run_view(engine: Engine, run: Run) -> RunView:
         metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, limits=run.limits,
         backend=run.backend, materialize_mode=run.materialize_mode, isolation=run.isolation, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
-        terminal=run.finished_at is not None,
+        terminal=run.finished_at is not None, fingerprint=run.fingerprint, benchmark_id=run.benchmark_id,
+        subset_id=run.subset_id, impl_id=run.impl_id,
     )
 
 
@@ -256,6 +260,8 @@ def set_visibility(engine: Engine, *, run_id: str, account_id: str, visibility: 
         run = session.get(Run, run_id)
         if run is None or run.account_id != account_id:
             raise NotFound(f"run {run_id} not found")
+        if visibility == "public":
+            check_can_be_public(session, run)
         run.visibility = visibility
 
 

@@ -1,0 +1,76 @@
+"""The cross-run phase cache's cells (§2): ``(phase, input_hash) -> (run_id, artifacts, snapshot_id, files)``.
+
+Every run writes a cell when a model-free phase (Fetch, Analyze, Setup) completes, but a cell is only ever
+*served* while its run is finished and ``public``: private and unlisted runs never feed the cache, a run turned
+private again stops feeding it at once, and so a hit can only copy what anyone may already read. (This is the
+issue's "cells are recorded when a run turns public and at terminal status of public runs", with the recording
+done ahead of time so that turning public costs one row update.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.store.db import session_scope
+from benchwright.store.models import PhaseCell, Run
+
+CACHED_PHASES = ("fetch", "analyze", "setup")
+"""The phases before Attach: model-free, so their cells are shareable across every model and account."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    run_id: str
+    """The run whose cell this is (for a copied cell, the run that copied it)."""
+    phase: str
+    input_hash: str
+    artifacts: list[dict[str, Any]]
+    snapshot_id: str | None
+    files: dict[str, str]
+    result: dict[str, Any]
+    source_run_id: str | None = None
+
+    @property
+    def origin_run_id(self) -> str:
+        """The run that did the work."""
+        return self.source_run_id or self.run_id
+
+
+def _cell(row: PhaseCell) -> Cell:
+    return Cell(run_id=row.run_id, phase=row.phase, input_hash=row.input_hash, artifacts=list(row.artifacts),
+                snapshot_id=row.snapshot_id, files=dict(row.files), result=dict(row.result),
+                source_run_id=row.source_run_id)
+
+
+def record_cell(engine: Engine, cell: Cell) -> None:
+    """Upsert the run's cell for the phase (a restarted phase's later invocation replaces it)."""
+    with session_scope(engine) as session:
+        row = session.get(PhaseCell, (cell.run_id, cell.phase))
+        if row is None:
+            row = PhaseCell(run_id=cell.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=[], files={},
+                            result={})
+            session.add(row)
+        row.input_hash, row.artifacts, row.snapshot_id = cell.input_hash, cell.artifacts, cell.snapshot_id
+        row.files, row.result, row.source_run_id = cell.files, cell.result, cell.source_run_id
+
+
+def run_cell(engine: Engine, *, run_id: str, phase: str) -> Cell | None:
+    with Session(engine) as session:
+        row = session.get(PhaseCell, (run_id, phase))
+        return _cell(row) if row else None
+
+
+def find_public_cell(engine: Engine, *, phase: str, input_hash: str, exclude_run_id: str) -> Cell | None:
+    """The newest served cell for (phase, input_hash): of a finished public run other than ``exclude_run_id``."""
+    with Session(engine) as session:
+        row = session.execute(
+            select(PhaseCell).join(Run, Run.id == PhaseCell.run_id)  # type: ignore[arg-type]
+            .where(PhaseCell.phase == phase, PhaseCell.input_hash == input_hash, PhaseCell.run_id != exclude_run_id,
+                   Run.visibility == "public", Run.finished_at.is_not(None))  # type: ignore[union-attr]
+            .order_by(PhaseCell.created_at.desc())).scalars().first()  # type: ignore[attr-defined]
+        return _cell(row) if row else None

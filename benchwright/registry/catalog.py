@@ -1,0 +1,415 @@
+"""The registry (§7): benchmarks, subsets (with append-only snapshots), immutable impls; publishing a finished run,
+promoting an impl to official, resolving a pinned launch, browsing, and per-subset leaderboards.
+
+Who sees what: a benchmark is visible to its owner, and to everyone when it is ``public``. Anything under a
+benchmark the caller cannot see answers "not found", exactly like a benchmark that does not exist.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.errors import Conflict, InvalidInput, NotFound
+from benchwright.fingerprint import impl_id as make_impl_id
+from benchwright.registry.blobs import BlobStore
+from benchwright.registry.views import (
+    LATEST_OFFICIAL,
+    BenchmarkList,
+    BenchmarkView,
+    ImplView,
+    Leaderboard,
+    LeaderboardRow,
+    PublishRequest,
+    PublishResult,
+    SnapshotView,
+    SubsetView,
+)
+from benchwright.schemas import RunSummary
+from benchwright.scoring.aggregators import TrialsConfig
+from benchwright.store.db import session_scope
+from benchwright.store.models import (
+    Account,
+    Benchmark,
+    EventRow,
+    Impl,
+    PhaseCell,
+    Run,
+    Subset,
+    SubsetImpl,
+    SubsetSnapshot,
+    utcnow,
+)
+
+REGISTRY_SOURCE = "registry:"
+"""The dataset of a pinned run: ``registry:<subset_id>@<version>``, a subset snapshot Fetch copies from the blob
+store. Only the API writes it (a launch that names one itself is refused)."""
+
+
+# -- look-ups ---------------------------------------------------------------------------------------------------
+
+
+def _visible(account_id: str) -> Any:
+    return or_(Benchmark.account_id == account_id, Benchmark.visibility == "public")  # type: ignore[arg-type]
+
+
+def find_benchmark(session: Session, *, account_id: str, ref: str) -> Benchmark | None:
+    """By id, then by exact name (the caller's own first, then the oldest public one)."""
+    row = session.get(Benchmark, ref)
+    if row is not None and (row.account_id == account_id or row.visibility == "public"):
+        return row
+    named = session.execute(select(Benchmark).where(Benchmark.name == ref, _visible(account_id))).scalars().all()
+    named.sort(key=lambda b: (b.account_id != account_id, b.created_at))
+    return named[0] if named else None
+
+
+def find_subset(session: Session, *, benchmark_id: str, ref: str) -> Subset | None:
+    row = session.get(Subset, ref)
+    if row is not None and row.benchmark_id == benchmark_id:
+        return row
+    return session.execute(select(Subset).where(Subset.benchmark_id == benchmark_id, Subset.name == ref)).scalars().first()
+
+
+def _latest_snapshot(session: Session, subset_id: str) -> SubsetSnapshot | None:
+    return session.execute(select(SubsetSnapshot).where(SubsetSnapshot.subset_id == subset_id)
+                           .order_by(SubsetSnapshot.version.desc())).scalars().first()  # type: ignore[attr-defined]
+
+
+def _visible_subset(session: Session, *, account_id: str, subset_id: str) -> tuple[Subset, Benchmark]:
+    subset = session.get(Subset, subset_id)
+    bench = session.get(Benchmark, subset.benchmark_id) if subset else None
+    if subset is None or bench is None or not (bench.account_id == account_id or bench.visibility == "public"):
+        raise NotFound(f"subset {subset_id} not found")
+    return subset, bench
+
+
+def benchmark_of_run(session: Session, run: Run) -> Benchmark | None:
+    """The benchmark a run is filed under: its run shape, or for a pinned run still running, its pin."""
+    bench_id = run.benchmark_id or (run.pinned or {}).get("benchmark_id")
+    return session.get(Benchmark, bench_id) if bench_id else None
+
+
+def check_can_be_public(session: Session, run: Run) -> None:
+    """§12: a public run is listed on its benchmark, which must be public too.
+
+    Raises:
+        InvalidInput: the run is on no benchmark, or on a private one (the message says which).
+    """
+    bench = benchmark_of_run(session, run)
+    if bench is None:
+        raise InvalidInput(f"run {run.id} cannot be public: public runs are listed on their benchmark and this run "
+                           "is on none; publish it (POST /v1/registry/publish) with visibility public",
+                           code="needs_public_benchmark")
+    if bench.visibility != "public":
+        raise InvalidInput(f"run {run.id} cannot be public: its benchmark '{bench.name}' ({bench.id}) is private; "
+                           "make the benchmark public first", code="needs_public_benchmark")
+
+
+# -- publish and promote ----------------------------------------------------------------------------------------
+
+
+def publish(engine: Engine, blobs: BlobStore, *, account_id: str, req: PublishRequest) -> PublishResult:
+    """File a finished ``ok`` run as a (benchmark, subset, impl) triple; benchmark and subset are created when
+    they do not exist. A subset's task list is immutable, except that a ``rolling`` one may grow by appending.
+
+    Raises:
+        NotFound: the run is not the caller's.
+        Conflict: the run is not finished ok, lacks its task list or scorer, or its tasks differ from the subset's.
+        InvalidInput: ``public`` on a private benchmark.
+    """
+    with session_scope(engine) as session:
+        run = session.get(Run, req.run_id)
+        if run is None or run.account_id != account_id:
+            raise NotFound(f"run {req.run_id} not found")
+        if run.finished_at is None or run.status != "ok" or run.halted:
+            raise Conflict(f"run {run.id} is not finished ok (status {run.status}"
+                           f"{', halted' if run.halted else ''}); only a finished run can be published",
+                           code="not_publishable")
+        tasks_sha, count, impl_sha = _run_contents(session, blobs, run)
+        bench = find_benchmark(session, account_id=account_id, ref=req.benchmark)
+        if bench is None:
+            bench = Benchmark(id=f"bm-{uuid.uuid4().hex[:12]}", name=req.benchmark, account_id=account_id,
+                              visibility="public" if req.visibility == "public" else "private")
+            session.add(bench)
+            session.flush()
+        subset = find_subset(session, benchmark_id=bench.id, ref=req.subset)
+        if subset is None:
+            subset = Subset(id=f"ss-{uuid.uuid4().hex[:12]}", benchmark_id=bench.id, name=req.subset,
+                            rolling=req.rolling,
+                            default_trials=req.default_trials.model_dump(mode="json") if req.default_trials else None)
+            session.add(subset)
+            session.flush()
+        version = _snapshot_for(session, blobs, subset, tasks_sha=tasks_sha, count=count)
+        impl = _impl_for(session, bench, impl_sha)
+        if session.get(SubsetImpl, (subset.id, impl.id)) is None:
+            session.add(SubsetImpl(subset_id=subset.id, impl_id=impl.id))
+        run.benchmark_id, run.subset_id, run.impl_id = bench.id, subset.id, impl.id
+        run.impl_fingerprint = impl_sha
+        if req.visibility == "public":
+            check_can_be_public(session, run)
+        run.visibility = req.visibility
+        return PublishResult(run_id=run.id, benchmark_id=bench.id, subset_id=subset.id, subset_version=version,
+                             impl_id=impl.id, visibility=req.visibility)
+
+
+def _run_contents(session: Session, blobs: BlobStore, run: Run) -> tuple[str, int, str]:
+    """The run's task rows (blob digest, count) and its scorer's digest (the last Atomize invocation's)."""
+    cell = session.get(PhaseCell, (run.id, "analyze"))
+    tasks_sha = cell.files.get("tasks.jsonl") if cell else None
+    impl = session.execute(select(EventRow.data).where(EventRow.run_id == run.id, EventRow.type == "AtomizeArtifact")
+                           .order_by(EventRow.seq.desc())).scalars().first()  # type: ignore[attr-defined]
+    impl_sha = impl.get("impl_sha256") if impl else None
+    if not tasks_sha or not blobs.has(tasks_sha) or not impl_sha or not blobs.has(impl_sha):
+        raise Conflict(f"run {run.id} has no stored task list or scorer to publish", code="not_publishable")
+    count = sum(1 for _ in blobs.path(tasks_sha).open("rb"))
+    return tasks_sha, count, impl_sha
+
+
+def _snapshot_for(session: Session, blobs: BlobStore, subset: Subset, *, tasks_sha: str, count: int) -> int:
+    """The subset version holding exactly these tasks, appending one to a rolling subset when they extend it."""
+    latest = _latest_snapshot(session, subset.id)
+    if latest is not None and latest.tasks_sha256 == tasks_sha:
+        return latest.version
+    known = session.execute(select(SubsetSnapshot.version).where(SubsetSnapshot.subset_id == subset.id,
+                                                                 SubsetSnapshot.tasks_sha256 == tasks_sha)).scalar()
+    if known is not None:
+        return int(known)
+    if latest is not None:
+        if not subset.rolling:
+            raise Conflict(f"subset '{subset.name}' ({subset.id}) has other tasks than run's; a subset's tasks never "
+                           "change (publish under a new subset, or use a rolling one)", code="subset_mismatch")
+        if not _extends(blobs, old=latest.tasks_sha256, new=tasks_sha):
+            raise Conflict(f"rolling subset '{subset.name}' only grows by appending tasks: the run's tasks do not "
+                           f"begin with the subset's {latest.count} current ones", code="subset_mismatch")
+    version = (latest.version + 1) if latest else 1
+    session.add(SubsetSnapshot(subset_id=subset.id, version=version, tasks_sha256=tasks_sha, count=count))
+    return version
+
+
+def _extends(blobs: BlobStore, *, old: str, new: str) -> bool:
+    """``new`` starts with every line of ``old`` (old tasks are never removed or renumbered)."""
+    with blobs.path(old).open("rb") as a, blobs.path(new).open("rb") as b:
+        while chunk := a.read(1 << 20):
+            if b.read(len(chunk)) != chunk:
+                return False
+    return True
+
+
+def _impl_for(session: Session, bench: Benchmark, impl_sha: str) -> Impl:
+    ident = make_impl_id(benchmark_id=bench.id, impl_sha256=impl_sha)
+    impl = session.get(Impl, ident)
+    if impl is None:
+        impl = Impl(id=ident, benchmark_id=bench.id, impl_fingerprint=impl_sha)
+        session.add(impl)
+        session.flush()
+    elif impl.impl_fingerprint != impl_sha:  # 48 bits collided: never let one id name two scorers
+        raise Conflict(f"impl id {ident} already names a different scorer", code="impl_collision")
+    return impl
+
+
+def promote(engine: Engine, *, account: Account, impl_id: str) -> ImplView:
+    """Mark an impl official (admins only; everyone else gets "not found", as for the admin halt).
+
+    Raises:
+        NotFound: no such impl, or the caller is not an admin.
+    """
+    with session_scope(engine) as session:
+        impl = session.get(Impl, impl_id)
+        if impl is None or not account.admin:
+            raise NotFound(f"impl {impl_id} not found")
+        impl.official = True
+        impl.promoted_at = utcnow()
+        return _impl_view(impl)
+
+
+# -- pinned launches -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    benchmark_id: str
+    subset_id: str
+    subset_version: int
+    impl_id: str
+    source: str
+    """task_impl.py of the impl, exactly."""
+    default_trials: TrialsConfig | None
+    benchmark_public: bool
+
+    @property
+    def dataset(self) -> str:
+        return f"{REGISTRY_SOURCE}{self.subset_id}@{self.subset_version}"
+
+    def record(self) -> dict[str, Any]:
+        return {"benchmark_id": self.benchmark_id, "subset_id": self.subset_id,
+                "subset_version": self.subset_version, "impl_id": self.impl_id}
+
+
+def resolve_pinned(engine: Engine, blobs: BlobStore, *, account_id: str, benchmark: str | None, subset: str | None,
+                   impl: str | None) -> Pin:
+    """§3 pinned mode: benchmark and subset by id then exact name, impl by id or ``latest:official`` (the default:
+    the most recently promoted official impl that has scored the subset); the subset's current snapshot is pinned.
+
+    Raises:
+        InvalidInput: benchmark or subset missing.
+        NotFound: naming which of benchmark, subset or impl did not resolve.
+    """
+    if not benchmark or not subset:
+        raise InvalidInput("a pinned launch names both benchmark and subset (impl is optional: latest:official)",
+                           code="incomplete_pin")
+    with Session(engine) as session:
+        bench = find_benchmark(session, account_id=account_id, ref=benchmark)
+        if bench is None:
+            raise NotFound(f"benchmark '{benchmark}' not found", code="benchmark_not_found")
+        sub = find_subset(session, benchmark_id=bench.id, ref=subset)
+        snap = _latest_snapshot(session, sub.id) if sub else None
+        if sub is None or snap is None:
+            raise NotFound(f"subset '{subset}' not found on benchmark '{bench.name}' ({bench.id})",
+                           code="subset_not_found")
+        chosen = _pick_impl(session, bench=bench, subset=sub, ref=impl or LATEST_OFFICIAL)
+        source = blobs.read_bytes(chosen.impl_fingerprint).decode()
+        trials = TrialsConfig.model_validate(sub.default_trials) if sub.default_trials else None
+        return Pin(benchmark_id=bench.id, subset_id=sub.id, subset_version=snap.version, impl_id=chosen.id,
+                   source=source, default_trials=trials, benchmark_public=bench.visibility == "public")
+
+
+def _pick_impl(session: Session, *, bench: Benchmark, subset: Subset, ref: str) -> Impl:
+    if ref == LATEST_OFFICIAL:
+        impl = session.execute(
+            select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)  # type: ignore[arg-type]
+            .where(SubsetImpl.subset_id == subset.id, Impl.official == True)  # type: ignore[arg-type]  # noqa: E712
+            .order_by(Impl.promoted_at.desc())).scalars().first()  # type: ignore[union-attr]
+        if impl is None:
+            raise NotFound(f"impl latest:official not found: subset '{subset.name}' ({subset.id}) has no official "
+                           "impl yet (an admin promotes one)", code="impl_not_found")
+        return impl
+    found = session.get(Impl, ref)
+    if found is None or found.benchmark_id != bench.id:
+        raise NotFound(f"impl '{ref}' not found on benchmark '{bench.name}' ({bench.id})", code="impl_not_found")
+    return found
+
+
+# -- browse ---------------------------------------------------------------------------------------------------
+
+
+def _impl_view(impl: Impl, source: str | None = None) -> ImplView:
+    return ImplView(id=impl.id, benchmark_id=impl.benchmark_id, impl_fingerprint=impl.impl_fingerprint,
+                    official=impl.official, promoted_at=impl.promoted_at, created_at=impl.created_at, source=source)
+
+
+def _subset_view(session: Session, subset: Subset) -> SubsetView:
+    snaps = session.execute(select(SubsetSnapshot).where(SubsetSnapshot.subset_id == subset.id)
+                            .order_by(SubsetSnapshot.version)).scalars().all()  # type: ignore[arg-type]
+    impls = session.execute(select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)  # type: ignore[arg-type]
+                            .where(SubsetImpl.subset_id == subset.id).order_by(Impl.created_at)).scalars().all()  # type: ignore[arg-type]
+    return SubsetView(id=subset.id, benchmark_id=subset.benchmark_id, name=subset.name, rolling=subset.rolling,
+                      default_trials=subset.default_trials, created_at=subset.created_at,
+                      snapshots=[SnapshotView(version=s.version, tasks_sha256=s.tasks_sha256, count=s.count,
+                                              created_at=s.created_at) for s in snaps],
+                      impls=[_impl_view(i) for i in impls])
+
+
+def _bench_view(bench: Benchmark, account_id: str) -> BenchmarkView:
+    return BenchmarkView(id=bench.id, name=bench.name, visibility=bench.visibility,  # type: ignore[arg-type]
+                         owned=bench.account_id == account_id, created_at=bench.created_at,
+                         identicon=f"/v1/registry/benchmarks/{bench.id}/identicon.svg")
+
+
+def list_benchmarks(engine: Engine, *, account_id: str) -> BenchmarkList:
+    with Session(engine) as session:
+        rows = session.execute(select(Benchmark).where(_visible(account_id))
+                               .order_by(Benchmark.created_at)).scalars().all()  # type: ignore[arg-type]
+        return BenchmarkList(benchmarks=[_bench_view(b, account_id) for b in rows])
+
+
+def benchmark_detail(engine: Engine, *, account_id: str, benchmark_id: str) -> BenchmarkView:
+    """The benchmark with its subsets and its public runs (unlisted and private runs are never listed)."""
+    from benchwright.store.runs import run_view  # runs imports the registry's terminal stamp
+
+    with Session(engine) as session:
+        bench = session.get(Benchmark, benchmark_id)
+        if bench is None or not (bench.account_id == account_id or bench.visibility == "public"):
+            raise NotFound(f"benchmark {benchmark_id} not found")
+        subsets = session.execute(select(Subset).where(Subset.benchmark_id == bench.id)
+                                  .order_by(Subset.created_at)).scalars().all()  # type: ignore[arg-type]
+        view = _bench_view(bench, account_id)
+        view.subsets = [_subset_view(session, s) for s in subsets]
+        runs = _public_runs(session, benchmark_id=bench.id)
+    view.runs = [RunSummary.of(run_view(engine, r)) for r in runs]
+    return view
+
+
+def _public_runs(session: Session, *, benchmark_id: str | None = None, subset_id: str | None = None) -> list[Run]:
+    query = select(Run).where(Run.visibility == "public", Run.finished_at.is_not(None))  # type: ignore[union-attr]
+    if benchmark_id:
+        query = query.where(Run.benchmark_id == benchmark_id)
+    if subset_id:
+        query = query.where(Run.subset_id == subset_id)
+    return list(session.execute(query.order_by(Run.created_at.desc())).scalars())  # type: ignore[attr-defined]
+
+
+def subset_detail(engine: Engine, *, account_id: str, subset_id: str) -> SubsetView:
+    with Session(engine) as session:
+        subset, _ = _visible_subset(session, account_id=account_id, subset_id=subset_id)
+        return _subset_view(session, subset)
+
+
+def impl_detail(engine: Engine, blobs: BlobStore, *, account_id: str, impl_id: str) -> ImplView:
+    with Session(engine) as session:
+        impl = session.get(Impl, impl_id)
+        bench = session.get(Benchmark, impl.benchmark_id) if impl else None
+        if impl is None or bench is None or not (bench.account_id == account_id or bench.visibility == "public"):
+            raise NotFound(f"impl {impl_id} not found")
+        return _impl_view(impl, blobs.read_bytes(impl.impl_fingerprint).decode())
+
+
+def set_benchmark_visibility(engine: Engine, *, account_id: str, benchmark_id: str, visibility: str) -> BenchmarkView:
+    """Owner only. Making a benchmark private turns its public runs unlisted (a public run needs a public
+    benchmark), which also takes their phase cells out of the cache."""
+    with session_scope(engine) as session:
+        bench = session.get(Benchmark, benchmark_id)
+        if bench is None or bench.account_id != account_id:
+            raise NotFound(f"benchmark {benchmark_id} not found")
+        bench.visibility = visibility
+        if visibility == "private":
+            for run in session.execute(select(Run).where(
+                    Run.benchmark_id == bench.id, Run.visibility == "public")).scalars():  # type: ignore[arg-type]
+                run.visibility = "unlisted"
+        return _bench_view(bench, account_id)
+
+
+def leaderboard(engine: Engine, *, account_id: str, subset_id: str) -> Leaderboard:
+    """Best aggregated score (pass rate) per model across the subset's public ok runs on any of its impls.
+
+    Raises:
+        NotFound: no such subset visible to the caller, or its benchmark is private (no public leaderboard).
+    """
+    from benchwright.store.runs import run_view
+
+    with Session(engine) as session:
+        subset, bench = _visible_subset(session, account_id=account_id, subset_id=subset_id)
+        if bench.visibility != "public":
+            raise NotFound(f"subset {subset_id} has no leaderboard: its benchmark is private")
+        runs = [r for r in _public_runs(session, subset_id=subset.id) if r.status == "ok" and not r.halted]
+    best: dict[str, LeaderboardRow] = {}
+    for run in runs:
+        view = run_view(engine, run)
+        model = str(run.model.get("identifier", ""))
+        rate = view.tasks.summary.pass_rate
+        row = LeaderboardRow(model=model, best_run_id=run.id, impl_id=run.impl_id, score=rate, pass_rate=rate,
+                             pass_at_k=view.tasks.summary.pass_at_k, cost_usd=run.cost_incurred, runs=1)
+        held = best.get(model)
+        if held is None:
+            best[model] = row
+            continue
+        row.runs = held.runs + 1
+        better = (rate if rate is not None else -1.0) > (held.score if held.score is not None else -1.0)
+        best[model] = row if better else held.model_copy(update={"runs": row.runs})
+    rows = sorted(best.values(), key=lambda r: (-(r.score if r.score is not None else -1.0), r.cost_usd, r.model))
+    return Leaderboard(subset_id=subset.id, benchmark_id=bench.id, rows=rows)
+

@@ -1,0 +1,84 @@
+"""What a run gets when it reaches its terminal status (§6, §7), and who may read it (§12).
+
+``stamp_terminal`` runs inside the transaction that closes the run (``finish_run``, ``finish_halted``), so the
+stored fingerprint always describes exactly the log that PipelineFinished closed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from benchwright.errors import NotFound
+from benchwright.fingerprint import derive, model_config_hash, sha256_hex
+from benchwright.store.models import EventRow, PhaseCell, Run
+
+READABLE_BY_ID = ("unlisted", "public")
+"""Visibilities any authenticated caller may load by id; ``private`` runs are the owner's alone."""
+
+
+def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+    rows = session.execute(select(EventRow.seq, EventRow.type, EventRow.data).where(EventRow.run_id == run_id)
+                           .order_by(EventRow.seq)).all()  # type: ignore[arg-type]
+    return [(int(seq), str(kind), dict(data)) for seq, kind, data in rows]
+
+
+def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, Any]]]) -> dict[str, str | None]:
+    """The model-free members of the fingerprint family, from the run's phase cells and artifacts."""
+    cells = {c.phase: c for c in session.execute(select(PhaseCell).where(PhaseCell.run_id == run.id)).scalars()}
+    impls = [data.get("impl_sha256") for _, kind, data in events if kind == "AtomizeArtifact"]
+    analyze, setup = cells.get("analyze"), cells.get("setup")
+    atomize_key = None
+    if setup is not None:
+        launch = run.launch or {}
+        task_impl = launch.get("task_impl")
+        atomize_key = sha256_hex({
+            "phase": "atomize", "after_setup": setup.snapshot_id, "analyze": analyze.input_hash if analyze else None,
+            "task_impl": sha256_hex(task_impl) if task_impl else None, "driver": run.driver,
+            "model_config_hash": model_config_hash(run.model)})
+    return {
+        "subset_fingerprint": analyze.files.get("tasks.jsonl") if analyze else None,
+        "impl_fingerprint": impls[-1] if impls else None,
+        "fetch_fingerprint": cells["fetch"].input_hash if "fetch" in cells else None,
+        "analyze_fingerprint": analyze.input_hash if analyze else None,
+        "setup_fingerprint": setup.input_hash if setup else None,
+        "atomize_fingerprint": atomize_key,
+    }
+
+
+def stamp_terminal(session: Session, run: Run) -> None:
+    """Store the run fingerprint, the fingerprint family and, for a pinned run, the run shape."""
+    events = run_events(session, run.id)
+    run.fingerprint, _ = derive(events)
+    for column, value in family(session, run, events).items():
+        setattr(run, column, value)
+    pin = run.pinned or {}
+    if pin and run.benchmark_id is None:
+        # The run's task_impl is the pinned impl's source byte for byte, so this is also its content id.
+        run.benchmark_id, run.subset_id, run.impl_id = pin["benchmark_id"], pin["subset_id"], pin["impl_id"]
+
+
+def readable_run(engine: Engine, *, run_id: str, account_id: str) -> Run:
+    """The run for a read route: the owner's always; anyone's when unlisted or public.
+
+    Raises:
+        NotFound: no such run, or a private run of another account (the two are indistinguishable).
+    """
+    with Session(engine) as session:
+        run = session.get(Run, run_id)
+    if run is None or (run.account_id != account_id and run.visibility not in READABLE_BY_ID):
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def set_pin(engine: Engine, *, run_id: str, pinned: dict[str, Any]) -> None:
+    """Freeze a pinned launch's resolution on its run (before its workflow starts)."""
+    from benchwright.store.db import session_scope
+
+    with session_scope(engine) as session:
+        run = session.get(Run, run_id)
+        if run is not None:
+            run.pinned = pinned
