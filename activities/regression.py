@@ -9,7 +9,14 @@ from activities.common import Deps, failure, in_thread
 from benchwright.errors import BenchwrightError
 from benchwright.events import RegressionDetected
 from benchwright.proxy.addresses import parse_endpoints
-from benchwright.regression import CheckInput, CheckResult, PrepareInput, PreparedReplay, check_replay, start_replay
+from benchwright.regression import (
+    CheckInput,
+    CheckResult,
+    PreparedReplay,
+    PrepareInput,
+    check_replay,
+    start_replay,
+)
 from benchwright.store.policy import get_policy, record_blocked
 from benchwright.webhook import post_webhook
 

@@ -320,6 +320,8 @@ def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
     halt reason, its errored tasks with the first one's error), so a run of errors never reads as a result."""
     s = run["tasks"]["summary"]
     rate = "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}"
+    if s.get("pass_rate_ci"):
+        rate += f" (95 % CI {s['pass_rate_ci'][0]:.1%}–{s['pass_rate_ci'][1]:.1%})"
     text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
             f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
     if run.get("error"):
@@ -511,6 +513,14 @@ def _await_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s:
                 raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
             time.sleep(0.05)
     raise RuntimeError(f"{what} was not ready within {timeout_s:.0f} s")
+
+
+from benchwright.cli_answers import compare_cmd, frontier_cmd, schedule_app, show_cmd  # noqa: E402
+
+app.command("show")(show_cmd)
+app.command("compare")(compare_cmd)
+app.command("frontier")(frontier_cmd)
+app.add_typer(schedule_app, name="schedule")
 
 
 def main() -> None:

@@ -211,6 +211,44 @@ class Client:
     def account(self) -> dict[str, Any]:
         return self._call("GET", "/v1/account")  # type: ignore[no-any-return]
 
+    # -- answers (issue 17): comparisons, frontier, scheduled regression runs
+
+    def compare(self, a: str, b: str) -> dict[str, Any]:
+        """B against A task by task: flips, paired interval, McNemar's exact p, a verdict in words."""
+        return self._call("GET", "/v1/compare", params={"a": a, "b": b})  # type: ignore[no-any-return]
+
+    def rank(self, runs: list[str]) -> dict[str, Any]:
+        """Runs of one shape ranked by pass rate, with intervals and each run's p against the leader."""
+        return self._call("GET", "/v1/compare", params={"runs": ",".join(runs)})  # type: ignore[no-any-return]
+
+    def frontier(self, runs: list[str]) -> dict[str, Any]:
+        """Pass rate against cost per task, Pareto-optimal runs marked."""
+        return self._call("GET", "/v1/frontier", params={"runs": ",".join(runs)})  # type: ignore[no-any-return]
+
+    def create_schedule(self, *, replay_of: str, every: str, drop: float | None = None, p: float | None = None,
+                        webhook: str | None = None) -> dict[str, Any]:
+        alert = {k: v for k, v in (("drop", drop), ("p", p)) if v is not None}
+        body: dict[str, Any] = {"replay_of": replay_of, "every": every, "alert": alert}
+        if webhook is not None:
+            body["webhook"] = webhook
+        return self._call("POST", "/v1/schedules", json=body)  # type: ignore[no-any-return]
+
+    def schedules(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/schedules")  # type: ignore[no-any-return]
+
+    def schedule(self, schedule_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/schedules/{schedule_id}")  # type: ignore[no-any-return]
+
+    def pause_schedule(self, schedule_id: str, *, paused: bool = True) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/schedules/{schedule_id}", json={"paused": paused})  # type: ignore[no-any-return]
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        try:
+            resp = self._http.request("DELETE", f"/v1/schedules/{schedule_id}")
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"cannot reach the API at {self._http.base_url}: {exc}") from exc
+        _raise_for(resp)
+
     def wait(self, run_id: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """Return the run once it leaves ``running`` or halts (paused or waiting included).
 

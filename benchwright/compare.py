@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.errors import Conflict, InvalidInput, NotFound
 from benchwright.events import AtomizeArtifact, FetchArtifact
@@ -68,10 +68,10 @@ def shape_mismatch(a: RunShape, b: RunShape) -> str | None:
 def run_shape(engine: Engine, run: Run) -> RunShape:
     """The run's shape as its log records it (the latest FetchArtifact and AtomizeArtifact)."""
     with Session(engine) as session:
-        rows = session.execute(select(EventRow.type, EventRow.data).where(
-            EventRow.run_id == run.id,  # type: ignore[arg-type]
-            EventRow.type.in_((FetchArtifact.type_name(), AtomizeArtifact.type_name())))  # type: ignore[attr-defined]
-            .order_by(EventRow.seq)).all()  # type: ignore[arg-type]
+        rows = session.execute(select(col(EventRow.type), col(EventRow.data)).where(
+            col(EventRow.run_id) == run.id,
+            col(EventRow.type).in_((FetchArtifact.type_name(), AtomizeArtifact.type_name())))
+            .order_by(col(EventRow.seq))).all()
     latest = {kind: data for kind, data in rows}
     fetch, atomize = latest.get(FetchArtifact.type_name()), latest.get(AtomizeArtifact.type_name())
     return RunShape(dataset_id=fetch["sha256"] if fetch else None,
@@ -97,10 +97,10 @@ def readable_run(engine: Engine, *, run_id: str, account_id: str, finished: bool
 def _rows(engine: Engine, run_id: str) -> dict[int, tuple[str, float | None]]:
     """(outcome, score) per task index of the run's latest Materialize invocation."""
     with Session(engine) as session:
-        latest = session.execute(select(TaskRow.invocation).where(TaskRow.run_id == run_id)  # type: ignore[arg-type]
-                                 .order_by(TaskRow.invocation.desc()).limit(1)).scalar()  # type: ignore[attr-defined]
-        rows = session.execute(select(TaskRow.index, TaskRow.outcome, TaskRow.score).where(
-            TaskRow.run_id == run_id, TaskRow.invocation == (latest or 1))).all()  # type: ignore[arg-type]
+        latest = session.execute(select(col(TaskRow.invocation)).where(col(TaskRow.run_id) == run_id)
+                                 .order_by(col(TaskRow.invocation).desc()).limit(1)).scalar()
+        rows = session.execute(select(col(TaskRow.index), col(TaskRow.outcome), col(TaskRow.score)).where(
+            col(TaskRow.run_id) == run_id, col(TaskRow.invocation) == (latest or 1))).all()
     return {index: (outcome, score) for index, outcome, score in rows}
 
 

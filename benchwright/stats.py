@@ -108,7 +108,7 @@ def mcnemar_exact(*, b: int, c: int) -> float:
     for i in range(1, k + 1):
         term = term * (m - i + 1) // i
         tail += term
-    return min(1.0, 2 * tail / 2**m)
+    return float(min(1.0, 2 * tail / 2**m))
 
 
 def paired_proportion_difference(*, b: int, c: int, n: int, z: float = Z95) -> Estimate:

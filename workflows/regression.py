@@ -20,8 +20,22 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.regression import AlertInput
-    from benchwright.regression import CheckInput, CheckResult, PrepareInput, PreparedReplay, RegressionInput, RegressionResult
-    from benchwright.temporal_ui import REGRESSION, RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
+    from benchwright.regression import (
+        CheckInput,
+        CheckResult,
+        PreparedReplay,
+        PrepareInput,
+        RegressionInput,
+        RegressionResult,
+    )
+    from benchwright.temporal_ui import (
+        REGRESSION,
+        RUN_ACCOUNT,
+        RUN_MODEL,
+        RUN_PHASE,
+        RUN_STATUS,
+        workflow_summary,
+    )
     from workflows.run import RunWorkflow
 
 STEP_TIMEOUT = timedelta(minutes=5)
@@ -41,7 +55,7 @@ class RegressionWorkflow:
         prepared: PreparedReplay = await workflow.execute_activity(
             "start_replay", PrepareInput(regression=inp, run_id=run_id), result_type=PreparedReplay,
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="record the replay run")
-        model, dataset = prepared.run.launch.model.identifier, prepared.run.launch.dataset
+        model, dataset = prepared.run.launch.model.identifier, prepared.run.launch.dataset or ""
         try:
             await workflow.execute_child_workflow(
                 RunWorkflow.run, prepared.run, id=run_id, task_queue=inp.task_queue,

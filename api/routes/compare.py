@@ -8,7 +8,15 @@ from fastapi import APIRouter, Query
 
 from api.deps import AccountDep, StateDep
 from api.errors import responses
-from benchwright.compare import Comparison, Frontier, Ranking, compare_runs, frontier, rank_runs, readable_run
+from benchwright.compare import (
+    Comparison,
+    Frontier,
+    Ranking,
+    compare_runs,
+    frontier,
+    rank_runs,
+    readable_run,
+)
 from benchwright.errors import InvalidInput
 
 router = APIRouter(prefix="/v1", tags=["compare"])

@@ -35,7 +35,13 @@ from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from benchwright.compare import readable_run
 from benchwright.errors import InvalidInput, NotFound
-from benchwright.regression import AlertRule, RegressionInput, RegressionResult, ScheduleCreate, parse_cadence
+from benchwright.regression import (
+    AlertRule,
+    RegressionInput,
+    RegressionResult,
+    ScheduleCreate,
+    parse_cadence,
+)
 from benchwright.store.models import Account
 from benchwright.temporal_ui import RUN_ACCOUNT
 from benchwright.webhook import check_webhook_url

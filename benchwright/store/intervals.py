@@ -15,7 +15,7 @@ from collections import OrderedDict
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.schemas import ScoreEstimate
 from benchwright.scoring.aggregators import pass_at_k
@@ -58,13 +58,14 @@ def terminal_intervals(session: Session, *, run_id: str, invocation: int, finish
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    rows = (TaskRow.run_id == run_id, TaskRow.invocation == invocation, TaskRow.outcome != "err",
-            TaskRow.score.is_not(None))  # type: ignore[union-attr]
+    rows = (col(TaskRow.run_id) == run_id, col(TaskRow.invocation) == invocation, col(TaskRow.outcome) != "err",
+            col(TaskRow.score).is_not(None))
     # A pass/fail run (k = 1, scores 0 and 1) has its interval already (Wilson); an index-only probe in SQL says so
     # without moving its rows into Python (the run list reads up to 200 runs).
     graded = k > 1 or session.execute(
-        select(TaskRow.index).where(*rows, TaskRow.score.not_in((0.0, 1.0))).limit(1)).first() is not None  # type: ignore[union-attr]
-    scores = [float(s) for s in session.execute(select(TaskRow.score).where(*rows)).scalars()] if graded else []
+        select(col(TaskRow.index)).where(*rows, col(TaskRow.score).not_in((0.0, 1.0))).limit(1)).first() is not None
+    scores = [float(s) for s in session.execute(select(col(TaskRow.score)).where(*rows)).scalars()
+              if s is not None] if graded else []
     mean = _view(bootstrap_mean(values=scores)) if graded else None
     at_k: dict[str, tuple[float, float]] = {}
     for size in sorted({1, k}) if k > 1 else []:

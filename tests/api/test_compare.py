@@ -132,3 +132,30 @@ async def test_ranking_and_frontier(stack: Stack, runs: Runs) -> None:
     assert by_run[ids["a80"]]["pareto_optimal"] and by_run[ids["b85"]]["pareto_optimal"]
     assert not by_run[ids["c80"]]["pareto_optimal"]  # costlier and worse than b85
     assert 0 < by_run[ids["a80"]]["cost_per_task"] < by_run[ids["b85"]]["cost_per_task"]
+
+
+async def _cli(stack: Stack, *args: str) -> str:
+    """Run the real CLI in a subprocess against the stack (asyncio: the stack's API serves from this loop)."""
+    import os
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchwright.cli", *args, "--api-url", stack.api_url, "--api-key", stack.api_key,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200", "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    return stdout.decode()
+
+
+async def test_cli_show_compare_rank_frontier(stack: Stack, runs: Runs) -> None:
+    ids = runs.ids
+    shown = await _cli(stack, "show", ids["a80"])
+    assert "95 % CI [" in shown and "(Wilson)" in shown and "on 2000 scored tasks" in shown
+    verdict = await _cli(stack, "compare", ids["a80"], ids["b85"])
+    assert verdict.startswith("B is better than A by ") and "tasks flipped to pass, 0 to fail" in verdict
+    ranked = await _cli(stack, "compare", ids["a80"], ids["c80"], ids["b85"])
+    assert ranked.index(ids["b85"]) < ranked.index(ids["a80"])
+    table = await _cli(stack, "frontier", ids["a80"], ids["b85"], ids["c80"])
+    starred = [line for line in table.splitlines() if line.strip().startswith("│ *")]
+    assert len(starred) == 2 and not any(ids["c80"] in line for line in starred)
