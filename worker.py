@@ -18,6 +18,7 @@ from activities.atomize import AtomizeActivities
 from activities.attach import AttachActivities
 from activities.common import Deps
 from activities.fetch import FetchActivities
+from activities.find import FindActivities
 from activities.materialize import MaterializeActivities
 from activities.regression import RegressionActivities
 from activities.run_log import ControlActivities, RunLogActivities
@@ -58,6 +59,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     control = ControlActivities(deps)
     regression = RegressionActivities(deps)
     activities = [
+        FindActivities(deps).find,
         FetchActivities(deps).fetch,
         AnalyzeActivities(deps).analyze,
         SetupActivities(deps).setup,

@@ -1,16 +1,21 @@
-"""Analyze: detect rows, columns and the input/reference fields; normalize to tasks.jsonl →
-AnalyzeArtifact, DatasetTasksArtifact{count}."""
+"""Analyze: detect rows, columns and splits and normalize to tasks.jsonl; the Driver picks the scorer shape and the
+subset the prompt scopes (§7, §13) → [SyntheticSubsetCreated], AnalyzeArtifact{template, fields},
+DatasetTasksArtifact{count}."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from temporalio import activity
 
-from activities.common import Deps, in_thread, phase
+from activities.common import Deps, PhaseScope, in_thread, phase
 from activities.phase_cache import PhaseCache, analyze_input_hash
-from benchwright.datasets import analyze_dataset
-from benchwright.events import AgentTextEvent, AnalyzeArtifact, DatasetTasksArtifact
+from activities.driving import driver_context, no_decision, take_request
+from benchwright.datasets import analyze_dataset, iter_task_rows, keep_rows, read_task_rows
+from benchwright.drivers import DatasetSchema, driver_for
+from benchwright.drivers.base import SAMPLE_ROWS
+from benchwright.events import AgentTextEvent, AnalyzeArtifact, DatasetTasksArtifact, SyntheticSubsetCreated
 from benchwright.pipeline import PhaseInput, PhaseResult
 
 
@@ -28,23 +33,46 @@ class AnalyzeActivities:
                 cache.begin()
                 workdir = self.deps.workdir(inp.run_id)
                 fetched = json.loads((workdir / "fetch.json").read_text())
-                analysis = await in_thread(analyze_dataset, source=workdir / fetched["path"], fmt=fetched["format"],
-                                           tasks_path=workdir / "tasks.jsonl",
-                                           require_fields=inp.launch.task_impl is None)
-                (workdir / "analysis.json").write_text(json.dumps(analysis.__dict__))
-                scope.emit("narration", AgentTextEvent(
-                    phase="analyze",
-                    text=f"{analysis.rows} rows of {analysis.format}; " + (
-                        f"input field '{analysis.input_field}', reference field '{analysis.reference_field}'."
-                        if analysis.input_field else "columns left to the launch's own scorer.")))
-                scope.emit("artifact", AnalyzeArtifact(format=analysis.format, rows=analysis.rows, columns=analysis.columns,
-                                                       input_field=analysis.input_field,
-                                                       reference_field=analysis.reference_field))
-                count = analysis.rows if inp.max_tasks is None else min(analysis.rows, inp.max_tasks)
-                if count < analysis.rows:
-                    scope.emit("cap", AgentTextEvent(phase="analyze", text=(
-                        f"Sample capped at {count} of {analysis.rows} tasks (the narrowest of constraints.max_tasks, "
-                        "metadata.limit and the harness's own limit).")))
-                scope.emit("tasks", DatasetTasksArtifact(count=count))
-                await cache.record(scope, tasks=count)
+                count = await self._analyze(inp, scope, source=workdir / fetched["path"], fmt=fetched["format"],
+                                            tasks=workdir / "tasks.jsonl")
+                if count is not None:  # None: the Driver asked for a restart or a review
+                    await cache.record(scope, tasks=count)
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, tasks=count, control=scope.control)
+
+    async def _analyze(self, inp: PhaseInput, scope: PhaseScope, *, source: Path, fmt: str, tasks: Path) -> int | None:
+        """Normalize the rows, let the Driver decide, apply its subset; the task count (None: it asked for help)."""
+        analysis = await in_thread(analyze_dataset, source=source, fmt=fmt, tasks_path=tasks)
+        schema = DatasetSchema(format=analysis.format, rows=analysis.rows, columns=analysis.columns,
+                               splits=analysis.splits)
+        sample = await in_thread(read_task_rows, tasks, 0, SAMPLE_ROWS)
+        ctx = driver_context(scope, inp, "analyze", schema=schema, sample_rows=sample,
+                             all_rows=lambda: iter_task_rows(tasks))
+        decision = await driver_for(inp.driver).analyze(ctx)
+        if take_request(ctx, scope):
+            return None
+        if decision is None:
+            raise no_decision("analyze")
+        rows = analysis.rows
+        if decision.subset is not None:
+            subset = decision.subset
+            await in_thread(keep_rows, tasks, subset.indices)
+            rows = len(subset.indices)
+            scope.emit("subset", SyntheticSubsetCreated(name=subset.name, recipe=subset.recipe, count=rows,
+                                                        source_rows=subset.indices, synthetic=subset.synthetic))
+        plan = decision.plan
+        scope.emit("narration", AgentTextEvent(phase="analyze", text=(
+            f"{analysis.rows} rows of {analysis.format}; columns {', '.join(analysis.columns)}"
+            + ("; the scorer comes with the launch (task_impl)." if plan is None else "."))))
+        scope.emit("artifact", AnalyzeArtifact(
+            format=analysis.format, rows=analysis.rows, columns=analysis.columns,
+            input_field=plan.fields.get("input") if plan else None,
+            reference_field=plan.fields.get("reference") if plan else None,
+            template=plan.template if plan else None, fields=dict(plan.fields) if plan else {},
+            splits=analysis.splits))
+        count = rows if inp.max_tasks is None else min(rows, inp.max_tasks)
+        if count < rows:
+            scope.emit("cap", AgentTextEvent(phase="analyze", text=(
+                f"Sample capped at {count} of {rows} tasks (the narrowest of constraints.max_tasks, "
+                "metadata.limit and the harness's own limit).")))
+        scope.emit("tasks", DatasetTasksArtifact(count=count))
+        return count

@@ -1,25 +1,25 @@
-"""Atomize: write task_impl.py (the launch's verbatim, or the builtin driver's template) into the work sandbox,
-check it loads there, snapshot → AtomizeArtifact{invocation, impl_sha256, source}, SnapshotCreated(atomize).
+"""Atomize: task_impl.py into the work sandbox (the launch's verbatim, or the Driver's), load-checked there,
+snapshot → AtomizeArtifact{invocation, impl_sha256, source}, SnapshotCreated(atomize).
 
-Driver-authored code never runs in the worker: the load check is the scorer runtime inside the sandbox.
+The Driver (``benchwright.drivers``) writes the scorer from what Analyze chose (the AnalyzeArtifact in the log),
+and may try candidates on sample rows through the Workbench, ask for a restart or a human review. Driver-authored
+code never runs in the worker: the load check and the samples run in the scorer runtime inside the sandbox.
 """
 
 from __future__ import annotations
 
-import json
-
 from temporalio import activity
 
-from activities.common import Deps, phase
-from activities.sandboxes import latest_snapshot, put_runtime, sandbox, take_snapshot
+from activities.common import Deps, in_thread, phase
+from activities.driving import SandboxWorkbench, driver_context, no_decision, require_event, take_request
+from activities.sandboxes import latest_snapshot, sandbox, take_snapshot
+from benchwright.datasets import read_task_rows
+from benchwright.drivers import DatasetSchema, ScorerPlan, driver_for
+from benchwright.drivers.base import SAMPLE_ROWS
+from benchwright.drivers.templates import impl_sha256
 from benchwright.errors import InvalidInput
-from benchwright.events import AgentTextEvent, AtomizeArtifact
+from benchwright.events import AgentTextEvent, AnalyzeArtifact, AtomizeArtifact
 from benchwright.pipeline import PhaseInput, PhaseResult
-from benchwright.sandbox import ExecLimits
-from benchwright.scoring.host import ScorerLoadError, check_impl
-from benchwright.scoring.template import EXACT_MATCH, impl_sha256, render_exact_match
-
-CHECK_LIMITS = ExecLimits(cpu_seconds=60, memory_mb=1024, wall_seconds=120, max_processes=64)
 
 
 class ScorerInvalid(InvalidInput):
@@ -34,24 +34,31 @@ class AtomizeActivities:
     async def atomize(self, inp: PhaseInput) -> PhaseResult:
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
-            if inp.launch.task_impl is not None:
-                source, origin = inp.launch.task_impl, "launch"
-                note = "Using the task_impl.py supplied at launch, verbatim."
-            else:
-                analysis = json.loads((workdir / "analysis.json").read_text())
-                source = render_exact_match(input_field=analysis["input_field"],
-                                            reference_field=analysis["reference_field"])
-                origin = EXACT_MATCH
-                note = (f"Wrote task_impl.py: normalized exact match of the reply to '{analysis['reference_field']}', "
-                        f"prompting with '{analysis['input_field']}'.")
-            (workdir / "task_impl.py").write_text(source)
             async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("atomize", inp.invocation),
                                restore=latest_snapshot(self.deps, inp.run_id, before="atomize")) as box:
-                await put_runtime(box, source)
-                try:
-                    await check_impl(spawn=box.spawn(box.scorer_env(), CHECK_LIMITS))
-                except ScorerLoadError as exc:
-                    raise ScorerInvalid(str(exc)) from exc
+                bench = SandboxWorkbench(self.deps, box, inp)
+                if inp.launch.task_impl is not None:
+                    source, origin = inp.launch.task_impl, "launch"
+                    note = "Using the task_impl.py supplied at launch, verbatim."
+                else:
+                    analysis = await require_event(self.deps, inp.run_id, AnalyzeArtifact, needed_by="Atomize")
+                    plan = ScorerPlan(template=analysis["template"], fields=analysis["fields"], why="") \
+                        if analysis.get("template") else None
+                    ctx = driver_context(
+                        scope, inp, "atomize", plan=plan, workbench=bench,
+                        schema=DatasetSchema(format=analysis["format"], rows=analysis["rows"],
+                                             columns=analysis["columns"], splits=analysis.get("splits") or {}),
+                        sample_rows=await in_thread(read_task_rows, workdir / "tasks.jsonl", 0, SAMPLE_ROWS))
+                    decision = await driver_for(inp.driver).atomize(ctx)
+                    if take_request(ctx, scope):
+                        return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
+                    if decision is None:
+                        raise no_decision("atomize")
+                    source, origin, note = decision.source, decision.origin, decision.note
+                error = await bench.check(source)
+                if error is not None:
+                    raise ScorerInvalid(error)
+                (workdir / "task_impl.py").write_text(source)
                 await take_snapshot(self.deps, box, run_id=inp.run_id, phase="atomize", invocation=inp.invocation)
             scope.emit("narration", AgentTextEvent(phase="atomize", text=note))
             scope.emit("artifact", AtomizeArtifact(invocation=inp.invocation, impl_sha256=impl_sha256(source),

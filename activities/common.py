@@ -87,7 +87,7 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
     except BenchwrightError as exc:
         raise failure(exc) from exc
     closing = [NewEvent.of(event_key(inp.run_id, *key, what), ev) for what, ev in scope.artifacts]
-    scope.control = _driver_request(deps, inp)
+    scope.control = scope.control or _driver_request(deps, inp)  # the Driver's own request (activities.driving)
     if scope.control is not None and scope.control.kind == "restart":
         closing.append(NewEvent.of(event_key(inp.run_id, *key, "restart"),
                                    PhaseRestartRequested(phase=inp.phase, reason=scope.control.reason)))

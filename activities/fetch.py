@@ -21,6 +21,7 @@ import httpx
 from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
+from activities.driving import fetch_source, resolved_source
 from activities.phase_cache import PhaseCache
 from activities.sandboxes import snapshot_files
 from benchwright.dataset_access import DatasetAccess, LocalPathRules, is_url
@@ -59,9 +60,7 @@ class FetchActivities:
 
     @activity.defn(name="fetch")
     async def fetch(self, inp: PhaseInput) -> PhaseResult:
-        source = inp.launch.dataset
-        if source is None:
-            raise DatasetError("the launch has no dataset to fetch")
+        source = inp.launch.dataset or await resolved_source(self.deps, inp.run_id)  # a prompt launch: Find's
         cache = PhaseCache(self.deps, inp, fetch_input_hash(source))
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
@@ -83,7 +82,8 @@ class FetchActivities:
                                                       dest_dir=workdir)
                     fetched = Fetched(path=path, sha256=sha, bytes=size, format=detect_format(path))
                 else:
-                    fetched = await in_thread(fetch_dataset, source=source, dest_dir=workdir, access=access,
+                    where, access = await in_thread(fetch_source, source, access, self.deps.settings)
+                    fetched = await in_thread(fetch_dataset, source=where, dest_dir=workdir, access=access,
                                               on_refused=on_refused)
                 (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
                 await snapshot_files(self.deps, {fetched.path.name: await in_thread(fetched.path.read_bytes)},

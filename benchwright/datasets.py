@@ -2,7 +2,7 @@
 
 Formats: JSONL (one object per line), a JSON array of objects, or CSV with a header row. Analyze normalizes any
 of them to ``tasks.jsonl`` in the run's work directory: one JSON object per line, line i = task index i, which is
-what Materialize streams from in batches.
+what Materialize streams from in batches. Which columns mean what is the Driver's call (``benchwright.drivers``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,8 @@ from benchwright.dataset_access import DatasetAccess, open_source
 from benchwright.errors import DatasetError
 
 MAX_DATASET_BYTES = 2 * 1024**3
-FIELD_PAIRS: tuple[tuple[str, str], ...] = (
-    ("question", "answer"),
-    ("input", "target"),
-    ("prompt", "completion"),
-    ("problem", "solution"),
-    ("input", "output"),
-    ("query", "response"),
-    ("question", "target"),
-)
-"""Common (input, reference) column names, most specific first; matched case-insensitively."""
+SPLIT_COLUMN = "split"
+"""A column of this name (any case) says which split a row belongs to (§13: each split is a subset)."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +36,8 @@ class Analysis:
     format: str
     rows: int
     columns: list[str]
-    input_field: str | None
-    reference_field: str | None
+    splits: dict[str, int]
+    """Split name -> rows, when a ``split`` column is present."""
 
 
 def fetch_dataset(*, source: str, dest_dir: Path, access: DatasetAccess,
@@ -156,36 +148,23 @@ def _as_object(item: Any, where: str) -> dict[str, Any]:
     return item
 
 
-def detect_fields(columns: list[str]) -> tuple[str, str]:
-    """The (input, reference) columns by the common names in ``FIELD_PAIRS``.
+def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
+    """Detect columns and splits and write the normalized ``tasks.jsonl`` (streamed; memory stays flat).
 
     Raises:
-        DatasetError: no known pair is present, listing the columns seen.
-    """
-    by_lower = {c.lower(): c for c in columns}
-    for inp, ref in FIELD_PAIRS:
-        if inp in by_lower and ref in by_lower:
-            return by_lower[inp], by_lower[ref]
-    names = ", ".join(f"{i}/{r}" for i, r in FIELD_PAIRS)
-    raise DatasetError(f"cannot tell the input and reference columns among {columns}; expected one of: {names}")
-
-
-def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path, require_fields: bool = True) -> Analysis:
-    """Detect columns and fields and write the normalized ``tasks.jsonl`` (streamed; memory stays flat).
-
-    ``require_fields`` is off when the launch brings its own scorer: it reads the rows itself, so the columns need
-    not follow a known naming (they are still detected when they do).
-
-    Raises:
-        DatasetError: the dataset is empty, does not parse, or (when required) has no recognizable fields.
+        DatasetError: the dataset is empty or does not parse.
     """
     columns: dict[str, None] = {}
+    splits: dict[str, int] = {}
     rows = 0
     tmp = tasks_path.with_suffix(".part")
     with tmp.open("w", encoding="utf-8") as out:
         for row in iter_rows(source, fmt):
             for key in row:
                 columns.setdefault(str(key), None)
+            split = next((v for k, v in row.items() if str(k).lower() == SPLIT_COLUMN), None)
+            if isinstance(split, str):
+                splits[split] = splits.get(split, 0) + 1
             rows += 1
             try:
                 out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
@@ -196,18 +175,31 @@ def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path, require_fields:
     if rows == 0:
         tmp.unlink(missing_ok=True)
         raise DatasetError("the dataset has no rows")
-    input_field: str | None
-    reference_field: str | None
-    try:
-        input_field, reference_field = detect_fields(list(columns))
-    except DatasetError:
-        if require_fields:
-            tmp.unlink(missing_ok=True)
-            raise
-        input_field = reference_field = None
     tmp.replace(tasks_path)
-    return Analysis(format=fmt, rows=rows, columns=list(columns), input_field=input_field,
-                    reference_field=reference_field)
+    return Analysis(format=fmt, rows=rows, columns=list(columns), splits=splits)
+
+
+def iter_task_rows(tasks_path: Path) -> Iterator[dict[str, Any]]:
+    """Every row of a normalized tasks.jsonl, in task order."""
+    with tasks_path.open("r", encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+def keep_rows(tasks_path: Path, indices: list[int]) -> None:
+    """Rewrite tasks.jsonl to hold only rows ``indices`` (increasing), in that order: task i becomes row
+    ``indices[i]`` (a subset, §7). Streamed, like the analysis."""
+    wanted = iter(indices)
+    target = next(wanted, None)
+    tmp = tasks_path.with_suffix(".subset")
+    with tasks_path.open("r", encoding="utf-8") as src, tmp.open("w", encoding="utf-8") as out:
+        for index, line in enumerate(src):
+            if target is None:
+                break
+            if index == target:
+                out.write(line)
+                target = next(wanted, None)
+    tmp.replace(tasks_path)
 
 
 def read_task_rows(tasks_path: Path, start: int, stop: int) -> list[dict[str, Any]]:

@@ -33,6 +33,11 @@ class Settings(BaseSettings):
 
     default_driver: str = "builtin"
     """Driver used when a launch names none. The embedded stack configures the offline ``builtin`` driver."""
+
+    catalog_path: Path | None = None
+    """The dataset catalog Find resolves natural-language prompts against (YAML or JSON: name, aliases,
+    description, url or bundled path, format, splits, license; ``benchwright.drivers.catalog``). Unset: the bundled
+    one, ``benchwright/samples/catalog.yaml``, with one sample dataset per scorer template."""
     driver_api_base: str | None = None
     """Where LLM drivers (``<provider>://<model>``) send their calls instead of the provider's own endpoint (a
     gateway, or the scripted-LLM test double in tests). Deployment-wide on purpose: the driver's credential goes

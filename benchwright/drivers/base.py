@@ -27,7 +27,7 @@ the run's work sandbox.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -157,6 +157,8 @@ class DriverContext:
     """Analyze, Atomize: the dataset's shape."""
     sample_rows: list[dict[str, Any]] = field(default_factory=list)
     """Analyze, Atomize: the first rows of the (subset's) tasks, at most ``SAMPLE_ROWS``."""
+    all_rows: Callable[[], Iterator[dict[str, Any]]] | None = None
+    """Analyze: stream every row of the dataset once (to build a subset without holding the rows in memory)."""
     plan: ScorerPlan | None = None
     """Atomize: what Analyze chose."""
     workbench: Workbench | None = None

@@ -19,6 +19,7 @@ not the launching account's local-path grant. ``url`` sources are fetched as unt
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -26,9 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 import yaml
 
+from benchwright.dataset_access import DatasetAccess, LocalPathRules
 from benchwright.errors import InvalidInput
 
 BUNDLED_CATALOG = Path(__file__).resolve().parents[1] / "samples" / "catalog.yaml"
+CATALOG_SOURCE = "catalog:"
+"""How a dataset bundled with the catalog is named (FetchArtifact.source): ``catalog:<name>``."""
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
@@ -56,7 +60,7 @@ class CatalogEntry:
     @property
     def source(self) -> str:
         """What FindArtifact records as the dataset: the URL, or ``catalog:<name>``."""
-        return self.url or f"catalog:{self.name}"
+        return self.url or f"{CATALOG_SOURCE}{self.name}"
 
     def keywords(self) -> set[str]:
         out = set(words(self.name)) | set(words(self.description))
@@ -165,3 +169,22 @@ def load_catalog(path: Path) -> Catalog:
             format=item.get("format"), splits=tuple(str(s) for s in item.get("splits") or ()),
             license=item.get("license")))
     return Catalog(entries=tuple(entries), root=path.parent, origin=str(path))
+
+
+def catalog_fetch(source: str, *, catalog: Catalog, access: DatasetAccess) -> tuple[str, DatasetAccess]:
+    """What Fetch reads for ``source``: a ``catalog:<name>`` source becomes its bundled file, readable under rules
+    that allow exactly the catalog's directory (the operator's files, whatever the account's local-path grant),
+    still refusing the protected places and opened without following symlinks. Any other source is returned as is,
+    with the account's own access.
+
+    Raises:
+        InvalidInput: no such entry, or its path leaves the catalog's directory.
+    """
+    if not source.startswith(CATALOG_SOURCE):
+        return source, access
+    entry = catalog.get(source.removeprefix(CATALOG_SOURCE))
+    if entry.url is not None:
+        return entry.url, access
+    rules = LocalPathRules(deployment=True, account=True, protected=access.local.protected,
+                          roots=(catalog.root.resolve(),))
+    return str(catalog.local_path(entry)), dataclasses.replace(access, local=rules)
