@@ -63,8 +63,6 @@ class PhaseSkipped(Event):
     reason: str
 
 
-class AgentTextEvent(Event):
-    """The Driver talking (the builtin driver narrates its deterministic decisions)."""
 class PhaseCacheHit(Event):
     """The phase copied a public run's cell instead of doing its work (§2): its artifacts and snapshot follow."""
 
@@ -76,6 +74,8 @@ class PhaseCacheHit(Event):
     snapshot_id: str | None = None
 
 
+class AgentTextEvent(Event):
+    """The Driver talking (the builtin driver narrates its deterministic decisions)."""
 
     phase: str
     text: str
