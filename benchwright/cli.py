@@ -357,8 +357,15 @@ def _run_succeeded(run: dict[str, Any]) -> bool:
 
 
 @app.command()
-def run(dataset: Annotated[str, typer.Option(help="Dataset URL, or a local path on the stack's host.")],
-        model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
+def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
+        dataset: Annotated[Optional[str], typer.Option(help="Dataset URL, or a local path on the stack's host.")
+                           ] = None,
+        benchmark: Annotated[Optional[str], typer.Option(help="Pinned launch: a registry benchmark (id or name).")
+                             ] = None,
+        subset: Annotated[Optional[str], typer.Option(help="Pinned launch: the benchmark's subset (id or name).")
+                          ] = None,
+        impl: Annotated[Optional[str], typer.Option(help="Pinned launch: an impl id or latest:official (default).")
+                        ] = None,
         api_base: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
         driver: Annotated[Optional[str], typer.Option(help="The Driver (default: the deployment's).")] = None,
         trials: Annotated[Optional[int], typer.Option(help="Trials per task (k, 1-100).")] = None,
@@ -401,7 +408,7 @@ def run(dataset: Annotated[str, typer.Option(help="Dataset URL, or a local path 
         if value is not None:  # §8: the flag exists only to name its new spelling
             console.print(f"[red]error:[/red] {retired} was renamed --driver (§8): pass --driver {value}")
             raise typer.Exit(2)
-    if not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
+    if dataset and not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
@@ -413,7 +420,8 @@ def run(dataset: Annotated[str, typer.Option(help="Dataset URL, or a local path 
             "constraints": flat("--constraints", constraints, numbers=True) if constraints else None,
             "metadata": flat("--metadata", metadata, numbers=False) if metadata else None,
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
-            "concurrency": concurrency, "compute": compute, "visibility": visibility}
+            "concurrency": concurrency, "compute": compute, "visibility": visibility,
+            **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl)) if v is not None}}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -521,6 +529,10 @@ app.command("show")(show_cmd)
 app.command("compare")(compare_cmd)
 app.command("frontier")(frontier_cmd)
 app.add_typer(schedule_app, name="schedule")
+
+from benchwright.cli_registry import registry_app  # noqa: E402
+
+app.add_typer(registry_app, name="registry")
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from benchwright.compute import COMPUTE_CHOICES, check_compute
 from benchwright.proxy.policy import HostPolicy, HostRule
 from benchwright.schemas import COMPUTE_VALUES, HOST_PATTERN
 from benchwright.store import policy as store
-from benchwright.store.runs import get_run
+from benchwright.registry.shape import readable_run
 
 router = APIRouter(prefix="/v1", tags=["policy"])
 
@@ -94,8 +94,8 @@ async def delete_rule(pattern: Annotated[str, Path(max_length=300, json_schema_e
 @router.get("/runs/{run_id}/blocked-hosts", response_model=BlockedHostList, responses=responses(404))
 async def run_blocked_hosts(run_id: Annotated[str, Path(max_length=64)], account: AccountDep, state: StateDep) -> BlockedHostList:
     """Hosts the run's sandboxes were refused, with how often and when: decide which to allow, then rerun."""
-    run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account.id)
-    rows = await run_in_threadpool(store.blocked_hosts, state.engine, account_id=account.id, run_id=run.id)
+    run = await run_in_threadpool(readable_run, state.engine, run_id=run_id, account_id=account.id)  # §12
+    rows = await run_in_threadpool(store.blocked_hosts, state.engine, account_id=run.account_id, run_id=run.id)
     return BlockedHostList(hosts=[BlockedHostView.model_validate(r) for r in rows])
 
 
