@@ -41,6 +41,7 @@ LOAD_BEARING: dict[str, tuple[str, ...]] = {
     "SetupArtifact": ("python", "requirements"),
     "AtomizeArtifact": ("impl_sha256",),
     "ModelProxyArtifact": ("model_id", "litellm_config_yaml"),
+    "HarnessLogArtifact": (),  # an output (the harness's own log of what happened): nothing in it is an input
 }
 """Per Artifact event type, the fields that feed the run fingerprint. A test keeps this table complete: every
 ``*Artifact`` in ``benchwright.events`` has an entry."""
@@ -61,12 +62,10 @@ def is_artifact(event_type: str) -> bool:
 
 
 def load_bearing(event_type: str, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of one Artifact event that feed the fingerprint.
-
-    Raises:
-        KeyError: an Artifact type without a rule (a new type must be given one here before it is emitted).
-    """
-    return {name: data.get(name) for name in LOAD_BEARING[event_type]}
+    """The fields of one Artifact event that feed the fingerprint. A type without a rule yet feeds its whole
+    payload (never silently nothing); a test fails until it gets one here."""
+    fields = LOAD_BEARING.get(event_type)
+    return dict(data) if fields is None else {name: data.get(name) for name in fields}
 
 
 class FingerprintInput(BaseModel):
