@@ -360,6 +360,9 @@ def _run_succeeded(run: dict[str, Any]) -> bool:
 def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
         dataset: Annotated[Optional[str], typer.Option(help="Dataset URL, or a local path on the stack's host.")
                            ] = None,
+        prompt: Annotated[Optional[str], typer.Option(
+            help="A natural-language launch: what to evaluate ('gsm8k, the first 50'); Find resolves it against the "
+                 "catalog when no --dataset is given, and Analyze reads its scoping phrase.")] = None,
         benchmark: Annotated[Optional[str], typer.Option(help="Pinned launch: a registry benchmark (id or name).")
                              ] = None,
         subset: Annotated[Optional[str], typer.Option(help="Pinned launch: the benchmark's subset (id or name).")
@@ -421,7 +424,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
             "metadata": flat("--metadata", metadata, numbers=False) if metadata else None,
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
-            **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl)) if v is not None}}
+            **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt))
+               if v is not None}}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
