@@ -193,3 +193,15 @@ async def test_scope_naming_a_missing_column_fails_clearly(stack: Stack) -> None
     [failed] = _of(events, "PhaseFailed")
     assert failed["phase"] == "analyze" and "no column is called that" in failed["detail"]
     assert "'question', 'answer'" in failed["detail"]
+
+
+async def test_cli_run_prompt_watch(stack: Stack, dev_models: DevModels) -> None:
+    from tests.cli.test_cli_launch import api_env, bw
+
+    rows = _rows("trivia-mini.jsonl")
+    url = await dev_models.start(DevModelConfig(answers={r["question"]: f"{r['answer']}." for r in rows}))
+    done = await bw("run", "--prompt", "general knowledge trivia, the first 3", "--model", "openai/dev",
+                    "--api-base", url, "--watch", "--json", env=api_env(stack))
+    assert done.rc == 0, done.err
+    final = json.loads(done.out[done.out.index("{"):])
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 3 == final["tasks"]["summary"]["total"]
