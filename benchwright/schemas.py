@@ -110,7 +110,8 @@ class LaunchRequest(_Strict):
     task_impl.py."""
     model: ModelSpec
     """The SUT: a LiteLLM model string, or an object with ``identifier`` and optional ``api_base`` and prices."""
-    driver: str | None = Field(default=None, max_length=256, json_schema_extra={"enum": [*DRIVER_VALUES, None]})
+    driver: str | None = Field(default=None, max_length=256, json_schema_extra={
+        "pattern": rf"^(?:{'|'.join(DRIVER_VALUES)}|[a-z][a-z0-9_-]{{0,39}}://[A-Za-z0-9][\w.:@/+-]{{0,199}})$"})
     """The Driver (§8). Defaults to the deployment's configured default (``builtin`` on the embedded stack)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free-form labels kept on the run (at most 64 KiB serialized); not returned by the run list."""

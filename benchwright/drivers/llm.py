@@ -288,7 +288,12 @@ class LlmDriver:
         retry after LiteLLM's own."""
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         import litellm
-        from litellm.exceptions import AuthenticationError, BadRequestError, NotFoundError, PermissionDeniedError
+        from litellm.exceptions import (
+            AuthenticationError,
+            BadRequestError,
+            NotFoundError,
+            PermissionDeniedError,
+        )
 
         try:
             response = await litellm.acompletion(

@@ -124,7 +124,7 @@ async def test_unenforceable_limit_is_400_naming_the_path(stack: Stack) -> None:
         published = (await http.get("/v1/limits")).json()
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "unenforceable_limit"
     assert "run.attempts" in resp.json()["error"]["message"] and "run.cost" in resp.json()["error"]["message"]
-    assert published["levels"]["run"] == ["cost", "duration"]
+    assert published["levels"]["run"] == ["cost", "duration", "driver_tokens"]
 
 
 async def test_max_tasks_caps_the_sample_and_finishes_ok(stack: Stack) -> None:

@@ -88,7 +88,7 @@ async def test_looping_scorer_without_limits_ends_through_the_default_ceiling(st
     default = stack.settings.default_attempt_duration_s
     async with stack.http() as http:
         published = (await http.get("/v1/limits")).json()
-    assert published["defaults"] == {"attempt.duration": default}
+    assert published["defaults"]["attempt.duration"] == default
     assert published["ceilings"]["batch.duration"] == stack.settings.materialize_batch_duration_s
     assert published["levels"]["attempt"] == ["duration"], "the matrix itself is unchanged"
     body = {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},

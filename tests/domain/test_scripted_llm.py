@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,11 @@ import httpx
 import pytest
 
 from benchwright.devstack import free_port
-from benchwright.testkit.scripted_llm import ScriptedLlm, parse_script, start_scripted_llm
+from benchwright.testkit.scripted_llm import (
+    ScriptedLlm,
+    parse_script,
+    start_scripted_llm,
+)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytestmark = pytest.mark.asyncio
@@ -91,8 +94,9 @@ async def test_cli_serves_a_script_file(tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "benchwright.cli", "scripted-llm", "--script", str(script),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchwright.cli", "scripted-llm", "--script", str(script), "--port", str(port),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         async with httpx.AsyncClient() as http:
@@ -102,7 +106,7 @@ async def test_cli_serves_a_script_file(tmp_path: Path) -> None:
                         break
                 except httpx.TransportError:
                     pass
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert proc.returncode is None, "the scripted-llm command exited"
                 assert time.monotonic() < deadline, "the scripted LLM did not come up"
                 await asyncio.sleep(0.05)
             models = (await http.get(f"http://127.0.0.1:{port}/v1/models")).json()
@@ -111,4 +115,4 @@ async def test_cli_serves_a_script_file(tmp_path: Path) -> None:
         assert reply.choices[0].message.tool_calls[0].function.name == "readSamples"
     finally:
         proc.terminate()
-        proc.wait(10)
+        await asyncio.wait_for(proc.wait(), 10)
