@@ -58,7 +58,9 @@ class SetupActivities:
         async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation),
                            restore=before) as box:
             if requirements:
-                env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"})
+                index = self.deps.settings.pip_index_url
+                env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
+                                      **({"PIP_INDEX_URL": index} if index else {})})
                 result = await box.backend.exec(
                     box.info.sandbox_id,
                     [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     egress_internal_allowed: list[str] = Field(default_factory=list)
     """``host:port`` endpoints on internal addresses that sandboxes may reach through the egress proxy (an internal
     package mirror, say). Every other loopback/private/link-local target is refused whatever an account allows."""
+    pip_index_url: str | None = None
+    """The package index Setup's ``pip install`` uses (``PIP_INDEX_URL``), e.g. an internal mirror listed in
+    ``egress_internal_allowed``; unset, pip's default index (still through the egress proxy and host policy)."""
     local_sandbox_usd_per_hour: float = 0.0
     """The local backend's rate per sandbox-hour (the embedded stack's own machine costs nothing extra)."""
     local_materialize_mode: str = "sequential"

@@ -1,0 +1,154 @@
+"""Bench: a re-run of a known benchmark against its first run (issue 9; goal: the re-run reaches its first SUT call
+at least 5x sooner).
+
+The benchmark is heavy where the cross-run cache helps: its dataset is >= 50 MB, served by a loopback server, and
+its Setup installs a requirement (a wheel built here, served by a PEP 503 index on loopback: no internet). Both
+runs go through the real stack (``benchwright up``: Temporal, worker, API) as separate processes. The first run is
+published public; the second, with another model, cache-hits Fetch, Analyze and Setup. Measured: from RunLaunched
+to the first MaterializeTaskResult (both timestamps from the run's own log). Prints figures; asserts no timing.
+
+    python bench/rerun.py [--mb 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import http.server
+import io
+import json
+import os
+import tempfile
+import threading
+import time
+import zipfile
+from datetime import datetime
+from pathlib import Path
+
+from benchstack import ROOT, running_stack
+
+from benchwright.client import Client
+from benchwright.devstack import free_port
+
+PKG = "bwbenchdep"
+GOAL = 5.0
+
+
+def build_wheel() -> tuple[str, bytes]:
+    """A minimal pure-Python wheel (one module, its dist-info, a RECORD with hashes)."""
+    name = f"{PKG}-1.0-py3-none-any.whl"
+    files = {f"{PKG}/__init__.py": b"VALUE = 42\n",
+             f"{PKG}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {PKG}\nVersion: 1.0\n".encode(),
+             f"{PKG}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\n"
+                                           b"Tag: py3-none-any\n"}
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{PKG}-1.0.dist-info/RECORD,,")
+    files[f"{PKG}-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+    return name, buf.getvalue()
+
+
+def write_big_dataset(path: Path, *, mb: int) -> int:
+    """The arithmetic sample's rows repeated with a padding column until the file is ``mb`` MB; returns rows."""
+    sample = [json.loads(line) for line in (ROOT / "benchwright" / "samples" / "arithmetic.jsonl").open()]
+    pad = "x" * 900
+    rows = 0
+    with path.open("w") as out:
+        while out.tell() < mb * 1024 * 1024:
+            row = dict(sample[rows % len(sample)], context=f"{rows}:{pad}")
+            out.write(json.dumps(row) + "\n")
+            rows += 1
+    return rows
+
+
+class _Origin(http.server.ThreadingHTTPServer):
+    downloads = 0
+
+
+def serve(root: Path, wheel: tuple[str, bytes]) -> tuple[_Origin, int]:
+    """The dataset at /data.jsonl and a PEP 503 index at /simple/ on one loopback port."""
+    name, data = wheel
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/data.jsonl":
+                self.server.downloads += 1  # type: ignore[attr-defined]
+                body, kind = (root / "data.jsonl").read_bytes(), "application/jsonl"
+            elif self.path.rstrip("/") == f"/simple/{PKG}":
+                body, kind = f'<a href="/files/{name}">{name}</a>'.encode(), "text/html"
+            elif self.path == f"/files/{name}":
+                body, kind = data, "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    port = free_port()
+    server = _Origin(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, port
+
+
+def _stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def launch_to_first_call(client: Client, body: dict[str, object]) -> tuple[float, dict[str, object], list[str]]:
+    """Launch, wait for the end; seconds from RunLaunched to the first MaterializeTaskResult, the run, the hits."""
+    run = client.launch(**body)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 900
+    while not (final := client.run(run["id"], wait_s=30))["terminal"]:
+        assert time.monotonic() < deadline, "the run did not finish in 15 minutes"
+    events = client._call("GET", f"/v1/runs/{run['id']}/events", params={"limit": 5000})["events"]
+    launched = _stamp(events[0]["created_at"])
+    first = next(_stamp(e["created_at"]) for e in events if e["type"] == "MaterializeTaskResult")
+    hits = [e["data"]["phase"] for e in events if e["type"] == "PhaseCacheHit"]
+    return first - launched, final, hits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bw-rerun-") as tmp:
+        work = Path(tmp)
+        rows = write_big_dataset(work / "data.jsonl", mb=args.mb)
+        server, port = serve(work, build_wheel())
+        os.environ["BENCHWRIGHT_EGRESS_INTERNAL_ALLOWED"] = json.dumps([f"127.0.0.1:{port}"])
+        os.environ["BENCHWRIGHT_PIP_INDEX_URL"] = f"http://127.0.0.1:{port}/simple/"
+        with running_stack(work, answers=ROOT / "benchwright" / "samples" / "arithmetic.jsonl", latency_ms=0) as st:
+            client = Client(st.dev["api_url"], st.dev["api_key"])
+            body: dict[str, object] = {"dataset": f"http://127.0.0.1:{port}/data.jsonl", "requirements": [PKG],
+                                       "constraints": {"max_tasks": 60}}
+            first_s, first, hits1 = launch_to_first_call(client, {
+                **body, "model": {"identifier": "openai/dev", "api_base": st.model_url}})
+            client._call("POST", "/v1/registry/publish", json={"run_id": first["id"], "benchmark": "bench-big",
+                                                                "subset": "all", "visibility": "public"})
+            again_s, again, hits2 = launch_to_first_call(client, {
+                **body, "model": {"identifier": "openai/dev-b", "api_base": st.model_url}})
+        server.shutdown()
+    size = (args.mb * 1024 * 1024) / 1e6
+    print(f"dataset: {rows} rows, >= {size:.0f} MB over loopback; Setup installs {PKG} from a loopback index")
+    print(f"first run : {first_s:7.2f} s launch -> first SUT call (status {first['status']}, cache hits {hits1})")
+    print(f"re-run    : {again_s:7.2f} s launch -> first SUT call (status {again['status']}, cache hits {hits2})")
+    print(f"downloads of the dataset: {server.downloads}")
+    ratio = first_s / again_s if again_s > 0 else float("inf")
+    print(f"ratio     : {ratio:.1f}x  (goal >= {GOAL:.0f}x: {'met' if ratio >= GOAL else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
