@@ -250,3 +250,17 @@ async def test_launch_refuses_a_driver_without_its_secret_naming_it(llm_stack: L
         limits = (await http.get("/v1/limits")).json()
     assert "driver_tokens" in limits["levels"]["run"] and "driver_steps" in limits["levels"]["phase"]
     assert limits["defaults"]["phase.driver_steps"] >= 1 and limits["defaults"]["run.driver_tokens"] >= 1
+
+
+async def test_third_restart_request_parks_the_run_restart_cap_exceeded(llm_stack: LlmStack) -> None:
+    restart = [_call("requestRestart", reason="still wrong")]
+    driver = llm_stack.script([restart, restart, restart])
+    async with llm_stack.http() as http:
+        run = await launch(http, _body(driver, model={"identifier": "openai/dev", "api_base": llm_stack.dev_url}))
+        waiting = await until(http, run["id"], lambda r: r["display_status"] == "waiting")
+        assert waiting["halt_reason"] == "restart_cap_exceeded: still wrong"
+        stopped = await http.post(f"/v1/runs/{run['id']}/stop", json={"reason": "test over"})
+        assert stopped.status_code == 200, stopped.text
+        events = await wait_terminal(http, run["id"])
+    assert len(_of(events, "PhaseRestartRequested")) == 3, "two restarts granted, the third parks the run"
+    assert {r.conversation for r in llm_stack.llm.requests_for(driver.split("://")[1])} == {0, 1, 2}
