@@ -67,6 +67,8 @@ def shape_mismatch(a: RunShape, b: RunShape) -> str | None:
 
 def run_shape(engine: Engine, run: Run) -> RunShape:
     """The run's shape as its log records it (the latest FetchArtifact and AtomizeArtifact)."""
+    if run.subset_id is not None and run.impl_id is not None:  # in the registry (issue 9): its ids are the shape
+        return RunShape(dataset_id=f"{run.benchmark_id}/{run.subset_id}", impl_id=run.impl_id, tasks=run.tasks_total)
     with Session(engine) as session:
         rows = session.execute(select(col(EventRow.type), col(EventRow.data)).where(
             col(EventRow.run_id) == run.id,
