@@ -30,6 +30,7 @@ litellm is imported on first use (its import takes seconds and stays out of the 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import re
@@ -286,8 +287,7 @@ class LlmDriver:
         """One model call through LiteLLM. Refusals that retrying cannot cure (bad key, unknown model, a
         malformed request) fail the phase; other faults (connection, 429, 5xx) propagate for the activity's
         retry after LiteLLM's own."""
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm
+        litellm = await asyncio.to_thread(_import_litellm)
         from litellm.exceptions import (
             AuthenticationError,
             BadRequestError,
@@ -309,6 +309,13 @@ class LlmDriver:
         return _Reply(content=message.content, tool_calls=calls,
                       prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                       completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0))
+
+
+def _import_litellm() -> Any:
+    """litellm, imported off the event loop: its first import took 8.6 s here, which on the worker's loop would
+    stall every other activity (batch heartbeats included) for as long."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    return importlib.import_module("litellm")
 
 
 def _plain(text: str, api_key: str) -> str:
