@@ -13,7 +13,13 @@ from temporalio import activity
 
 from activities.common import Deps, phase
 from activities.phase_cache import PhaseCache, setup_input_hash
-from activities.sandboxes import DEPS_DIR, latest_snapshot, record_snapshot, sandbox, take_snapshot
+from activities.sandboxes import (
+    DEPS_DIR,
+    latest_snapshot,
+    record_snapshot,
+    sandbox,
+    take_snapshot,
+)
 from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
 from benchwright.pipeline import PhaseInput, PhaseResult

@@ -80,7 +80,7 @@ def serve(root: Path, wheel: tuple[str, bytes]) -> tuple[_Origin, int]:
         def log_message(self, *args: object) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/data.jsonl":
                 self.server.downloads += 1  # type: ignore[attr-defined]
                 body, kind = (root / "data.jsonl").read_bytes(), "application/jsonl"

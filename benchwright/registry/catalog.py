@@ -282,7 +282,7 @@ def _pick_impl(session: Session, *, bench: Benchmark, subset: Subset, ref: str) 
     if ref == LATEST_OFFICIAL:
         impl = session.execute(
             select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)  # type: ignore[arg-type]
-            .where(SubsetImpl.subset_id == subset.id, Impl.official == True)  # type: ignore[arg-type]  # noqa: E712
+            .where(SubsetImpl.subset_id == subset.id, Impl.official == True)  # type: ignore[arg-type]
             .order_by(Impl.promoted_at.desc())).scalars().first()  # type: ignore[union-attr]
         if impl is None:
             raise NotFound(f"impl latest:official not found: subset '{subset.name}' ({subset.id}) has no official "
@@ -329,7 +329,9 @@ def list_benchmarks(engine: Engine, *, account_id: str) -> BenchmarkList:
 
 def benchmark_detail(engine: Engine, *, account_id: str, benchmark_id: str) -> BenchmarkView:
     """The benchmark with its subsets and its public runs (unlisted and private runs are never listed)."""
-    from benchwright.store.runs import run_view  # runs imports the registry's terminal stamp
+    from benchwright.store.runs import (
+        run_view,  # runs imports the registry's terminal stamp
+    )
 
     with Session(engine) as session:
         bench = session.get(Benchmark, benchmark_id)

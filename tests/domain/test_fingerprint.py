@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import hashlib
 
-from benchwright.fingerprint import LOAD_BEARING, artifact_types, canonical, derive, impl_id
+from benchwright.fingerprint import (
+    LOAD_BEARING,
+    artifact_types,
+    canonical,
+    derive,
+    impl_id,
+)
 from benchwright.registry.identicon import identicon_svg
 
 
