@@ -1,8 +1,10 @@
 """Attach: bind the run to its model → ModelProxyArtifact{model_id, litellm_config_yaml} (secrets by name only).
 
-When the model names a provider secret (or the deployment says ``model_proxy = "always"``), Attach starts the run's
-model proxy (the real LiteLLM proxy, role proxy) holding that secret; the scorer side only ever gets the proxy's URL
-and a per-run fake key. Otherwise a keyless model is called directly (nothing to isolate, no start-up to pay).
+Every run's model calls go through the credential proxy (§4, §11; ``benchwright.proxy.model_proxy``): Attach
+registers the run's route there, with the real key when the model names a provider secret (read from the store and
+handed straight to the proxy), and the scorer side only ever gets the proxy's URL and the run's per-run key. The
+proxy is one process per worker, started by the first Attach and shared, so registering costs a control-socket
+round trip (~1 ms), not a LiteLLM start-up.
 
 Then Attach proves the model is live (§2: it sits right before Atomize for this): one ``max_tokens=1`` completion
 through exactly the route the scorer's calls will take (``benchwright.sut.run_sut``). A dead endpoint, a refused
@@ -13,49 +15,54 @@ cost.model is the sum of the tasks' model spend.
 
 from __future__ import annotations
 
-import time
-
 from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
-from benchwright.events import ModelProxyArtifact, ProxyLingerMetered, SandboxCreated, SandboxKilled
 from benchwright.errors import Unavailable
+from benchwright.events import (
+    ModelProxyArtifact,
+    ProxyLingerMetered,
+    SandboxCreated,
+    SandboxKilled,
+)
 from benchwright.pipeline import FinishInput, PhaseInput, PhaseResult
-from benchwright.procreg import ProcessRegistry
-from benchwright.schemas import ModelSpec
 from benchwright.prices import prices_for
+from benchwright.procreg import ProcessRegistry
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
     load_handle,
-    secret_env_name,
     start_model_proxy,
     stop_model_proxy,
 )
-from benchwright.proxy_config import litellm_config_yaml
-from benchwright.sut import probe, run_sut
+from benchwright.proxy_config import litellm_config_yaml, secret_env_name
+from benchwright.schemas import ModelSpec
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.policy import secret_value
 from benchwright.store.runs import get_run
+from benchwright.sut import probe, run_sut
 
 
 async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
-    value = None
-    if spec.secret is not None:
-        run = await in_thread(get_run, deps.engine, run_id=run_id)
-        value = await in_thread(secret_value, deps.engine, account_id=run.account_id, name=spec.secret)
-    return await in_thread(start_model_proxy, run_dir=deps.run_dir(run_id), spec=spec, secret_value=value,
-                           registry=ProcessRegistry(deps.settings.data_dir))
+    """Register the run's route (with its real key, read here and handed over in the same thread call)."""
+
+    def register() -> ProxyHandle:
+        value = None
+        if spec.secret is not None:
+            run = get_run(deps.engine, run_id=run_id)
+            value = secret_value(deps.engine, account_id=run.account_id, name=spec.secret)
+        return start_model_proxy(run_dir=deps.run_dir(run_id), spec=spec, secret_value=value,
+                                 registry=ProcessRegistry(deps.settings.data_dir),
+                                 linger_s=deps.settings.proxy_linger_s)
+
+    return await in_thread(register)
 
 
-async def live_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle | None:
-    """The run's model proxy for Materialize: the one Attach started, or a new one if it died with the worker that
-    started it (proxies never outlive their worker) while the run still needs it (a keyed model, or a handle left
-    behind). None for a run called directly."""
+async def live_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
+    """The run's route for Materialize: the one Attach registered, or the same route registered again at this
+    worker's proxy if the proxy died with the worker that started it (proxies never outlive their worker)."""
     handle = load_handle(deps.run_dir(run_id))
-    if handle is not None and handle.alive():
+    if handle is not None and handle.alive() and handle.control is not None:
         return handle
-    if handle is None and spec.secret is None:
-        return None
     return await _start_proxy(deps, run_id=run_id, spec=spec)
 
 
@@ -66,23 +73,22 @@ class AttachActivities:
     @activity.defn(name="attach")
     async def attach(self, inp: PhaseInput) -> PhaseResult:
         spec = inp.launch.model
-        proxied = spec.secret is not None or self.deps.settings.model_proxy == "always"
         async with phase(self.deps, inp) as scope:
             secret_env = secret_env_name(spec.secret) if spec.secret else None
-            handle: ProxyHandle | None = None
-            if proxied:
-                handle = await _start_proxy(self.deps, run_id=inp.run_id, spec=spec)
-                scope.emit("proxy", SandboxCreated(
-                    sandbox_id=f"proxy-{handle.pid}", role="proxy", backend="local", instance_size="local-process",
-                    isolation="process", metadata={"benchwright_role": "proxy", "port": handle.port}))
+            handle = await _start_proxy(self.deps, run_id=inp.run_id, spec=spec)
+            # The run's route is its proxy "sandbox": one per run, in a process shared with the worker's other runs.
+            scope.emit("proxy", SandboxCreated(
+                sandbox_id=proxy_sandbox_id(handle, inp.run_id), role="proxy", backend="local",
+                instance_size="shared-process", isolation="process",
+                metadata={"benchwright_role": "proxy", "port": handle.port, "pid": handle.pid}))
             await self._probe(inp, handle)
             scope.emit("artifact", ModelProxyArtifact(model_id=spec.identifier,
                                                       litellm_config_yaml=litellm_config_yaml(spec, secret_env=secret_env)))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control,
-                           detail={"model_proxy": proxied})
+                           detail={"model_proxy": True})
 
-    async def _probe(self, inp: PhaseInput, proxy: ProxyHandle | None) -> None:
-        """The liveness probe; on failure the proxy just started is stopped (the workflow only stops proxies of
+    async def _probe(self, inp: PhaseInput, proxy: ProxyHandle) -> None:
+        """The liveness probe; on failure the route just registered is revoked (the workflow only revokes routes of
         runs whose Attach completed) before the phase fails with the probe's plain-words error."""
         settings = self.deps.settings
         sut = run_sut(inp.launch.model, prices=prices_for(inp.launch.model), proxy=proxy, concurrency=1,
@@ -90,29 +96,37 @@ class AttachActivities:
         try:
             await probe(sut, spec=inp.launch.model)
         except Unavailable:
-            if proxy is not None:
-                await in_thread(stop_model_proxy, self.deps.run_dir(inp.run_id))
+            await in_thread(stop_model_proxy, self.deps.run_dir(inp.run_id))
             raise
         finally:
             await sut.aclose()
 
     @activity.defn(name="stop_model_proxy")
     async def stop_proxy(self, inp: FinishInput) -> None:
-        """After the run (and its linger window): stop the proxy, bill its run time as sandbox cost and the linger
-        separately (cost.proxy_linger)."""
+        """At the run's end: revoke its route (its per-run key refused from now on, the real key dropped), bill the
+        route's time as sandbox cost and the warm window it leaves the proxy in as cost.proxy_linger.
+
+        The linger: a proxy left without a route stays up ``proxy_linger_s`` for the next run, then exits. The
+        run whose revocation left it idle is charged that window (an upper bound: a run registering sooner ends
+        it); a run leaving others behind is charged none.
+        """
         run_dir = self.deps.run_dir(inp.run_id)
         handle = load_handle(run_dir)
         if handle is None:
             return
-        run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
-        lifetime = await in_thread(stop_model_proxy, run_dir) or 0.0
-        ended = run.finished_at.timestamp() if run.finished_at else time.time()
-        linger = max(0.0, min(lifetime, time.time() - ended))
+        revoked = await in_thread(stop_model_proxy, run_dir)
+        lifetime = revoked.lifetime_s if revoked is not None else 0.0
+        linger = self.deps.settings.proxy_linger_s if revoked is not None and revoked.idle else 0.0
         rate = self.deps.settings.proxy_usd_per_hour / 3600
         await in_thread(append_events, self.deps.engine, inp.run_id, [
             NewEvent.of(event_key(inp.run_id, "proxy", "killed"), SandboxKilled(
-                sandbox_id=f"proxy-{handle.pid}", role="proxy", duration_ms=int(lifetime * 1000),
-                cost_usd=(lifetime - linger) * rate)),
+                sandbox_id=proxy_sandbox_id(handle, inp.run_id), role="proxy", duration_ms=int(lifetime * 1000),
+                cost_usd=lifetime * rate)),
             NewEvent.of(event_key(inp.run_id, "proxy", "linger"), ProxyLingerMetered(
                 seconds=round(linger, 3), cost_usd=linger * rate)),
         ])
+
+
+def proxy_sandbox_id(handle: ProxyHandle, run_id: str) -> str:
+    """The run's route as a sandbox id: unique per run although the process is shared."""
+    return f"proxy-{handle.pid}-{run_id}"

@@ -1,6 +1,8 @@
 """The LiteLLM configuration that describes a run's model route (the ModelProxyArtifact's load-bearing part).
 
-Secrets are referenced by environment-variable name (``os.environ/NAME``), never inlined.
+Secrets are referenced by environment-variable name (``os.environ/NAME``), never inlined. The credential proxy
+(``benchwright.proxy.credential_proxy``) serves the same route: the model string, ``api_base``, ``params`` and
+prices here are what it registers, so the artifact stays a LiteLLM config any LiteLLM deployment can load.
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from typing import Any
 import yaml
 
 from benchwright.schemas import ModelSpec
+
+
+def secret_env_name(secret: str) -> str:
+    """The environment variable a LiteLLM deployment would read the secret from (the artifact names it so)."""
+    return f"BW_SECRET_{secret.upper()}"
 
 
 def litellm_config(spec: ModelSpec, *, secret_env: str | None = None) -> dict[str, Any]:

@@ -125,12 +125,10 @@ class Settings(BaseSettings):
     sandbox per task). An infrastructure setting of the deployment; the scorer never chooses (§4)."""
     fanout_sandboxes: int = 8
     """Task sandboxes alive at once during a fanout Materialize on the local backend."""
-    model_proxy: str = "with_secrets"
-    """When Attach starts the run's LiteLLM proxy: ``with_secrets`` (runs whose model names a provider secret: the
-    only ones with a credential to isolate) or ``always``. The proxy's start-up (~11 s measured here) and its
-    per-request CPU are why keyless runs skip it by default."""
     proxy_linger_s: float = 30.0
-    """How long a run's model proxy stays up after the run ends (metered as cost.proxy_linger)."""
+    """How long a worker's credential proxy stays up without a run's route before it exits (the warm window that
+    spares the next run its start-up; metered to the run that left it idle as cost.proxy_linger). A run's own
+    route, and its key, are revoked the moment the run ends."""
     proxy_usd_per_hour: float = 0.0
 
     max_body_bytes: int = 1024 * 1024

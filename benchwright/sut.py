@@ -1,6 +1,10 @@
 """Calling the system under test (§8).
 
-Two routes, one interface (``SutClient.complete``):
+A run's calls go through its credential proxy (``run_sut``; ``benchwright.proxy.model_proxy``), which speaks
+OpenAI's chat-completions protocol for every provider: the worker's side of every run is the ``openai`` client
+below, pointed at the proxy with the run's per-run key. The proxy answers a failure of the provider's own (no
+connection, no answer in time) with a 502/504 naming it (``x-benchwright-failure``), classified here as if the
+provider had been called directly. ``make_sut`` calls a model directly, by either route:
 
 * ``openai``: model strings LiteLLM routes as OpenAI-compatible (``openai/<name>``, with or without ``api_base``)
   are called directly, speaking the same chat-completions protocol over ``benchwright.httpclient``'s keep-alive
@@ -48,6 +52,12 @@ SutFailure = Literal["unreachable", "auth", "not_found", "rate_limited", "server
 (404: the model, or the endpoint's path), ``rate_limited`` (429 after the retries), ``server`` (5xx after the
 retries, or the connection broke mid-answer), ``timeout`` (no answer in time), ``rejected`` (another 4xx: this
 request's fault), ``bad_reply`` (a 2xx that is not a chat completion)."""
+
+FAILURE_HEADER = "x-benchwright-failure"
+"""Set by the credential proxy on a 502/504 of its own (``benchwright.proxy.credential_proxy``)."""
+_PROXY_FAILURES: dict[str, SutFailure] = {"unreachable": "unreachable", "timeout": "timeout", "server": "server"}
+_PROXY_FAILURE_WORDS: dict[SutFailure, str] = {"unreachable": "is unreachable", "timeout": "gave no answer in time",
+                                               "server": "broke off the answer"}
 
 FATAL_FAILURES: frozenset[SutFailure] = frozenset({"unreachable", "auth", "not_found"})
 """Failures no later call can escape (every call shares the endpoint, the key and the model name): the kinds the
@@ -118,13 +128,16 @@ def make_sut(spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrenc
 
 def run_sut(model: ModelSpec, *, prices: Prices, proxy: ProxyHandle | None, concurrency: int, timeout_s: float,
             retries: int, budget_s: float | None = None) -> SutClient:
-    """The run's model route, the one place it is decided: through the run's LiteLLM proxy with its fake key when
-    Attach started one, else straight to the model. The Attach probe and every Materialize batch use it, so the
-    probe proves exactly the path the scorer's calls will take."""
+    """The run's model route, the one place it is decided: through the run's credential proxy with its per-run
+    key (every run has one since Attach registers every run; ``None`` calls the model directly, for callers
+    outside a run). The Attach probe and every Materialize batch use it, so the probe proves exactly the path the
+    scorer's calls will take."""
     if proxy is not None:
         via_proxy = ModelSpec(identifier=f"openai/{proxy.model_name}", api_base=proxy.base_url, params=model.params)
-        return make_sut(via_proxy, prices=prices, api_key=proxy.fake_key, concurrency=concurrency,
-                        timeout_s=timeout_s, retries=retries, budget_s=budget_s)
+        # Errors name the model's own endpoint: the proxy's loopback address means nothing to a reader.
+        shown = model.api_base or (OPENAI_DEFAULT_BASE if route_for(model.identifier) == "openai" else model.identifier)
+        return OpenAICompatibleSut(via_proxy, prices=prices, api_key=proxy.fake_key, concurrency=concurrency,
+                                   timeout_s=timeout_s, retries=retries, budget_s=budget_s, shown_as=shown)
     return make_sut(model, prices=prices, api_key=None, concurrency=concurrency, timeout_s=timeout_s,
                     retries=retries, budget_s=budget_s)
 
@@ -227,14 +240,15 @@ async def probe(sut: SutClient, *, spec: ModelSpec) -> None:
 
 class OpenAICompatibleSut:
     def __init__(self, spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrency: int, timeout_s: float,
-                 retries: int, budget_s: float | None = None) -> None:
+                 retries: int, budget_s: float | None = None, shown_as: str | None = None) -> None:
         self._model = spec.identifier.split("/", 1)[1]
         self._params = spec.params
         self._prices = prices
         self._retries = retries
         self._budget_s = budget_s
         base = (spec.api_base or OPENAI_DEFAULT_BASE).rstrip("/")
-        self._base = base
+
+        self._shown = (shown_as or base).rstrip("/")
         key = api_key or os.environ.get("OPENAI_API_KEY") or "benchwright-no-key"
         self._timeout_s = timeout_s
         self._limit = max(concurrency, 1)
@@ -267,8 +281,12 @@ class OpenAICompatibleSut:
                     # the SUT).
                     return self._reply(raw, resp.headers.get("x-litellm-response-cost"))
                 said = _provider_message(raw)
-                error = self._error(f"answered HTTP {status}: {said}", _status_kind(status), status, said)
-                if error.kind not in ("rate_limited", "server"):
+                failure = _PROXY_FAILURES.get(resp.headers.get(FAILURE_HEADER, ""))
+                if failure is not None:  # the proxy could not reach the provider: as if we had called it
+                    error = self._error(f"{_PROXY_FAILURE_WORDS[failure]} ({said})", failure, None, said)
+                else:
+                    error = self._error(f"answered HTTP {status}: {said}", _status_kind(status), status, said)
+                if error.kind not in ("rate_limited", "server", "unreachable", "timeout"):
                     raise error
                 asked = retry_after_s(resp.headers.get("retry-after"))
                 wait = max(asked * (1 + random.random() / 10), _backoff(attempt)) if asked is not None \
@@ -283,7 +301,7 @@ class OpenAICompatibleSut:
         raise AssertionError("unreachable")
 
     def _error(self, what: str, kind: SutFailure, status: int | None, detail: str) -> SutError:
-        return SutError(f"model endpoint {self._base} {what}", kind=kind, status=status, endpoint=self._base,
+        return SutError(f"model endpoint {self._shown} {what}", kind=kind, status=status, endpoint=self._shown,
                         detail=detail)
 
     async def warm(self, calls: int) -> None:
@@ -299,7 +317,7 @@ class OpenAICompatibleSut:
             tool_calls = message.get("tool_calls") or None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise SutError("model endpoint sent a reply that is not a chat completion: "
-                           f"{raw[:300].decode(errors='replace')}", kind="bad_reply", endpoint=self._base) from exc
+                           f"{raw[:300].decode(errors='replace')}", kind="bad_reply", endpoint=self._shown) from exc
         usage = {k: int(v) for k, v in (data.get("usage") or {}).items() if isinstance(v, int)}
         try:
             cost = float(reported_cost) if reported_cost is not None else self._prices.cost(usage)

@@ -1,17 +1,19 @@
-"""The model proxy (§4, §11): the real LiteLLM proxy, one per run, the only process that holds the provider key.
+"""The model proxy (§4, §11) from the worker's side: a run's route at its worker's credential proxy.
 
-Attach starts it from the run's generated LiteLLM config with the real key in its own environment and a per-run
-fake key as its master key; everything else (the worker's model calls, a scorer's own HTTP calls through the
-egress proxy) presents only the fake key, which the proxy checks. Its address and the fake key live in the run's
-directory (``proxy.json``, mode 0600, never in an event), so whichever worker runs Materialize can use it.
+Every run's model calls go through a credential proxy (``credential_proxy.py``): a process of its own, one per
+worker, started on the first Attach and shared by the runs that follow. Attach registers the run there: its model
+route with the real key (read from the store and handed over the proxy's control socket, then dropped by the
+worker), under a per-run key made up here. The run's handle (``proxy.json`` in the run's directory, mode 0600,
+never in an event) names the proxy and the per-run key, so whichever worker on the host runs Materialize can use
+it; a worker that finds the proxy gone (it dies with the worker that started it) registers the run again with its
+own, under the same per-run key. The run's end revokes the route (``stop_model_proxy``): its key is refused from
+then on and the real key leaves the proxy.
 
-By default (``Settings.model_proxy = "with_secrets"``) runs whose model names no secret have no credential to
-isolate; they call the endpoint directly and skip the proxy's start-up (11 s measured here) and its per-request
-CPU, which would dominate a fast sweep. ``"always"`` puts every run behind its proxy.
-
-A proxy never outlives its worker: it is started through ``_lifeline.py`` (``PR_SET_PDEATHSIG = SIGKILL``), is
-recorded in the stack's process registry (``benchwright.procreg``) the moment it is spawned, and the worker stops
-the proxies it started when it shuts down. Whatever a crash leaves is found by ``reap_model_proxies``.
+A proxy never outlives its welcome: it is started through ``_lifeline.py`` (``PR_SET_PDEATHSIG = SIGKILL``) and
+recorded in the stack's process registry (``benchwright.procreg``) the moment it is spawned; it exits by itself
+after ``linger_s`` without a route; the worker stops the proxies it started when it shuts down; whatever a crash
+leaves is found by ``reap_model_proxies``. Handles written by the per-run LiteLLM proxies this replaced (no
+``control``) are still stopped the old way: their whole process group.
 """
 
 from __future__ import annotations
@@ -20,39 +22,52 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
-import yaml
-
-from benchwright.devstack import free_port, pid_alive
+from benchwright.devstack import pid_alive
 from benchwright.errors import Unavailable
+from benchwright.prices import prices_for
 from benchwright.procreg import ProcEntry, ProcessRegistry, proc_starttime
-from benchwright.proxy_config import litellm_config
 from benchwright.schemas import ModelSpec
 
-MASTER_KEY_ENV = "BW_PROXY_MASTER_KEY"
-READY_TIMEOUT_S = 90.0
+READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_S = 30.0
 _LIFELINE = Path(__file__).with_name("_lifeline.py")
+_SERVER = Path(__file__).with_name("credential_proxy.py")
+_CONTROL_PREFIX = "bw-cp-"
+
+
+class ProxyGone(Exception):
+    """The credential proxy is not there (exited, exiting, or never answered)."""
 
 
 @dataclass(frozen=True)
 class ProxyHandle:
+    """A run's route at a credential proxy (what ``proxy.json`` holds)."""
+
     pid: int
     port: int
     fake_key: str
+    """The per-run key: the only key the scorer side ever sees, accepted for this run alone while it runs."""
     model_name: str
     started_at: float
-    """Epoch seconds (the proxy may be stopped by another process than the one that started it)."""
+    """Epoch seconds the route was registered (the route may be revoked by another process than the registrar)."""
     start_ticks: int | None = None
     """``/proc/<pid>/stat`` start time, so a stop never signals a process that merely reuses the PID."""
+    control: str | None = None
+    """The proxy's control socket; None in handles of the per-run LiteLLM proxies this replaced."""
 
     def alive(self) -> bool:
         if self.start_ticks is None:  # recorded before start times were kept
@@ -64,12 +79,21 @@ class ProxyHandle:
         return f"http://127.0.0.1:{self.port}/v1"
 
 
+@dataclass(frozen=True)
+class Revoked:
+    """What revoking a run's route found."""
+
+    lifetime_s: float
+    """From registration to revocation."""
+    calls: int
+    cost_usd: float
+    """The proxy's own meter of the run's model spend."""
+    idle: bool
+    """The proxy was left without a route: it now lingers ``linger_s`` (warm for the next run), then exits."""
+
+
 def proxy_file(run_dir: Path) -> Path:
     return run_dir / "proxy.json"
-
-
-def secret_env_name(secret: str) -> str:
-    return f"BW_SECRET_{secret.upper()}"
 
 
 def load_handle(run_dir: Path) -> ProxyHandle | None:
@@ -79,86 +103,161 @@ def load_handle(run_dir: Path) -> ProxyHandle | None:
     return ProxyHandle(**json.loads(path.read_text()))
 
 
-def _litellm_binary() -> str:
-    beside = Path(sys.executable).parent / "litellm"
-    return str(beside) if beside.exists() else "litellm"
-
-
-def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | None,
-                      registry: ProcessRegistry | None = None) -> ProxyHandle:
-    """Start the run's LiteLLM proxy (idempotent: a live proxy already recorded for the run is reused).
-
-    Args:
-        registry: The stack's process registry; the proxy is recorded there as soon as it is spawned (before its
-            ~11 s start-up), so a crash during start-up leaves nothing the reaper cannot find.
-
-    Raises:
-        Unavailable: the proxy did not become ready (its log is in the run directory).
-    """
-    # One proxy per run even when several batches find it dead at once (and in several workers): the first
-    # starts it under the run's lock, the others then find it live.
-    with (run_dir / "proxy.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        existing = load_handle(run_dir)
-        if existing is not None and existing.alive():
-            return existing
-        return _start(run_dir=run_dir, spec=spec, secret_value=secret_value, registry=registry)
-
-
-def _start(*, run_dir: Path, spec: ModelSpec, secret_value: str | None,
-           registry: ProcessRegistry | None) -> ProxyHandle:
-    env_name = secret_env_name(spec.secret) if spec.secret else None
-    config = litellm_config(spec, secret_env=env_name)
-    if env_name is None:  # a keyless endpoint: LiteLLM's OpenAI route still wants some key to send
-        config["model_list"][0]["litellm_params"].setdefault("api_key", "none")
-    config["general_settings"] = {"master_key": f"os.environ/{MASTER_KEY_ENV}"}
-    config["litellm_settings"] = {"telemetry": False, "drop_params": True}
-    cfg_path = run_dir / "proxy-config.yaml"
-    cfg_path.write_text(yaml.safe_dump(config, sort_keys=True))
-    fake_key = "sk-bw-" + secrets.token_urlsafe(24)
-    port = free_port()
-    # The proxy's whole environment: the real key (under its own name), its master key, and nothing of the worker's.
-    env = {"PATH": os.defpath + os.pathsep + str(Path(sys.executable).parent), "HOME": str(run_dir),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", MASTER_KEY_ENV: fake_key}
-    if env_name is not None and secret_value is not None:
-        env[env_name] = secret_value
-    # PDEATHSIG fires when the *thread* that spawned the proxy ends, not only the process: callers spawn it from a
-    # thread that lives as long as the worker (the event loop's default executor, whose threads never retire).
-    argv = [sys.executable, "-E", "-s", "-S", str(_LIFELINE), str(os.getpid()), _litellm_binary(),
-            "--config", str(cfg_path), "--host", "127.0.0.1", "--port", str(port)]
-    with (run_dir / "proxy.log").open("ab") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(run_dir))
-    entry = registry.record(kind="model_proxy", pid=proc.pid, group=True, owner=os.getpid(),
-                            detail={"run_dir": str(run_dir)}) if registry is not None else None
-    handle = ProxyHandle(pid=proc.pid, port=port, fake_key=fake_key, model_name=spec.identifier,
-                         started_at=time.time(), start_ticks=proc_starttime(proc.pid))
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Unavailable(f"the model proxy exited with {proc.returncode} while starting; see {run_dir / 'proxy.log'}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=0.5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if entry is not None and registry is not None:
-            registry.forget(entry)
-        raise Unavailable(f"the model proxy was not ready within {READY_TIMEOUT_S:.0f} s")
+def _save_handle(run_dir: Path, handle: ProxyHandle) -> None:
     path = proxy_file(run_dir)
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(asdict(handle)))
     tmp.chmod(0o600)
     tmp.replace(path)
-    return handle
+
+
+def control_call(path: str, command: dict[str, Any], *, timeout_s: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+    """One command on a proxy's control socket, its JSON answer.
+
+    Raises:
+        ProxyGone: nobody answered (the proxy exited or is exiting).
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(path)
+            sock.sendall(json.dumps(command).encode() + b"\n")
+            reply = sock.makefile("rb").readline()
+    except OSError as exc:
+        raise ProxyGone(f"the credential proxy at {path} did not answer: {exc}") from exc
+    if not reply:
+        raise ProxyGone(f"the credential proxy at {path} closed the connection")
+    answer: dict[str, Any] = json.loads(reply)
+    return answer
+
+
+@dataclass
+class _Proxy:
+    pid: int
+    start_ticks: int
+    port: int
+    control: str
+
+
+class _Proxies:
+    """The credential proxy this worker started, per data directory (one for a worker; tests run several stacks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine: dict[Path, _Proxy] = {}
+
+    def get(self, *, registry: ProcessRegistry, linger_s: float) -> _Proxy:
+        """This worker's proxy for the registry's stack, started if there is none (or it lingered out)."""
+        with self._lock:
+            proxy = self._mine.get(registry.dir)
+            if proxy is not None and proc_starttime(proxy.pid) == proxy.start_ticks:
+                return proxy
+            proxy = _spawn(registry=registry, linger_s=linger_s)
+            self._mine[registry.dir] = proxy
+            return proxy
+
+    def forget(self, proxy: _Proxy) -> None:
+        with self._lock:
+            for key, known in list(self._mine.items()):
+                if known is proxy:
+                    del self._mine[key]
+
+
+_PROXIES = _Proxies()
+
+
+def _spawn(*, registry: ProcessRegistry, linger_s: float) -> _Proxy:
+    """Start a credential proxy and wait until its control socket answers (~0.4 s measured here, idle machine)."""
+    control_dir = Path(tempfile.mkdtemp(prefix=_CONTROL_PREFIX))  # 0700: a Unix socket path must stay short
+    control = control_dir / "control.sock"
+    # Nothing of the worker's environment: no key ever enters it (keys arrive over the control socket).
+    env = {"PATH": os.defpath, "HOME": str(control_dir), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "LITELLM_LOG": "ERROR", "PYTHONDONTWRITEBYTECODE": "1"}
+    # PDEATHSIG fires when the *thread* that spawned the proxy ends, not only the process: callers spawn it from a
+    # thread that lives as long as the worker (the event loop's default executor, whose threads never retire).
+    # -P: the script's directory stays off sys.path (its siblings are package modules, not top-level ones).
+    argv = [sys.executable, "-E", "-s", "-S", str(_LIFELINE), str(os.getpid()), sys.executable, "-P", str(_SERVER),
+            "--control", str(control), "--linger", repr(float(linger_s))]
+    log_path = registry.dir.parent / "credential-proxy.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=str(control_dir))
+    entry = registry.record(kind="model_proxy", pid=proc.pid, group=True, owner=os.getpid(),
+                            detail={"control": str(control)})
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            shutil.rmtree(control_dir, ignore_errors=True)
+            raise Unavailable(f"the credential proxy exited with {proc.returncode} while starting; see {log_path}")
+        if control.exists():
+            try:
+                hello = control_call(str(control), {"op": "hello"}, timeout_s=5.0)
+                return _Proxy(pid=proc.pid, start_ticks=entry.start if entry else proc_starttime(proc.pid) or 0,
+                              port=int(hello["port"]), control=str(control))
+            except ProxyGone:
+                pass
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if entry is not None:
+        registry.forget(entry)
+    shutil.rmtree(control_dir, ignore_errors=True)
+    raise Unavailable(f"the credential proxy was not ready within {READY_TIMEOUT_S:.0f} s")
+
+
+def _route(spec: ModelSpec, *, concurrency: int) -> dict[str, Any]:
+    """The route as the proxy takes it: prices from the launch, else from LiteLLM's cost map."""
+    prices = prices_for(spec)
+    return {"model_name": spec.identifier, "identifier": spec.identifier, "api_base": spec.api_base,
+            "params": spec.params, "input_cost_per_token": prices.input_cost_per_token,
+            "output_cost_per_token": prices.output_cost_per_token,
+            "launch_prices": spec.input_cost_per_token is not None or spec.output_cost_per_token is not None,
+            "max_idle": max(concurrency, 1)}
+
+
+def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | None, registry: ProcessRegistry,
+                      linger_s: float, concurrency: int = 256) -> ProxyHandle:
+    """Register the run's route at this worker's credential proxy (started if needed); returns the run's handle.
+
+    Idempotent: registering again replaces the route (a retried Attach, or a worker whose proxy replaced a dead
+    one) and keeps the run's per-run key, so the key a scorer already holds stays valid.
+
+    Args:
+        secret_value: The real key, or None for a keyless endpoint. Handed to the proxy; the caller drops it.
+        linger_s: How long a proxy started here stays up without a route before it exits.
+        concurrency: Calls the run may have in flight (the upstream connections the route keeps open).
+
+    Raises:
+        Unavailable: no proxy could be started.
+    """
+    with (run_dir / "proxy.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        existing = load_handle(run_dir)
+        fake_key = existing.fake_key if existing is not None else "sk-bw-" + secrets.token_urlsafe(24)
+        command = {"op": "register", "run_id": run_dir.name, "key": fake_key,
+                   "route": _route(spec, concurrency=concurrency), "secret": secret_value}
+        for attempt in range(3):
+            proxy = _PROXIES.get(registry=registry, linger_s=linger_s)
+            try:
+                answer = control_call(proxy.control, command)
+            except ProxyGone:
+                answer = {"ok": False, "error": "gone"}
+            if answer.get("ok"):
+                break
+            _PROXIES.forget(proxy)  # it lingered out just now: start another
+        else:
+            raise Unavailable("the credential proxy refused the run's route: " + str(answer.get("error")))
+        if existing is not None and existing.control is None and existing.alive():
+            _stop_group(existing.pid, existing.alive)  # a per-run LiteLLM proxy from before: ours now
+        handle = ProxyHandle(pid=proxy.pid, port=proxy.port, fake_key=fake_key, model_name=spec.identifier,
+                             started_at=time.time(), start_ticks=proxy.start_ticks, control=proxy.control)
+        _save_handle(run_dir, handle)
+        return handle
 
 
 def _stop_group(pid: int, alive: Callable[[], bool]) -> None:
-    """SIGTERM the proxy's process group, SIGKILL it if still alive after ``STOP_TIMEOUT_S``."""
+    """SIGTERM a process group, SIGKILL it if still alive after ``STOP_TIMEOUT_S``."""
     try:
         for signum in (signal.SIGTERM, signal.SIGKILL):
             if not alive():
@@ -171,25 +270,38 @@ def _stop_group(pid: int, alive: Callable[[], bool]) -> None:
         pass
 
 
-def stop_model_proxy(run_dir: Path) -> float | None:
-    """Stop the run's proxy (its whole process group); returns its lifetime in seconds, or None if none ran."""
+def stop_model_proxy(run_dir: Path) -> Revoked | None:
+    """Revoke the run's route (its per-run key refused from now on, its real key dropped); None if it had none.
+
+    A proxy that is gone took the route with it: the revocation is then only the handle's removal.
+    """
     handle = load_handle(run_dir)
     if handle is None:
         return None
-    _stop_group(handle.pid, handle.alive)
+    revoked = Revoked(lifetime_s=time.time() - handle.started_at, calls=0, cost_usd=0.0, idle=False)
+    if handle.control is None:  # a per-run LiteLLM proxy from before this design: the route is the process
+        _stop_group(handle.pid, handle.alive)
+    elif handle.alive():
+        try:
+            answer = control_call(handle.control, {"op": "revoke", "run_id": run_dir.name})
+        except ProxyGone:
+            answer = {}
+        if answer.get("found"):
+            revoked = Revoked(lifetime_s=float(answer["lifetime_s"]), calls=int(answer["calls"]),
+                              cost_usd=float(answer["cost_usd"]), idle=bool(answer["idle"]))
     proxy_file(run_dir).unlink(missing_ok=True)
-    return time.time() - handle.started_at
+    return revoked
 
 
 def reap_model_proxies(*, registry: ProcessRegistry, runs_dir: Path, finished_at: Callable[[str], float | None],
                        linger_s: float, everything: bool = False) -> int:
-    """Stop the proxies nobody will stop; returns how many were running.
+    """Stop the proxies and revoke the routes nobody will; returns how many proxies or routes were live.
 
     Stopped: every proxy with ``everything`` (the stack is going down, or its previous incarnation crashed); else
-    proxies whose starting process is gone (its worker died: PDEATHSIG normally took them already) and proxies of
-    runs that ended (``finished_at(run_id)``: epoch seconds, or None while running) more than ``linger_s`` ago,
-    or whose run the store does not know (``finished_at`` returns 0). A proxy never lives past its linger because
-    its workflow's delayed stop did not come.
+    proxies whose starting process is gone (its worker died: PDEATHSIG normally took them already). Revoked: the
+    routes of runs that ended (``finished_at(run_id)``: epoch seconds, or None while running; 0 for a run the
+    store does not know), whose workflow's own revocation did not come (a terminated workflow). A per-run LiteLLM
+    proxy from before this design is stopped once its run ended more than ``linger_s`` ago.
     """
     orphans = [e for e in registry.live(kinds=("model_proxy",))
                if everything or e.owner is None or proc_starttime(e.owner) is None]
@@ -204,20 +316,20 @@ def reap_model_proxies(*, registry: ProcessRegistry, runs_dir: Path, finished_at
             path.unlink(missing_ok=True)
             continue
         ended = None if everything else finished_at(path.parent.name)
-        if everything or (ended is not None and time.time() >= ended + linger_s):
+        grace = linger_s if handle.control is None else 0.0
+        if everything or (ended is not None and time.time() >= ended + grace):
             stop_model_proxy(path.parent)
             stopped += 1
     return stopped
 
 
 def _stop_entries(registry: ProcessRegistry, entries: list[ProcEntry]) -> int:
-    """Stop these proxies together (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``) and drop their run's handle."""
+    """Stop these proxies together (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``) and remove their control sockets."""
     stopped = registry.stop(entries, timeout_s=STOP_TIMEOUT_S)
     for entry in entries:
-        run_dir = entry.detail.get("run_dir")
-        handle = load_handle(Path(run_dir)) if isinstance(run_dir, str) else None
-        if handle is not None and handle.pid == entry.pid and not handle.alive():
-            proxy_file(Path(str(run_dir))).unlink(missing_ok=True)
+        control = entry.detail.get("control")
+        if isinstance(control, str) and Path(control).parent.name.startswith(_CONTROL_PREFIX):
+            shutil.rmtree(Path(control).parent, ignore_errors=True)
     return len(stopped)
 
 

@@ -1,14 +1,16 @@
 """Sandboxes, the model proxy and the host policy through real launches (§4, §11): a hostile scorer gets nowhere,
-the real key lives only in the LiteLLM proxy, egress obeys the account's policy, fanout equals sequential, and
-snapshots restore the same filesystem."""
+the real key lives only in the credential proxy and a run's key dies with the run, two accounts' runs stay apart,
+egress obeys the account's policy, fanout equals sequential, and snapshots restore the same filesystem."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +21,7 @@ from starlette.routing import Route
 
 from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.devstack import free_port
-from benchwright.proxy.model_proxy import load_handle
+from benchwright.proxy.model_proxy import ProxyHandle, load_handle
 from benchwright.sandbox import LocalBackend
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _live_sandboxes
@@ -36,6 +38,7 @@ REAL_KEY = "".join(reversed(%(reversed_key)r))  # not spelled out, so the launch
 DATA_DIR = %(data_dir)r
 HOST_PORTS = %(host_ports)r
 TEST_SECRET = %(test_secret)r
+ENDED_RUN_KEY = %(ended_run_key)r
 
 
 def _env_leak():
@@ -113,7 +116,7 @@ def _proxy_keys():
         return "no proxy or real key in env"
     body = json.dumps({"model": %(model)r, "messages": [{"role": "user", "content": %(question)r}]}).encode()
     out = []
-    for key in (fake, "sk-guessed", REAL_KEY):
+    for key in (fake, "sk-guessed", REAL_KEY, ENDED_RUN_KEY):
         req = urllib.request.Request(base + "/chat/completions", data=body, headers={
             "Authorization": "Bearer " + key, "Content-Type": "application/json"})
         try:
@@ -155,6 +158,23 @@ async def _poll_events_for(http: httpx.AsyncClient, run_id: str, event_type: str
         await asyncio.sleep(0.1)
 
 
+async def _handle_of(stack: Stack, run_id: str) -> ProxyHandle:
+    """The run's route at the credential proxy, once Attach registered it."""
+    deadline = asyncio.get_running_loop().time() + 120
+    while (handle := load_handle(stack.data_dir / "runs" / run_id)) is None:
+        assert asyncio.get_running_loop().time() < deadline, "no route registered"
+        await asyncio.sleep(0.05)
+    return handle
+
+
+async def _key_status(handle: ProxyHandle, key: str, model: str = "openai/dev") -> int:
+    """What the credential proxy answers a chat call with ``key``."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        resp = await http.post(f"{handle.base_url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               json={"model": model, "messages": [{"role": "user", "content": "What is 2 + 3?"}]})
+    return resp.status_code
+
+
 async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_proxy(
         stack: Stack, dev_models: DevModels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     test_secret = "worker-only-secret-" + "9" * 16
@@ -164,33 +184,40 @@ async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_pr
     question = next(iter(answers))
     api_port = int(stack.api_url.rsplit(":", 1)[1])
     model_port = int(keyed_url.split(":")[2].split("/")[0])
-    impl = HOSTILE_IMPL % {"reversed_key": REAL_KEY[::-1], "data_dir": str(stack.data_dir), "test_secret": test_secret,
-                           "host_ports": [api_port, model_port, 5432], "model": "openai/dev", "question": question}
-    expect = {"sut": answers[question], "env": "false", "files": "[]", "sockets": "[]", "fork": "true",
-              "memory": "true", "print": "true", "proxy": "[200, 400, 400]"}
-    dataset = tmp_path / "hostile.jsonl"
-    dataset.write_text("".join(json.dumps({"probe": p, "question": question, "answer": a}) + "\n"
-                               for p, a in expect.items()))
+    model = {"identifier": "openai/dev", "api_base": keyed_url, "secret": "DEVKEY", "input_cost_per_token": 1e-6,
+             "output_cost_per_token": 1e-6}
     async with stack.http() as http:
         made = await http.post("/v1/secrets", json={"name": "DEVKEY", "value": REAL_KEY})
         assert made.status_code == 201
-        run = await launch(http, {"dataset": str(dataset), "task_impl": impl,
-                                  "model": {"identifier": "openai/dev", "api_base": keyed_url, "secret": "DEVKEY",
-                                            "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}})
-        await _poll_events_for(http, run["id"], "PhaseStarted")
-        handle = None
-        while handle is None:  # the proxy's pid, to look at its environment while it runs
-            handle = load_handle(stack.data_dir / "runs" / run["id"])
-            await asyncio.sleep(0.05)
-        proxy_env = Path(f"/proc/{handle.pid}/environ").read_bytes()
+        # An earlier run of the same account: its per-run key, dead once it ended, is what the scorer tries too.
+        earlier = await launch(http, {"dataset": DATASET, "model": model})
+        ended_key = (await _handle_of(stack, earlier["id"])).fake_key
+        await wait_terminal(http, earlier["id"])
+        await stack.client.get_workflow_handle(earlier["id"]).result()
+        impl = HOSTILE_IMPL % {"reversed_key": REAL_KEY[::-1], "data_dir": str(stack.data_dir),
+                               "test_secret": test_secret, "host_ports": [api_port, model_port, 5432],
+                               "model": "openai/dev", "question": question, "ended_run_key": ended_key}
+        expect = {"sut": answers[question], "env": "false", "files": "[]", "sockets": "[]", "fork": "true",
+                  "memory": "true", "print": "true", "proxy": "[200, 401, 401, 401]"}
+        dataset = tmp_path / "hostile.jsonl"
+        dataset.write_text("".join(json.dumps({"probe": p, "question": question, "answer": a}) + "\n"
+                                   for p, a in expect.items()))
+        # The 6 GiB probe meets the sandbox's memory ceiling in ~5 s on a quiet machine, past the test stack's 10 s
+        # attempt limit at a load average of 7: this test is about isolation, not that limit.
+        run = await launch(http, {"dataset": str(dataset), "task_impl": impl, "model": model,
+                                  "limits": {"attempt": {"duration": 120}}})
+        handle = await _handle_of(stack, run["id"])
+        proxy_env = Path(f"/proc/{handle.pid}/environ").read_bytes() + Path(f"/proc/{handle.pid}/cmdline").read_bytes()
         events = await wait_terminal(http, run["id"])
         tasks = (await http.get(f"/v1/runs/{run['id']}/tasks")).json()["tasks"]
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
-        await stack.client.get_workflow_handle(run["id"]).result()  # after the proxy's linger
+        await stack.client.get_workflow_handle(run["id"]).result()  # the route's revocation
         after = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
+        api_seen = json.dumps([final, tasks, (await http.get("/v1/runs")).json(), (await http.get("/v1/secrets")).json()])
 
-    assert REAL_KEY.encode() in proxy_env, "the proxy holds the real key"
-    assert REAL_KEY.encode() not in Path("/proc/self/environ").read_bytes(), "the worker does not"
+    # The dev model answers only REAL_KEY, so every passing call proves the proxy put it on the request; it got
+    # the key over its control socket: not in its environment or arguments, not in the worker's environment.
+    assert REAL_KEY.encode() not in proxy_env and REAL_KEY.encode() not in Path("/proc/self/environ").read_bytes()
     by_probe = {json.loads(line)["probe"]: t for line, t in zip(dataset.read_text().splitlines(), tasks)}
     outputs = {probe: (t["outcome"], t["output"]) for probe, t in by_probe.items()}
     assert all(t["outcome"] == "pass" for t in tasks), outputs
@@ -198,10 +225,13 @@ async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_pr
     assert final["cost"]["model"] > 0, "the proxy's reported cost is cost.model"
     logged = json.dumps(after)
     assert REAL_KEY not in logged and handle.fake_key not in logged, "no key in any event"
+    assert REAL_KEY not in api_seen and handle.fake_key not in api_seen, "no key in any answer of the API"
+    assert REAL_KEY not in (stack.data_dir / "credential-proxy.log").read_text(errors="replace")
     proxy_sandbox = [e["data"] for e in after if e["type"].startswith("Sandbox") and e["data"]["role"] == "proxy"]
-    assert [e["sandbox_id"] for e in proxy_sandbox] == [f"proxy-{handle.pid}"] * 2
+    assert [e["sandbox_id"] for e in proxy_sandbox] == [f"proxy-{handle.pid}-{run['id']}"] * 2
     assert any(e["type"] == "ProxyLingerMetered" for e in after)
-    assert not Path(f"/proc/{handle.pid}").exists() or b"Z" in Path(f"/proc/{handle.pid}/stat").read_bytes()
+    assert load_handle(stack.data_dir / "runs" / run["id"]) is None
+    assert await _key_status(handle, handle.fake_key) == 401, "the run's key died with the run"
     assert await _live_sandboxes(stack, run["id"]) == []
     roles = Counter(e["data"]["role"] for e in events if e["type"] == "SandboxCreated")
     assert roles["work"] >= 2 and roles["proxy"] == 1  # atomize, materialize (fetch and setup ran nothing)
@@ -334,19 +364,15 @@ async def test_snapshots_restore_the_same_filesystem(stack: Stack) -> None:
         await backend.close()
 
 
-async def test_every_run_behind_its_proxy_when_the_deployment_says_always(stack: Stack) -> None:
-    stack.settings.model_proxy = "always"
-    try:
-        async with stack.http() as http:
-            run = await launch(http, {"dataset": DATASET, "model": {
-                "identifier": "openai/dev", "api_base": stack.dev_url, "input_cost_per_token": 2e-6,
-                "output_cost_per_token": 2e-6}})
-            await wait_terminal(http, run["id"])
-            await stack.client.get_workflow_handle(run["id"]).result()  # the proxy's linger, then its stop
-            final = (await http.get(f"/v1/runs/{run['id']}")).json()
-            events = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
-    finally:
-        stack.settings.model_proxy = "with_secrets"
+async def test_a_keyless_run_goes_through_the_proxy_too(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {
+            "identifier": "openai/dev", "api_base": stack.dev_url, "input_cost_per_token": 2e-6,
+            "output_cost_per_token": 2e-6}})
+        await wait_terminal(http, run["id"])
+        await stack.client.get_workflow_handle(run["id"]).result()  # the route's revocation
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+        events = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
     assert final["status"] == "ok" and final["tasks"]["summary"]["pass_rate"] == 1.0
     assert [e["data"]["role"] for e in events if e["type"] == "SandboxCreated"].count("proxy") == 1
     results = [e["data"] for e in events if e["type"] == "MaterializeTaskResult"]
@@ -354,4 +380,84 @@ async def test_every_run_behind_its_proxy_when_the_deployment_says_always(stack:
     assert reported == pytest.approx(sum(2e-6 * r["usage"]["total_tokens"] for r in results))
     assert final["cost"]["model"] == pytest.approx(reported)
     assert any(e["type"] == "ProxyLingerMetered" for e in events)
-    assert load_handle(stack.data_dir / "runs" / run["id"]) is None, "the proxy was stopped after its linger"
+    assert load_handle(stack.data_dir / "runs" / run["id"]) is None, "the route was revoked at the run's end"
+
+
+async def test_cost_model_is_litellms_price_for_the_recorded_tokens(stack: Stack, dev_models: DevModels) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl"),
+                                                model_name="gpt-4o-mini"))
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/gpt-4o-mini", "api_base": url}})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    results = [e["data"] for e in events if e["type"] == "MaterializeTaskResult"]
+    priced = [sum(litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=r["usage"]["prompt_tokens"],
+                                         completion_tokens=r["usage"]["completion_tokens"])) for r in results]
+    assert final["status"] == "ok" and len(results) == 60 and all(p > 0 for p in priced)
+    assert [r["cost_usd"] for r in results] == pytest.approx(priced)
+    assert final["cost"]["model"] == pytest.approx(sum(priced))
+
+
+SLOW_IMPL = r'''
+import time
+
+class Scorer:
+    def extract(self, row):
+        return row["question"]
+
+    def solve(self, row, call_sut):
+        reply = call_sut(self.extract(row))
+        time.sleep(0.5)
+        return reply
+
+    def score(self, row, response):
+        return 1.0 if response.strip() == row["answer"] else 0.0
+'''
+
+
+async def test_two_accounts_concurrent_keyed_runs_stay_apart_and_their_keys_die_with_them(
+        stack: Stack, dev_models: DevModels) -> None:
+    answers = load_answers(SAMPLE / "arithmetic.jsonl")
+    keys = {"main": "sk-real-main-" + "3" * 24, "other": "sk-real-other-" + "4" * 24}
+    urls = {who: await dev_models.start(DevModelConfig(answers=answers, api_key=key)) for who, key in keys.items()}
+    prices = {"main": 1e-6, "other": 5e-6}
+    runs: dict[str, dict[str, Any]] = {}
+    handles: dict[str, ProxyHandle] = {}
+    for who, api_key in (("main", stack.api_key), ("other", stack.other_key)):
+        async with stack.http(api_key) as http:
+            # The same secret name in both accounts: each run must get its own account's value.
+            assert (await http.post("/v1/secrets", json={"name": "SHARED", "value": keys[who]})).status_code == 201
+            runs[who] = await launch(http, {"dataset": DATASET, "task_impl": SLOW_IMPL, "concurrency": 4, "model": {
+                "identifier": "openai/dev", "api_base": urls[who], "secret": "SHARED",
+                "input_cost_per_token": prices[who], "output_cost_per_token": prices[who]}})
+    for who in runs:
+        handles[who] = await _handle_of(stack, runs[who]["id"])
+    # While both run: one proxy, two routes; neither key reaches the other's model (or the other's name).
+    assert handles["main"].pid == handles["other"].pid and handles["main"].fake_key != handles["other"].fake_key
+    assert await _key_status(handles["main"], handles["main"].fake_key) == 200
+    async with stack.http(stack.other_key) as http:  # stop the other account's run once it has scored a task
+        await _poll_events_for(http, runs["other"]["id"], "MaterializeTaskResult")
+        stopped = await http.post(f"/v1/runs/{runs['other']['id']}/stop", json={"reason": "enough"})
+        assert stopped.status_code < 300, stopped.text
+    finals, logs = {}, {}
+    for who, api_key in (("main", stack.api_key), ("other", stack.other_key)):
+        async with stack.http(api_key) as http:
+            await wait_terminal(http, runs[who]["id"])
+            await stack.client.get_workflow_handle(runs[who]["id"]).result()
+            finals[who] = (await http.get(f"/v1/runs/{runs[who]['id']}")).json()
+            logs[who] = (await http.get(f"/v1/runs/{runs[who]['id']}/events", params={"limit": 5000})).json()["events"]
+            assert (await http.delete("/v1/secrets/SHARED")).status_code == 204
+    assert finals["main"]["status"] == "ok" and finals["main"]["tasks"]["summary"]["pass_rate"] == 1.0
+    assert finals["other"]["halted"] and finals["other"]["halt_reason"].startswith("operator_kill")
+    for who in runs:
+        results = [e["data"] for e in logs[who] if e["type"] == "MaterializeTaskResult"]
+        assert results and all(r["outcome"] != "error" for r in results), "each run's calls carried its own key"
+        expected = sum(prices[who] * (r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]) for r in results)
+        assert finals[who]["cost"]["model"] == pytest.approx(expected), "each run's spend at its own prices"
+        seen = json.dumps(logs[who])
+        assert not any(k in seen for k in keys.values()) and handles["main"].fake_key not in seen
+        assert handles["other"].fake_key not in seen
+        assert await _key_status(handles[who], handles[who].fake_key) == 401, "revoked at the end (and the stop)"

@@ -139,7 +139,6 @@ async def test_cli_run_watch_exits_0_for_a_clean_run(stack: Stack) -> None:
 
 async def test_a_wrong_secret_fails_attach_through_the_proxy_naming_the_secret(
         stack: Stack, dev_models: DevModels) -> None:
-    from benchwright.devstack import pid_alive
     from benchwright.proxy.model_proxy import load_handle
 
     url = await dev_models.start(DevModelConfig(answers=_answers(), api_key="sk-the-real-one"))
@@ -162,5 +161,7 @@ async def test_a_wrong_secret_fails_attach_through_the_proxy_naming_the_secret(
     failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
     assert final["status"] == "error" and failed and failed[0]["phase"] == "attach"
     assert "the provider refused the key (HTTP 401): check the secret 'STALEKEY'" in failed[0]["detail"]
-    assert pids and not any(pid_alive(pid) for pid in pids), "Attach stopped the proxy it started"
-    assert load_handle(stack.data_dir / "runs" / run["id"]) is None
+    # The route lives ~0.1 s (registered, probed, refused, revoked): the poll above may not see its handle. The
+    # provider saw the stale key (401s) from the credential proxy, the only holder of the secret's value.
+    assert set(dev_models.servers[-1].chat_statuses) == {401}
+    assert load_handle(stack.data_dir / "runs" / run["id"]) is None, "Attach revoked the route it registered"

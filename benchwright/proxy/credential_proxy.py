@@ -1,0 +1,395 @@
+"""The credential proxy (§4, §11): one long-lived process per worker holding the provider keys, one route per run.
+
+A run's route is registered by Attach over the proxy's control socket: the run's model (identifier, ``api_base``,
+``params``, per-token prices) with its real key, under a per-run key the proxy made up for it. The scorer side and
+the worker's own model calls present only the per-run key; the proxy looks the route up by it, puts the real key on
+the upstream request and answers in OpenAI's chat-completions shape with the call's cost in the
+``x-litellm-response-cost`` header (what LiteLLM's proxy reports, so ``cost.model`` is the proxy's figure). When
+the run ends its route is revoked: the per-run key is refused from then on (401) and the real key is dropped.
+
+Two ways upstream, chosen per route:
+
+* ``openai`` (model strings LiteLLM routes as OpenAI-compatible, ``openai/<name>``): the request body is forwarded
+  as it came, model name swapped, over ``benchwright.httpclient``'s keep-alive pool, and priced from LiteLLM's cost
+  map (the prices Attach read from it, or the launch's own). ~0.15 ms of proxy CPU per call (see the README's
+  keyed bench), against 4-12 ms for LiteLLM's proxy, whose per-call CPU made a keyed run 14x slower.
+* ``litellm`` (every other provider): ``litellm.acompletion`` inside this process with the route's key, priced by
+  ``litellm.completion_cost``. litellm is imported on the first such route only (~2 s, ~150 MB once per worker).
+
+Served by uvicorn (httptools) on loopback for the model calls; controlled by JSON lines on a Unix socket in a
+0700 directory that only this uid may use (checked with ``SO_PEERCRED``): ``hello``, ``register``, ``revoke``. The
+process exits on its own once it has had no route for ``--linger`` seconds (the warm window that spares back-to-back
+runs its start-up), on SIGTERM, and (started through ``_lifeline.py``) with the worker that started it.
+
+Run as a script (``python credential_proxy.py --control PATH --linger S``), not as ``-m benchwright.proxy...``: the
+package's ``__init__`` imports the egress proxy (~150 ms, ~10 MB) that this process never uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from benchwright.httpclient import HttpClientError, HttpConnectError, HttpPool
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+UPSTREAM_TIMEOUT_S = 600.0
+"""Bound on one upstream call; the caller's own per-try timeout is normally far shorter (it retries on its side)."""
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+MODELS_PATHS = ("/v1/models", "/models")
+FAILURE_HEADER = "x-benchwright-failure"
+"""Set on a 502/504 the proxy answers itself: ``unreachable``, ``server`` or ``timeout`` (the upstream's fault, not
+the proxy's), so the caller classifies it as if it had called the provider directly."""
+COST_HEADER = "x-litellm-response-cost"
+
+
+@dataclass
+class Route:
+    """One run's way to its model, and the real key it needs (held here only)."""
+
+    run_id: str
+    model_name: str
+    """The name callers use (the launch's model identifier)."""
+    identifier: str
+    api_base: str | None
+    params: dict[str, Any]
+    input_cost_per_token: float
+    output_cost_per_token: float
+    launch_prices: bool
+    """Whether the prices are the launch's own (else LiteLLM's cost map's, and the litellm route asks LiteLLM)."""
+    secret: str | None = field(repr=False)
+    registered_at: float = field(default_factory=time.time)
+    calls: int = 0
+    cost_usd: float = 0.0
+    pool: HttpPool | None = None
+
+    @property
+    def kind(self) -> str:
+        return "openai" if self.identifier.startswith("openai/") else "litellm"
+
+    @property
+    def upstream_model(self) -> str:
+        return self.identifier.split("/", 1)[1]
+
+    def accepts(self, model: object) -> bool:
+        return model is None or model in (self.model_name, self.upstream_model)
+
+    def price(self, usage: object) -> float:
+        if not isinstance(usage, dict):
+            return 0.0
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return 0.0
+        return prompt * self.input_cost_per_token + completion * self.output_cost_per_token
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def error_answer(status: int, message: str, *, code: str, failure: str | None = None) -> Answer:
+    """An error in OpenAI's shape (what SDKs and ``benchwright.sut`` read)."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500 else "api_error",
+                                 "code": code}}).encode()
+    headers = [(FAILURE_HEADER.encode(), failure.encode())] if failure else []
+    return Answer(status, body, headers)
+
+
+def _stream_usage(body: bytes) -> object:
+    """The ``usage`` of a streamed answer (its last chunk carries it when ``stream_options.include_usage``)."""
+    for line in reversed(body.splitlines()):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            with contextlib.suppress(ValueError):
+                chunk = json.loads(line[5:])
+                if isinstance(chunk, dict) and chunk.get("usage"):
+                    return chunk["usage"]
+    return None
+
+
+class CredentialProxy:
+    """The routes and the two servers' handlers (module docstring)."""
+
+    def __init__(self, *, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self.routes: dict[str, Route] = {}
+        """Per-run key -> route."""
+        self.keys: dict[str, str] = {}
+        """Run id -> per-run key."""
+        self.closing = False
+        self.port = 0
+        self.on_idle: Callable[[], None] = lambda: None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._litellm: Any = None
+
+    # -- model calls (ASGI) --------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        answer = await self._answer(scope, receive)
+        headers = [(b"content-type", b"application/json"), *answer.headers]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.body})
+
+    async def _answer(self, scope: Scope, receive: Receive) -> Answer:
+        path, method = scope["path"], scope["method"]
+        if path == "/health":
+            return Answer(200, b'{"status":"ok"}')
+        key = ""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                key = token.strip() if scheme.lower() == "bearer" else ""
+        route = self.routes.get(key)
+        if route is None:
+            return error_answer(401, "invalid key: not a key of a running run (a run's key stops working when "
+                                     "the run ends)", code="invalid_api_key")
+        if path in MODELS_PATHS and method == "GET":
+            return Answer(200, json.dumps({"object": "list", "data": [
+                {"id": route.model_name, "object": "model", "owned_by": "benchwright"}]}).encode())
+        if path not in CHAT_PATHS:
+            return error_answer(404, f"the proxy serves POST /v1/chat/completions, not {method} {path}",
+                                code="not_found")
+        if method != "POST":
+            return error_answer(405, f"{method} {path} is not allowed", code="method_not_allowed")
+        body = await _read_body(receive)
+        if body is None:
+            return error_answer(413, f"request body over {MAX_REQUEST_BYTES} bytes", code="payload_too_large")
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return error_answer(400, "the request body is not JSON", code="invalid_json")
+        if not isinstance(request, dict):
+            return error_answer(400, "the request body is not a JSON object", code="invalid_json")
+        if not route.accepts(request.get("model")):
+            return error_answer(404, f"model '{request.get('model')}' is not this run's model "
+                                     f"('{route.model_name}')", code="model_not_found")
+        call = self._openai if route.kind == "openai" else self._via_litellm
+        answer = await call(route, request)
+        route.calls += 1
+        return answer
+
+    async def _openai(self, route: Route, request: dict[str, Any]) -> Answer:
+        assert route.pool is not None
+        payload = json.dumps({**route.params, **request, "model": route.upstream_model}).encode()
+        try:
+            resp = await asyncio.wait_for(route.pool.post("/chat/completions", payload), UPSTREAM_TIMEOUT_S)
+        except HttpConnectError as exc:
+            reason = "connection refused" if isinstance(exc.__cause__, ConnectionRefusedError) else str(exc)
+            return error_answer(502, reason, code="upstream_unreachable", failure="unreachable")
+        except HttpClientError as exc:
+            return error_answer(502, f"the provider broke off the answer: {exc}", code="upstream_error",
+                                failure="server")
+        except TimeoutError:
+            return error_answer(504, f"no answer within {UPSTREAM_TIMEOUT_S:g} s", code="upstream_timeout",
+                                failure="timeout")
+        headers = [(b"retry-after", resp.headers["retry-after"].encode())] if "retry-after" in resp.headers else []
+        if resp.status < 400:
+            streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
+            try:
+                usage = _stream_usage(resp.body) if streamed else json.loads(resp.body).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+            cost = route.price(usage)
+            route.cost_usd += cost
+            headers.append((COST_HEADER.encode(), repr(cost).encode()))
+            if streamed:
+                return Answer(resp.status, resp.body, [(b"content-type", b"text/event-stream"), *headers])
+        return Answer(resp.status, resp.body, headers)
+
+    async def _via_litellm(self, route: Route, request: dict[str, Any]) -> Answer:
+        if request.get("stream"):
+            return error_answer(400, f"streaming is served for OpenAI-compatible models only, not "
+                                     f"'{route.identifier}'", code="stream_unsupported")
+        litellm = self._import_litellm()
+        from benchwright.sut import (
+            _litellm_error,  # the same classification as a direct litellm call
+        )
+
+        kwargs = {**route.params, **{k: v for k, v in request.items() if k != "model"}}
+        if route.api_base:
+            kwargs["api_base"] = route.api_base
+        if route.secret:
+            kwargs["api_key"] = route.secret
+        try:
+            resp = await litellm.acompletion(model=route.identifier, timeout=UPSTREAM_TIMEOUT_S, **kwargs)
+        except Exception as exc:  # noqa: BLE001  # litellm raises many provider-specific types: all are failures
+            error = _litellm_error(exc, route.api_base or "")
+            if error.kind in ("unreachable", "timeout", "server") and error.status is None:
+                return error_answer(504 if error.kind == "timeout" else 502, error.detail, code="upstream_error",
+                                    failure=error.kind)
+            return error_answer(error.status or 400, error.detail, code="upstream_error")
+        data = resp.model_dump()
+        cost = route.price(data.get("usage")) if route.launch_prices else self._litellm_cost(resp, route, data)
+        route.cost_usd += cost
+        return Answer(200, json.dumps(data).encode(), [(COST_HEADER.encode(), repr(cost).encode())])
+
+    def _litellm_cost(self, resp: Any, route: Route, data: dict[str, Any]) -> float:
+        try:
+            return float(self._litellm.completion_cost(completion_response=resp))
+        except Exception:  # noqa: BLE001  # a model LiteLLM does not price: the prices Attach found (or zero)
+            return route.price(data.get("usage"))
+
+    def _import_litellm(self) -> Any:
+        if self._litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import litellm
+
+            self._litellm = litellm
+        return self._litellm
+
+    # -- control (JSON lines on the Unix socket) -----------------------------------------------------------------
+
+    async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        try:
+            if uid != os.getuid():
+                return
+            while line := await reader.readline():
+                try:
+                    reply = await self.command(json.loads(line))
+                except (ValueError, KeyError, TypeError) as exc:
+                    reply = {"ok": False, "error": f"bad command: {type(exc).__name__}"}
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        op = cmd["op"]
+        if op == "hello":
+            return {"ok": not self.closing, "port": self.port, "pid": os.getpid(), "routes": len(self.routes)}
+        if op == "register":
+            if self.closing:
+                return {"ok": False, "error": "closing"}
+            return await self._register(cmd)
+        if op == "revoke":
+            return await self._revoke(cmd["run_id"])
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    async def _register(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        spec = cmd["route"]
+        old = self.keys.get(cmd["run_id"])
+        previous = self.routes.pop(old) if old is not None else None
+        if previous is not None and previous.pool is not None:
+            await previous.pool.aclose()
+        route = Route(run_id=cmd["run_id"], model_name=spec["model_name"], identifier=spec["identifier"],
+                      api_base=spec.get("api_base"), params=dict(spec.get("params") or {}),
+                      input_cost_per_token=float(spec["input_cost_per_token"]),
+                      output_cost_per_token=float(spec["output_cost_per_token"]),
+                      launch_prices=bool(spec.get("launch_prices")), secret=cmd.get("secret"))
+        if previous is not None:
+            route.calls, route.cost_usd, route.registered_at = previous.calls, previous.cost_usd, previous.registered_at
+        if route.kind == "openai":
+            base = (route.api_base or "https://api.openai.com/v1").rstrip("/")
+            headers = {"Authorization": f"Bearer {route.secret}"} if route.secret else {}
+            route.pool = HttpPool(base, headers=headers, max_idle=int(spec.get("max_idle", 256)))
+        else:
+            await asyncio.to_thread(self._import_litellm)  # at Attach, not on the first scored call
+        self.routes[cmd["key"]] = route
+        self.keys[route.run_id] = cmd["key"]
+        self._arm_idle()
+        return {"ok": True}
+
+    async def _revoke(self, run_id: str) -> dict[str, Any]:
+        key = self.keys.pop(run_id, None)
+        route = self.routes.pop(key, None) if key is not None else None
+        if route is not None and route.pool is not None:
+            await route.pool.aclose()
+        self._arm_idle()
+        if route is None:
+            return {"ok": True, "found": False, "idle": not self.routes}
+        return {"ok": True, "found": True, "calls": route.calls, "cost_usd": route.cost_usd,
+                "lifetime_s": time.time() - route.registered_at, "idle": not self.routes}
+
+    def _arm_idle(self) -> None:
+        """Exit after ``linger_s`` without a route (re-armed on every change)."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if not self.routes:
+            self._idle_timer = asyncio.get_running_loop().call_later(self.linger_s, self._idle_exit)
+
+    def _idle_exit(self) -> None:
+        if not self.routes:
+            self.closing = True
+            self.on_idle()
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def serve(*, control: Path, linger_s: float) -> None:
+    proxy = CredentialProxy(linger_s=linger_s)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2048)  # callers open a connection per concurrent call (128+)
+    proxy.port = listener.getsockname()[1]
+    config = uvicorn.Config(proxy, interface="asgi3", http="httptools", loop="asyncio", lifespan="off",
+                            log_level="warning", access_log=False, timeout_keep_alive=75,
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    proxy.on_idle = stop
+    control_server = await asyncio.start_unix_server(proxy.control, path=str(control))
+    control.chmod(0o600)
+    proxy._arm_idle()
+    try:
+        await server.serve(sockets=[listener])
+    finally:
+        proxy.closing = True
+        control_server.close()
+        control.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            control.parent.rmdir()
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description="Benchwright's credential proxy (started by a worker).")
+    ap.add_argument("--control", type=Path, required=True)
+    ap.add_argument("--linger", type=float, required=True)
+    args = ap.parse_args(argv)
+    asyncio.run(serve(control=args.control, linger_s=args.linger))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,151 @@
+"""The credential proxy as a real process in front of real dev-model servers: per-run keys, revocation, two runs'
+routes apart, the provider's failures classified as if called directly, LiteLLM's prices, and the linger exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from benchwright.devmodel import DevModelConfig, DevModelServer, start_server
+from benchwright.devstack import free_port
+from benchwright.prices import Prices
+from benchwright.procreg import ProcessRegistry, proc_starttime
+from benchwright.proxy.model_proxy import (
+    ProxyHandle,
+    start_model_proxy,
+    stop_model_proxy,
+    stop_owned_proxies,
+)
+from benchwright.schemas import ModelSpec
+from benchwright.sut import SutError, run_sut
+
+pytestmark = pytest.mark.asyncio
+KEY_A = "sk-real-a-" + "1" * 24
+KEY_B = "sk-real-b-" + "2" * 24
+QUESTION = "What is 2 + 3?"
+
+
+@pytest_asyncio.fixture
+async def models() -> AsyncIterator[tuple[DevModelServer, DevModelServer]]:
+    answers = {QUESTION: "5"}
+    a = await start_server(DevModelConfig(answers=answers, api_key=KEY_A), port=free_port())
+    b = await start_server(DevModelConfig(answers=answers, api_key=KEY_B), port=free_port())
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> ProcessRegistry:
+    reg = ProcessRegistry(tmp_path / "data")
+    yield reg
+    stop_owned_proxies(reg)
+
+
+def _register(tmp_path: Path, run_id: str, spec: ModelSpec, secret: str | None, registry: ProcessRegistry,
+              linger_s: float = 30.0) -> ProxyHandle:
+    run_dir = tmp_path / "runs" / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return start_model_proxy(run_dir=run_dir, spec=spec, secret_value=secret, registry=registry, linger_s=linger_s)
+
+
+async def _chat(handle: ProxyHandle, key: str, model: str | None = None) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as http:
+        return await http.post(f"{handle.base_url}/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               json={"model": model or handle.model_name,
+                                     "messages": [{"role": "user", "content": QUESTION}]})
+
+
+async def test_per_run_keys_route_apart_and_die_with_the_run(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, b = models
+    spec_a = ModelSpec(identifier="openai/dev", api_base=a.url, input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+    spec_b = ModelSpec(identifier="openai/dev", api_base=b.url, input_cost_per_token=3e-6, output_cost_per_token=4e-6)
+    run_a = await asyncio.to_thread(_register, tmp_path, "run-a", spec_a, KEY_A, registry)
+    run_b = await asyncio.to_thread(_register, tmp_path, "run-b", spec_b, KEY_B, registry)
+    assert (run_a.pid, run_a.port) == (run_b.pid, run_b.port), "one proxy process serves both runs"
+    assert run_a.fake_key != run_b.fake_key
+
+    got_a, got_b = await _chat(run_a, run_a.fake_key), await _chat(run_b, run_b.fake_key)
+    assert got_a.status_code == got_b.status_code == 200, (got_a.text, got_b.text)
+    for got, spec in ((got_a, spec_a), (got_b, spec_b)):
+        usage = got.json()["usage"]
+        assert got.json()["choices"][0]["message"]["content"] == "5"
+        expected = usage["prompt_tokens"] * spec.input_cost_per_token + usage["completion_tokens"] * \
+            spec.output_cost_per_token
+        assert float(got.headers["x-litellm-response-cost"]) == pytest.approx(expected), "each run's own prices"
+    assert (await _chat(run_a, "sk-guessed")).status_code == 401
+    assert (await _chat(run_a, KEY_A)).status_code == 401, "the real key is no key at the proxy"
+    assert (await _chat(run_a, run_a.fake_key, model="gpt-4o")).status_code == 404, "only the run's own model"
+    environ = Path(f"/proc/{run_a.pid}/environ").read_bytes() + Path(f"/proc/{run_a.pid}/cmdline").read_bytes()
+    assert KEY_A.encode() not in environ and KEY_B.encode() not in environ, "keys travel over the control socket"
+    assert KEY_A.encode() not in Path("/proc/self/environ").read_bytes()
+
+    revoked = await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-a")
+    assert revoked is not None and revoked.calls == 1 and not revoked.idle, "run-b still holds a route"
+    assert revoked.cost_usd == pytest.approx(float(got_a.headers["x-litellm-response-cost"])), "the proxy's meter"
+    assert (await _chat(run_a, run_a.fake_key)).status_code == 401, "a run's key dies with the run"
+    assert (await _chat(run_b, run_b.fake_key)).status_code == 200, "the other run goes on"
+    last = await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-b")
+    assert last is not None and last.idle and last.calls == 2
+    assert a.chat_statuses == {200: 1} and b.chat_statuses == {200: 2}, "each provider saw only its own run"
+
+
+async def test_the_worker_side_client_classifies_the_providers_failures_through_the_proxy(
+        tmp_path: Path, registry: ProcessRegistry) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    spec = ModelSpec(identifier="openai/dev", api_base=dead)
+    handle = await asyncio.to_thread(_register, tmp_path, "run-dead", spec, None, registry)
+    sut = run_sut(spec, prices=Prices(), proxy=handle, concurrency=1, timeout_s=5, retries=1)
+    try:
+        with pytest.raises(SutError) as caught:
+            await sut.complete([{"role": "user", "content": QUESTION}], {})
+    finally:
+        await sut.aclose()
+    assert caught.value.kind == "unreachable" and caught.value.detail == "connection refused"
+
+
+async def test_a_priced_model_costs_what_litellms_cost_map_says(
+        tmp_path: Path, registry: ProcessRegistry) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    server = await start_server(DevModelConfig(answers={QUESTION: "5"}, model_name="gpt-4o-mini"), port=free_port())
+    try:
+        spec = ModelSpec(identifier="openai/gpt-4o-mini", api_base=server.url)
+        handle = await asyncio.to_thread(_register, tmp_path, "run-priced", spec, None, registry)
+        got = await _chat(handle, handle.fake_key)
+    finally:
+        await server.close()
+    usage = got.json()["usage"]
+    prompt, completion = litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=usage["prompt_tokens"],
+                                                completion_tokens=usage["completion_tokens"])
+    assert prompt + completion > 0
+    assert float(got.headers["x-litellm-response-cost"]) == pytest.approx(prompt + completion)
+
+
+async def test_an_idle_proxy_exits_after_its_linger_and_the_next_run_starts_another(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    spec = ModelSpec(identifier="openai/dev", api_base=a.url)
+    first = await asyncio.to_thread(_register, tmp_path, "run-1", spec, KEY_A, registry, 0.3)
+    start = proc_starttime(first.pid)
+    await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-1")
+    deadline = time.monotonic() + 20
+    while proc_starttime(first.pid) == start:
+        assert time.monotonic() < deadline, "the idle proxy outlived its linger"
+        await asyncio.sleep(0.05)
+    assert not Path(first.control or "").exists(), "its control socket went with it"
+    second = await asyncio.to_thread(_register, tmp_path, "run-2", spec, KEY_A, registry, 0.3)
+    assert second.pid != first.pid
+    assert (await _chat(second, second.fake_key)).status_code == 200
+    assert json.loads((tmp_path / "runs" / "run-2" / "proxy.json").read_text())["fake_key"] == second.fake_key
+    assert oct((tmp_path / "runs" / "run-2" / "proxy.json").stat().st_mode & 0o777) == "0o600"
