@@ -10,12 +10,22 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.common import Deps, PhaseScope, in_thread, phase
-from activities.phase_cache import PhaseCache, analyze_input_hash
 from activities.driving import driver_context, no_decision, take_request
-from benchwright.datasets import analyze_dataset, iter_task_rows, keep_rows, read_task_rows
+from activities.phase_cache import PhaseCache, analyze_input_hash
+from benchwright.datasets import (
+    analyze_dataset,
+    iter_task_rows,
+    keep_rows,
+    read_task_rows,
+)
 from benchwright.drivers import DatasetSchema, driver_for
 from benchwright.drivers.base import SAMPLE_ROWS
-from benchwright.events import AgentTextEvent, AnalyzeArtifact, DatasetTasksArtifact, SyntheticSubsetCreated
+from benchwright.events import (
+    AgentTextEvent,
+    AnalyzeArtifact,
+    DatasetTasksArtifact,
+    SyntheticSubsetCreated,
+)
 from benchwright.pipeline import PhaseInput, PhaseResult
 
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
-from activities.driving import SandboxWorkbench, driver_context, no_decision, require_event, take_request
+from activities.driving import (
+    SandboxWorkbench,
+    driver_context,
+    no_decision,
+    require_event,
+    take_request,
+)
 from activities.sandboxes import latest_snapshot, sandbox, take_snapshot
 from benchwright.datasets import read_task_rows
 from benchwright.drivers import DatasetSchema, ScorerPlan, driver_for

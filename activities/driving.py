@@ -12,15 +12,27 @@ from sqlmodel import Session, col, select
 from activities.attach import live_proxy
 from activities.common import Deps, PhaseScope, in_thread
 from activities.sandboxes import Sandbox, put_runtime
+from benchwright.dataset_access import DatasetAccess
 from benchwright.drivers import DriverContext, DriverFailed, SampleResult
 from benchwright.drivers.base import DriverPhase
-from benchwright.dataset_access import DatasetAccess
-from benchwright.drivers.catalog import BUNDLED_CATALOG, Catalog, catalog_fetch, load_catalog
+from benchwright.drivers.catalog import (
+    BUNDLED_CATALOG,
+    Catalog,
+    catalog_fetch,
+    load_catalog,
+)
 from benchwright.events import AgentTextEvent, DatasetResolved, Event
 from benchwright.pipeline import PhaseControl, PhaseInput
 from benchwright.prices import prices_for
 from benchwright.sandbox import ExecLimits
-from benchwright.scoring.host import ScorerLoadError, TrialItem, TrialLimits, TrialRecord, check_impl, run_trials
+from benchwright.scoring.host import (
+    ScorerLoadError,
+    TrialItem,
+    TrialLimits,
+    TrialRecord,
+    check_impl,
+    run_trials,
+)
 from benchwright.settings import Settings
 from benchwright.store.models import EventRow
 from benchwright.sut import run_sut

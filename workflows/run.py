@@ -53,6 +53,8 @@ with workflow.unsafe.imports_passed_through():
         ControlResult,
         EventsInput,
         FinishInput,
+        ForkDecision,
+        ForkPhaseInput,
         HaltInput,
         MaterializeBatchInput,
         MaterializeBatchResult,
@@ -69,7 +71,7 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
     )
-    from benchwright.temporal_ui import RUN_PHASE, RUN_STATUS
+    from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
 PHASE_TIMEOUT = timedelta(minutes=30)
 PHASE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
@@ -102,6 +104,9 @@ class RunWorkflow:
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
         self._phase: str | None = None
+        self._launch = inp.launch
+        """The launch in force: the input's, or on a fork the Fork phase's decision (prose may change it)."""
+        self._fork: ForkDecision | None = None
         self._invocations: dict[str, int] = {}
         self._restarts = 0
         self._instructions: dict[str, str] = {}
@@ -236,18 +241,23 @@ class RunWorkflow:
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
-        plan = plan_phases(inp.launch)
-        markers: list[tuple[str, Event]] = [
-            ("pipeline:started", PipelineStarted(workflow_id=workflow.info().workflow_id,
-                                                 phases=[p.model_dump() for p in plan]))]
-        markers += [(f"{p.phase}:skipped", PhaseSkipped(phase=p.phase, reason=p.skip_reason))
-                    for p in plan if p.skip_reason]
-        await self._record(markers)
-        clock = asyncio.create_task(self._run_clock(inp.limits.run_duration_s))
+        clock: asyncio.Task[None] | None = None
         try:
-            for step in plan:
-                if step.skip_reason is None:
-                    await self._phase_loop(step.phase)
+            if inp.fork is not None and workflow.patched("fork-phase"):
+                # A forked launch: the Fork phase seeds the run from its parent before the pipeline starts, so the
+                # inherited events follow RunLaunched and the plan knows which phases are inherited.
+                clock = asyncio.create_task(self._run_clock(inp.limits.run_duration_s))
+                await self._phase_loop("fork")
+            plan = plan_phases(self._launch, fork=self._fork)
+            markers: list[tuple[str, Event]] = [
+                ("pipeline:started", PipelineStarted(workflow_id=workflow.info().workflow_id,
+                                                     phases=[p.model_dump() for p in plan]))]
+            markers += [(f"{p.phase}:skipped", PhaseSkipped(phase=p.phase, reason=p.skip_reason))
+                        for p in plan if p.skip_reason]
+            await self._record(markers)
+            if clock is None:
+                clock = asyncio.create_task(self._run_clock(inp.limits.run_duration_s))
+            await self._run_plan([p.phase for p in plan if p.skip_reason is None and p.phase != "fork"])
         except _Teardown:
             result = await self._teardown()
         except ActivityError as err:
@@ -256,7 +266,8 @@ class RunWorkflow:
             await self._finish("ok")
             result = RunResult(run_id=inp.run_id, status="ok")
         finally:
-            clock.cancel()
+            if clock is not None:
+                clock.cancel()
         await self._linger_then_stop_proxy()
         # Signal handlers may still be writing (a refusal's event); let them land before the workflow closes.
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -278,8 +289,18 @@ class RunWorkflow:
         if not self._finished and (self._halt is None or _resumable(self._halt)):
             await self._raise_halt("limit_exceeded:run.duration", override=True)
 
-    async def _phase_loop(self, phase: str) -> None:
-        """Invocations of one phase until it completes: restarts, reviews and pauses re-enter here."""
+    async def _run_plan(self, phases: list[str]) -> None:
+        """Run the phases in order; a phase that asks for an earlier one to start over (Materialize wanting a new
+        impl from Atomize) sends the run back there, and every phase after it runs again as its next invocation
+        (Materialize v2 is the second sweep, §2)."""
+        i = 0
+        while i < len(phases):
+            back = await self._phase_loop(phases[i])
+            i = phases.index(back) if back in phases else i + 1
+
+    async def _phase_loop(self, phase: str) -> str | None:
+        """Invocations of one phase until it completes: restarts, reviews and pauses re-enter here. Returns the
+        earlier phase to go back to when the phase asked for one to start over, else None."""
         new_invocation = True
         while True:
             await self._gate()
@@ -289,13 +310,24 @@ class RunWorkflow:
             control = await self._attempt(phase, self._invocations[phase])
             if control is None:
                 self._instructions.pop(phase, None)
-                return
+                return None
             if control.kind == "interrupted":
                 continue  # paused mid-phase: the same invocation runs again after resume (its events dedupe)
             new_invocation = True
             if control.kind == "restart" and self._restarts < RESTART_CAP:
                 self._restarts += 1
             elif control.kind == "restart":
+            if control.kind == "restart" and control.phase not in (None, phase):
+                # The cap counts restarts across all phases (§10); past it the run waits for a human, whose
+                # resolution becomes the instructions of the phase it goes back to.
+                if self._restarts < RESTART_CAP:
+                    self._restarts += 1
+                else:
+                    await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
+                    await self._gate()
+                    if phase in self._instructions:
+                        self._instructions[control.phase] = self._instructions.pop(phase)
+                return control.phase
                 await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
             elif control.kind == "review":
                 await self._record([(f"{phase}:{self._invocations[phase]}:review",
@@ -353,12 +385,14 @@ class RunWorkflow:
 
     async def _execute_phase(self, phase: str, invocation: int) -> PhaseControl | None:
         inp = self._inp
-        phase_inp = PhaseInput(run_id=inp.run_id, phase=phase, invocation=invocation, launch=inp.launch,
+        if phase == "fork":
+            await self._fork_phase(invocation)
+            return None
+        phase_inp = PhaseInput(run_id=inp.run_id, phase=phase, invocation=invocation, launch=self._launch,
                                driver=inp.driver, instructions=self._instructions.get(phase),
                                run_cost_usd=inp.limits.run_cost_usd, max_tasks=inp.limits.max_tasks)
         if phase == "materialize":
-            await self._materialize(phase_inp)
-            return None
+            return await self._materialize(phase_inp)
         result: PhaseResult = await workflow.execute_activity(
             phase, phase_inp, result_type=PhaseResult, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
             cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
@@ -368,7 +402,23 @@ class RunWorkflow:
             self._model_proxy = True
         return result.control
 
-    async def _materialize(self, phase_inp: PhaseInput) -> None:
+    async def _fork_phase(self, invocation: int) -> None:
+        inp = self._inp
+        assert inp.fork is not None
+        decision: ForkDecision = await workflow.execute_activity(
+            "fork", ForkPhaseInput(run_id=inp.run_id, invocation=invocation, launch=inp.launch, driver=inp.driver,
+                                   fork=inp.fork),
+            result_type=ForkDecision, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
+            cancellation_type=CANCEL, summary=f"fork of {inp.fork.parent_run_id} at {inp.fork.rewind_to or '?'}")
+        self._fork, self._launch = decision, decision.launch
+        if decision.tasks_total is not None:
+            self._tasks_total = decision.tasks_total
+        self._model_proxy = self._model_proxy or decision.model_proxy
+        self._instructions.update(decision.instructions)
+        if decision.launch.model.identifier != inp.launch.model.identifier:
+            workflow.upsert_search_attributes([RUN_MODEL.value_set(decision.launch.model.identifier)])
+
+    async def _materialize(self, phase_inp: PhaseInput) -> PhaseControl | None:
         inp = self._inp
         started = workflow.now()
         invocation = phase_inp.invocation
@@ -388,7 +438,7 @@ class RunWorkflow:
         async def one(start: int, stop: int) -> None:
             async with limiter:
                 batch = MaterializeBatchInput(run_id=inp.run_id, invocation=invocation, start=start, stop=stop,
-                                              model=inp.launch.model, metadata=inp.launch.metadata,
+                                              model=self._launch.model, metadata=self._launch.metadata,
                                               trials=inp.trials, concurrency=concurrency,
                                               task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd,
                                               mode=inp.materialize_mode)
@@ -415,10 +465,21 @@ class RunWorkflow:
             start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY, summary=f"materialize v{invocation}: done")
 
     # -- halts, failure, finish ------------------------------------------------------------------------------
+        if workflow.patched("materialize-restart"):
+            # The sweep's close says whether the Driver wants another: a restart of an earlier phase (a new impl
+            # from Atomize) makes this invocation the first of several sweeps.
+            closed: PhaseResult = await workflow.execute_activity(
+                "materialize_complete", MaterializeCompleteInput(run_id=inp.run_id, invocation=invocation,
+                                                                 duration_ms=duration_ms,
+                                                                 metadata=self._launch.metadata),
+                result_type=PhaseResult, start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
+                summary=f"materialize v{invocation}: done")
+            return closed.control
 
     async def _raise_halt(self, reason: str, *, override: bool = False) -> None:
         """Record the halt on the row (via an activity) and wake the main loop, which cancels in-flight work.
 
+        return None
         ``override`` lets a ceiling replace a resumable halt (a run that hits its duration while paused is torn
         down, not left paused).
         """

@@ -3,6 +3,7 @@
 Importing this package registers ``builtin``, so ``driver_for("builtin")`` always works.
 """
 
+from benchwright.drivers import builtin as _builtin  # noqa: F401  (registers ``builtin``)
 from benchwright.drivers.base import (
     AnalyzeDecision,
     AtomizeDecision,
@@ -19,7 +20,6 @@ from benchwright.drivers.base import (
     driver_kind,
     register_driver,
 )
-from benchwright.drivers import builtin as _builtin  # noqa: F401  (registers ``builtin``)
 
 __all__ = [
     "AnalyzeDecision",

@@ -25,6 +25,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
 import yaml
 
 from benchwright.dataset_access import DatasetAccess, LocalPathRules
@@ -36,9 +37,7 @@ CATALOG_SOURCE = "catalog:"
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
-    "a an and are as at be by can do for from how i in is it me my of on one only or please run some test the "
-    "their them this to use using want with evaluate eval benchmark dataset questions question model models "
-    "first each sample samples every all".split())
+    ["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "how", "i", "in", "is", "it", "me", "my", "of", "on", "one", "only", "or", "please", "run", "some", "test", "the", "their", "them", "this", "to", "use", "using", "want", "with", "evaluate", "eval", "benchmark", "dataset", "questions", "question", "model", "models", "first", "each", "sample", "samples", "every", "all"])
 
 
 def words(text: str) -> list[str]:
@@ -124,8 +123,8 @@ class Catalog:
             if best[0] == 0.0:
                 shared = sorted(said & entry.keywords())
                 if shared:
-                    best = (float(len(shared)), f"the prompt shares the keywords {', '.join(shared)} with its "
-                                                 "description")
+                    best = (float(len(shared)),
+                            f"the prompt shares the keywords {', '.join(shared)} with its description")
             if best[0] == 0.0:
                 similarity = max(difflib.SequenceMatcher(None, w, label.lower()).ratio()
                                  for label in (entry.name, *entry.aliases) for w in [*said, ""])

@@ -71,8 +71,7 @@ def _norm(value: Any) -> str:
 
 def _column_for(word: str, columns: list[str]) -> str | None:
     """The column a (possibly plural) word names."""
-    forms = {word, word.rstrip("s"), word[:-3] + "y" if word.endswith("ies") else word, word[:-2]
-             if word.endswith("es") else word}
+    forms = {word, word.rstrip("s"), word[:-3] + "y" if word.endswith("ies") else word, word.removesuffix("es")}
     by_lower = {c.lower(): c for c in columns}
     return next((by_lower[f] for f in forms if f in by_lower), None)
 

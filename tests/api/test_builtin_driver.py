@@ -135,7 +135,7 @@ async def test_humaneval_canonical_passes_broken_fails_infinite_loop_times_out(s
         ("pass", False), ("fail", False), ("fail", True)], [(r["outcome"], r["meta"], r["error"]) for r in results]
 
     body_only = {r["prompt"].strip(): r["canonical_solution"] for r in rows}
-    final, _, results = await _run(stack, {"dataset": str(SAMPLE / "humaneval-mini.jsonl"),
+    _, _, results = await _run(stack, {"dataset": str(SAMPLE / "humaneval-mini.jsonl"),
                                            "model": _model(await dev_models.start(DevModelConfig(answers=body_only)))})
     assert [r["outcome"] for r in results] == ["pass"] * 3, [(r["output"], r["meta"]) for r in results]
 
@@ -143,8 +143,8 @@ async def test_humaneval_canonical_passes_broken_fails_infinite_loop_times_out(s
 async def test_prompt_launch_finds_the_dataset_and_scopes_a_split(stack: Stack, dev_models: DevModels) -> None:
     rows = _rows("gsm8k-mini.jsonl")
     url = await dev_models.start(DevModelConfig(answers={r["question"]: r["answer"] for r in rows}))
-    final, events, results = await _run(stack, {"prompt": "GSM8K please: the test split, the first 2",
-                                                "model": _model(url)})
+    final, events, _ = await _run(stack, {"prompt": "GSM8K please: the test split, the first 2",
+                                          "model": _model(url)})
     assert final["status"] == "ok", final.get("error")
     assert [e["data"]["phase"] for e in events if e["type"] == "PhaseSkipped"] == []
     [found] = _of(events, "DatasetResolved")
@@ -188,7 +188,7 @@ async def test_no_template_fits_fails_analyze_naming_the_columns(stack: Stack, t
 
 
 async def test_scope_naming_a_missing_column_fails_clearly(stack: Stack) -> None:
-    final, events, _ = await _run(stack, {"dataset": str(SAMPLE / "trivia-mini.jsonl"),
+    _, events, _ = await _run(stack, {"dataset": str(SAMPLE / "trivia-mini.jsonl"),
                                           "prompt": "one question per category", "model": "openai/dev"})
     [failed] = _of(events, "PhaseFailed")
     assert failed["phase"] == "analyze" and "no column is called that" in failed["detail"]

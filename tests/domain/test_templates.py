@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -16,7 +16,7 @@ from benchwright.drivers.templates import render_plan, select_template
 
 def _load(plan: ScorerPlan, **kw: Any) -> dict[str, Any]:
     ns: dict[str, Any] = {"__name__": "task_impl"}
-    exec(compile(render_plan(plan, **kw), "task_impl.py", "exec"), ns)
+    exec(compile(render_plan(plan, **kw), "task_impl.py", "exec"), ns)  # noqa: S102 - the file under test
     return ns
 
 
@@ -169,8 +169,9 @@ def test_tool_call_sends_the_functions_as_tools_and_reads_tool_calls() -> None:
     seen: dict[str, Any] = {}
 
     class Reply(str):
-        tool_calls = [{"id": "c1", "type": "function",
-                       "function": {"name": "weather_get", "arguments": '{"city": "Paris", "days": 3}'}}]
+        tool_calls: ClassVar[list[dict[str, Any]]] = [{
+            "id": "c1", "type": "function",
+            "function": {"name": "weather_get", "arguments": '{"city": "Paris", "days": 3}'}}]
 
     def call_sut(messages: list[dict[str, Any]], **params: Any) -> str:
         seen.update(messages=messages, **params)

@@ -30,7 +30,7 @@ def choices_of(row):
         return texts, labels
     if isinstance(value, list):
         return [str(t) for t in value], None
-    raise ValueError(f"choices column {CONFIG['choices']!r} is neither a list nor a dict: {value!r}")
+    raise TypeError(f"choices column {CONFIG['choices']!r} is neither a list nor a dict: {value!r}")
 
 
 def reference_letter(row):
@@ -38,7 +38,7 @@ def reference_letter(row):
     texts, labels = choices_of(row)
     ref = row[CONFIG["reference"]]
     if isinstance(ref, bool):
-        raise ValueError(f"reference {ref!r} is not a choice")
+        raise TypeError(f"reference {ref!r} is not a choice")
     if labels and str(ref).strip() in labels:
         return _LETTERS[labels.index(str(ref).strip())]
     if isinstance(ref, int) or (isinstance(ref, str) and ref.strip().isdigit()):
