@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
 from benchwright.errors import BenchwrightError
 from benchwright.limits import ScorerCeilings
-from benchwright.events import PhaseCompleted, PhaseStarted
+from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from activities.attach import live_proxy
@@ -27,6 +27,7 @@ from benchwright.pipeline import (
     MaterializeBatchInput,
     MaterializeBatchResult,
     MaterializeCompleteInput,
+    PhaseControl,
     PhaseInput,
     PhaseResult,
 )
@@ -57,6 +58,18 @@ def _limits(threads: int, ceilings: ScorerCeilings) -> ExecLimits:
 HALT_POLL_S = 0.2
 
 
+def resweep_request(deps: Deps, metadata: dict[str, Any], invocation: int) -> PhaseControl | None:
+    """The Driver asking, at the end of a sweep, for Atomize to write a new impl (§2 "Materialize v2"). The
+    builtin driver never does; tests ask through ``metadata.test_hooks`` (only with ``allow_fault_injection``):
+    ``{"resweep": {"times": 1, "reason": "..."}}`` asks after sweeps 1..times."""
+    hooks = metadata.get("test_hooks") if deps.settings.allow_fault_injection else None
+    ask = hooks.get("resweep") if isinstance(hooks, dict) else None
+    if isinstance(ask, dict) and invocation <= int(ask.get("times", 1)):
+        return PhaseControl(kind="restart", phase="atomize",
+                            reason=str(ask.get("reason", "the Driver wants a new impl after this sweep")))
+    return None
+
+
 class MaterializeActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -69,10 +82,17 @@ class MaterializeActivities:
         return PhaseResult(phase=inp.phase, invocation=inp.invocation)
 
     @activity.defn(name="materialize_complete")
-    async def complete(self, inp: MaterializeCompleteInput) -> None:
-        await in_thread(append_events, self.deps.engine, inp.run_id, [
-            NewEvent.of(event_key(inp.run_id, "materialize", inp.invocation, "completed"),
-                        PhaseCompleted(phase="materialize", duration_ms=inp.duration_ms))])
+    async def complete(self, inp: MaterializeCompleteInput) -> PhaseResult:
+        """Close the sweep; when the Driver wants a new impl, say so (PhaseRestartRequested for Atomize) and hand
+        the workflow the restart, which runs Atomize and then Materialize again as the next invocation."""
+        control = resweep_request(self.deps, inp.metadata, inp.invocation)
+        events = [NewEvent.of(event_key(inp.run_id, "materialize", inp.invocation, "completed"),
+                              PhaseCompleted(phase="materialize", duration_ms=inp.duration_ms))]
+        if control is not None:
+            events.append(NewEvent.of(event_key(inp.run_id, "materialize", inp.invocation, "restart"),
+                                      PhaseRestartRequested(phase=str(control.phase), reason=control.reason)))
+        await in_thread(append_events, self.deps.engine, inp.run_id, events)
+        return PhaseResult(phase="materialize", invocation=inp.invocation, control=control)
 
     def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None) -> SutClient:
         """The run's model route (the one Attach probed), behind the breaker that halts the run ``sut_unavailable``
