@@ -19,6 +19,7 @@ from activities.attach import AttachActivities
 from activities.common import Deps
 from activities.fetch import FetchActivities
 from activities.find import FindActivities
+from activities.fork import ForkActivities
 from activities.materialize import MaterializeActivities
 from activities.regression import RegressionActivities
 from activities.run_log import ControlActivities, RunLogActivities
@@ -59,6 +60,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     control = ControlActivities(deps)
     regression = RegressionActivities(deps)
     activities = [
+        ForkActivities(deps).fork,
         FindActivities(deps).find,
         FetchActivities(deps).fetch,
         AnalyzeActivities(deps).analyze,

@@ -27,6 +27,8 @@ class RunLaunched(Event):
     launch: dict[str, Any]
     account_id: str
     driver: str
+    fork: dict[str, Any] | None = None
+    """On a forked run: ``{parent_run_id, rewind_to, kind}`` (``benchwright.schemas.ForkOrigin``)."""
 
 
 class PipelineStarted(Event):

@@ -20,18 +20,61 @@ class PlannedPhase(BaseModel):
     skip_reason: str | None = None
 
 
-def plan_phases(launch: LaunchRequest) -> list[PlannedPhase]:
+def plan_phases(launch: LaunchRequest, *, fork: ForkDecision | None = None) -> list[PlannedPhase]:
     """Every phase of §2 in order, each with the reason it is skipped (None when it runs).
 
-    Find resolves a benchmark name to a dataset; a dataset launch has nothing left to find.
+    Find resolves a benchmark name to a dataset; a dataset launch has nothing left to find. A forked launch
+    (``fork``, the Fork phase's decision) starts with the ``fork`` phase, which has run by the time the plan is
+    made, and skips every phase it inherited from the parent (§10: nothing upstream of the rewind point reruns).
     """
-    plan: list[PlannedPhase] = []
+    plan: list[PlannedPhase] = [PlannedPhase(phase="fork")] if fork is not None else []
     for phase in PHASES:
         reason = None
-        if phase == "find" and launch.dataset:
+        if fork is not None and phase in fork.inherited:
+            reason = f"inherited from {fork.parent_run_id} (fork at {fork.rewind_to})"
+        elif phase == "find" and launch.dataset:
             reason = "dataset given at launch"
         plan.append(PlannedPhase(phase=phase, skip_reason=reason))
     return plan
+
+
+class ForkSpec(BaseModel):
+    """What the API hands a forked run's workflow (``RunInput.fork``): the request as given. The launch in
+    ``RunInput.launch`` already carries the structured overrides; the Fork phase adds what prose asks for."""
+
+    parent_run_id: str
+    rewind_to: str | None
+    kind: str = "fork"
+    """``fork`` or ``replay`` (rewind to materialize, the model rebound)."""
+    overrides: list[str] = Field(default_factory=list)
+    """Names of the structured overrides applied to the launch (for the decision's record)."""
+    scorer_instructions: str | None = None
+    instructions: str | None = None
+
+
+class ForkPhaseInput(BaseModel):
+    run_id: str
+    invocation: int
+    launch: LaunchRequest
+    driver: str
+    fork: ForkSpec
+
+
+class ForkDecision(BaseModel):
+    """The Fork phase's result: where the run starts over and what it runs with (ForkDecided has the same)."""
+
+    parent_run_id: str
+    rewind_to: str
+    inherited: list[str]
+    """The phases inherited from the parent, in pipeline order (none of them runs)."""
+    launch: LaunchRequest
+    """The launch after every override, structured and interpreted."""
+    tasks_total: int | None = None
+    """The parent's sample size when Analyze is inherited."""
+    model_proxy: bool = False
+    """A model proxy may be started for this run (a keyed model): stop it after the run."""
+    instructions: dict[str, str] = Field(default_factory=dict)
+    """Phase -> instructions for its Driver (``scorer_instructions`` go to atomize)."""
 
 
 class MaterializeOptions(BaseModel):
@@ -53,6 +96,8 @@ class RunInput(BaseModel):
     materialize_mode: str = "sequential"
     """``sequential`` (tasks in the work sandbox) or ``fanout`` (a task sandbox each), chosen from infrastructure."""
     proxy_linger_s: float = 0.0
+    fork: ForkSpec | None = None
+    """Set on forked launches (§10): the Fork phase runs first and seeds the run from the parent."""
 
 
 class RunResult(BaseModel):
@@ -81,6 +126,9 @@ class PhaseControl(BaseModel):
     """``restart`` (the Driver wants this phase to start over), ``review`` (requestHumanReview) or ``halt``
     (a ceiling was crossed; the row is already halted)."""
     reason: str
+    phase: str | None = None
+    """For ``restart``: the phase to start over from when it is not the asking one (Materialize asking for a new
+    impl restarts Atomize, and Materialize then runs again as its next invocation)."""
 
 
 class PhaseResult(BaseModel):
@@ -136,6 +184,8 @@ class MaterializeCompleteInput(BaseModel):
     invocation: int
     duration_ms: int
     """Measured by the workflow on its deterministic clock, from PhaseStarted to the last batch."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """The launch's metadata (the Driver's restart test hook is read from it)."""
 
 
 def batch_bounds(total: int, batch_tasks: int) -> list[tuple[int, int]]:

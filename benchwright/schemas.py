@@ -108,6 +108,9 @@ class LaunchRequest(_Strict):
     impl: str | None = Field(default=None, min_length=1, max_length=200)
     """Pinned launch: an impl id, or ``latest:official`` (the default): the run scores with that impl's exact
     task_impl.py."""
+    replay_of: str | None = Field(default=None, min_length=1, max_length=64)
+    """Replay launch (§3, §10): a reference run's id; with ``model`` and nothing else, the run is a replay of it
+    (``POST /v1/runs/{id}/replay``)."""
     model: ModelSpec
     """The SUT: a LiteLLM model string, or an object with ``identifier`` and optional ``api_base`` and prices."""
     driver: str | None = Field(default=None, max_length=256, json_schema_extra={
@@ -330,3 +333,113 @@ def suggest(value: str, allowed: list[str] | tuple[str, ...]) -> str:
     """A ' (did you mean X?)' hint for a typo, or ''."""
     close = difflib.get_close_matches(value, list(allowed), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# -- forks, replays, sweeps (§10) -----------------------------------------------------------------------------------
+
+REWIND_POINTS: tuple[str, ...] = ("fetch", "analyze", "setup", "attach", "atomize", "materialize")
+"""Phases a fork may rewind to; every phase before it is inherited from the parent (``benchwright.forks``)."""
+RewindPoint = Literal["fetch", "analyze", "setup", "attach", "atomize", "materialize"]
+
+
+class ForkOverrides(_Strict):
+    """What a fork changes. Each override needs the rewind point at or before the phase that consumes it
+    (``benchwright.forks.OVERRIDE_NEEDS``): a later rewind point is refused with 400 naming both."""
+
+    model: ModelSpec | None = None
+    """The SUT (rewind to attach; a replay rebinds it at materialize)."""
+    dataset: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A new source for the same data, e.g. a mirror after the original URL broke (rewind to fetch)."""
+    requirements: list[Annotated[str, StringConstraints(pattern=REQUIREMENT, max_length=200)]] | None = Field(
+        default=None, max_length=100)
+    """The scorer's Python packages (rewind to setup)."""
+    task_impl: str | None = Field(default=None, max_length=MAX_TASK_IMPL_BYTES)
+    """A replacement task_impl.py (rewind to atomize)."""
+    scorer_instructions: str | None = Field(default=None, min_length=1, max_length=20_000)
+    """Prose for the Driver that writes the scorer (rewind to atomize)."""
+    trials: TrialsConfig | None = None
+    limits: dict[str, Any] | None = None
+    concurrency: int | None = Field(default=None, ge=1, le=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_string(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            data = {**data, "model": {"identifier": data["model"]}}
+        return data
+
+    def given(self) -> list[str]:
+        """The names of the overrides set."""
+        return [name for name in type(self).model_fields if getattr(self, name) is not None]
+
+
+class ForkRequest(_Strict):
+    """``POST /v1/runs/{id}/fork``."""
+
+    rewind_to: RewindPoint | None = None
+    """Where the fork starts over. Optional only with ``instructions`` (the Fork phase then decides)."""
+    overrides: ForkOverrides = Field(default_factory=ForkOverrides)
+    instructions: str | None = Field(default=None, min_length=1, max_length=20_000)
+    """Prose the Driver interprets in the Fork phase (the builtin driver's vocabulary: ``benchwright.forks``)."""
+
+
+class ReplayRequest(_Strict):
+    """``POST /v1/runs/{id}/replay``: the reference's benchmark, sample, impl and trials; only the model changes."""
+
+    model: ModelSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_string(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            data = {**data, "model": {"identifier": data["model"]}}
+        return data
+
+
+class SweepRequest(_Strict):
+    """``POST /v1/runs/{id}/sweep``: one replay per model."""
+
+    models: list[ModelSpec] = Field(min_length=1, max_length=50)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_strings(cls, v: Any) -> Any:
+        return [{"identifier": m} if isinstance(m, str) else m for m in v] if isinstance(v, list) else v
+
+
+class SweepResult(BaseModel):
+    reference: str
+    runs: list[RunView]
+    """The replays, in the order of ``models``."""
+
+
+class ForkOrigin(BaseModel):
+    """Where a forked run came from (RunLaunched ``fork``, the lineage table)."""
+
+    parent_run_id: str
+    rewind_to: str | None
+    """As requested; the Fork phase's ForkDecided event carries the point it settled on."""
+    kind: Literal["fork", "replay"] = "fork"
+
+
+class LineageNode(BaseModel):
+    id: str
+    parent_run_id: str | None
+    rewind_to: str | None
+    kind: Literal["root", "fork", "replay"]
+    model: str
+    status: RunStatus
+    display_status: DisplayStatus
+    pass_rate: float | None
+    fingerprint: str | None
+    """Stored at terminal status, else recomputed from the log (``benchwright.fingerprint``)."""
+    created_at: datetime
+
+
+class LineageView(BaseModel):
+    """``GET /v1/runs/{id}/lineage``: the fork tree the run belongs to, root first, each parent before its children
+    (children by creation time). Runs the caller may not read are left out."""
+
+    run_id: str
+    root: str
+    runs: list[LineageNode]

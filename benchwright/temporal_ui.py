@@ -10,7 +10,10 @@ RUN_MODEL = SearchAttributeKey.for_keyword("BenchwrightModel")
 RUN_ACCOUNT = SearchAttributeKey.for_keyword("BenchwrightAccount")
 REGRESSION = SearchAttributeKey.for_keyword("BenchwrightRegression")
 """A scheduled replay's outcome on its RegressionWorkflow: ok, detected, ongoing, replay_failed, incomparable."""
-SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION)
+RUN_PARENT = SearchAttributeKey.for_keyword("BenchwrightParentRun")
+"""A fork's parent run id (§10; ``ParentRunId`` is a reserved Temporal name): list a run's forks with
+``BenchwrightParentRun = '<run id>'``."""
+SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION, RUN_PARENT)
 
 
 def dev_server_args() -> list[str]:

@@ -103,10 +103,10 @@ class RunWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
-        self._phase: str | None = None
         self._launch = inp.launch
         """The launch in force: the input's, or on a fork the Fork phase's decision (prose may change it)."""
         self._fork: ForkDecision | None = None
+        self._phase: str | None = None
         self._invocations: dict[str, int] = {}
         self._restarts = 0
         self._instructions: dict[str, str] = {}
@@ -314,9 +314,6 @@ class RunWorkflow:
             if control.kind == "interrupted":
                 continue  # paused mid-phase: the same invocation runs again after resume (its events dedupe)
             new_invocation = True
-            if control.kind == "restart" and self._restarts < RESTART_CAP:
-                self._restarts += 1
-            elif control.kind == "restart":
             if control.kind == "restart" and control.phase not in (None, phase):
                 # The cap counts restarts across all phases (§10); past it the run waits for a human, whose
                 # resolution becomes the instructions of the phase it goes back to.
@@ -328,6 +325,9 @@ class RunWorkflow:
                     if phase in self._instructions:
                         self._instructions[control.phase] = self._instructions.pop(phase)
                 return control.phase
+            if control.kind == "restart" and self._restarts < RESTART_CAP:
+                self._restarts += 1
+            elif control.kind == "restart":
                 await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
             elif control.kind == "review":
                 await self._record([(f"{phase}:{self._invocations[phase]}:review",
@@ -459,12 +459,6 @@ class RunWorkflow:
             await asyncio.gather(*batches, return_exceptions=True)
             raise
         duration_ms = int((workflow.now() - started).total_seconds() * 1000)
-        await workflow.execute_activity(
-            "materialize_complete", MaterializeCompleteInput(run_id=inp.run_id, invocation=invocation,
-                                                             duration_ms=duration_ms),
-            start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY, summary=f"materialize v{invocation}: done")
-
-    # -- halts, failure, finish ------------------------------------------------------------------------------
         if workflow.patched("materialize-restart"):
             # The sweep's close says whether the Driver wants another: a restart of an earlier phase (a new impl
             # from Atomize) makes this invocation the first of several sweeps.
@@ -475,11 +469,17 @@ class RunWorkflow:
                 result_type=PhaseResult, start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
                 summary=f"materialize v{invocation}: done")
             return closed.control
+        await workflow.execute_activity(
+            "materialize_complete", MaterializeCompleteInput(run_id=inp.run_id, invocation=invocation,
+                                                             duration_ms=duration_ms),
+            start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY, summary=f"materialize v{invocation}: done")
+        return None
+
+    # -- halts, failure, finish ------------------------------------------------------------------------------
 
     async def _raise_halt(self, reason: str, *, override: bool = False) -> None:
         """Record the halt on the row (via an activity) and wake the main loop, which cancels in-flight work.
 
-        return None
         ``override`` lets a ceiling replace a resumable halt (a run that hits its duration while paused is torn
         down, not left paused).
         """

@@ -71,7 +71,12 @@ a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 
 
 @router.post("", status_code=201, response_model=RunView, responses=responses(*BODY, 402, 409, 503))
 async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
-    """Launch a run: records RunLaunched (seq 0) and starts its workflow."""
+    """Launch a run: records RunLaunched (seq 0) and starts its workflow. ``{"replay_of", "model"}`` launches a
+    replay of that run (``POST /v1/runs/{id}/replay``)."""
+    if body.replay_of is not None:
+        from api.routes.forks import replay_launch
+
+        return await replay_launch(body, account, state)
     settings = state.settings
     pin = await run_in_threadpool(resolve_pin, state.engine, BlobStore.from_settings(settings), account_id=account.id,
                                   launch=body)
@@ -213,10 +218,12 @@ async def get_events(
 
 @router.get("/{run_id}/tasks", response_model=TaskList, responses=responses(404))
 def get_tasks(run_id: RunId, account: AccountDep, state: StateDep, after: After = -1,
-              limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> TaskList:
+              limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+              invocation: Annotated[int | None, Query(ge=1, le=MAX_INDEX, description=(
+                  "The Materialize invocation (sweep, §2) to list; default the latest."))] = None) -> TaskList:
     """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
     run = readable_run(state.engine, run_id=run_id, account_id=account.id)
-    return list_tasks(state.engine, run_id=run.id, after=after, limit=limit)
+    return list_tasks(state.engine, run_id=run.id, after=after, limit=limit, invocation=invocation)
 
 
 @router.get("/{run_id}/tasks/{index}", response_model=TaskDetail, responses=responses(404))

@@ -273,3 +273,17 @@ class PhaseCell(SQLModel, table=True):
     source_run_id: str | None = Field(default=None, max_length=36)
     """For a cell copied by a hit, the run that did the work."""
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class RunFork(SQLModel, table=True):
+    """The fork tree (§10): one row per forked run naming its parent, written with the fork's RunLaunched."""
+
+    __tablename__ = "run_forks"
+
+    run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
+    parent_run_id: str = Field(foreign_key="runs.id", index=True, max_length=36)
+    rewind_to: str | None = Field(default=None, max_length=32)
+    """As requested (the Fork phase's ForkDecided event has the point it settled on)."""
+    kind: str = Field(default="fork", max_length=16)
+    """``fork`` or ``replay``."""
+    created_at: datetime = Field(default_factory=utcnow)

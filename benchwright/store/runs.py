@@ -17,6 +17,7 @@ from benchwright.errors import InvalidInput, NotFound
 from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.schemas import (
     CostView,
+    ForkOrigin,
     LaunchRequest,
     ProxyLinger,
     RunList,
@@ -34,7 +35,7 @@ from benchwright.status import display_status
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
-from benchwright.store.models import Run, TaskRow, TrialResult, utcnow
+from benchwright.store.models import Run, RunFork, TaskRow, TrialResult, utcnow
 from benchwright.registry.catalog import check_can_be_public
 from benchwright.registry.shape import stamp_terminal
 
@@ -42,10 +43,12 @@ from benchwright.registry.shape import stamp_terminal
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
                trials_config: dict[str, Any], limits: dict[str, Any] | None = None,
                billing_markup: float = 1.0, backend: str | None = None,
-               materialize_mode: str | None = None, run_id: str | None = None) -> Run:
+               materialize_mode: str | None = None, run_id: str | None = None,
+               fork: ForkOrigin | None = None) -> Run:
     """Insert the run row and its RunLaunched event (seq 0) in one transaction.
 
-    ``run_id`` lets the caller build (and size-check) the workflow's input before anything is written.
+    ``run_id`` lets the caller build (and size-check) the workflow's input before anything is written. ``fork``
+    names a forked run's parent and rewind point: RunLaunched carries it and the fork tree gets its row.
     """
     run = Run(
         id=run_id or str(uuid.uuid4()),
@@ -63,7 +66,11 @@ def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver
     with session_scope(engine) as session:
         session.add(run)
         session.flush()
-        launched = RunLaunched(launch=run.launch, account_id=account_id, driver=driver)
+        launched = RunLaunched(launch=run.launch, account_id=account_id, driver=driver,
+                               fork=fork.model_dump(mode="json") if fork else None)
+        if fork is not None:
+            session.add(RunFork(run_id=run.id, parent_run_id=fork.parent_run_id, rewind_to=fork.rewind_to,
+                                kind=fork.kind))
         append_in_session(session, run.id, [NewEvent.of(event_key(run.id, "launch"), launched)])
     return run
 
@@ -212,10 +219,12 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     return created, run_id
 
 
-def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500) -> TaskList:
-    """Settled task rows of the latest Materialize invocation, by index; output is the first trial's."""
+def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500,
+               invocation: int | None = None) -> TaskList:
+    """Settled task rows of one Materialize invocation (a sweep, §2; default the latest), by index; output is the
+    first trial's."""
     with Session(engine) as session:
-        invocation = _latest_invocation(session, run_id)
+        invocation = invocation or _latest_invocation(session, run_id)
         rows = session.execute(
             select(TaskRow, TrialResult.output)
             .join(TrialResult, and_(TrialResult.run_id == TaskRow.run_id, TrialResult.invocation == TaskRow.invocation,  # type: ignore[arg-type]
