@@ -17,10 +17,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 CONFIG = {"style": "humaneval", "input": "prompt", "test": "test", "entry_point": "entry_point", "timeout_s": 5.0}
 SYSTEM_PROMPT = "You are an expert Python programmer. Reply with the complete code in one ```python block."
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+# The scorer runs many tasks on threads: at most this many candidate programs run at once, so a sweep at
+# concurrency 128 does not start 128 interpreters on the sandbox's one core and time slow-but-correct ones out
+# while they wait for the CPU (the limit measures the candidate's own run; waiting for a slot counts only against
+# the attempt's duration). Measured on 2 cores: 64 trivial candidates took 1.05 s all at once, 1.34 s through 2
+# slots (~20 ms of interpreter start each).
+_SLOTS = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))
 _CODE_START = re.compile(r"^(?:def |async def |class |import |from |@|[A-Za-z_][A-Za-z0-9_]*\s*=|if |for |while |"
                          r"return |    |\t)")
 
@@ -80,6 +87,11 @@ def _stub_only(prompt):
 def run_program(program, timeout_s):
     """Run ``program`` in a child Python; (passed, timed_out, stderr tail). The child and anything it starts are
     killed at the limit."""
+    with _SLOTS:
+        return _run(program, timeout_s)
+
+
+def _run(program, timeout_s):
     fd, path = tempfile.mkstemp(suffix=".py", prefix="bw_candidate_")
     with os.fdopen(fd, "w") as f:
         f.write(program)
