@@ -30,6 +30,8 @@ class BenchStack:
     model_url: str
     pids: dict[str, int]
     """worker, api, temporal and dev_model process ids."""
+    keyed_model_url: str | None = None
+    """A second dev model, the same but demanding ``model_api_key`` (``running_stack``), for keyed runs."""
 
 
 def wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> dict:
@@ -70,8 +72,10 @@ def cpu_s(pid: int) -> float:
 
 
 @contextmanager
-def running_stack(work: Path, *, answers: Path, latency_ms: float) -> Iterator[BenchStack]:
-    """Start ``benchwright up`` and the dev model (answering from ``answers``) under ``work``; stop both after."""
+def running_stack(work: Path, *, answers: Path, latency_ms: float,
+                  model_api_key: str | None = None) -> Iterator[BenchStack]:
+    """Start ``benchwright up`` and the dev model (answering from ``answers``) under ``work``; stop both after.
+    With ``model_api_key``, a second dev model demanding that key serves keyed runs."""
     ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
     up = subprocess.Popen([*BW, "up", "--data-dir", str(work / "data"), "--api-port", str(ports["api"]),
                            "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
@@ -80,15 +84,20 @@ def running_stack(work: Path, *, answers: Path, latency_ms: float) -> Iterator[B
     model = subprocess.Popen([*BW, "dev-model", "--answers", str(answers), "--latency-ms", str(latency_ms),
                               "--port", "0", "--ready-file", str(ready)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    keyed = subprocess.Popen([*BW, "dev-model", "--answers", str(answers), "--latency-ms", str(latency_ms),
+                              "--port", "0", "--ready-file", str(work / "keyed.json"), "--api-key", model_api_key],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) \
+        if model_api_key else None
     try:
         dev = wait_file(work / "data" / "dev.json", up)
         model_url = wait_file(ready, model)["url"]
+        keyed_url = wait_file(work / "keyed.json", keyed)["url"] if keyed is not None else None
         stack_pids = json.loads((work / "data" / "pids.json").read_text())
         pids = {"worker": stack_pids["worker"], "api": stack_pids["api"], "temporal": stack_pids["temporal"],
                 "dev_model": model.pid}
-        yield BenchStack(dev=dev, model_url=model_url, pids=pids)
+        yield BenchStack(dev=dev, model_url=model_url, pids=pids, keyed_model_url=keyed_url)
     finally:
-        for proc in (model, up):
+        for proc in (model, *([keyed] if keyed else []), up):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)

@@ -10,12 +10,21 @@ the configurations are run in turn, ``--repeat`` times; medians are compared wit
 
     python bench/materialize.py                     # N=1000, k=1, L=50 ms, C=32 and C=128
     python bench/materialize.py --tasks 10000 --trials 5 --concurrency 128
+    python bench/materialize.py --keyed --concurrency 128 --repeat 3    # keyless and keyed runs, interleaved
+    python bench/materialize.py --keyed --burst 20 --repeat 0           # 20 keyed runs launched at once
+
+``--keyed``: every configuration is also run keyed, interleaved with the keyless runs: a second dev model (same
+latency) demands a key, the key is a secret of the bench account, and the model names the secret, so the calls
+go through the credential proxy with the real key put on by it. ``--burst K`` launches K keyed runs at once and
+reports the credential proxy's memory and CPU beside the worker's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -24,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import cpu_s, peak_rss_mb, running_stack, write_dataset
+import httpx
+from benchstack import cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset
 
 from benchwright.client import Client
 
@@ -51,12 +61,32 @@ def _all_events(client: Client, run_id: str) -> list[dict]:
         after = page["next_after"]
 
 
-def run_once(client: Client, dev: dict, dataset: Path, model_url: str, *, k: int, c: int, pids: dict) -> dict:
+BENCH_KEY = "sk-bench-provider-" + "k" * 24
+"""The keyed dev model's key: stored as the bench account's secret BENCHKEY, never sent by the bench itself."""
+
+
+def model_for(url: str, *, keyed: bool) -> dict:
+    return {"identifier": "openai/dev", "api_base": url, **({"secret": "BENCHKEY"} if keyed else {})}
+
+
+def proxy_pids(data_dir: Path) -> list[int]:
+    """The credential proxies the stack's worker started (from the stack's process registry)."""
+    found = []
+    for path in (data_dir / "procs").glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if entry.get("kind") == "model_proxy" and Path(f"/proc/{entry['pid']}").exists():
+            found.append(int(entry["pid"]))
+    return found
+
+
+def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c: int, pids: dict) -> dict:
     body = {"trials": {"plan": {"k": k}, "aggregator": {"name": "any_pass"}}} if k > 1 else {}
     cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
     t0 = time.perf_counter()
-    run = client.launch(dataset=str(dataset), model={"identifier": "openai/dev", "api_base": model_url},
-                        concurrency=c, **body)
+    run = client.launch(dataset=str(dataset), model=model, concurrency=c, **body)
     final = client.wait(run["id"])
     wall = time.perf_counter() - t0
     cpu = {name: round(cpu_s(pid) - cpu0[name], 2) for name, pid in pids.items()}
@@ -78,46 +108,114 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per configuration (median and best shown)")
+    ap.add_argument("--keyed", action="store_true", help="run every configuration keyed too, interleaved")
+    ap.add_argument("--burst", type=int, default=0, help="then launch this many keyed runs at once")
+    ap.add_argument("--burst-tasks", type=int, default=200)
     args = ap.parse_args()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     work = Path(tempfile.mkdtemp(prefix="bw-bench-"))
     dataset, overhead_set = work / "tasks.jsonl", work / "one.jsonl"
     write_dataset(dataset, args.tasks)
     write_dataset(overhead_set, 1)
-    with running_stack(work, answers=dataset, latency_ms=args.latency_ms) as stack:
-        dev, model_url, pids = stack.dev, stack.model_url, stack.pids
+    with running_stack(work, answers=dataset, latency_ms=args.latency_ms,
+                       model_api_key=BENCH_KEY if args.keyed or args.burst else None) as stack:
+        dev, pids = stack.dev, stack.pids
+        modes = {"keyless": model_for(stack.model_url, keyed=False)}
+        if stack.keyed_model_url is not None:
+            with httpx.Client(base_url=dev["api_url"], headers={"Authorization": f"Bearer {dev['api_key']}"}) as http:
+                made = http.post("/v1/secrets", json={"name": "BENCHKEY", "value": BENCH_KEY})
+                assert made.status_code == 201, made.text
+            if args.keyed:
+                modes["keyed"] = model_for(stack.keyed_model_url, keyed=True)
         with Client(dev["api_url"], dev["api_key"], timeout=120) as client:
             # Warm-up (the worker's first runs pay imports and caches), then N=1 and each configuration in turn, so
             # the fixed overhead and the runs it is subtracted from are measured under the same conditions.
-            run_once(client, dev, overhead_set, model_url, k=1, c=1, pids=pids)
-            for c in args.concurrency:
-                run_once(client, dev, dataset, model_url, k=args.trials, c=c, pids=pids)
-            ones: list[dict] = []
-            runs: dict[int, list[dict]] = {c: [] for c in args.concurrency}
-            for _ in range(args.repeat):
-                ones.append(run_once(client, dev, overhead_set, model_url, k=1, c=1, pids=pids))
+            for model in modes.values():
+                run_once(client, dev, overhead_set, model, k=1, c=1, pids=pids)
                 for c in args.concurrency:
-                    runs[c].append(run_once(client, dev, dataset, model_url, k=args.trials, c=c, pids=pids))
-            overhead = statistics.median(r["wall_s"] for r in ones)
-            one = min(ones, key=lambda r: r["wall_s"])
-            print(f"fixed pipeline overhead (N=1, warm): median {overhead:.3f} s, best {one['wall_s']:.3f} s  "
-                  f"phases {one['phases_ms']}")
-            print(f"{'N':>6} {'k':>2} {'C':>4} {'wall s':>8} {'best s':>7} {'trials/s':>8} {'limit s':>8} {'ratio':>6} "
-                  f"{'target s':>8} {'history':>7}  cpu s (worker/api/temporal/dev-model)")
-            for c in args.concurrency:
-                wall = statistics.median(r["wall_s"] for r in runs[c])
-                best = min(runs[c], key=lambda r: r["wall_s"])
-                limit = args.tasks * args.trials * args.latency_ms / 1000 / c
-                target = 1.15 * limit + overhead
-                cpu = best["cpu_s"]
-                print(f"{args.tasks:>6} {args.trials:>2} {c:>4} {wall:>8.2f} {best['wall_s']:>7.2f} "
-                      f"{args.tasks * args.trials / wall:>8.0f} {limit:>8.2f} {wall / limit:>6.2f} "
-                      f"{target:>8.2f} {best['history']:>7}  "
-                      f"{cpu['worker']}/{cpu['api']}/{cpu['temporal']}/{cpu['dev_model']}   "
-                      f"{'MEETS' if wall <= target else 'MISSES'} target (median vs 1.15 x limit + median overhead)")
-                print(f"       phases ms {best['phases_ms']}; all walls {[round(r['wall_s'], 2) for r in runs[c]]}")
-            print(f"worker peak RSS: {peak_rss_mb(pids['worker']):.0f} MB; lm-eval reference ~9 s, inspect_ai ~20 s "
-                  f"for N=1000, C=128, L=50 ms (goal: < 4.5 s)")
+                    run_once(client, dev, dataset, model, k=args.trials, c=c, pids=pids)
+            ones: dict[str, list[dict]] = {mode: [] for mode in modes}
+            runs: dict[tuple[str, int], list[dict]] = {(mode, c): [] for mode in modes for c in args.concurrency}
+            for _ in range(args.repeat):
+                for mode, model in modes.items():
+                    ones[mode].append(run_once(client, dev, overhead_set, model, k=1, c=1, pids=pids))
+                    for c in args.concurrency:
+                        runs[mode, c].append(run_once(client, dev, dataset, model, k=args.trials, c=c, pids=pids))
+            if args.repeat:
+                _report(args, ones, runs, pids)
+            if args.burst:
+                _burst(client, work, stack.keyed_model_url or "", pids, n=args.burst, tasks=args.burst_tasks,
+                       c=args.concurrency[-1])
+            print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _report(args: argparse.Namespace, ones: dict[str, list[dict]], runs: dict[tuple[str, int], list[dict]],
+            pids: dict) -> None:
+    overheads = {mode: statistics.median(r["wall_s"] for r in rs) for mode, rs in ones.items()}
+    for mode, rs in ones.items():
+        one = min(rs, key=lambda r: r["wall_s"])
+        print(f"[{mode}] fixed pipeline overhead (N=1, warm): median {overheads[mode]:.3f} s, best "
+              f"{one['wall_s']:.3f} s, all {[round(r['wall_s'], 3) for r in rs]}  phases {one['phases_ms']}")
+    if "keyed" in overheads:
+        extra = overheads["keyed"] - overheads["keyless"]
+        print(f"keyed N=1 minus keyless N=1 (medians): {extra:+.3f} s  "
+              f"{'MEETS' if extra <= 0.5 else 'MISSES'} the goal (<= +0.5 s)")
+    print(f"{'mode':>8} {'N':>6} {'k':>2} {'C':>4} {'wall s':>8} {'best s':>7} {'trials/s':>8} {'limit s':>8} "
+          f"{'ratio':>6} {'target s':>8} {'history':>7}  cpu s (worker/api/temporal/dev-model)")
+    for (mode, c), rs in runs.items():
+        overhead = overheads[mode]
+        wall = statistics.median(r["wall_s"] for r in rs)
+        best = min(rs, key=lambda r: r["wall_s"])
+        limit = args.tasks * args.trials * args.latency_ms / 1000 / c
+        target = 1.15 * limit + overhead
+        cpu = best["cpu_s"]
+        print(f"{mode:>8} {args.tasks:>6} {args.trials:>2} {c:>4} {wall:>8.2f} {best['wall_s']:>7.2f} "
+              f"{args.tasks * args.trials / wall:>8.0f} {limit:>8.2f} {wall / limit:>6.2f} "
+              f"{target:>8.2f} {best['history']:>7}  "
+              f"{cpu['worker']}/{cpu['api']}/{cpu['temporal']}/{cpu['dev_model']}   "
+              f"{'MEETS' if wall <= target else 'MISSES'} target (median vs 1.15 x limit + median overhead)")
+        print(f"       phases ms {best['phases_ms']}; all walls {[round(r['wall_s'], 2) for r in rs]}")
+        if mode == "keyed":
+            keyless = statistics.median(r["wall_s"] for r in runs["keyless", c])
+            print(f"       keyed / keyless wall (medians): {wall / keyless:.2f}x (goal <= 2x); keyed vs "
+                  f"1.1 x N*L/C + 1 s = {1.1 * limit + 1:.2f} s: {'MEETS' if wall <= 1.1 * limit + 1 else 'MISSES'}")
+    print(f"worker peak RSS: {peak_rss_mb(pids['worker']):.0f} MB; lm-eval reference ~9 s, inspect_ai ~20 s "
+          f"for N=1000, C=128, L=50 ms (goal: < 4.5 s)")
+
+
+def _burst(client: Client, work: Path, keyed_url: str, pids: dict, *, n: int, tasks: int, c: int) -> None:
+    """Launch ``n`` keyed runs at once; report walls, and the worker's and the credential proxy's memory and CPU."""
+    dataset = work / "burst.jsonl"
+    write_dataset(dataset, tasks)
+    proxies = proxy_pids(work / "data")
+    if not proxies:  # it lingered out: one keyed N=1 run brings it back
+        run_once(client, {}, work / "one.jsonl", model_for(keyed_url, keyed=True), k=1, c=1, pids={})
+        proxies = proxy_pids(work / "data")
+    proxy = proxies[0]
+    before = {"worker": rss_mb(pids["worker"]), "proxy": rss_mb(proxy)}
+    cpu0 = {"worker": cpu_s(pids["worker"]), "proxy": cpu_s(proxy)}
+    peak = dict(before)
+    t0 = time.perf_counter()
+    ids = [client.launch(dataset=str(dataset), model=model_for(keyed_url, keyed=True), concurrency=c)["id"]
+           for _ in range(n)]
+    walls: dict[str, float] = {}
+    while len(walls) < n:
+        for run_id in ids:
+            if run_id not in walls and client.run(run_id)["status"] != "running":
+                walls[run_id] = time.perf_counter() - t0
+        peak = {"worker": max(peak["worker"], rss_mb(pids["worker"])), "proxy": max(peak["proxy"], rss_mb(proxy))}
+        time.sleep(0.2)
+    finals = [client.run(run_id) for run_id in ids]
+    ok = sum(f["status"] == "ok" and f["tasks"]["summary"]["pass_rate"] == 1.0 for f in finals)
+    cpu = {name: cpu_s(pid) - cpu0[name] for name, pid in (("worker", pids["worker"]), ("proxy", proxy))}
+    print(f"burst: {n} keyed runs x {tasks} tasks at C={c} launched at once: {ok}/{n} ok with every task passed; "
+          f"last finished after {max(walls.values()):.1f} s (median {statistics.median(walls.values()):.1f} s)")
+    print(f"  credential proxy (pid {proxy}): RSS {before['proxy']:.0f} MB before, peak {peak['proxy']:.0f} MB "
+          f"(+{(peak['proxy'] - before['proxy']) / n:.2f} MB per run), CPU {cpu['proxy']:.2f} s "
+          f"({cpu['proxy'] / (n * tasks) * 1e3:.3f} ms per call)")
+    print(f"  worker: RSS {before['worker']:.0f} MB before, peak {peak['worker']:.0f} MB "
+          f"(+{(peak['worker'] - before['worker']) / n:.1f} MB per run), CPU {cpu['worker']:.2f} s")
 
 
 if __name__ == "__main__":

@@ -163,11 +163,10 @@ def _start_slow_run(data_dir: Path, up: subprocess.Popen[bytes], model_url: str,
             live = [m for m in _sandboxes(data_dir) if m.get("state") == "ready" and m.get("role") == "work"]
             return run["phase"] == "materialize" and bool(live)
 
-        # With a key, LiteLLM's start-up (11 s on a quiet machine, ~30 s at a load average of 13) is most of this.
         _until("a live work sandbox in Materialize", materializing, 120)
     if keyed:
         proxy = json.loads((data_dir / "runs" / run_id / "proxy.json").read_text())
-        assert SECRET.encode() in Path(f"/proc/{proxy['pid']}/environ").read_bytes(), "the proxy holds the real key"
+        assert Path(f"/proc/{proxy['pid']}").exists(), "the credential proxy holding the run's key is up"
     return run_id
 
 
@@ -179,7 +178,7 @@ def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev
         _start_slow_run(data_dir, up, dev_model, keyed=True)
         before = _footprint(up, data_dir)
         kinds = " ".join(_cmdline(pid) for pid in before.processes)
-        assert "litellm" in kinds and "_nsexec.py init" in kinds, kinds
+        assert "credential_proxy.py" in kinds and "_nsexec.py init" in kinds, kinds
         assert before.cgroups, "the sandbox's commands run in cgroups"
 
         stopping = time.monotonic()
