@@ -532,6 +532,12 @@ from benchwright.cli_answers import compare_cmd, frontier_cmd, schedule_app, sho
 app.command("show")(show_cmd)
 app.command("compare")(compare_cmd)
 app.command("frontier")(frontier_cmd)
+
+from benchwright.cli_forks import fork_cmd, lineage_cmd, sweep_cmd  # noqa: E402
+
+app.command("fork")(fork_cmd)
+app.command("sweep")(sweep_cmd)
+app.command("lineage")(lineage_cmd)
 app.add_typer(schedule_app, name="schedule")
 
 from benchwright.cli_registry import registry_app  # noqa: E402

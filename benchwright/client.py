@@ -189,6 +189,30 @@ class Client:
     def task(self, run_id: str, index: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]
 
+    def fork(self, run_id: str, *, rewind_to: str | None = None, instructions: str | None = None,
+             **overrides: Any) -> dict[str, Any]:
+        """Fork a run (§10): a new run inheriting the phases before ``rewind_to``, with ``overrides`` (model,
+        dataset, requirements, task_impl, scorer_instructions, trials, limits, concurrency) and/or prose
+        ``instructions`` for the Fork phase's Driver."""
+        body: dict[str, Any] = {"overrides": overrides}
+        if rewind_to is not None:
+            body["rewind_to"] = rewind_to
+        if instructions is not None:
+            body["instructions"] = instructions
+        return self._call("POST", f"/v1/runs/{run_id}/fork", json=body)  # type: ignore[no-any-return]
+
+    def replay(self, run_id: str, *, model: str | dict[str, Any]) -> dict[str, Any]:
+        """Replay a run against ``model``: benchmark, sample, impl and trials pinned to the reference."""
+        return self._call("POST", f"/v1/runs/{run_id}/replay", json={"model": model})  # type: ignore[no-any-return]
+
+    def sweep(self, run_id: str, *, models: list[str | dict[str, Any]]) -> dict[str, Any]:
+        """One replay of the run per model, all at once: ``{"reference", "runs": [...]}``."""
+        return self._call("POST", f"/v1/runs/{run_id}/sweep", json={"models": models})  # type: ignore[no-any-return]
+
+    def lineage(self, run_id: str) -> dict[str, Any]:
+        """The fork tree the run belongs to (root first, parents before children)."""
+        return self._call("GET", f"/v1/runs/{run_id}/lineage")  # type: ignore[no-any-return]
+
     def stop(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
         """Halt the run for good (operator_kill)."""
         return self._call("POST", f"/v1/runs/{run_id}/stop", json={"reason": reason} if reason else None)  # type: ignore[no-any-return]

@@ -333,3 +333,28 @@ async def _record_history_once(stack: Stack, run_id: str, name: str) -> None:
     handle = stack.client.get_workflow_handle(run_id)
     await handle.result()
     (HISTORIES / name).write_text((await handle.fetch_history()).to_json())
+
+
+async def test_sdk_fork_and_the_lineage_tree_the_cli_prints(stack: Stack) -> None:
+    from benchwright.cli_forks import lineage_lines
+    from benchwright.client import Client
+
+    async with stack.http() as http:
+        root = await launch(http, {"dataset": str(SAMPLE / "arithmetic.jsonl"), "model": _model(stack.dev_url)})
+        await _finish(http, root["id"])
+
+        sdk = Client(stack.api_url, stack.api_key)
+        try:
+            child = await asyncio.to_thread(lambda: sdk.fork(root["id"], rewind_to="atomize",
+                                                             task_impl=ZERO_IF_WRONG_FILE_IMPL))
+            await _finish(http, child["id"])
+            grandchild = await asyncio.to_thread(lambda: sdk.replay(child["id"], model=_model(stack.dev_url)))
+        finally:
+            sdk.close()
+        final, _ = await _finish(http, grandchild["id"])
+        tree = (await http.get(f"/v1/runs/{grandchild['id']}/lineage")).json()
+    assert final["status"] == "ok" and final["tasks"]["summary"]["pass_rate"] == 0.0, "the child's scorer, pinned"
+    lines = lineage_lines(tree)
+    assert len(lines) == 3 and lines[0].startswith(root["id"][:8])
+    assert lines[1].startswith(f"└─ {child['id'][:8]}  fork at atomize")
+    assert lines[2].startswith(f"   └─ {grandchild['id'][:8]}  replay at materialize") and lines[2].endswith(" *")
