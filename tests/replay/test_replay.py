@@ -6,6 +6,10 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
 - ``run_600_tasks_before_balanced_batches.json``: recorded with the code before ``plan_batches`` (three batches of
   250, 250 and 100 tasks); it replays only because the new plan is behind ``patched("balanced-batches")``.
 - ``run_600_tasks_balanced_batches.json``: recorded with ``plan_batches`` (three batches of 200).
+- ``fork_at_atomize.json``: a fork (issue 10) rewinding to Atomize with a replacement scorer: the Fork phase
+  (``patched("fork-phase")``) before PipelineStarted, then Atomize and Materialize.
+- ``run_resweep_materialize_v2.json``: a run whose first sweep asks Atomize for a new impl
+  (``patched("materialize-restart")``): Atomize v2, then Materialize v2.
 """
 
 from __future__ import annotations
