@@ -124,6 +124,7 @@ async def test_a_signal_on_a_closed_run_is_refused_by_temporal(stack: Stack) -> 
 
 def _recorded_run(stack: Stack) -> tuple[str, Any]:
     """A run row with RunLaunched at seq 0 and the RunInput the API would start it with (no workflow yet)."""
+    from benchwright.dataset_access import LocalPathRules
     from benchwright.launch import resolve_launch
     from benchwright.pipeline import MaterializeOptions, RunInput
     from benchwright.schemas import LaunchRequest
@@ -135,7 +136,8 @@ def _recorded_run(stack: Stack) -> tuple[str, Any]:
     account = authenticate(engine, stack.api_key)
     body = LaunchRequest.model_validate({"dataset": DATASET, "model": {"identifier": "openai/dev",
                                                                         "api_base": stack.dev_url}})
-    resolved = resolve_launch(body, default_driver="builtin", allow_local_paths=True)
+    rules = LocalPathRules.from_settings(stack.settings, account_local_paths=account.local_paths)
+    resolved = resolve_launch(body, default_driver="builtin", local_paths=rules)
     run = create_run(engine, account_id=account.id, launch=body, driver=resolved.driver,
                      trials_config=resolved.trials.model_dump(mode="json"))
     inp = RunInput(run_id=run.id, account_id=account.id, launch=body, driver=resolved.driver,
