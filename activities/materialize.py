@@ -20,6 +20,7 @@ from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStart
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from activities.attach import live_proxy
+from activities.bridge import bridge_batch
 from benchwright.proxy.model_proxy import ProxyHandle
 from benchwright.sandbox import ExecLimits
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
@@ -190,13 +191,17 @@ class MaterializeActivities:
         # Read once per batch; started again if it died with the worker that started it.
         proxy = await live_proxy(self.deps, run_id=inp.run_id, spec=inp.model)
         sut = self._sut(inp, proxy)
-        execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
         # Connections to the model open while the batch's sandbox and scorer runtime start.
         warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
-        work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp, tasks_path=workdir / "tasks.jsonl",
-                                             execute=execute, progress=progress, ceilings=self.ceilings))
+        if inp.mode == "bridge":  # a harness-bridge run: the harness process is the whole batch
+            work = asyncio.create_task(bridge_batch(self.deps, inp=inp, sut=sut, progress=progress))
+        else:
+            execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
+            work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp,
+                                                 tasks_path=workdir / "tasks.jsonl", execute=execute,
+                                                 progress=progress, ceilings=self.ceilings))
         try:
             await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not work.done():

@@ -95,9 +95,9 @@ def latest_snapshot(deps: Deps, run_id: str, *, before: str) -> str | None:
 @asynccontextmanager
 async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...], restore: str | None,
                   internal_allowed: frozenset[tuple[str, int]] = frozenset(),
-                  metadata: dict[str, object] | None = None) -> AsyncIterator[Sandbox]:
+                  metadata: dict[str, object] | None = None, ro_paths: tuple[Path, ...] = ()) -> AsyncIterator[Sandbox]:
     """A sandbox for the length of the block, with its egress proxy; killed (and its cost recorded) on the way out,
-    whatever happens inside."""
+    whatever happens inside. ``ro_paths``: host directories shown read-only at the same path (a harness runtime)."""
     run = await in_thread(get_run, deps.engine, run_id=run_id)
     operator_allowed = {(h, int(p)) for h, _, p in (e.rpartition(":") for e in deps.settings.egress_internal_allowed)}
     egress = EgressProxy(policy_provider=_PolicyCache(deps, run.account_id),
@@ -105,7 +105,7 @@ async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...]
                          internal_allowed=frozenset(internal_allowed | operator_allowed))
     await egress.start()
     backend = LocalBackend(deps.settings.sandboxes_dir(), allow_unisolated=deps.settings.allow_unisolated,
-                           egress_proxy_url=egress.url)
+                           egress_proxy_url=egress.url, extra_ro_paths=ro_paths)
     info: SandboxInfo | None = None
     try:
         info = await backend.create(role=role, run_id=run_id, snapshot_id=restore)

@@ -395,6 +395,17 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         metadata: Annotated[Optional[list[str]], typer.Option(
             "--metadata", metavar="KEY=VALUE", help="A label kept on the run (repeatable; KEY:=JSON for a typed "
             "value, e.g. limit:=20).")] = None,
+        harness: Annotated[Optional[str], typer.Option(
+            help="How the evaluation runs: benchwright (default), or a harness bridge: inspect, lmeval.")] = None,
+        harness_config: Annotated[Optional[str], typer.Option(
+            "--harness-config", metavar="JSON", help="The bridge's harness_config as JSON, or @file.json.")] = None,
+        harness_task: Annotated[Optional[Path], typer.Option(
+            "--harness-task", exists=True, dir_okay=False, readable=True,
+            help="The bridge's task file (an inspect @task .py, an lm-eval task .yaml): harness_config.task_file.")
+                                ] = None,
+        harness_file: Annotated[Optional[list[Path]], typer.Option(
+            "--harness-file", exists=True, dir_okay=False, readable=True,
+            help="A data file the task reads, put beside it under its own name (repeatable).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON (the final run with --watch).")
                             ] = False,
         watch: Annotated[bool, typer.Option("--watch/--no-watch", help="Show live progress until it ends.")] = False,
@@ -406,6 +417,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
     """Launch a run through the REST API (and optionally watch it). Every key of the launch body has a flag."""
     from benchwright.cli_support import BadFlag, flat, nested, trials_block
     from benchwright.client import ApiError
+    from benchwright.harness.cli import harness_body
 
     for retired, value in (("--operator", operator), ("--agent", agent)):
         if value is not None:  # §8: the flag exists only to name its new spelling
@@ -425,7 +437,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
             **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt))
-               if v is not None}}
+               if v is not None},
+            **harness_body(harness, harness_config, harness_task, harness_file or [])}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -543,6 +556,10 @@ app.add_typer(schedule_app, name="schedule")
 from benchwright.cli_registry import registry_app  # noqa: E402
 
 app.add_typer(registry_app, name="registry")
+
+from benchwright.harness.cli import harness_app  # noqa: E402
+
+app.add_typer(harness_app, name="harness")
 
 
 def main() -> None:

@@ -90,8 +90,10 @@ class Client:
                metadata: dict[str, Any] | None = None, visibility: str | None = None,
                concurrency: int | None = None, limits: dict[str, Any] | None = None,
                constraints: dict[str, Any] | None = None, compute: str | None = None,
-               requirements: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+               requirements: list[str] | None = None, harness: str | None = None,
+               harness_config: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
         """Launch a run (``POST /v1/runs``); the arguments are the launch body's keys (``LaunchRequest``).
+        ``harness="inspect"`` or ``"lmeval"`` with ``harness_config`` launches a harness-bridge run (§4).
 
         Unknown keyword arguments are sent as-is, so the API names them in its 422, except the retired
         ``operator`` and ``agent`` (§8): they raise TypeError naming ``driver=`` before anything is sent.
@@ -103,7 +105,8 @@ class Client:
         for key, value in (("driver", driver), ("task_impl", task_impl), ("trials", trials),
                            ("metadata", metadata), ("visibility", visibility), ("concurrency", concurrency),
                            ("limits", limits), ("constraints", constraints), ("compute", compute),
-                           ("requirements", requirements)):
+                           ("requirements", requirements), ("harness", harness),
+                           ("harness_config", harness_config)):
             if value is not None:
                 body[key] = value
         return self._call("POST", "/v1/runs", json=body)  # type: ignore[no-any-return]

@@ -330,3 +330,16 @@ class ForkDecided(Event):
 
 
 EVENT_TYPES[ForkDecided.__name__] = ForkDecided
+
+
+class HarnessLogArtifact(Event):
+    """A harness-bridge run's native log (inspect ``.eval``, lm-eval samples JSONL), kept as a run artifact:
+    ``GET /v1/runs/{id}/harness-log`` downloads it (``benchwright.harness.artifacts``)."""
+
+    harness: str
+    filename: str
+    sha256: str
+    bytes: int
+
+
+EVENT_TYPES[HarnessLogArtifact.type_name()] = HarnessLogArtifact

@@ -8,6 +8,7 @@ from benchwright.compute import resolve_compute
 from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
 from benchwright.drivers.llm import LlmDriverSpec
 from benchwright.errors import InvalidInput
+from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
 from benchwright.limits import RunLimits, resolve_limits
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
@@ -45,8 +46,8 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
     subset; the registry is not built yet, so the API passes none today.
 
     Raises:
-        InvalidInput: unknown driver, bad trials config, an unenforceable limit, an unknown or unconfigured
-            compute backend, or a local dataset path where the deployment or the account does not allow them.
+        InvalidInput: unknown driver, an unknown or unsupported harness or a bad harness_config, bad trials config,
+            an unenforceable limit, an unknown or unconfigured compute backend, or a local dataset path where the deployment or the account does not allow them.
         DatasetError: a local dataset path inside a protected place or outside the dataset roots
             (``dataset_blocked``). Whether the file exists is Fetch's to find out: the API and the worker need
             not share a file system, and Fetch enforces every rule again.
@@ -58,6 +59,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
         raise InvalidInput(f"unknown driver '{driver}'{suggest(driver, DRIVERS)}; available: {', '.join(DRIVERS)}, "
                            "or '<provider>://<model>' for an LLM driver",
                            code="unknown_driver")
+    harness = check_harness(launch)  # a bridge launch names no dataset (checked there)
     # A pinned launch's ``registry:`` dataset was written by the API from the registry (benchwright.registry).
     if launch.dataset is not None and not launch.dataset.startswith("registry:") and not is_url(launch.dataset):
         if "://" in launch.dataset:
@@ -66,6 +68,9 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
         check_local_path(launch.dataset, local_paths, must_exist=False)
     trials = resolve_trials(launch.trials, subset_default_trials)
     limits = resolve_limits(limits=launch.limits, constraints=launch.constraints, metadata=launch.metadata)
+    if harness is not None:
+        trials = bridge_trials(harness, trials, given=launch.trials is not None)
+        check_bridge_limits(limits)
     backend = resolve_compute(requested=launch.compute, saved=saved_compute, default=default_compute,
                               configured=configured_backends)
     return ResolvedLaunch(driver=driver, trials=trials, limits=limits, backend=backend)

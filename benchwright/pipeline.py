@@ -10,9 +10,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from benchwright.harness.config import is_bridge
 from benchwright.limits import RunLimits, TaskLimits
 from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig
+
+
+BRIDGE_SKIPS = {
+    "find": "harness-bridge run ({harness}): the harness's task is the benchmark's identity",
+    "fetch": "harness-bridge run ({harness}): the harness supplies its own dataset",
+    "analyze": "harness-bridge run ({harness}): the harness supplies its own dataset and scorer",
+    "atomize": "harness-bridge run ({harness}): the harness supplies its own scorer",
+}
+"""§2 hard skips by run kind; Setup (the task's requirements), Attach and Materialize run."""
 
 
 class PlannedPhase(BaseModel):
@@ -34,6 +44,8 @@ def plan_phases(launch: LaunchRequest, *, fork: ForkDecision | None = None) -> l
             reason = f"inherited from {fork.parent_run_id} (fork at {fork.rewind_to})"
         elif phase == "find" and launch.dataset:
             reason = "dataset given at launch"
+        elif phase in BRIDGE_SKIPS and is_bridge(launch):
+            reason = BRIDGE_SKIPS[phase].format(harness=launch.harness)
         plan.append(PlannedPhase(phase=phase, skip_reason=reason))
     return plan
 

@@ -38,6 +38,9 @@ and Postgres's parameters stay far from 2^63, which answered 500 before (issue 1
 COMPUTE_VALUES = ("local", "sandbox0", "e2b", "default", "auto")
 """What ``compute`` may say; ``benchwright.compute.COMPUTE_CHOICES`` (a test keeps the two equal)."""
 DRIVER_VALUES = ("builtin",)
+HARNESS_VALUES = ("benchwright", "inspect", "lmeval")
+"""What ``harness`` may say; ``benchwright.harness.config.HARNESSES`` (a test keeps the two equal)."""
+MAX_HARNESS_CONFIG_BYTES = 512 * 1024
 """The drivers a launch may name; ``benchwright.launch.DRIVERS`` (a test keeps the two equal)."""
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _LAST_LABEL = r"[A-Za-z_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -137,6 +140,17 @@ class LaunchRequest(_Strict):
     """Compute backend: ``local``, ``sandbox0``, ``e2b``, or ``default``/``auto`` (omit for your default, §4)."""
     concurrency: int | None = Field(default=None, ge=1, le=1024)
     """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
+    harness: str | None = Field(default=None, max_length=32, json_schema_extra={"enum": [*HARNESS_VALUES, None]})
+    """How the evaluation runs (§4): ``benchwright`` (default: a Driver-written scorer), or a harness bridge,
+    ``inspect`` or ``lmeval`` (the harness brings dataset and scorer; ``harness_config`` names its task)."""
+    harness_config: dict[str, Any] | None = None
+    """A bridge's task and the harness's own arguments (``benchwright.harness.config.HarnessConfig``): ``task`` or
+    ``task_file`` (+ ``files``), ``limit``, ``epochs``, generation args; at most 512 KiB serialized."""
+
+    @field_validator("harness_config")
+    @classmethod
+    def _small_harness_config(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_json_size(v, limit=MAX_HARNESS_CONFIG_BYTES, what="harness_config")  # type: ignore[no-any-return]
 
     @field_validator("metadata")
     @classmethod

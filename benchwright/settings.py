@@ -130,6 +130,9 @@ class Settings(BaseSettings):
     spares the next run its start-up; metered to the run that left it idle as cost.proxy_linger). A run's own
     route, and its key, are revoked the moment the run ends."""
     proxy_usd_per_hour: float = 0.0
+    harness_dir: Path | None = None
+    """Where harness runtimes live (``benchwright harness install``: one venv per harness version, mounted
+    read-only into bridge runs' sandboxes); default ``<data_dir>/harness``."""
 
     max_body_bytes: int = 1024 * 1024
     """Largest request body the API reads (1 MiB): a larger one is refused with 413 ``payload_too_large`` before

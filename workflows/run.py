@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
     )
+    from benchwright.harness.config import is_bridge
     from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
 PHASE_TIMEOUT = timedelta(minutes=30)
@@ -426,7 +427,10 @@ class RunWorkflow:
                                         start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
                                         summary=f"materialize v{invocation}: start")
         opts = inp.materialize
-        if workflow.patched("balanced-batches"):
+        bridged = is_bridge(self._launch) and workflow.patched("harness-bridge")
+        if bridged:  # §4: a harness-bridge run is one harness process in the work sandbox, sequential
+            bounds, in_flight = [(0, 1)], 1
+        elif workflow.patched("balanced-batches"):
             bounds, in_flight = plan_batches(self._tasks_total, opts.batch_tasks, opts.parallel_batches)
         else:  # histories recorded before batches were balanced replay with the plan they were made with
             bounds = batch_bounds(self._tasks_total, opts.batch_tasks)
@@ -441,7 +445,7 @@ class RunWorkflow:
                                               model=self._launch.model, metadata=self._launch.metadata,
                                               trials=inp.trials, concurrency=concurrency,
                                               task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd,
-                                              mode=inp.materialize_mode)
+                                              mode="bridge" if bridged else inp.materialize_mode)
                 await workflow.execute_activity(
                     "materialize_batch", batch, result_type=MaterializeBatchResult,
                     activity_id=f"materialize-{invocation}-{start}-{self._halts}", start_to_close_timeout=BATCH_TIMEOUT,

@@ -25,6 +25,7 @@ from benchwright.compute import materialize_mode
 from benchwright.dataset_access import LocalPathRules
 from benchwright.drivers.llm import check_driver_secret
 from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, PaymentRequired, Unavailable
+from benchwright.harness.config import check_harness
 from benchwright.launch import resolve_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
 from benchwright.schemas import (
@@ -78,8 +79,9 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
 
         return await replay_launch(body, account, state)
     settings = state.settings
-    pin = await run_in_threadpool(resolve_pin, state.engine, BlobStore.from_settings(settings), account_id=account.id,
-                                  launch=body)
+    bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
+    pin = None if bridged else await run_in_threadpool(resolve_pin, state.engine, BlobStore.from_settings(settings),
+                                                       account_id=account.id, launch=body)
     if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
         body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
     saved = await run_in_threadpool(saved_compute, state.engine, account_id=account.id)
@@ -95,7 +97,8 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
     client = await state.temporal()
-    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
+                            harness_bridge=bridged)
     inp = RunInput(run_id=str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
                    trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
                    proxy_linger_s=settings.proxy_linger_s,
