@@ -14,6 +14,7 @@ import hashlib
 import time
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio import activity
 
 from activities.common import Deps, failure, in_thread
@@ -31,7 +32,7 @@ from benchwright.forks import (
     tasks_total,
 )
 from benchwright.pipeline import ForkDecision, ForkPhaseInput
-from benchwright.schemas import PHASES
+from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.forks import read_until_phase, seed_fork_log
 
@@ -99,7 +100,7 @@ class ForkActivities:
                             instructions={"atomize": spec.scorer_instructions} if spec.scorer_instructions else {})
 
 
-def _shown(launch: Any, names: list[str], scorer_instructions: str | None) -> dict[str, Any]:
+def _shown(launch: LaunchRequest, names: list[str], scorer_instructions: str | None) -> dict[str, Any]:
     """The overrides in force, as the decision event shows them (task_impl by its sha256, not its source)."""
     shown: dict[str, Any] = {}
     for name in names:
@@ -108,6 +109,6 @@ def _shown(launch: Any, names: list[str], scorer_instructions: str | None) -> di
         elif name == "scorer_instructions":
             shown[name] = scorer_instructions
         else:
-            value = getattr(launch, name, None)
-            shown[name] = value.model_dump(mode="json", exclude_none=True) if hasattr(value, "model_dump") else value
+            value: Any = getattr(launch, name, None)
+            shown[name] = value.model_dump(mode="json", exclude_none=True) if isinstance(value, BaseModel) else value
     return shown

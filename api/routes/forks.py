@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic_core import to_json
 from sqlalchemy import select
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 from starlette.concurrency import run_in_threadpool
 from temporalio.common import (
@@ -209,11 +210,11 @@ def get_lineage(run_id: RunId, account: AccountDep, state: StateDep) -> LineageV
     return LineageView(run_id=run_id, root=root, runs=nodes)
 
 
-def _fingerprint(engine: object, run: Run) -> str | None:
+def _fingerprint(engine: Engine, run: Run) -> str | None:
     """The run fingerprint recomputed from the log's Artifact events (before the registry stores it)."""
-    with Session(engine) as session:  # type: ignore[call-overload]
+    with Session(engine) as session:
         rows = session.execute(
-            select(EventRow.seq, EventRow.type, EventRow.data)
+            select(col(EventRow.seq), col(EventRow.type), col(EventRow.data))
             .where(col(EventRow.run_id) == run.id, col(EventRow.type).like("%Artifact"))
             .order_by(col(EventRow.seq))).all()
     return derive((seq, type_, data) for seq, type_, data in rows)[0] if rows else None

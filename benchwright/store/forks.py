@@ -24,7 +24,7 @@ def read_until_phase(engine: Engine, run_id: str, *, phase: str) -> list[LoggedE
     with Session(engine) as session:
         while True:
             rows = list(session.execute(
-                select(EventRow.seq, EventRow.type, EventRow.data)
+                select(col(EventRow.seq), col(EventRow.type), col(EventRow.data))
                 .where(col(EventRow.run_id) == run_id, col(EventRow.seq) > after)
                 .order_by(col(EventRow.seq)).limit(_PAGE)).all())
             for seq, type_, data in rows:
@@ -68,7 +68,7 @@ def lineage_rows(engine: Engine, *, run_id: str) -> tuple[str, list[tuple[Run, R
                      .scalars()}
             out += [(runs[i], forks.get(i)) for i in level if i in runs]
             children = list(session.execute(
-                select(RunFork.run_id).join(Run, col(Run.id) == col(RunFork.run_id))
+                select(col(RunFork.run_id)).join(Run, col(Run.id) == col(RunFork.run_id))
                 .where(col(RunFork.parent_run_id).in_(level)).order_by(col(Run.created_at))).scalars())
             level = [c for c in children if c not in seen]
             seen.update(level)
