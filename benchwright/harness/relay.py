@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -92,6 +92,8 @@ class Relay:
             messages = body["messages"]
             if not isinstance(messages, list):
                 raise TypeError("messages must be a list")
+        except ClientDisconnect:  # the harness was stopped mid-request: nobody is left to answer
+            return _error(499, "client_closed", "the harness went away")
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, "invalid_request_error", f"not a chat completion request: {exc}")
         params = {name: body[name] for name in PASSED_PARAMS if body.get(name) is not None}
