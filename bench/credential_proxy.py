@@ -31,7 +31,11 @@ from benchstack import BW, cpu_s, rss_mb, wait_file, write_dataset
 from benchwright.devstack import free_port
 from benchwright.prices import Prices
 from benchwright.procreg import ProcessRegistry
-from benchwright.proxy.model_proxy import ProxyHandle, start_model_proxy, stop_owned_proxies
+from benchwright.proxy.model_proxy import (
+    ProxyHandle,
+    start_model_proxy,
+    stop_owned_proxies,
+)
 from benchwright.schemas import ModelSpec
 from benchwright.sut import make_sut, run_sut
 
@@ -111,13 +115,13 @@ def main() -> None:
                                            registry=registry, linger_s=30.0)
                 started, proxy_pid = time.perf_counter() - t0, handle.pid
 
-                def factory():  # type: ignore[no-untyped-def]
+                def factory(handle: ProxyHandle = handle):  # type: ignore[no-untyped-def]
                     return run_sut(spec, proxy=handle, **opts)  # type: ignore[arg-type]
             else:
                 litellm, lhandle, started = litellm_proxy(work, url)
                 proxy_pid = litellm.pid
 
-                def factory():  # type: ignore[no-untyped-def]
+                def factory(lhandle: ProxyHandle = lhandle):  # type: ignore[no-untyped-def]
                     return run_sut(spec, proxy=lhandle, **opts)  # type: ignore[arg-type]
             asyncio.run(sweep(factory, min(args.calls, 200), args.concurrency))  # warm-up
             cpu_proxy0 = cpu_s(proxy_pid) if proxy_pid else 0.0

@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +20,8 @@ from benchwright.prices import Prices
 from benchwright.procreg import ProcessRegistry, proc_starttime
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
+    load_handle,
+    reap_model_proxies,
     start_model_proxy,
     stop_model_proxy,
     stop_owned_proxies,
@@ -44,7 +46,7 @@ async def models() -> AsyncIterator[tuple[DevModelServer, DevModelServer]]:
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> ProcessRegistry:
+def registry(tmp_path: Path) -> Iterator[ProcessRegistry]:
     reg = ProcessRegistry(tmp_path / "data")
     yield reg
     stop_owned_proxies(reg)
@@ -149,3 +151,39 @@ async def test_an_idle_proxy_exits_after_its_linger_and_the_next_run_starts_anot
     assert (await _chat(second, second.fake_key)).status_code == 200
     assert json.loads((tmp_path / "runs" / "run-2" / "proxy.json").read_text())["fake_key"] == second.fake_key
     assert oct((tmp_path / "runs" / "run-2" / "proxy.json").stat().st_mode & 0o777) == "0o600"
+
+
+async def test_a_non_openai_provider_goes_through_litellm_inside_the_proxy(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    # hosted_vllm is a LiteLLM provider of its own (not the proxy's OpenAI fast path): litellm makes the call.
+    spec = ModelSpec(identifier="hosted_vllm/dev", api_base=a.url, input_cost_per_token=1e-6,
+                     output_cost_per_token=2e-6)
+    handle = await asyncio.to_thread(_register, tmp_path, "run-litellm", spec, KEY_A, registry)
+    got = await _chat(handle, handle.fake_key)
+    assert got.status_code == 200, got.text
+    usage = got.json()["usage"]
+    assert got.json()["choices"][0]["message"]["content"] == "5" and a.chat_statuses == {200: 1}, "with the key"
+    assert float(got.headers["x-litellm-response-cost"]) == pytest.approx(
+        usage["prompt_tokens"] * 1e-6 + usage["completion_tokens"] * 2e-6)
+
+
+async def test_the_reaper_revokes_routes_of_ended_runs_and_stops_the_proxy_with_the_stack(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    spec = ModelSpec(identifier="openai/dev", api_base=a.url)
+    ended = await asyncio.to_thread(_register, tmp_path, "ended", spec, KEY_A, registry)
+    running = await asyncio.to_thread(_register, tmp_path, "running", spec, KEY_A, registry)
+    finished = {"ended": time.time() - 1, "running": None}
+    runs = tmp_path / "runs"
+
+    live = await asyncio.to_thread(reap_model_proxies, registry=registry, runs_dir=runs,
+                                   finished_at=finished.__getitem__, linger_s=30)
+
+    assert live == 1, "the ended run's route (its workflow never revoked it, say it was terminated)"
+    assert (await _chat(ended, ended.fake_key)).status_code == 401 and load_handle(runs / "ended") is None
+    assert (await _chat(running, running.fake_key)).status_code == 200, "a running run keeps its route"
+    assert await asyncio.to_thread(reap_model_proxies, registry=registry, runs_dir=runs,
+                                   finished_at=finished.__getitem__, linger_s=30, everything=True) == 1
+    assert proc_starttime(running.pid) is None and list(runs.glob("*/proxy.json")) == []
+    assert not Path(running.control or "").parent.exists(), "its control directory is gone too"
