@@ -96,7 +96,7 @@ class ForkActivities:
         seed_fork_log(self.deps.engine, run_id=inp.run_id, copies=copies, own=own, run_updates=updates)
         return ForkDecision(parent_run_id=spec.parent_run_id, rewind_to=rewind, inherited=inherited, launch=launch,
                             tasks_total=tasks_total(copies) if "analyze" in inherited else None,
-                            model_proxy="attach" in inherited and launch.model.secret is not None,
+                            model_proxy="attach" in inherited,  # every run has a proxy route (issue 12)
                             instructions={"atomize": spec.scorer_instructions} if spec.scorer_instructions else {})
 
 
