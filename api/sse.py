@@ -38,6 +38,7 @@ from benchwright.errors import Unavailable
 from benchwright.events import TERMINAL_EVENT
 from benchwright.schemas import EventView
 from benchwright.store.events import read_events, terminal_seq
+from benchwright.store.models import EventRow
 
 KEEPALIVE = b": keep-alive\n\n"
 _EVENT_ID = re.compile(r"-?\d{1,19}")
@@ -59,12 +60,15 @@ def frames(engine: Engine, run_id: str, *, after: int, limit: int) -> list[Frame
     """
     out: list[Frame] = []
     for row in read_events(engine, run_id, after=after, limit=limit):
-        view = EventView(seq=row.seq, type=row.type, data=row.data, created_at=row.created_at)
-        data = f"id: {row.seq}\nevent: {row.type}\ndata: ".encode() + view.model_dump_json().encode() + b"\n\n"
-        out.append(Frame(seq=row.seq, terminal=row.type == TERMINAL_EVENT, data=data))
+        out.append(Frame(seq=row.seq, terminal=row.type == TERMINAL_EVENT, data=_frame_bytes(row)))
         if row.type == TERMINAL_EVENT:
             break
     return out
+
+
+def _frame_bytes(row: EventRow) -> bytes:
+    view = EventView(seq=row.seq, type=row.type, data=row.data, created_at=row.created_at)
+    return f"id: {row.seq}\nevent: {row.type}\ndata: ".encode() + view.model_dump_json().encode() + b"\n\n"
 
 
 def resume_point(*, last_event_id: str | None, after: int, last_seq: int) -> int:
@@ -267,11 +271,16 @@ class SseHub:
             run_id: The run (the caller checked access).
             after: The last seq the client has (-1: from the start).
             finished: The run had finished when the request was read: a client that already has the terminal
-                event gets an empty stream (events appended after it, like the proxy's linger, are not streamed).
+                event gets what was appended after it (the proxy's linger, a scheduled replay's
+                RegressionDetected, a refused control signal) and the stream closes; a live stream closes at the
+                terminal event itself, so these reach it on its next reconnect.
         """
         if finished:
             end = await to_thread.run_sync(terminal_seq, self._engine, run_id, limiter=self._catchup)
             if end is not None and after >= end:
+                tail = await to_thread.run_sync(self._appendix, run_id, after, limiter=self._catchup)
+                if tail:
+                    yield b"".join(tail)
                 return
         feed = self._join(run_id, after)
         try:
@@ -314,6 +323,11 @@ class SseHub:
 
     def _frames(self, run_id: str, after: int, limit: int) -> list[Frame]:
         return frames(self._engine, run_id, after=after, limit=limit)
+
+    def _appendix(self, run_id: str, after: int) -> list[bytes]:
+        """Frames of the events a finished run's log gained after its terminal event (a handful at most)."""
+        rows = read_events(self._engine, run_id, after=after, limit=self._catchup_page)
+        return [_frame_bytes(row) for row in rows]
 
     def _join(self, run_id: str, after: int) -> RunFeed:
         feed = self._feeds.get(run_id)

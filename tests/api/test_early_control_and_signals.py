@@ -182,3 +182,31 @@ async def test_a_signal_delivered_with_the_start_itself_pauses_the_run(stack: St
         await wait_terminal(http, run_id)
         final = (await http.get(f"/v1/runs/{run_id}")).json()
     assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
+
+
+async def test_events_appended_after_the_terminal_event_reach_a_resuming_sse_client(stack: Stack) -> None:
+    """A live stream closes at PipelineFinished; what the log gains afterwards (a refused signal, the proxy's linger,
+    a scheduled replay's RegressionDetected) reaches a client that resumes from the terminal event, as polling shows
+    it: SSE and polling give the same data (§5)."""
+    from benchwright.events import ControlRefused
+    from benchwright.store.db import make_engine
+    from benchwright.store.events import NewEvent, append_events, event_key
+    from tests.api.helpers import parse_sse
+
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
+                                                                "api_base": stack.dev_url}})
+        events = await wait_terminal(http, run["id"])
+        terminal = events[-1]["seq"]
+        engine = make_engine(stack.settings.resolved_database_url())
+        late = ControlRefused(control="stop", code="already_finished", reason="the run has finished (ok)")
+        assert append_events(engine, run["id"], [NewEvent.of(event_key(run["id"], "test", "late"), late)]) == 1
+        polled = (await http.get(f"/v1/runs/{run['id']}/events", params={"after": terminal})).json()["events"]
+        async with http.stream("GET", f"/v1/runs/{run['id']}/events",
+                               headers={"Accept": "text/event-stream", "Last-Event-ID": str(terminal)}) as resp:
+            assert resp.status_code == 200
+            streamed = [e async for e in parse_sse(resp)]
+    # The proxy's own post-run events may land around ours: the stream (read later) extends the poll.
+    assert "ControlRefused" in [e["type"] for e in polled]
+    assert [(e["seq"], e["type"]) for e in streamed][: len(polled)] == [(e["seq"], e["type"]) for e in polled]
+    assert "PipelineFinished" not in [e["type"] for e in streamed]
