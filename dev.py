@@ -5,6 +5,7 @@
     python3 dev.py test [ARGS]   create .venv if needed, install Benchwright with test extras, run pytest
     python3 dev.py bench [ARGS]  run bench/materialize.py
     python3 dev.py bench sse [ARGS]  run bench/sse.py (SSE streams on a live run)
+    python3 dev.py bench harness     run bench/harness.py (a harness-bridge run vs the harness run directly)
 
 The environment is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -53,7 +54,8 @@ def main() -> None:
     elif command == "bench":
         ensure_env("test")
         os.chdir(ROOT)
-        script, args = ("bench/sse.py", args[1:]) if args[:1] == ["sse"] else ("bench/materialize.py", args)
+        scripts = {"sse": "bench/sse.py", "harness": "bench/harness.py"}
+        script, args = (scripts[args[0]], args[1:]) if args[:1] and args[0] in scripts else ("bench/materialize.py", args)
         os.execve(str(PY), [str(PY), script, *args], env)
     else:
         sys.exit(__doc__)
