@@ -362,7 +362,8 @@ async def serve(*, control: Path, linger_s: float) -> None:
     proxy.port = listener.getsockname()[1]
     config = uvicorn.Config(proxy, interface="asgi3", http="httptools", loop="asyncio", lifespan="off",
                             log_level="warning", access_log=False, timeout_keep_alive=75,
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=2, proxy_headers=False, server_header=False,
+                            date_header=False)
     server = uvicorn.Server(config)
 
     def stop() -> None:
