@@ -121,6 +121,8 @@ class RunWorkflow:
         self._halt_writes = 0
         """Halt/clear writes in flight: teardown waits for them so RunHalted never lands after PipelineFinished."""
         self._refusals = 0
+        self._cache_hits: dict[str, str] = {}
+        """Phase → the run whose cached artifact and snapshot it reused."""
 
     # -- queries and updates -------------------------------------------------------------------------------------
 
@@ -401,6 +403,10 @@ class RunWorkflow:
             self._tasks_total = result.tasks
         if result.detail.get("model_proxy"):
             self._model_proxy = True
+        hit = result.detail.get("cache_hit")
+        if isinstance(hit, dict):  # a cross-run cache hit (§2): shown in the Temporal UI's details
+            self._cache_hits[phase] = str(hit.get("source_run_id", "?"))
+            self._details()
         return result.control
 
     async def _fork_phase(self, invocation: int) -> None:
@@ -556,6 +562,8 @@ class RunWorkflow:
         lines = [f"**status** {self._status}", f"**phase** {self._phase or '-'}"]
         if self._halt:
             lines.append(f"**halted** {self._halt}")
+        if self._cache_hits:
+            lines.append("**cache hits** " + ", ".join(f"{p} from `{r}`" for p, r in self._cache_hits.items()))
         if self._tasks_total:
             lines.append(f"**tasks** {self._tasks_settled}/{self._tasks_total} settled (by batch)")
         lines.append("**invocations** " + ", ".join(f"{p} v{n}" for p, n in self._invocations.items()))
