@@ -136,8 +136,8 @@ class S3BlobStore:
 
     def __init__(self, *, bucket: str, prefix: str = "", endpoint_url: str | None = None,
                  region: str = "us-east-1", create_bucket: bool = True) -> None:
-        import boto3  # imported here: a second of import time the API and CLI never need
-        from botocore.config import Config
+        import boto3  # type: ignore[import-untyped]  # imported here: a second of import time the API and CLI never need
+        from botocore.config import Config  # type: ignore[import-untyped]
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -147,7 +147,7 @@ class S3BlobStore:
             self._ensure_bucket()
 
     def _ensure_bucket(self) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
         try:
             self._client.head_bucket(Bucket=self.bucket)

@@ -201,7 +201,7 @@ class RemoteProcess:
         assert self._returncode is not None
         return self._returncode
 
-    async def communicate(self, input: bytes | None = None) -> tuple[bytes, bytes]:  # noqa: A002
+    async def communicate(self, input: bytes | None = None) -> tuple[bytes, bytes]:
         if input and self.stdin is not None:
             self.stdin.write(input)
         if self.stdin is not None:

@@ -25,6 +25,7 @@ REST and exec websocket protocol; see the README for running the same suite agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import queue
@@ -65,7 +66,7 @@ _STOP = object()
 
 def load_api_client(kubeconfig: str | None) -> Any:
     """A ``kubernetes.client.ApiClient`` from ``kubeconfig`` (a path), else the in-cluster service account."""
-    from kubernetes import client, config
+    from kubernetes import client, config  # type: ignore[import-untyped]
 
     if kubeconfig:
         return config.new_client_from_config(config_file=kubeconfig)
@@ -199,7 +200,7 @@ class Sandbox0Backend:
                            instance_size=notes.get("benchwright/instance-size", self.instance_size))
 
     async def _delete(self, name: str) -> bool:
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
         found = False
         for call in (self._core.delete_namespaced_pod, self._net.delete_namespaced_network_policy):
@@ -252,7 +253,7 @@ class Sandbox0Backend:
     # -- commands -----------------------------------------------------------------------------------------------
 
     async def _start(self, name: str, command: list[str], *, wall_seconds: float) -> RemoteProcess:
-        from kubernetes.stream import stream
+        from kubernetes.stream import stream  # type: ignore[import-untyped]
 
         await self._read(name)
         try:
@@ -329,10 +330,8 @@ class _ExecStream:
     def _cancel(self) -> None:
         self.stopped.set()
         self.outbox.put(_STOP)
-        try:
+        with contextlib.suppress(Exception):  # closing a broken socket: nothing left to do
             self.ws.close()
-        except Exception:  # noqa: BLE001 - closing a broken socket: nothing left to do
-            pass
 
     def _send(self) -> None:
         while (item := self.outbox.get()) is not _STOP:
@@ -349,7 +348,11 @@ class _ExecStream:
                 return
 
     def _read(self) -> None:
-        from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
+        from kubernetes.stream.ws_client import (  # type: ignore
+            ERROR_CHANNEL,
+            STDERR_CHANNEL,
+            STDOUT_CHANNEL,
+        )
 
         proc = self.process
         rc: int | None = None

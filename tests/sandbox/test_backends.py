@@ -26,8 +26,16 @@ from pathlib import Path
 import pytest
 
 from benchwright.blobs import DirBlobStore
-from benchwright.sandbox import ExecLimits, LocalBackend, SandboxBackend, SandboxNotFound, SandboxPathError
+from benchwright.sandbox import (
+    ExecLimits,
+    LocalBackend,
+    SandboxBackend,
+    SandboxNotFound,
+    SandboxPathError,
+)
+from benchwright.sandbox.e2b import E2BBackend
 from benchwright.sandbox.sandbox0 import Sandbox0Backend, load_api_client
+from benchwright.testkit.e2b_double import E2BDouble
 from benchwright.testkit.k8s_double import V4, K8sDouble
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -73,14 +81,35 @@ async def _sandbox0_real(root: Path) -> AsyncIterator[Kit]:
         image=os.environ.get("BENCHWRIGHT_TEST_SANDBOX0_IMAGE", "python:3.12-slim"), blobs=blobs), "python3")
 
 
-KITS = ["local", "sandbox0", "sandbox0-v4", "sandbox0-real"]
+async def _e2b_kit(root: Path) -> AsyncIterator[Kit]:
+    double = E2BDouble(root / "vms", allow_unisolated=True)
+    url = await double.start()
+    blobs = DirBlobStore(root / "blobs")
+    try:
+        yield Kit("e2b", lambda: E2BBackend(api_key=double.api_key, blobs=blobs, api_url=url, sandbox_url=url),
+                  sys.executable)
+    finally:
+        await double.stop()
+
+
+async def _e2b_real(root: Path) -> AsyncIterator[Kit]:
+    key = os.environ.get("BENCHWRIGHT_TEST_E2B_API_KEY")
+    if not key:
+        pytest.skip("BENCHWRIGHT_TEST_E2B_API_KEY is not set: no E2B account to run the e2b suite against")
+    blobs = DirBlobStore(root / "blobs")
+    yield Kit("e2b", lambda: E2BBackend(api_key=key, blobs=blobs,
+                                        template=os.environ.get("BENCHWRIGHT_TEST_E2B_TEMPLATE", "base")), "python3")
+
+
+KITS = ["local", "sandbox0", "sandbox0-v4", "sandbox0-real", "e2b", "e2b-real"]
 
 
 @pytest.fixture(params=KITS)
 async def kit(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Kit]:
     root = tmp_path_factory.mktemp(request.param)
     factories = {"local": lambda: _local_kit(root), "sandbox0": lambda: _sandbox0_kit(root, None),
-                 "sandbox0-v4": lambda: _sandbox0_kit(root, (V4,)), "sandbox0-real": lambda: _sandbox0_real(root)}
+                 "sandbox0-v4": lambda: _sandbox0_kit(root, (V4,)), "sandbox0-real": lambda: _sandbox0_real(root),
+                 "e2b": lambda: _e2b_kit(root), "e2b-real": lambda: _e2b_real(root)}
     async for k in factories[request.param]():
         yield k
 
@@ -112,8 +141,8 @@ async def test_create_records_role_and_run_and_execs(kit: Kit, backend: SandboxB
     assert listed[info.sandbox_id].role == "task"
     assert listed[info.sandbox_id].metadata["benchwright_run_id"] == run_id
 
-    res = await backend.exec(info.sandbox_id, [kit.python, "-c", "import os, sys; print(sorted(os.environ)); "
-                                               "print(sys.stdin.read()[::-1]); sys.exit(3)"],
+    script = "import os, sys; print(sorted(os.environ)); print(sys.stdin.read()[::-1]); sys.exit(3)"
+    res = await backend.exec(info.sandbox_id, [kit.python, "-c", script],
                              env={**ENV, "ONLY_THIS": "1"}, timeout_s=30, limits=FAST, stdin=b"olleh")
     lines = res.stdout.decode().splitlines()
     assert res.returncode == 3, res
