@@ -18,6 +18,7 @@ from activities.driving import (
     require_event,
     take_request,
 )
+from activities.find import with_found_scorer
 from activities.sandboxes import latest_snapshot, sandbox, take_snapshot
 from benchwright.datasets import read_task_rows
 from benchwright.drivers import DatasetSchema, ScorerPlan, driver_for
@@ -38,6 +39,7 @@ class AtomizeActivities:
 
     @activity.defn(name="atomize")
     async def atomize(self, inp: PhaseInput) -> PhaseResult:
+        inp = await with_found_scorer(self.deps, inp)  # a prompt Find pinned to an official impl scores with it
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
             async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("atomize", inp.invocation),

@@ -111,10 +111,16 @@ class DatasetResolved(Event):
     prompt: str
     name: str
     source: str
-    """The entry's URL, or ``catalog:<name>`` for a file bundled with the catalog."""
+    """The entry's URL, ``catalog:<name>`` for a file bundled with the catalog, or ``registry:<subset>@<version>``
+    for a registered subset's snapshot."""
     format: str | None = None
     license: str | None = None
     why: str
+    benchmark_id: str | None = None
+    """A registered benchmark the prompt resolved to (``benchwright.registry.find``), with its subset."""
+    subset_id: str | None = None
+    impl_id: str | None = None
+    """The official impl the run is pinned to and scores with (None: the Driver writes the scorer)."""
 
 
 class SyntheticSubsetCreated(Event):

@@ -1,8 +1,8 @@
 """The builtin driver: offline, deterministic, no LLM (the embedded stack's default, §8).
 
-Find: the catalog entry the prompt names (name or alias as whole words), else the one sharing the most description
-keywords (at least ``MIN_KEYWORDS``, and strictly more than any other); otherwise Find fails with the three nearest
-entries. Analyze: the scorer template that fits the columns and sample rows (``benchwright.drivers.templates``) and
+Find: the registered benchmark or catalog entry the prompt names (name or alias as whole words; on a tie the
+registry's), else the one sharing the most keywords (at least ``MIN_KEYWORDS``, and strictly more than any other);
+otherwise Find fails with the three nearest entries. Analyze: the scorer template that fits the columns and sample rows (``benchwright.drivers.templates``) and
 the subset the prompt's scoping phrase asks for (``benchwright.drivers.scoping``). Atomize: the template rendered,
 then loaded in the work sandbox before it is accepted.
 """
@@ -36,7 +36,8 @@ class BuiltinDriver:
         best = ranked[0]
         runner_up = ranked[1].score if len(ranked) > 1 else 0.0
         if best.score >= 10 or (best.score >= MIN_KEYWORDS and best.score > runner_up):
-            ctx.narrate(f"Resolved the prompt to catalog dataset '{best.entry.name}': {best.why}.")
+            kind = "registered subset" if best.entry.registry is not None else "catalog dataset"
+            ctx.narrate(f"Resolved the prompt to {kind} '{best.entry.name}': {best.why}.")
             return FindDecision(entry=best.entry, why=best.why)
         nearest = ", ".join(f"'{m.entry.name}' ({m.entry.description or 'no description'})" for m in ranked[:3])
         raise DriverFailed(f"no catalog dataset matches the prompt {ctx.launch.prompt!r}; the nearest are: "

@@ -15,6 +15,9 @@ A YAML (or JSON) file the operator configures (``Settings.catalog_path``; the em
 ``path`` is relative to the catalog file and must stay inside its directory: a catalog path is the operator's
 file, so Fetch reads it under the catalog's own rules (that directory only, opened without following symlinks),
 not the launching account's local-path grant. ``url`` sources are fetched as untrusted, like a launch's URL.
+
+Find ranks the registry beside the catalog (``Catalog.with_registry``): each registered (benchmark, subset) the
+caller can see is an entry whose source is the subset's current snapshot (``benchwright.registry.find``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from benchwright.dataset_access import DatasetAccess, LocalPathRules
 from benchwright.errors import InvalidInput
 
 BUNDLED_CATALOG = Path(__file__).resolve().parents[1] / "samples" / "catalog.yaml"
+REGISTRY_SOURCE = "registry:"
+"""A registered subset snapshot (``registry:<subset_id>@<version>``; ``benchwright.registry.catalog`` owns it)."""
 CATALOG_SOURCE = "catalog:"
 """How a dataset bundled with the catalog is named (FetchArtifact.source): ``catalog:<name>``."""
 
@@ -45,6 +50,31 @@ def words(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class RegistryRef:
+    """What a registry entry stands for: a subset snapshot of a benchmark, and the impl it would score with."""
+
+    benchmark_id: str
+    benchmark_name: str
+    subset_id: str
+    subset_name: str
+    subset_version: int
+    tasks: int
+    impl_id: str | None
+    """The subset's latest official impl; None when none was promoted (the Driver then writes the scorer)."""
+    own: bool
+    """The caller's own benchmark (else a public one of another account)."""
+
+    @property
+    def dataset(self) -> str:
+        return f"{REGISTRY_SOURCE}{self.subset_id}@{self.subset_version}"
+
+    def pin(self) -> dict[str, object]:
+        """The run's pin when it scores with ``impl_id`` (as a pinned launch records it)."""
+        return {"benchmark_id": self.benchmark_id, "subset_id": self.subset_id,
+                "subset_version": self.subset_version, "impl_id": self.impl_id}
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     name: str
     description: str = ""
@@ -55,14 +85,20 @@ class CatalogEntry:
     format: str | None = None
     splits: tuple[str, ...] = ()
     license: str | None = None
+    registry: RegistryRef | None = None
+    """Set on the registry's entries (``Catalog.with_registry``)."""
 
     @property
     def source(self) -> str:
-        """What FindArtifact records as the dataset: the URL, or ``catalog:<name>``."""
+        """What DatasetResolved records as the dataset: the URL, ``catalog:<name>``, or a registered subset's
+        ``registry:<subset_id>@<version>``."""
+        if self.registry is not None:
+            return self.registry.dataset
         return self.url or f"{CATALOG_SOURCE}{self.name}"
 
     def keywords(self) -> set[str]:
-        out = set(words(self.name)) | set(words(self.description))
+        # A registry entry's description is generated ("registered benchmark ..."): only its names count.
+        out = set(words(self.name)) | (set(words(self.description)) if self.registry is None else set())
         for alias in self.aliases:
             out |= set(words(alias))
         return out - _STOPWORDS
@@ -81,6 +117,11 @@ class Catalog:
     root: Path
     """The catalog file's directory: bundled paths must resolve inside it."""
     origin: str = ""
+
+    def with_registry(self, entries: list[CatalogEntry]) -> Catalog:
+        """This catalog with the registry's entries ranked first: a tie between a registered benchmark and a
+        catalog dataset goes to the registry, whose runs are comparable (a pinned subset snapshot and impl)."""
+        return dataclasses.replace(self, entries=(*entries, *self.entries))
 
     def get(self, name: str) -> CatalogEntry:
         for entry in self.entries:
@@ -123,8 +164,14 @@ class Catalog:
             if best[0] == 0.0:
                 shared = sorted(said & entry.keywords())
                 if shared:
-                    best = (float(len(shared)),
-                            f"the prompt shares the keywords {', '.join(shared)} with its description")
+                    where = "name" if entry.registry else "description"
+                    best = (float(len(shared)), f"the prompt shares the keywords {', '.join(shared)} with its {where}")
+            if best[1] and entry.registry is not None:
+                ref = entry.registry
+                owner = "the caller's own" if ref.own else "public"
+                said_why = (f"{best[1]}: registered benchmark '{ref.benchmark_name}' ({ref.benchmark_id}, {owner}), "
+                            f"subset '{ref.subset_name}' snapshot v{ref.subset_version} ({ref.tasks} tasks)")
+                best = (best[0], said_why)
             if best[0] == 0.0:
                 similarity = max(difflib.SequenceMatcher(None, w, label.lower()).ratio()
                                  for label in (entry.name, *entry.aliases) for w in [*said, ""])

@@ -15,6 +15,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from benchwright.drivers.catalog import REGISTRY_SOURCE as _REGISTRY_SOURCE
 from benchwright.errors import Conflict, InvalidInput, NotFound
 from benchwright.fingerprint import impl_id as make_impl_id
 from benchwright.registry.blobs import BlobStore
@@ -46,9 +47,9 @@ from benchwright.store.models import (
     utcnow,
 )
 
-REGISTRY_SOURCE = "registry:"
+REGISTRY_SOURCE = _REGISTRY_SOURCE
 """The dataset of a pinned run: ``registry:<subset_id>@<version>``, a subset snapshot Fetch copies from the blob
-store. Only the API writes it (a launch that names one itself is refused)."""
+store. Only the API and Find write it (a launch that names one itself is refused)."""
 
 
 # -- look-ups ---------------------------------------------------------------------------------------------------
