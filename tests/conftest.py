@@ -112,7 +112,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
         dev_server_existing_path=temporal_binary(), search_attributes=list(SEARCH_ATTRIBUTES),
         data_converter=pydantic_data_converter, dev_server_log_level="error",
     )
-    settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True, allow_local_paths=True, proxy_linger_s=0.5,
+    settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True, allow_local_paths=True, proxy_linger_s=30.0,
                         default_attempt_duration_s=10.0, temporal_address=env.client.service_client.config.target_host)
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)

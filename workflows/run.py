@@ -118,6 +118,8 @@ class RunWorkflow:
         self._tasks_total = 0
         self._tasks_settled = 0
         self._model_proxy = False
+        self._route_revoked = False
+        """The run's credential-proxy route was revoked before its terminal event (issue 12)."""
         self._halt_writes = 0
         """Halt/clear writes in flight: teardown waits for them so RunHalted never lands after PipelineFinished."""
         self._refusals = 0
@@ -280,7 +282,10 @@ class RunWorkflow:
         """The model proxy stays up for the linger window after the run ends (metered apart), then stops."""
         if not self._model_proxy:
             return
-        if self._inp.proxy_linger_s > 0:
+        if self._route_revoked:
+            return
+        # Histories recorded between the two issue-12 patches revoked right after the terminal event, unslept.
+        if not workflow.patched("revoke-model-route-at-end") and self._inp.proxy_linger_s > 0:
             await workflow.sleep(timedelta(seconds=self._inp.proxy_linger_s))
         await self._execute_log("stop_model_proxy", FinishInput(run_id=self._inp.run_id, status=self._status),
                                 summary="stop the model proxy")
@@ -517,6 +522,7 @@ class RunWorkflow:
         if workflow.patched("halt-written-before-teardown"):
             # A halt raised in the workflow's first milliseconds may still be writing its row: close the log after it.
             await workflow.wait_condition(lambda: self._halt_writes == 0)
+        await self._revoke_model_route(self._status)
         await self._execute_log("finish_halted", FinishInput(run_id=self._inp.run_id, status=self._status))
         self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set("halted")])
@@ -546,7 +552,17 @@ class RunWorkflow:
         await self._execute_log("record_events", EventsInput(run_id=self._inp.run_id, events=payload),
                                 summary="record " + ", ".join(ev.type_name() for _, ev in events)[:200])
 
+    async def _revoke_model_route(self, status: str) -> None:
+        """Revoke the run's route at the credential proxy before the terminal event (issue 12): the run's key is
+        dead once the run is, and the route's events land before PipelineFinished. The proxy process keeps itself
+        warm (the linger) on its own, so nothing is left for after the run."""
+        if self._model_proxy and not self._route_revoked and workflow.patched("revoke-model-route-before-finish"):
+            await self._execute_log("stop_model_proxy", FinishInput(run_id=self._inp.run_id, status=status),
+                                    summary="revoke the run's model route")
+            self._route_revoked = True
+
     async def _finish(self, status: str, error: str | None = None) -> None:
+        await self._revoke_model_route(status)
         await self._execute_log("finish_run", FinishInput(run_id=self._inp.run_id, status=status, error=error),
                                 summary=f"finish: {status}")
         self._status = status

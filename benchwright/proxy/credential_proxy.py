@@ -140,6 +140,8 @@ class CredentialProxy:
         self.port = 0
         self.on_idle: Callable[[], None] = lambda: None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._registering = 0
+        """Registrations under way (a litellm route's import takes seconds): the proxy is not idle meanwhile."""
         self._litellm: Any = None
 
     # -- model calls (ASGI) --------------------------------------------------------------------------------------
@@ -292,6 +294,15 @@ class CredentialProxy:
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     async def _register(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self._registering += 1
+        self._arm_idle()
+        try:
+            return await self._add_route(cmd)
+        finally:
+            self._registering -= 1
+            self._arm_idle()
+
+    async def _add_route(self, cmd: dict[str, Any]) -> dict[str, Any]:
         spec = cmd["route"]
         old = self.keys.get(cmd["run_id"])
         previous = self.routes.pop(old) if old is not None else None
@@ -312,7 +323,6 @@ class CredentialProxy:
             await asyncio.to_thread(self._import_litellm)  # at Attach, not on the first scored call
         self.routes[cmd["key"]] = route
         self.keys[route.run_id] = cmd["key"]
-        self._arm_idle()
         return {"ok": True}
 
     async def _revoke(self, run_id: str) -> dict[str, Any]:
@@ -331,11 +341,11 @@ class CredentialProxy:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        if not self.routes:
+        if not self.routes and not self._registering:
             self._idle_timer = asyncio.get_running_loop().call_later(self.linger_s, self._idle_exit)
 
     def _idle_exit(self) -> None:
-        if not self.routes:
+        if not self.routes and not self._registering:
             self.closing = True
             self.on_idle()
 
