@@ -82,8 +82,8 @@ class AttachActivities:
                 instance_size="shared-process", isolation="process",
                 metadata={"benchwright_role": "proxy", "port": handle.port, "pid": handle.pid}))
             await self._probe(inp, handle)
-            scope.emit("artifact", ModelProxyArtifact(model_id=spec.identifier,
-                                                      litellm_config_yaml=litellm_config_yaml(spec, secret_env=secret_env)))
+            config = litellm_config_yaml(spec, secret_env=secret_env)
+            scope.emit("artifact", ModelProxyArtifact(model_id=spec.identifier, litellm_config_yaml=config))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control,
                            detail={"model_proxy": True})
 

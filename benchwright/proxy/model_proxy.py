@@ -237,7 +237,7 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | Non
         fake_key = existing.fake_key if existing is not None else "sk-bw-" + secrets.token_urlsafe(24)
         command = {"op": "register", "run_id": run_dir.name, "key": fake_key,
                    "route": _route(spec, concurrency=concurrency), "secret": secret_value}
-        for attempt in range(3):
+        for _ in range(3):
             proxy = _PROXIES.get(registry=registry, linger_s=linger_s)
             try:
                 answer = control_call(proxy.control, command)

@@ -213,7 +213,8 @@ async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_pr
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
         await stack.client.get_workflow_handle(run["id"]).result()  # the route's revocation
         after = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
-        api_seen = json.dumps([final, tasks, (await http.get("/v1/runs")).json(), (await http.get("/v1/secrets")).json()])
+        listed = [(await http.get(path)).json() for path in ("/v1/runs", "/v1/secrets", "/v1/account")]
+        api_seen = json.dumps([final, tasks, *listed])
 
     # The dev model answers only REAL_KEY, so every passing call proves the proxy put it on the request; it got
     # the key over its control socket: not in its environment or arguments, not in the worker's environment.
