@@ -3,6 +3,7 @@
 
     python3 dev.py demo          create .venv if needed, install Benchwright, run the end-to-end demo
     python3 dev.py test [ARGS]   create .venv if needed, install Benchwright with test extras, run pytest
+    python3 dev.py check         the same environment; ruff check and mypy (configured in pyproject.toml)
     python3 dev.py bench [ARGS]  run bench/materialize.py
     python3 dev.py bench sse [ARGS]  run bench/sse.py (SSE streams on a live run)
     python3 dev.py bench harness     run bench/harness.py (a harness-bridge run vs the harness run directly)
@@ -51,11 +52,21 @@ def main() -> None:
         ensure_env("test")
         os.chdir(ROOT)
         os.execve(str(PY), [str(PY), "-m", "pytest", *args], env)
+    elif command == "check":
+        ensure_env("test")
+        os.chdir(ROOT)
+        # Both always run, so one CI log shows every finding; either failing fails the command.
+        failed = [name for name, cmd in (("ruff", [str(VENV / "bin" / "ruff"), "check", "."]),
+                                         ("mypy", [str(VENV / "bin" / "mypy")]))
+                  if subprocess.call(cmd, env=env) != 0]
+        if failed:
+            sys.exit(f"check failed: {', '.join(failed)}")
     elif command == "bench":
         ensure_env("test")
         os.chdir(ROOT)
         scripts = {"sse": "bench/sse.py", "harness": "bench/harness.py"}
-        script, args = (scripts[args[0]], args[1:]) if args[:1] and args[0] in scripts else ("bench/materialize.py", args)
+        script, args = ((scripts[args[0]], args[1:]) if args[:1] and args[0] in scripts
+                        else ("bench/materialize.py", args))
         os.execve(str(PY), [str(PY), script, *args], env)
     else:
         sys.exit(__doc__)
