@@ -27,7 +27,7 @@ from activities.setup import SetupActivities
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
-from benchwright.teardown import release_worker, reap_worker_leftovers
+from benchwright.teardown import reap_worker_leftovers, release_worker
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 

@@ -23,8 +23,8 @@ from temporalio.exceptions import ApplicationError
 from benchwright.errors import BenchwrightError
 from benchwright.events import AgentTextEvent, Event, PhaseCompleted, PhaseRestartRequested, PhaseStarted
 from benchwright.pipeline import PhaseControl, PhaseInput
-from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.settings import Settings
+from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
 
 T = TypeVar("T")

@@ -13,17 +13,15 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.common import Deps, failure, in_thread, maybe_inject_fault
-from benchwright.errors import BenchwrightError
-from benchwright.limits import ScorerCeilings
-from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
-from activities.sandboxes import Sandbox, sandbox, snapshot_of
-from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from activities.attach import live_proxy
 from activities.bridge import bridge_batch
-from benchwright.proxy.model_proxy import ProxyHandle
-from benchwright.sandbox import ExecLimits
-from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
+from activities.common import Deps, failure, in_thread, maybe_inject_fault
+from activities.sandboxes import Sandbox, sandbox, snapshot_of
+from benchwright.breaker import SutBreaker
+from benchwright.errors import BenchwrightError
+from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
+from benchwright.limits import ScorerCeilings
+from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from benchwright.pipeline import (
     MaterializeBatchInput,
     MaterializeBatchResult,
@@ -33,10 +31,11 @@ from benchwright.pipeline import (
     PhaseResult,
 )
 from benchwright.prices import prices_for
-from benchwright.scoring.host import ScorerLoadError
-from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.breaker import SutBreaker
+from benchwright.proxy.model_proxy import ProxyHandle
+from benchwright.sandbox import ExecLimits
+from benchwright.scoring.host import ScorerLoadError, TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.store.control import halt_run, halted_reason
+from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.sut import SutClient, run_sut
 
 HEARTBEAT_EVERY_S = 1.0

@@ -105,7 +105,8 @@ class PhaseCache:
         """Note the work directory before the phase works (to tell which files it wrote)."""
         self._before = _listing(self.workdir)
 
-    async def record(self, scope: PhaseScope, *, tasks: int | None = None, detail: dict[str, Any] | None = None) -> None:
+    async def record(self, scope: PhaseScope, *, tasks: int | None = None,
+                     detail: dict[str, Any] | None = None) -> None:
         """The phase's cell: the files it created or changed, its snapshot, its Artifact events."""
         if self.input_hash is None:
             return

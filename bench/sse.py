@@ -248,7 +248,7 @@ def main() -> None:
     if good:
         opened = max(r["first_byte"] for r in good)
         print(f"streams opened (first byte) within {opened - t0:.2f} s of the launch")
-        steady = [ms for ms, at in zip(live.ms, live.at) if at - ms / 1000 > opened]
+        steady = [ms for ms, at in zip(live.ms, live.at, strict=True) if at - ms / 1000 > opened]
         print(f"GET /v1/runs/{{id}} once every stream was open ({len(steady)} samples): p50 {_pct(steady, 50):.1f} ms, "
               f"p99 {_pct(steady, 99):.1f} ms, max {max(steady, default=0):.1f} ms")
     if closed:

@@ -216,7 +216,8 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
     table = Table("id", "status", "model", "phase", "tasks", "pass rate", "cost $", "created", box=None)
     for r in runs:
         s = r["tasks"]["summary"]
-        table.add_row(r["id"], r["display_status"], model_name(r), r["phase"] or "-", f"{settled_count(r)}/{s['total']}",
+        table.add_row(r["id"], r["display_status"], model_name(r), r["phase"] or "-",
+                      f"{settled_count(r)}/{s['total']}",
                       "-" if s["pass_rate"] is None else f"{s['pass_rate']:.3f}", f"{r['cost']['incurred']:.4f}",
                       str(r["created_at"])[:19])
     return table

@@ -780,7 +780,7 @@ class _Handler:
             return 400, _JSON_CONTENT_TYPE, _error_body(str(exc)), b"", 0.0
 
         user_text: str | None = None
-        for message, text in zip(reversed(messages), reversed(texts)):
+        for message, text in zip(reversed(messages), reversed(texts), strict=True):
             if message["role"] == "user":
                 user_text = text
                 break
@@ -967,7 +967,7 @@ class _Connection(asyncio.Protocol):
             status, content_type, payload, extra, delay = self.handler.answer(
                 method, target, body, headers, self.transport
             )
-        except Exception:  # e.g. RecursionError from absurdly nested JSON; the server must survive it
+        except Exception:  # noqa: BLE001 - e.g. RecursionError from absurdly nested JSON; the server must survive it
             _log.exception("dev-model request handling failed")
             self.queue.clear()  # answering later requests before this one would break the order
             self.final = _INTERNAL_ERROR

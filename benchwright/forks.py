@@ -111,7 +111,8 @@ VOCABULARY = (
 )
 """The prose the builtin driver understands in the Fork phase, one clause per sentence, line or ``;``. Anything
 else fails the phase naming the clause (an LLM driver may understand more)."""
-_MIRROR = re.compile(r"^(?:please\s+)?(?:use|fetch from|switch to)\s+(?:the\s+)?mirror\s+(?:at\s+)?(?P<url>\S+)$", re.IGNORECASE)
+_MIRROR = re.compile(r"^(?:please\s+)?(?:use|fetch from|switch to)\s+(?:the\s+)?mirror\s+(?:at\s+)?(?P<url>\S+)$",
+                     re.IGNORECASE)
 _MODEL = re.compile(r"^(?:please\s+)?(?:swap|switch|change)\s+the\s+model\s+to\s+(?P<model>\S+?)"
                     r"(?:\s+at\s+(?P<base>https?://\S+))?$", re.IGNORECASE)
 _REWIND = re.compile(r"^(?:please\s+)?rewind\s+to\s+(?P<phase>[a-z]+)$", re.IGNORECASE)

@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """A response body larger than this is refused (a model reply is kilobytes; this bounds a broken endpoint)."""
 

@@ -47,7 +47,8 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
 
     Raises:
         InvalidInput: unknown driver, an unknown or unsupported harness or a bad harness_config, bad trials config,
-            an unenforceable limit, an unknown or unconfigured compute backend, or a local dataset path where the deployment or the account does not allow them.
+            an unenforceable limit, an unknown or unconfigured compute backend, or a local dataset path where the
+            deployment or the account does not allow them.
         DatasetError: a local dataset path inside a protected place or outside the dataset roots
             (``dataset_blocked``). Whether the file exists is Fetch's to find out: the API and the worker need
             not share a file system, and Fetch enforces every rule again.

@@ -174,7 +174,8 @@ def resolve_limits(*, limits: dict[str, Any] | None, constraints: dict[str, Any]
     for level, quantities in (limits or {}).items():
         base = level.split(":", 1)[0]
         if base not in ENFORCEABLE or (":" in level and (base != "phase" or level.split(":", 1)[1] not in PHASES)):
-            raise InvalidInput(f"limits.{level} is not a limit level; allowed: {_allowed()}", code="unenforceable_limit")
+            raise InvalidInput(f"limits.{level} is not a limit level; allowed: {_allowed()}",
+                               code="unenforceable_limit")
         if not isinstance(quantities, dict):
             raise InvalidInput(f"limits.{level} must be an object of quantities", code="invalid_limit")
         for quantity, value in quantities.items():

@@ -15,7 +15,6 @@ from benchwright.limits import RunLimits, TaskLimits
 from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig
 
-
 BRIDGE_SKIPS = {
     "find": "harness-bridge run ({harness}): the harness's task is the benchmark's identity",
     "fetch": "harness-bridge run ({harness}): the harness supplies its own dataset",

@@ -31,7 +31,7 @@ def _litellm_price_map() -> dict[str, Any]:
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
         return {}
-    path = Path(list(spec.submodule_search_locations)[0]) / "model_prices_and_context_window_backup.json"
+    path = Path(next(iter(spec.submodule_search_locations))) / "model_prices_and_context_window_backup.json"
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

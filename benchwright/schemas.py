@@ -24,7 +24,8 @@ Outcome = Literal["pass", "fail", "err"]
 Visibility = Literal["private", "unlisted", "public"]
 
 MAX_TASK_IMPL_BYTES = 512 * 1024
-REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+(,[<>=!~]=?[A-Za-z0-9.*+!_-]+)*)?$"
+REQUIREMENT = (r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"  # name[extras]
+               r"([<>=!~]=?[A-Za-z0-9.*+!_-]+(,[<>=!~]=?[A-Za-z0-9.*+!_-]+)*)?$")  # version specifiers
 """A pip requirement specifier and nothing else (no options, URLs or paths reach pip's command line)."""
 RETIRED_LAUNCH_KEYS = {"operator": "driver", "agent": "driver"}
 

@@ -108,11 +108,10 @@ class Child:
 
 def _ensure_dev_key(data_dir: Path) -> str:
     """The dev account's API key, created on first start and kept (0600) for later starts."""
+    from benchwright.errors import Conflict, Unauthorized
+    from benchwright.settings import Settings
     from benchwright.store.accounts import authenticate, create_account, create_key
     from benchwright.store.db import make_engine, migrate
-    from benchwright.errors import Conflict, Unauthorized
-
-    from benchwright.settings import Settings
 
     settings = Settings(data_dir=data_dir)
     engine = make_engine(settings.resolved_database_url())

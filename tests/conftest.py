@@ -26,14 +26,14 @@ from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.main import create_app  # noqa: E402
-from benchwright.devmodel import DevModelConfig, DevModelServer, start_server  # noqa: E402
-from benchwright.devstack import free_port, temporal_binary  # noqa: E402
-from benchwright.settings import Settings  # noqa: E402
-from benchwright.store.accounts import create_account  # noqa: E402
-from benchwright.store.db import make_engine, migrate  # noqa: E402
-from benchwright.temporal_ui import SEARCH_ATTRIBUTES  # noqa: E402
-from worker import build_worker  # noqa: E402
+from api.main import create_app
+from benchwright.devmodel import DevModelConfig, DevModelServer, start_server
+from benchwright.devstack import free_port, temporal_binary
+from benchwright.settings import Settings
+from benchwright.store.accounts import create_account
+from benchwright.store.db import make_engine, migrate
+from benchwright.temporal_ui import SEARCH_ATTRIBUTES
+from worker import build_worker
 
 _exit_status = 0
 
@@ -112,7 +112,8 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
         dev_server_existing_path=temporal_binary(), search_attributes=list(SEARCH_ATTRIBUTES),
         data_converter=pydantic_data_converter, dev_server_log_level="error",
     )
-    settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True, allow_local_paths=True, proxy_linger_s=30.0,
+    settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True,
+                        allow_local_paths=True, proxy_linger_s=30.0,
                         default_attempt_duration_s=10.0, temporal_address=env.client.service_client.config.target_host)
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)

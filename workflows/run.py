@@ -29,8 +29,8 @@ its value, halted stays up, PipelineFinished closes the log.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         PhaseSkipped,
         PipelineStarted,
     )
+    from benchwright.harness.config import is_bridge
     from benchwright.pipeline import (
         RESTART_CAP,
         RESUMABLE_PREFIXES,
@@ -71,7 +72,6 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
     )
-    from benchwright.harness.config import is_bridge
     from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
 PHASE_TIMEOUT = timedelta(minutes=30)
@@ -362,7 +362,7 @@ class RunWorkflow:
         try:
             await workflow.wait_condition(lambda: work.done() or self._halts != halts_before,
                                           timeout=timedelta(seconds=ceiling[0]) if ceiling else None)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             assert ceiling is not None
             await self._raise_halt(f"limit_exceeded:{ceiling[1]}", override=True)
         if work.done() and self._halts == halts_before:

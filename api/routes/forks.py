@@ -96,7 +96,8 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
     launch = apply_overrides(LaunchRequest.model_validate(parent.launch), req.overrides)
     saved = await run_in_threadpool(saved_compute, engine, account_id=account.id)
     resolved = resolve_launch(launch, default_driver=settings.default_driver,
-                              local_paths=LocalPathRules.from_settings(settings, account_local_paths=account.local_paths),
+                              local_paths=LocalPathRules.from_settings(
+                                  settings, account_local_paths=account.local_paths),
                               default_compute=settings.default_compute,
                               configured_backends=settings.configured_backends(), saved_compute=saved)
     # The parent's frozen trials config is pinned (§6: keep trials constant across a sweep) unless overridden.
@@ -144,7 +145,8 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
             static_summary=f"{origin.kind} of {parent.id[:8]}: " + workflow_summary(
                 model=launch.model.identifier, dataset=source),
             static_details=(f"Benchwright {origin.kind} `{run.id}`  \nparent `{parent.id}`  \n"
-                            f"rewind to `{rewind or 'decided by the Fork phase'}`  \nmodel `{launch.model.identifier}`"),
+                            f"rewind to `{rewind or 'decided by the Fork phase'}`  \n"
+                            f"model `{launch.model.identifier}`"),
         )
     except Exception as exc:
         await run_in_threadpool(finish_run, engine, run_id=run.id, status="error",

@@ -28,6 +28,9 @@ from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from benchwright.harness.config import check_harness
 from benchwright.launch import resolve_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
+from benchwright.registry.blobs import BlobStore
+from benchwright.registry.pinned import resolve_pin
+from benchwright.registry.shape import readable_run, set_pin
 from benchwright.schemas import (
     MAX_INDEX,
     EventPage,
@@ -39,12 +42,9 @@ from benchwright.schemas import (
     TaskList,
     Visibility,
 )
-from benchwright.store.events import read_events
-from benchwright.registry.blobs import BlobStore
-from benchwright.registry.pinned import resolve_pin
-from benchwright.registry.shape import readable_run, set_pin
-from benchwright.store.models import EventRow
 from benchwright.store.accounts import get_account
+from benchwright.store.events import read_events
+from benchwright.store.models import EventRow
 from benchwright.store.policy import saved_compute, secret_value
 from benchwright.store.runs import (
     CURSOR_PATTERN,

@@ -87,7 +87,8 @@ class SchedulePatch(BaseModel):
     paused: bool
 
 
-def _view(schedule_id: str, memo: dict[str, Any], *, paused: bool, created_at: datetime | None, next_runs: list[datetime],
+def _view(schedule_id: str, memo: dict[str, Any], *, paused: bool, created_at: datetime | None,
+          next_runs: list[datetime],
           firings: list[Firing] | None = None) -> ScheduleView:
     return ScheduleView(id=schedule_id, replay_of=memo["replay_of"], every=memo["every"],
                         alert=AlertRule.model_validate(memo["alert"]), webhook=memo.get("webhook"), paused=paused,

@@ -2,9 +2,10 @@
 
 Find: the registered benchmark or catalog entry the prompt names (name or alias as whole words; on a tie the
 registry's), else the one sharing the most keywords (at least ``MIN_KEYWORDS``, and strictly more than any other);
-otherwise Find fails with the three nearest entries. Analyze: the scorer template that fits the columns and sample rows (``benchwright.drivers.templates``) and
-the subset the prompt's scoping phrase asks for (``benchwright.drivers.scoping``). Atomize: the template rendered,
-then loaded in the work sandbox before it is accepted.
+otherwise Find fails with the three nearest entries. Analyze: the scorer template that fits the columns and sample
+rows (``benchwright.drivers.templates``) and the subset the prompt's scoping phrase asks for
+(``benchwright.drivers.scoping``). Atomize: the template rendered, then loaded in the work sandbox before it is
+accepted.
 """
 
 from __future__ import annotations

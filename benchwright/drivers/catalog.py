@@ -42,7 +42,10 @@ CATALOG_SOURCE = "catalog:"
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "how", "i", "in", "is", "it", "me", "my", "of", "on", "one", "only", "or", "please", "run", "some", "test", "the", "their", "them", "this", "to", "use", "using", "want", "with", "evaluate", "eval", "benchmark", "dataset", "questions", "question", "model", "models", "first", "each", "sample", "samples", "every", "all"])
+    ["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "how", "i", "in", "is", "it", "me",
+     "my", "of", "on", "one", "only", "or", "please", "run", "some", "test", "the", "their", "them", "this", "to",
+     "use", "using", "want", "with", "evaluate", "eval", "benchmark", "dataset", "questions", "question", "model",
+     "models", "first", "each", "sample", "samples", "every", "all"])
 
 
 def words(text: str) -> list[str]:

@@ -142,7 +142,8 @@ def lmeval_task_name(task_yaml: str) -> str:
     try:
         doc = yaml.safe_load(task_yaml)
     except yaml.YAMLError as exc:
-        raise InvalidInput(f"harness_config.task_file is not valid YAML: {exc}", code="invalid_harness_config") from None
+        raise InvalidInput(f"harness_config.task_file is not valid YAML: {exc}",
+                           code="invalid_harness_config") from None
     name = doc.get("task") if isinstance(doc, dict) else None
     if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.-]{1,100}$", name):
         raise InvalidInput("harness_config.task_file must be an lm-eval task YAML with a 'task:' name",

@@ -21,4 +21,5 @@ def identicon_svg(benchmark_id: str) -> str:
                     rects.append(f'<rect x="{(x + 1) * CELL}" y="{(row + 1) * CELL}" width="{CELL}" height="{CELL}"/>')
     side = (SIZE + 2) * CELL
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{side}" height="{side}" viewBox="0 0 {side} {side}">'
-            f'<rect width="{side}" height="{side}" fill="#f0f0f0"/><g fill="{color}">{"".join(sorted(rects))}</g></svg>')
+            f'<rect width="{side}" height="{side}" fill="#f0f0f0"/>'
+            f'<g fill="{color}">{"".join(sorted(rects))}</g></svg>')

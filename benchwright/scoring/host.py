@@ -80,7 +80,8 @@ async def check_impl(*, spawn: Spawn, timeout_s: float = 60.0) -> None:
     first = out.decode(errors="replace").splitlines()[:1]
     msg = json.loads(first[0]) if first else {}
     if msg.get("op") != "ready":
-        detail = msg.get("error") or f"scorer runtime exited with {proc.returncode}: {err.decode(errors='replace')[-500:]}"
+        detail = msg.get("error") or (f"scorer runtime exited with {proc.returncode}: "
+                                      f"{err.decode(errors='replace')[-500:]}")
         raise ScorerLoadError(f"task_impl.py failed to load: {detail}", msg.get("trace", ""))
 
 

@@ -16,7 +16,8 @@ Protocol (one JSON object per line):
                      {"op": "drained"}                    after "drain": no "start" follows
                      {"op": "call", "call": C, "task": I, "messages": [...], "params": {...}}
                      {"op": "result", "id": I, "ok": true, "score": <raw score()>, "output": "..."}
-                     {"op": "result", "id": I, "ok": false, "stage": "extract|solve|score", "error": "...", "trace": "..."}
+                     {"op": "result", "id": I, "ok": false, "stage": "extract|solve|score", "error": "...",
+                      "trace": "..."}
 
 The scorer's own prints go to stderr: fd 1 is re-pointed there before task_impl.py is imported, and the protocol
 uses a private duplicate of the original stdout.

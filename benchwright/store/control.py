@@ -8,10 +8,10 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
+from benchwright.registry.shape import stamp_terminal
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, utcnow
-from benchwright.registry.shape import stamp_terminal
 
 RESUMABLE = ("agent_review", "operator_pause", "restart_cap_exceeded")
 """Halt reasons a run can come back from; every other halt tears the run down."""

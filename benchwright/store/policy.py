@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -126,9 +126,8 @@ def blocked_hosts(engine: Engine, *, account_id: str, run_id: str | None = None)
 
 
 def _aware(value: datetime) -> datetime:
-    from datetime import timezone
 
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 # -- secrets ---------------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from sqlmodel import Session
 
 from benchwright.errors import InvalidInput, NotFound
 from benchwright.events import PipelineFinished, RunLaunched
+from benchwright.registry.catalog import check_can_be_public
+from benchwright.registry.shape import stamp_terminal
 from benchwright.schemas import (
     CostView,
     ForkOrigin,
@@ -36,8 +38,6 @@ from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
 from benchwright.store.models import Run, RunFork, TaskRow, TrialResult, utcnow
-from benchwright.registry.catalog import check_can_be_public
-from benchwright.registry.shape import stamp_terminal
 
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,

@@ -1,4 +1,5 @@
-"""Paired comparisons, rankings and the frontier on the real stack: dev-model runs on a 2,000-task dataset (issue 17)."""
+"""Paired comparisons, rankings and the frontier on the real stack: dev-model runs on a 2,000-task dataset
+(issue 17)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ ROUNDS = 4
 2 times in 31 tries, more often under load)."""
 
 
-async def _launch_then(http: httpx.AsyncClient, model: dict[str, Any], call: str, delay_s: float) -> tuple[str, int, str]:
+async def _launch_then(http: httpx.AsyncClient, model: dict[str, Any], call: str,
+                       delay_s: float) -> tuple[str, int, str]:
     run = await launch(http, {"dataset": DATASET, "model": model})
     if delay_s:
         await asyncio.sleep(delay_s)  # the delay under test, not synchronisation
@@ -118,7 +119,7 @@ async def test_a_signal_on_a_closed_run_is_refused_by_temporal(stack: Stack) -> 
         await wait_terminal(http, run["id"])
     handle = stack.client.get_workflow_handle(run["id"])
     await handle.result()
-    with pytest.raises(Exception, match="(?i)completed"):
+    with pytest.raises(Exception, match=r"(?i)completed"):
         await handle.signal("stop")
 
 

@@ -52,7 +52,8 @@ async def test_dataset_404_ends_in_error_with_fetch_failed(stack: Stack, missing
 @pytest.mark.parametrize("body, fragment", [
     ({"datset": "x.jsonl", "model": "openai/dev"}, "unknown key 'datset'"),
     ({"dataset": "x.jsonl", "model": "openai/dev", "operator": "m"}, "'operator' is a retired launch key"),
-    ({"dataset": "x.jsonl", "model": {"identifier": "openai/dev", "apibase": "http://x"}}, "unknown key 'model.apibase'"),
+    ({"dataset": "x.jsonl", "model": {"identifier": "openai/dev", "apibase": "http://x"}},
+     "unknown key 'model.apibase'"),
     ({"dataset": "x.jsonl"}, "model: Field required"),
     ({"dataset": "x.jsonl", "model": "openai/dev", "visibility": "publik"}, "visibility"),
 ])
@@ -109,7 +110,8 @@ async def test_retried_activity_does_not_duplicate_events(stack: Stack) -> None:
     the same keys and the log still holds every event once."""
     async with stack.http() as http:
         for phase in ("analyze", "materialize"):
-            run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
+            run = await launch(http, {"dataset": DATASET,
+                                      "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
                                       "metadata": {"fault_injection": {"phase": phase}}})
             events = await wait_terminal(http, run["id"])
             handle = stack.client.get_workflow_handle(run["id"])

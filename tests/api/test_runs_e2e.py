@@ -85,7 +85,8 @@ async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> Non
                                                             f"WorkflowId = '{run['id']}'")]
     assert found == [run["id"]]
     history = await handle.fetch_history()
-    summaries = [e.user_metadata.summary for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+    summaries = [e.user_metadata.summary for e in history.events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
     assert any(s.data and b"fetch v1" in s.data for s in summaries)
     assert any(s.data and b"materialize v1: tasks 0..59" in s.data for s in summaries)
 
@@ -104,4 +105,5 @@ async def test_non_openai_model_strings_go_through_litellm(stack: Stack) -> None
     expected = sum(r["usage"]["prompt_tokens"] * 1e-6 + r["usage"]["completion_tokens"] * 2e-6 for r in results)
     assert final["cost"]["model"] == pytest.approx(expected) and expected > 0
     proxy = next(e["data"] for e in events if e["type"] == "ModelProxyArtifact")
-    assert "input_cost_per_token: 1.0e-06" in proxy["litellm_config_yaml"] and "api_key" not in proxy["litellm_config_yaml"]
+    assert "input_cost_per_token: 1.0e-06" in proxy["litellm_config_yaml"]
+    assert "api_key" not in proxy["litellm_config_yaml"]

@@ -1,8 +1,8 @@
 """Nothing outlives the stack (issue 15 item 10): `benchwright up` stopped with SIGTERM mid-run leaves no process,
 cgroup or sandbox directory behind (the run's LiteLLM proxy included), and what a crash (`up` and its worker
 killed with SIGKILL) left running (Temporal, the API, sandboxes, their cgroups) is reaped by the next `up` on the
-same data directory, which then works. Real processes throughout: `up` as a subprocess, the dev model, a keyed run behind its LiteLLM proxy,
-a scorer sleeping in a namespaced work sandbox.
+same data directory, which then works. Real processes throughout: `up` as a subprocess, the dev model, a keyed run
+behind its LiteLLM proxy, a scorer sleeping in a namespaced work sandbox.
 
 Measured: 29 s and 17 s at a load average of 8 on two cores (LiteLLM's start-up is most of the first: 11 s on a
 quiet machine, ~30 s at a load average of 13, when the pair took ~100 s)."""

@@ -60,7 +60,7 @@ def test_catalog_paths_are_read_under_the_catalogs_rules_only(tmp_path: Path) ->
     assert fetched.bytes == (cat_path.parent / "ok.jsonl").stat().st_size
     with pytest.raises(InvalidInput, match="leaves the catalog's directory"):
         catalog_fetch("catalog:escape", catalog=catalog, access=NO_LOCAL)
-    with pytest.raises((InvalidInput, DatasetError), match="leaves the catalog's directory|outside"):
+    with pytest.raises((InvalidInput, DatasetError), match=r"leaves the catalog's directory|outside"):
         where, access = catalog_fetch("catalog:link", catalog=catalog, access=NO_LOCAL)
         fetch_dataset(source=where, dest_dir=tmp_path / "w2", access=access)
     with pytest.raises(InvalidInput, match="no dataset named 'nope'"):

@@ -357,7 +357,8 @@ async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
 async def test_connection_close_and_http_1_0_close_after_the_response() -> None:
     async with serving(DevModelConfig(answers=ANSWERS)) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(_request("POST", "/v1/chat/completions", _chat_bytes("Who wrote Hamlet?"), "Connection: close\r\n"))
+        writer.write(_request("POST", "/v1/chat/completions", _chat_bytes("Who wrote Hamlet?"),
+                              "Connection: close\r\n"))
         status, headers, body = await _read_response(reader)
         assert (status, headers["connection"], _content(body)) == (200, "close", "William Shakespeare")
         assert await _closed_by_server(reader)

@@ -192,7 +192,7 @@ async def test_failures_are_http_client_errors_naming_the_problem() -> None:
     async with serving(echo_keep_alive) as (url, _):
         pass  # closed: nothing listens on that port any more
     pool = HttpPool(url)
-    with pytest.raises(HttpClientError, match="cannot connect to 127.0.0.1"):
+    with pytest.raises(HttpClientError, match=r"cannot connect to 127\.0\.0\.1"):
         await pool.post("/x", b"")
     await pool.aclose()
     with pytest.raises(HttpClientError, match="closed"):
@@ -225,15 +225,16 @@ async def test_cancelled_request_does_not_leave_a_half_read_connection_for_reuse
 
 
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
             .not_valid_after(now + datetime.timedelta(hours=1))
@@ -323,7 +324,7 @@ async def test_an_oversized_body_and_unsolicited_bytes_are_refused(monkeypatch: 
                                             if stats["requests"] == 1 else b""))
             await writer.drain()
 
-    async with serving(chatty) as (url, stats):
+    async with serving(chatty) as (url, _stats):
         pool = HttpPool(url)
         try:
             first = await pool.post("/x", b"")

@@ -42,7 +42,7 @@ def test_unenforceable_or_bad_limits_are_refused_naming_the_path(limits: dict, f
 
 
 def test_unknown_constraint_is_refused() -> None:
-    with pytest.raises(InvalidInput, match="constraints.max_cost is not a constraint"):
+    with pytest.raises(InvalidInput, match=r"constraints\.max_cost is not a constraint"):
         resolve_limits(limits=None, constraints={"max_cost": 1}, metadata={})
 
 
@@ -58,6 +58,6 @@ def test_driver_budgets_are_whole_numbers_per_phase_and_per_run() -> None:
     assert limits.driver_steps("atomize") == 3 and limits.driver_steps("analyze") == 5
     assert limits.run_driver_tokens == 20_000
     assert limits.phase_durations_s == {}, "a per-phase step budget is not a duration"
-    with pytest.raises(InvalidInput, match="limits.phase.driver_steps must be a whole number"):
+    with pytest.raises(InvalidInput, match=r"limits\.phase\.driver_steps must be a whole number"):
         resolve_limits(limits={"phase": {"driver_steps": 2.5}}, constraints=None, metadata={})
     assert matrix()["defaults"]["phase.driver_steps"] >= 1 and matrix()["defaults"]["run.driver_tokens"] >= 1

@@ -12,9 +12,17 @@ from typing import Any
 
 import pytest
 
-from benchwright.scoring.host import RUNNER, ScorerLoadError, Spawn, TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.limits import ScorerCeilings, TaskLimits, matrix
-from benchwright.scoring.host import runner_env
+from benchwright.scoring.host import (
+    RUNNER,
+    ScorerLoadError,
+    Spawn,
+    TrialItem,
+    TrialLimits,
+    TrialRecord,
+    run_trials,
+    runner_env,
+)
 
 STUCK_AT_IMPORT = '''
 import sys

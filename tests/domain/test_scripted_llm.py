@@ -73,7 +73,7 @@ async def test_turns_replay_in_order_per_conversation_and_every_request_is_recor
 
         import litellm
 
-        with pytest.raises(litellm.BadRequestError, match="script_exhausted|has 2 scripted conversations"):
+        with pytest.raises(litellm.BadRequestError, match=r"script_exhausted|has 2 scripted conversations"):
             await _call(server.url, "author", [{"role": "user", "content": "a third conversation"}])
         with pytest.raises(litellm.NotFoundError, match="no script for model"):
             await _call(server.url, "nobody", opening)

@@ -43,7 +43,8 @@ class Provider:
                 if status != 200:
                     writer.write(response(b'{"error": {"message": "busy"}}', status=f"{status} Nope"))
                 else:
-                    reply = {"choices": [{"message": {"role": "assistant", "content": f"re: {body['messages'][-1]['content']}"}}],
+                    content = f"re: {body['messages'][-1]['content']}"
+                    reply = {"choices": [{"message": {"role": "assistant", "content": content}}],
                              "usage": {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}}
                     extra = f"x-litellm-response-cost: {self.cost_header}\r\n" if self.cost_header else ""
                     writer.write(response(json.dumps(reply).encode(), extra=extra))
@@ -114,7 +115,7 @@ async def test_a_silent_endpoint_times_out_and_an_absent_one_is_unreachable() ->
     async with provider(p) as url:
         sut = _sut(url, timeout_s=0.2, retries=1)
         try:
-            with pytest.raises(SutError, match="no answer within 0.2 s"):
+            with pytest.raises(SutError, match=r"no answer within 0\.2 s"):
                 await sut.complete([{"role": "user", "content": "hello?"}], {})
         finally:
             await sut.aclose()

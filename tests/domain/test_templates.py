@@ -16,7 +16,7 @@ from benchwright.drivers.templates import render_plan, select_template
 
 def _load(plan: ScorerPlan, **kw: Any) -> dict[str, Any]:
     ns: dict[str, Any] = {"__name__": "task_impl"}
-    exec(compile(render_plan(plan, **kw), "task_impl.py", "exec"), ns)  # noqa: S102 - the file under test
+    exec(compile(render_plan(plan, **kw), "task_impl.py", "exec"), ns)  # the file under test
     return ns
 
 
@@ -225,7 +225,8 @@ def test_code_infinite_loop_fails_at_the_time_limit() -> None:
 
 def test_code_mbpp_style() -> None:
     ns = _load(ScorerPlan(template="code", fields={"input": "text", "test": "test_list"}, why=""))
-    row = {"text": "Write a function to square a number.", "test_list": ["assert square(3) == 9", "assert square(0) == 0"]}
+    row = {"text": "Write a function to square a number.",
+           "test_list": ["assert square(3) == 9", "assert square(0) == 0"]}
     assert "assert square(3) == 9" in ns["Scorer"]().extract(row)
     assert ns["Scorer"]().score(row, "```python\ndef square(x):\n    return x * x\n```")["score"] == 1.0
     assert ns["Scorer"]().score(row, "```python\ndef square(x):\n    return x + x\n```")["score"] == 0.0

@@ -93,7 +93,8 @@ def run_inspect_directly(workdir: Path, base_url: str, *, limit: int | None = No
             "--log-format", "eval", "--display", "none", *(["--limit", str(limit)] if limit else [])]
     subprocess.run(args, cwd=workdir, env=env, check=True, capture_output=True, timeout=600)
     log = next((workdir / "logs").glob("*.eval"))
-    reader = ("import json, sys\nfrom inspect_ai.log import read_eval_log\nfrom inspect_ai.scorer import value_to_float\n"
+    reader = ("import json, sys\nfrom inspect_ai.log import read_eval_log\n"
+              "from inspect_ai.scorer import value_to_float\n"
               "log = read_eval_log(sys.argv[1]); f = value_to_float()\n"
               "print(json.dumps({'accuracy': log.results.scores[0].metrics['accuracy'].value,"
               " 'scores': {str(s.id): f(next(iter(s.scores.values())).value) for s in log.samples}}))")

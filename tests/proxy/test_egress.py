@@ -456,7 +456,8 @@ async def test_oversized_headers_get_431(env: Env, origin: Origin, shape: str) -
 
 
 async def test_incomplete_headers_time_out_with_408() -> None:
-    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(), header_timeout_s=0.3)
+    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(),
+                        header_timeout_s=0.3)
     await proxy.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
@@ -491,7 +492,7 @@ async def test_connect_tunnel_echoes_bytes_both_ways(env: Env, echo: Echo) -> No
 
 
 async def test_connect_to_a_blocked_host_is_403_and_recorded(env: Env, echo: Echo) -> None:
-    reader, writer, refused = await open_tunnel(env.connect, f"127.0.0.1:{echo.port}")
+    _reader, writer, refused = await open_tunnel(env.connect, f"127.0.0.1:{echo.port}")
     writer.close()
     assert refused.status == 403
     assert refused.headers["x-benchwright-blocked"] == "127.0.0.1"
@@ -544,7 +545,8 @@ async def test_https_through_the_connect_tunnel_with_httpx(env: Env, tls_files: 
 
 
 async def test_idle_tunnel_is_closed_after_idle_timeout(echo: Echo) -> None:
-    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(), idle_timeout_s=0.3)
+    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(),
+                        idle_timeout_s=0.3)
     await proxy.start()
     try:
         connect: Connector = lambda: asyncio.open_connection("127.0.0.1", proxy.port)  # noqa: E731

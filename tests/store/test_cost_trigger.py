@@ -39,7 +39,8 @@ def test_trigger_accumulates_by_source_and_debits_the_balance(db_url: str) -> No
     assert budget_halt_reason(engine, run_id=run.id, run_cost_usd=0.2) == "limit_exceeded:run.cost"
     assert budget_halt_reason(engine, run_id=run.id, run_cost_usd=None) is None
 
-    append_events(engine, run.id, [NewEvent.of(event_key(run.id, "s2"), SandboxKilled(sandbox_id="sb2", cost_usd=0.35))])
+    append_events(engine, run.id,
+                  [NewEvent.of(event_key(run.id, "s2"), SandboxKilled(sandbox_id="sb2", cost_usd=0.35))])
     assert get_account(engine, account_id=account.id).balance_usd == pytest.approx(-0.1)
     assert budget_halt_reason(engine, run_id=run.id, run_cost_usd=None) == "balance_exhausted"
     assert credit(engine, account_name="payer", amount_usd=5) == pytest.approx(4.9)

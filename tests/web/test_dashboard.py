@@ -106,7 +106,8 @@ async def _counter(page: Any, name: str) -> int:
 async def _assert_heatmap_matches(page: Any, tasks: list[dict[str, Any]], total: int) -> None:
     await page.wait_for_function(
         "([n, settled]) => { const c = document.getElementById('heatmap');"
-        " return c && +c.dataset.cells === n && (+c.dataset.passed + +c.dataset.failed + +c.dataset.errored) === settled; }",
+        " return c && +c.dataset.cells === n"
+        " && (+c.dataset.passed + +c.dataset.failed + +c.dataset.errored) === settled; }",
         arg=[total, len(tasks)], timeout=30_000)
     pixels = await page.evaluate(PIXELS_JS, [t["index"] for t in tasks])
     wrong = [(t["index"], t["outcome"], px) for t, px in zip(tasks, pixels, strict=True)
@@ -177,7 +178,8 @@ async def test_run_page_moves_live_pauses_resumes_and_colours_every_task(
             "(n) => ['passed', 'failed', 'errored'].reduce((s, k) => s + +document.getElementById('count-' + k)"
             ".dataset.value, 0) > n", arg=first, timeout=30_000)
         assert await _counter(page, "running") > 0
-        pending = await page.evaluate("() => { const c = document.getElementById('heatmap'); return +c.dataset.cells - 1; }")
+        pending = await page.evaluate(
+            "() => { const c = document.getElementById('heatmap'); return +c.dataset.cells - 1; }")
         assert (await page.evaluate(PIXELS_JS, [pending]))[0] == list(COLOURS["running"])
         assert await page.get_attribute("#stream-state", "data-state") == "live"
         await page.wait_for_selector('tr.phase[data-phase="materialize"][data-state="running"]')
@@ -214,7 +216,8 @@ async def test_run_page_moves_live_pauses_resumes_and_colours_every_task(
         summary["passed"], summary["failed"], summary["errored"], 0]
     assert await page.locator('tr.phase[data-phase="materialize"]').get_attribute("data-state") == "completed"
     cost = await page.locator('#cost-panel tr[data-cost="model"] td.num').inner_text()
-    assert final["cost"]["model"] > 0 and float(cost.removeprefix("$")) == pytest.approx(final["cost"]["model"], abs=1e-6)
+    assert final["cost"]["model"] > 0
+    assert float(cost.removeprefix("$")) == pytest.approx(final["cost"]["model"], abs=1e-6)
     assert await page.get_attribute("#event-log", "data-last-seq") == str(max(
         e["seq"] for e in (await _events(stack, run["id"]))))
     await page.screenshot(path=str(screenshots / "run-page-done.png"), full_page=True)
@@ -237,7 +240,8 @@ async def test_task_modal_lists_every_trial_and_the_temporal_link(browser: Any, 
                                       "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
             await wait_terminal(http, run["id"])
             detail = (await http.get(f"/v1/runs/{run['id']}/tasks/5")).json()
-        context = await browser.new_context(base_url=f"http://127.0.0.1:{port}", viewport={"width": 1440, "height": 1000})
+        context = await browser.new_context(base_url=f"http://127.0.0.1:{port}",
+                                            viewport={"width": 1440, "height": 1000})
         page = await context.new_page()
         await page.goto("/ui/")
         await page.fill("#api-key", stack.api_key)
@@ -255,7 +259,8 @@ async def test_task_modal_lists_every_trial_and_the_temporal_link(browser: Any, 
         await page.wait_for_selector("#task-modal[data-index='5'] tr.trial-row")
         rows = page.locator("#task-modal tr.trial-row")
         assert await rows.count() == 3
-        assert [await r.get_attribute("data-outcome") for r in await rows.all()] == [t["outcome"] for t in detail["trials"]]
+        outcomes = [await r.get_attribute("data-outcome") for r in await rows.all()]
+        assert outcomes == [t["outcome"] for t in detail["trials"]]
         texts = await rows.nth(0).locator("td").all_inner_texts()
         assert texts[0] == "0" and texts[4] == detail["trials"][0]["output"]
         await page.screenshot(path=str(screenshots / "task-modal.png"))
@@ -279,7 +284,8 @@ async def test_ten_thousand_task_run_page_stays_responsive(page: Any, stack: Sta
         # While the run streams its ~20,000 events in, a frame still comes round promptly.
         await page.wait_for_selector("#heatmap[data-cells='10000']", timeout=120_000)
         frame_ms = await page.evaluate(
-            "() => new Promise((r) => { const t = performance.now(); requestAnimationFrame(() => r(performance.now() - t)); })")
+            "() => new Promise((r) => { const t = performance.now();"
+            " requestAnimationFrame(() => r(performance.now() - t)); })")
         await wait_terminal(http, run["id"])
         tasks = await _all_tasks(http, run["id"])
     await page.wait_for_selector('#stream-state[data-state="done"]', timeout=60_000)
@@ -294,7 +300,8 @@ async def test_ten_thousand_task_run_page_stays_responsive(page: Any, stack: Sta
     draw_ms = float(await page.get_attribute("#heatmap", "data-draw-ms"))
     await page.screenshot(path=str(screenshots / "run-page-10k.png"), full_page=True)
     print(f"\n10k-task page: first frame during streaming {frame_ms:.0f} ms, all cells painted {painted_s:.1f} s after "
-          f"opening (run included), last full redraw {draw_ms:.1f} ms, modal {modal_s * 1000:.0f} ms, {nodes} DOM nodes")
+          f"opening (run included), last full redraw {draw_ms:.1f} ms, modal {modal_s * 1000:.0f} ms, "
+          f"{nodes} DOM nodes")
     assert frame_ms < 2000, f"a frame took {frame_ms:.0f} ms while events streamed in"
     assert modal_s < 10, f"the modal took {modal_s:.1f} s to open"
     assert nodes < 2000, f"{nodes} DOM nodes: the heatmap must not be one node per task"

@@ -69,7 +69,8 @@ def extract_letter(reply, texts):
     key = r"(?i:answer|option|choice)\s*(?i:is|would be|:)\s*[:\-]?\s*[*_(\[]*\s*"
     patterns = (
         key + r"([A-Z])\s*[*_)\]]*(?![A-Za-z])",  # "the answer is **B**", "final answer: (C)", "option is D because"
-        key + r"([a-z])\s*[*_)\]]*(?=\s*(?:$|[.,;:!]))",  # "Answer: b" (a lowercase letter only where it ends the phrase)
+        # "Answer: b" (a lowercase letter only where it ends the phrase)
+        key + r"([a-z])\s*[*_)\]]*(?=\s*(?:$|[.,;:!]))",
         r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]",  # "B) ...", "B. ...", "(B) ...", "**B**: ..." at a line start
         r"\(([A-Z])\)",  # "(B)" anywhere
         r"\*\*([A-Z])\*\*",  # "**B**" anywhere

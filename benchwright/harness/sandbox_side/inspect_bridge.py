@@ -43,7 +43,8 @@ task = tasks[0]
 samples = list(task.dataset)
 limit = CONFIG.get("limit")
 count = min(len(samples), limit) if limit else len(samples)
-IDS = [s.id if s.id is not None else i + 1 for i, s in enumerate(samples[:count])]  # inspect numbers id-less samples from 1
+# inspect numbers id-less samples from 1
+IDS = [s.id if s.id is not None else i + 1 for i, s in enumerate(samples[:count])]
 INDEX = {str(sample_id): i for i, sample_id in enumerate(IDS)}
 emit(kind="dataset", count=count, name=task.name)
 done = set(CONFIG.get("done") or [])
