@@ -7,7 +7,6 @@ identical install is a cache hit (``activities.phase_cache``): its snapshot is r
 from __future__ import annotations
 
 import platform
-import sys
 
 from temporalio import activity
 
@@ -69,7 +68,7 @@ class SetupActivities:
                                       **({"PIP_INDEX_URL": index} if index else {})})
                 result = await box.backend.exec(
                     box.info.sandbox_id,
-                    [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
+                    [box.python, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
                     env=env, timeout_s=PIP_TIMEOUT_S,
                     limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S,
                                       cpu_cores=2.0))

@@ -11,6 +11,12 @@ from benchwright.schemas import suggest
 
 BACKENDS = ("local", "sandbox0", "e2b")
 COMPUTE_CHOICES = (*BACKENDS, "default", "auto")
+HOW_TO_CONFIGURE = {
+    "sandbox0": "set BENCHWRIGHT_SANDBOX0_KUBECONFIG to a kubeconfig file (or BENCHWRIGHT_SANDBOX0_IN_CLUSTER=true "
+                "for a worker running in the cluster)",
+    "e2b": "set BENCHWRIGHT_E2B_API_KEY to an E2B API key",
+}
+"""What an operator sets to configure each backend that is not always there; named in the 400 that refuses it."""
 
 
 def check_compute(value: str, *, configured: tuple[str, ...]) -> str:
@@ -24,7 +30,9 @@ def check_compute(value: str, *, configured: tuple[str, ...]) -> str:
                            code="invalid_compute")
     if value in BACKENDS and value not in configured:
         raise InvalidInput(f"compute backend '{value}' is not configured on this deployment "
-                           f"(configured: {', '.join(configured)})", code="compute_not_configured")
+                           f"(configured: {', '.join(configured)}); to configure it, "
+                           f"{HOW_TO_CONFIGURE.get(value, 'see the README')} on the API and the workers",
+                           code="compute_not_configured")
     return value
 
 

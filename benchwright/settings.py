@@ -104,14 +104,49 @@ class Settings(BaseSettings):
 
     default_compute: str = "local"
     """The deployment's compute backend (§4 level 3). The embedded stack has only ``local``."""
-    sandbox0_url: str | None = None
-    """A sandbox0 (Kubernetes) endpoint; when unset the backend is not configured here."""
+    sandbox0_kubeconfig: str | None = None
+    """A kubeconfig file for the sandbox0 backend (Kubernetes pods); with ``sandbox0_in_cluster`` unset and this
+    unset, sandbox0 is not configured here (``benchwright.sandbox.sandbox0``)."""
+    sandbox0_in_cluster: bool = False
+    """Use the worker pod's service account for sandbox0 (a worker running inside the cluster)."""
+    sandbox0_namespace: str = "benchwright-sandboxes"
+    sandbox0_image: str = "python:3.12-slim"
+    """The sandbox pods' image: ``sh``, coreutils, ``tar`` and ``sandbox0_python`` must be in it."""
+    sandbox0_instance_size: str = "sandbox0-2cpu-4gb"
+    """CPU and memory requests/limits of every sandbox pod, and the size billed (``sandbox_usd_per_hour``)."""
+    sandbox0_python: str = "python3"
+    """The interpreter that runs the scorer runtime inside sandbox pods."""
+    sandbox0_pod_egress_url: str | None = None
+    """The egress proxy as a pod's commands reach it, when not at the worker's own proxy address (a sidecar)."""
     e2b_api_key: str | None = None
     """An E2B key; when unset the backend is not configured here."""
+    e2b_template: str = "base"
+    e2b_instance_size: str = "e2b-2cpu-2gb"
+    """The template's size: billed (``sandbox_usd_per_hour``) and compared against by the limits wrapper."""
+    e2b_python: str = "python3"
+    e2b_api_url: str | None = None
+    e2b_sandbox_url: str | None = None
+    """Where the E2B SDK sends REST and envd calls (unset: E2B's own; the tests point them at the E2B double)."""
+    sandbox_usd_per_hour: dict[str, float] = Field(default_factory=lambda: {
+        # E2B's published per-second prices, $0.000014 per vCPU-s and $0.0000045 per GiB-s, i.e. per hour
+        # $0.0504 per vCPU + $0.0162 per GiB.
+        "e2b-2cpu-2gb": 0.1332, "e2b-4cpu-4gb": 0.2664, "e2b-8cpu-8gb": 0.5328,
+        # sandbox0: the shared cluster's list price per pod-hour by size (a self-hosted cluster sets its own).
+        "sandbox0-1cpu-2gb": 0.04, "sandbox0-2cpu-4gb": 0.08, "sandbox0-4cpu-8gb": 0.16})
+    """USD per sandbox-hour by instance size (§9 cost.sandbox = Σ lifetime × this rate). A size missing here is
+    refused when its backend is opened; the local backend's sizes fall back to ``local_sandbox_usd_per_hour``."""
+    blob_store_url: str | None = None
+    """Where blobs (snapshots of remote sandboxes, phase hand-offs) go: ``s3://bucket/prefix`` or ``file:///path``;
+    default ``<data_dir>/blobs`` (``benchwright.blobs``)."""
+    blob_s3_endpoint_url: str | None = None
+    """An S3-compatible endpoint (MinIO...) for an ``s3://`` blob store; credentials from boto3's usual chain."""
 
     allow_unisolated: bool = False
     """Run sandboxes as plain directories and processes where the kernel forbids namespaces (recorded on the run
     as isolation 'none'). Off: such a host refuses to run scorers, with a clear error."""
+    egress_proxy_host: str = "127.0.0.1"
+    """Where each sandbox's egress proxy listens, and the address sandboxes reach it at: loopback for the local
+    backend; an address of the worker that pods (sandbox0) or micro-VMs (e2b) can route to otherwise."""
     egress_internal_allowed: list[str] = Field(default_factory=list)
     """``host:port`` endpoints on internal addresses that sandboxes may reach through the egress proxy (an internal
     package mirror, say). Every other loopback/private/link-local target is refused whatever an account allows."""
@@ -150,7 +185,7 @@ class Settings(BaseSettings):
 
     def configured_backends(self) -> tuple[str, ...]:
         backends = ["local"]
-        if self.sandbox0_url:
+        if self.sandbox0_kubeconfig or self.sandbox0_in_cluster:
             backends.append("sandbox0")
         if self.e2b_api_key:
             backends.append("e2b")

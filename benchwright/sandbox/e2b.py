@@ -119,7 +119,7 @@ class E2BBackend:
 
     def _info(self, sandbox_id: str, meta: Mapping[str, str]) -> SandboxInfo:
         metadata: dict[str, Any] = dict(meta)
-        metadata.update({"isolation": "microvm", "limits": self.limit_mechanism})
+        metadata.update({"isolation": "microvm", "limits": self.limit_mechanism, "workdir": WORKDIR})
         if self.egress_proxy_url:
             metadata["egress_proxy"] = self.egress_proxy_url
         return SandboxInfo(sandbox_id=sandbox_id, role=meta.get("benchwright_role", ""), backend=self.name,

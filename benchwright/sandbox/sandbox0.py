@@ -192,7 +192,8 @@ class Sandbox0Backend:
         labels = pod.metadata.labels or {}
         notes = pod.metadata.annotations or {}
         metadata: dict[str, Any] = json.loads(notes.get("benchwright/metadata", "{}"))
-        metadata.update({"isolation": "pod", "limits": self.limit_mechanism, "namespace": self.namespace})
+        metadata.update({"isolation": "pod", "limits": self.limit_mechanism, "namespace": self.namespace,
+                         "workdir": self.workdir})
         if self.pod_egress_url:
             metadata["egress_proxy"] = self.pod_egress_url
         return SandboxInfo(sandbox_id=pod.metadata.name, role=labels.get("benchwright_role", ""), backend=self.name,

@@ -1,0 +1,229 @@
+"""A run's sandboxes from birth to ledger (§4, §9): the domain side of every phase that runs untrusted code.
+
+One work sandbox per phase invocation, restored from the previous phase's snapshot, so the work sandbox's
+filesystem is shared across phases through snapshots and no live sandbox depends on the worker process that made
+it. Task sandboxes (fanout) restore the post-Atomize snapshot.
+
+Each sandbox is made on the run's recorded backend (:func:`benchwright.sandbox.factory.open_backend`: the one
+seam), gets its own egress proxy enforcing the run's account's host policy and recording refusals in the run's
+blocked-host log, and leaves a SandboxCreated (naming the backend that made it) / SandboxKilled pair in the log;
+the kill carries its cost, lifetime × the backend's rate for the sandbox's instance size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+
+from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
+from benchwright.proxy.egress import EgressProxy
+from benchwright.proxy.policy import HostPolicy
+from benchwright.sandbox.base import (
+    ExecLimits,
+    SandboxBackend,
+    SandboxError,
+    SandboxInfo,
+    proxy_env,
+)
+from benchwright.sandbox.factory import OpenBackend, open_backend
+from benchwright.scoring.host import Spawn, runner_env
+from benchwright.settings import Settings
+from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.policy import get_policy, record_blocked
+from benchwright.store.runs import get_run, record_isolation
+
+DEPS_DIR = ".deps"
+"""Where Setup installs the scorer's Python requirements inside the work sandbox (on the runner's PYTHONPATH)."""
+SNAPSHOTS = "snapshots.json"
+POLICY_TTL_S = 1.0
+SNAPSHOT_PHASES = ("fetch", "setup", "atomize")
+
+
+@dataclass
+class Sandbox:
+    """A live sandbox of a run, on the backend that made it.
+
+    Attributes:
+        backend: That backend.
+        info: What it reported at creation.
+        home: The sandbox's working directory as its commands see it.
+        python: The interpreter that runs the scorer runtime in it.
+    """
+
+    backend: SandboxBackend
+    info: SandboxInfo
+    home: str
+    python: str
+
+    def scorer_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return runner_env(self.home, {"PYTHONPATH": f"{self.home}/{DEPS_DIR}", **proxy_env(self.info),
+                                      **(extra or {})})
+
+    def spawn(self, env: dict[str, str], limits: ExecLimits) -> Spawn:
+        async def spawn(args: list[str]) -> object:
+            return await self.backend.spawn(self.info.sandbox_id, [self.python, "runner.py", *args], env=env,
+                                            limits=limits)
+
+        return spawn
+
+
+class _RunBlockedLog:
+    def __init__(self, engine: Engine, run_id: str, account_id: str) -> None:
+        self.engine, self.run_id, self.account_id = engine, run_id, account_id
+
+    async def record(self, host: str) -> None:
+        await asyncio.to_thread(record_blocked, self.engine, run_id=self.run_id, account_id=self.account_id,
+                                host=host)
+
+
+class _PolicyCache:
+    """The account's policy, re-read at most once a second (the proxy asks once per request)."""
+
+    def __init__(self, engine: Engine, account_id: str) -> None:
+        self.engine, self.account_id = engine, account_id
+        self.policy: HostPolicy | None = None
+        self.read_at = 0.0
+
+    async def __call__(self) -> HostPolicy:
+        if self.policy is None or time.monotonic() - self.read_at > POLICY_TTL_S:
+            self.policy = await asyncio.to_thread(get_policy, self.engine, account_id=self.account_id)
+            self.read_at = time.monotonic()
+        return self.policy
+
+
+def run_backend(engine: Engine, run_id: str) -> str:
+    """The backend a run's launch resolved (its recorded ``compute``); runs from before it was recorded: local."""
+    return get_run(engine, run_id=run_id).backend or "local"
+
+
+def _home(info: SandboxInfo) -> str:
+    workdir = info.metadata.get("workdir")
+    if workdir:
+        return str(workdir)
+    return "/sandbox" if info.metadata.get("isolation", "namespaces") == "namespaces" else str(info.root)
+
+
+@asynccontextmanager
+async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role: str, key: tuple[object, ...],
+                       restore: str | None, internal_allowed: frozenset[tuple[str, int]] = frozenset(),
+                       metadata: Mapping[str, object] | None = None) -> AsyncIterator[Sandbox]:
+    """A sandbox for the length of the block, on the run's backend, with its egress proxy; killed (and its cost
+    recorded) on the way out, whatever happens inside.
+
+    Raises:
+        InvalidInput: the run's backend is not configured on this worker (naming what to configure).
+    """
+    run = await asyncio.to_thread(get_run, engine, run_id=run_id)
+    backend_name = run.backend or "local"
+    operator_allowed = {(h, int(p)) for h, _, p in (e.rpartition(":") for e in settings.egress_internal_allowed)}
+    egress = EgressProxy(policy_provider=_PolicyCache(engine, run.account_id),
+                         recorder=_RunBlockedLog(engine, run_id, run.account_id),
+                         internal_allowed=frozenset(internal_allowed | operator_allowed),
+                         host=settings.egress_proxy_host)
+    await egress.start()
+    opened: OpenBackend | None = None
+    info: SandboxInfo | None = None
+    try:
+        opened = open_backend(settings, backend=backend_name, egress_proxy_url=egress.url)
+        info = await opened.backend.create(role=role, run_id=run_id, snapshot_id=restore,
+                                           metadata={"account": run.account_id})
+        isolation = str(info.metadata.get("isolation", "namespaces"))
+        await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
+            event_key(run_id, *key, "sandbox", info.sandbox_id, "created"),
+            SandboxCreated(sandbox_id=info.sandbox_id, role=role, backend=opened.backend.name,
+                           instance_size=info.instance_size, isolation=isolation,
+                           metadata={**(metadata or {}), "benchwright_role": role, "isolation": isolation}))])
+        if run.isolation != isolation:
+            await asyncio.to_thread(record_isolation, engine, run_id=run_id, isolation=isolation)
+        yield Sandbox(backend=opened.backend, info=info, home=_home(info), python=opened.python)
+    finally:
+        # Shielded: a second cancellation (a task group tearing down siblings) must not leave a sandbox alive or
+        # its ledger entry open.
+        await asyncio.shield(_dispose(engine, opened, egress, info, run_id=run_id, role=role, key=key))
+
+
+async def _dispose(engine: Engine, opened: OpenBackend | None, egress: EgressProxy, info: SandboxInfo | None, *,
+                   run_id: str, role: str, key: tuple[object, ...]) -> None:
+    try:
+        if opened is not None and info is not None:
+            try:
+                lifetime = await opened.backend.kill(info.sandbox_id)
+            except SandboxError:  # already gone (its init died): still close its ledger entry
+                lifetime = max(0.0, time.time() - info.created_at)
+            await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
+                event_key(run_id, *key, "sandbox", info.sandbox_id, "killed"),
+                SandboxKilled(sandbox_id=info.sandbox_id, role=role, duration_ms=int(lifetime * 1000),
+                              cost_usd=lifetime / 3600 * opened.usd_per_hour))])
+    finally:
+        if opened is not None:
+            await opened.backend.close()
+        await egress.stop()
+
+
+# ------------------------------------------------------------------------------------------------- snapshots ---
+
+def snapshot_of(workdir: Path, phase: str) -> str | None:
+    """The snapshot ``phase`` left for the phases after it (None if it left none)."""
+    path = workdir / SNAPSHOTS
+    found = json.loads(path.read_text()).get(phase) if path.exists() else None
+    return str(found) if found else None
+
+
+def latest_snapshot(workdir: Path, *, before: str) -> str | None:
+    """The newest work-sandbox snapshot of the phases that run before ``before``."""
+    earlier = SNAPSHOT_PHASES[: SNAPSHOT_PHASES.index(before)] if before in SNAPSHOT_PHASES else SNAPSHOT_PHASES
+    for phase in reversed(earlier):
+        snap = snapshot_of(workdir, phase)
+        if snap:
+            return snap
+    return None
+
+
+async def record_snapshot(*, engine: Engine, workdir: Path, run_id: str, phase: str, invocation: int,
+                          snapshot_id: str) -> None:
+    """SnapshotCreated for the phase, and the id remembered for the phases after. Snapshots are content-addressed,
+    so a phase that left the filesystem as it found it records its predecessor's id without taking one."""
+    await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
+        event_key(run_id, phase, invocation, "snapshot"), SnapshotCreated(snapshot_id=snapshot_id, phase=phase))])
+    path = workdir / SNAPSHOTS
+    known = json.loads(path.read_text()) if path.exists() else {}
+    known[phase] = snapshot_id
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(known))
+    os.replace(tmp, path)
+
+
+async def take_snapshot(*, engine: Engine, workdir: Path, box: Sandbox, run_id: str, phase: str,
+                        invocation: int) -> str:
+    """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
+    snapshot_id = await box.backend.snapshot(box.info.sandbox_id, label=f"{run_id}:{phase}:v{invocation}")
+    await record_snapshot(engine=engine, workdir=workdir, run_id=run_id, phase=phase, invocation=invocation,
+                          snapshot_id=snapshot_id)
+    return snapshot_id
+
+
+async def snapshot_files(*, engine: Engine, settings: Settings, workdir: Path, files: dict[str, bytes], run_id: str,
+                         phase: str, invocation: int) -> str:
+    """A work-sandbox snapshot holding ``files`` on the run's backend, made without a sandbox (for a phase that
+    only puts files in place and runs nothing), recorded like ``take_snapshot``'s."""
+    backend = await asyncio.to_thread(run_backend, engine, run_id)
+    opened = open_backend(settings, backend=backend)
+    try:
+        snapshot_id = await opened.backend.snapshot_files(files, label=f"{run_id}:{phase}:v{invocation}")
+    finally:
+        await opened.backend.close()
+    await record_snapshot(engine=engine, workdir=workdir, run_id=run_id, phase=phase, invocation=invocation,
+                          snapshot_id=snapshot_id)
+    return snapshot_id
+
+
+__all__ = ["DEPS_DIR", "SNAPSHOTS", "Sandbox", "latest_snapshot", "open_sandbox", "record_snapshot", "run_backend",
+           "snapshot_files", "snapshot_of", "take_snapshot"]
