@@ -20,9 +20,12 @@ from sqlalchemy.engine import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from benchwright import handoff
+from benchwright.blobs import BlobStore
 from benchwright.errors import BenchwrightError
 from benchwright.events import AgentTextEvent, Event, PhaseCompleted, PhaseRestartRequested, PhaseStarted
 from benchwright.pipeline import PhaseControl, PhaseInput
+from benchwright.sandbox.factory import blob_store
 from benchwright.settings import Settings
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
@@ -37,6 +40,11 @@ class Deps:
 
     def run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir() / run_id
+
+    @property
+    def blobs(self) -> BlobStore:
+        """Where phases hand files to each other (``benchwright.handoff``) and remote snapshots live."""
+        return blob_store(self.settings)
 
     def workdir(self, run_id: str) -> Path:
         path = self.settings.runs_dir() / run_id / "work"
@@ -81,12 +89,17 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
         opening.append(NewEvent.of(event_key(inp.run_id, *key, "instructions"), AgentTextEvent(
             phase=inp.phase, text=f"Following the reviewer's instructions: {inp.instructions}")))
     await in_thread(append_events, deps.engine, inp.run_id, opening)
+    # The work directory is a cache of the run's handed-off files (benchwright.handoff): any worker holds any phase.
+    await handoff.restore(engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, workdir=deps.workdir(inp.run_id))
     scope = PhaseScope(inp)
     try:
         yield scope
     except BenchwrightError as exc:
         raise failure(exc) from exc
     closing = [NewEvent.of(event_key(inp.run_id, *key, what), ev) for what, ev in scope.artifacts]
+    closing.append(NewEvent.of(event_key(inp.run_id, *key, "work-files"), await handoff.publish(
+        engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, phase=inp.phase, invocation=inp.invocation,
+        workdir=deps.workdir(inp.run_id))))
     scope.control = scope.control or _driver_request(deps, inp)  # the Driver's own request (activities.driving)
     if scope.control is not None and scope.control.kind == "restart":
         closing.append(NewEvent.of(event_key(inp.run_id, *key, "restart"),

@@ -10,6 +10,7 @@ the registry's blob store (issue 9's phase cache cells) is the seam for workers 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.common import Deps, failure, in_thread
+from benchwright import handoff
 from benchwright.errors import BenchwrightError
 from benchwright.events import ForkDecided, PhaseCompleted, PhaseStarted
 from benchwright.forks import (
@@ -78,11 +80,17 @@ class ForkActivities:
         cut = cut_point(parent_log, rewind)
         copies = inherited_copies(parent_log, parent_run_id=spec.parent_run_id, cut=cut,
                                   rebind=model_binding(launch.model) if "attach" in inherited else None)
-        copy_workdir(parent=self.deps.workdir(spec.parent_run_id), fork=self.deps.workdir(inp.run_id),
-                     inherited=inherited)
+        parent_dir = self.deps.workdir(spec.parent_run_id)  # a cache of the parent's files, on any host
+        asyncio.run(handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=spec.parent_run_id,
+                                    workdir=parent_dir))  # this runs in a worker thread (in_thread)
+        copy_workdir(parent=parent_dir, fork=self.deps.workdir(inp.run_id), inherited=inherited)
         key = ("fork", inp.invocation)
+        files = asyncio.run(handoff.publish(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id,
+                                            phase="fork", invocation=inp.invocation,
+                                            workdir=self.deps.workdir(inp.run_id)))
         own = [
             NewEvent.of(event_key(inp.run_id, *key, "started"), PhaseStarted(phase="fork")),
+            NewEvent.of(event_key(inp.run_id, *key, "work-files"), files),
             NewEvent.of(event_key(inp.run_id, *key, "decided"), ForkDecided(
                 parent_run_id=spec.parent_run_id, rewind_to=rewind, inherited=inherited,
                 overrides=_shown(launch, names, spec.scorer_instructions), interpreted=notes)),

@@ -17,6 +17,7 @@ from activities.attach import live_proxy
 from activities.bridge import bridge_batch
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
+from benchwright import handoff
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
@@ -166,6 +167,7 @@ class MaterializeActivities:
     @activity.defn(name="materialize_batch")
     async def batch(self, inp: MaterializeBatchInput) -> MaterializeBatchResult:
         workdir = self.deps.workdir(inp.run_id)
+        await handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id, workdir=workdir)
         last: dict[str, Any] = {}
 
         def progress(details: dict[str, Any]) -> None:

@@ -349,3 +349,15 @@ class HarnessLogArtifact(Event):
 
 
 EVENT_TYPES[HarnessLogArtifact.type_name()] = HarnessLogArtifact
+
+
+class WorkFilesRecorded(Event):
+    """The run's work files when a phase invocation completed (path -> blob id in the blob store): how the next
+    phase, on any worker, gets them (``benchwright.handoff``)."""
+
+    phase: str
+    invocation: int
+    files: dict[str, str]
+
+
+EVENT_TYPES[WorkFilesRecorded.type_name()] = WorkFilesRecorded

@@ -8,6 +8,7 @@ refused, naming what to configure; nothing falls back to another backend.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -35,9 +36,14 @@ class OpenBackend:
 
 
 def blob_store(settings: Settings) -> BlobStore:
-    """The deployment's blob store: ``blob_store_url``, else ``<data_dir>/blobs``."""
-    return open_blob_store(settings.blob_store_url or str(settings.data_dir / "blobs"),
-                           endpoint_url=settings.blob_s3_endpoint_url)
+    """The deployment's blob store: ``blob_store_url``, else ``<data_dir>/blobs`` (one object per location, so an
+    S3 client and its connection pool are made once per process)."""
+    return _blob_store(settings.blob_store_url or str(settings.data_dir / "blobs"), settings.blob_s3_endpoint_url)
+
+
+@functools.lru_cache(maxsize=8)
+def _blob_store(url: str, endpoint_url: str | None) -> BlobStore:
+    return open_blob_store(url, endpoint_url=endpoint_url)
 
 
 def sandbox_rate(settings: Settings, *, backend: str, instance_size: str) -> float:
