@@ -111,8 +111,9 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
     if scope.control is None:
         # "The pipeline polls that flag between phases" (§9): a crossed ceiling halts before the next phase.
         reason = await in_thread(budget_halt_reason, deps.engine, run_id=inp.run_id, run_cost_usd=inp.run_cost_usd)
-        if reason and await in_thread(halt_run, deps.engine, run_id=inp.run_id, reason=reason,
-                                      key=f"{inp.phase}-{inp.invocation}-budget"):
+        halted = bool(reason) and await in_thread(halt_run, deps.engine, run_id=inp.run_id, reason=reason,
+                                                  key=f"{inp.phase}-{inp.invocation}-budget")
+        if reason and halted:
             scope.control = PhaseControl(kind="halt", reason=reason)
     maybe_inject_fault(deps, inp.launch.metadata, inp.phase)
 
@@ -128,7 +129,8 @@ def _driver_request(deps: Deps, inp: PhaseInput) -> PhaseControl | None:
     if not isinstance(hooks, dict):
         return None
     restart, review = hooks.get("restart"), hooks.get("review")
-    if isinstance(restart, dict) and restart.get("phase") == inp.phase and inp.invocation <= int(restart.get("times", 1)):
+    if (isinstance(restart, dict) and restart.get("phase") == inp.phase
+            and inp.invocation <= int(restart.get("times", 1))):
         return PhaseControl(kind="restart", reason=str(restart.get("reason", "the Driver asked to start over")))
     if isinstance(review, dict) and review.get("phase") == inp.phase and inp.invocation == 1:
         return PhaseControl(kind="review", reason=str(review.get("reason", "the Driver needs a decision")))

@@ -86,7 +86,7 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
 def _status_for(exc: BenchwrightError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS:
-            return STATUS[cls]  # type: ignore[index]
+            return STATUS[cls]
     return 500
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dic
     with Session(engine) as session:
         trials = session.execute(
             select(TrialResult).where(TrialResult.run_id == inp.run_id, TrialResult.invocation == inp.invocation,
-                                      TrialResult.index >= inp.start, TrialResult.index < inp.stop)  # type: ignore[arg-type]
+                                      TrialResult.index >= inp.start, TrialResult.index < inp.stop)
         ).scalars()
         by_task: dict[int, dict[int, TrialOutcome]] = {}
         for t in trials:
@@ -66,7 +66,7 @@ def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dic
                                                                      error=t.error)
         aggregated = set(session.execute(
             select(TaskRow.index).where(TaskRow.run_id == inp.run_id, TaskRow.invocation == inp.invocation,
-                                        TaskRow.index >= inp.start, TaskRow.index < inp.stop)  # type: ignore[arg-type]
+                                        TaskRow.index >= inp.start, TaskRow.index < inp.stop)
         ).scalars())
     return by_task, aggregated
 
@@ -82,7 +82,7 @@ async def _settle_and_commit(work: asyncio.Task[None], stopped: Awaitable[None],
         pass  # already halted for another reason; the ceiling was recorded on the row by flush()
 
 
-Execute = Callable[[list[TrialItem], Callable[[TrialRecord], Awaitable[None]], TrialLimits], Awaitable[None]]
+Execute = Callable[[list[TrialItem], Callable[[TrialRecord], Awaitable[None]], TrialLimits], Coroutine[Any, Any, None]]
 """Runs trial items through the scorer wherever it lives (one work sandbox, or a task sandbox per task) and
 reports each record; see ``activities.materialize``."""
 
@@ -158,7 +158,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         pending.append(NewEvent.of(
             event_key(inp.run_id, "materialize", inp.invocation, rec.index, rec.trial, "result"),
             MaterializeTaskResult(invocation=inp.invocation, index=rec.index, trial=rec.trial, score=rec.score,
-                                  outcome=rec.outcome, output=rec.output, meta=rec.meta, error=rec.error,  # type: ignore[arg-type]
+                                  outcome=rec.outcome, output=rec.output, meta=rec.meta, error=rec.error,
                                   usage=rec.usage, cost_usd=rec.cost_usd),
         ))
         if len(by_task[rec.index]) == k:

@@ -33,9 +33,10 @@ def _litellm_price_map() -> dict[str, Any]:
         return {}
     path = Path(next(iter(spec.submodule_search_locations))) / "model_prices_and_context_window_backup.json"
     try:
-        return json.loads(path.read_text())
+        prices: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return prices
 
 
 def prices_for(spec: ModelSpec) -> Prices:

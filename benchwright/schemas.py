@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -55,7 +55,10 @@ literal; each with an optional ``:port``. Declared, not enforced here: the polic
 wrong with a message saying why."""
 
 
-def check_json_size(value: Any, *, limit: int, what: str) -> Any:
+_J = TypeVar("_J")
+
+
+def check_json_size(value: _J, *, limit: int, what: str) -> _J:
     """Refuse a JSON value larger than ``limit`` bytes serialized (a ValueError names the field and the limit)."""
     size = len(json.dumps(value, separators=(",", ":"), default=str))
     if size > limit:
@@ -85,7 +88,7 @@ class ModelSpec(_Strict):
     @field_validator("params")
     @classmethod
     def _small_params(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return check_json_size(v, limit=MAX_OBJECT_BYTES, what="model.params")  # type: ignore[no-any-return]
+        return check_json_size(v, limit=MAX_OBJECT_BYTES, what="model.params")
 
     @field_validator("api_base")
     @classmethod
@@ -151,17 +154,17 @@ class LaunchRequest(_Strict):
     @field_validator("harness_config")
     @classmethod
     def _small_harness_config(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if v is None else check_json_size(v, limit=MAX_HARNESS_CONFIG_BYTES, what="harness_config")  # type: ignore[no-any-return]
+        return None if v is None else check_json_size(v, limit=MAX_HARNESS_CONFIG_BYTES, what="harness_config")
 
     @field_validator("metadata")
     @classmethod
     def _small_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return check_json_size(v, limit=MAX_METADATA_BYTES, what="metadata")  # type: ignore[no-any-return]
+        return check_json_size(v, limit=MAX_METADATA_BYTES, what="metadata")
 
     @field_validator("limits", "constraints")
     @classmethod
     def _small_objects(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if v is None else check_json_size(v, limit=MAX_OBJECT_BYTES, what="limits/constraints")  # type: ignore[no-any-return]
+        return None if v is None else check_json_size(v, limit=MAX_OBJECT_BYTES, what="limits/constraints")
 
     @model_validator(mode="before")
     @classmethod

@@ -24,5 +24,5 @@ def dev_server_args() -> list[str]:
     return args
 
 
-def workflow_summary(*, model: str, dataset: str) -> str:
+def workflow_summary(*, model: str, dataset: str | None) -> str:
     return f"{model} on {dataset}"[:400]

@@ -538,8 +538,9 @@ class RunWorkflow:
         trace = ""
         if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
             trace = str(cause.details[0].get("stack_trace", ""))
-        if not trace and cause is not None and getattr(cause, "failure", None) is not None:
-            trace = cause.failure.stack_trace  # type: ignore[union-attr]
+        failure = getattr(cause, "failure", None)  # a FailureError's proto, when the cause carries one
+        if not trace and failure is not None:
+            trace = failure.stack_trace
         invocation = self._invocations.get(phase, 1)
         await self._record([(f"{phase}:{invocation}:failed", PhaseFailed(
             phase=phase, error_type=error_type, detail=detail, stack_trace=trace))])

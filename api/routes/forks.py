@@ -206,7 +206,7 @@ def get_lineage(run_id: RunId, account: AccountDep, state: StateDep) -> LineageV
         view = run_view(engine, run)
         nodes.append(LineageNode(
             id=run.id, parent_run_id=fork.parent_run_id if fork else None, rewind_to=fork.rewind_to if fork else None,
-            kind=fork.kind if fork else "root", model=str(run.model.get("identifier", "")),  # type: ignore[arg-type]
+            kind=fork.kind if fork else "root", model=str(run.model.get("identifier", "")),
             status=view.status, display_status=view.display_status, pass_rate=view.tasks.summary.pass_rate,
             fingerprint=run.fingerprint or _fingerprint(engine, run), created_at=run.created_at))
     return LineageView(run_id=run_id, root=root, runs=nodes)

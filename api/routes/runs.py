@@ -63,7 +63,8 @@ from workflows.run import RunWorkflow
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 RunId = Annotated[str, Path(max_length=64)]
 TaskIndex = Annotated[int, Path(ge=0, le=MAX_INDEX)]
-After = Annotated[int, Query(ge=-1, le=MAX_INDEX, description="Return what follows this seq/index (-1: from the start).")]
+After = Annotated[int, Query(ge=-1, le=MAX_INDEX,
+                             description="Return what follows this seq/index (-1: from the start).")]
 MAX_RUN_INPUT_BYTES = 1024 * 1024
 """Largest serialized RunInput a launch may start a workflow with. Temporal refuses payloads over 2 MB (its
 blob-size error limit; 4 MB is the gRPC message) after the run row would have been written; checking first means
@@ -276,7 +277,7 @@ async def _control(state: StateDep, run_id: str, account_id: str | None, update:
     run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account_id)
     finished_code = {"resume": "not_paused", "resolve_review": "not_waiting"}.get(update, "already_finished")
     if run.finished_at is not None:
-        raise Conflict(f"the run has finished ({run.status}{', halted: ' + run.halt_reason if run.halted else ''})",
+        raise Conflict(f"the run has finished ({run.status}{f', halted: {run.halt_reason}' if run.halted else ''})",
                        code=finished_code)
     client = await state.temporal()
     handle = client.get_workflow_handle(run_id)

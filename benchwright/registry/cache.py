@@ -69,7 +69,7 @@ def find_public_cell(engine: Engine, *, phase: str, input_hash: str, exclude_run
     """The newest served cell for (phase, input_hash): of a finished public run other than ``exclude_run_id``."""
     with Session(engine) as session:
         row = session.execute(
-            select(PhaseCell).join(Run, Run.id == PhaseCell.run_id)  # type: ignore[arg-type]
+            select(PhaseCell).join(Run, Run.id == PhaseCell.run_id)
             .where(PhaseCell.phase == phase, PhaseCell.input_hash == input_hash, PhaseCell.run_id != exclude_run_id,
                    Run.visibility == "public", Run.finished_at.is_not(None))  # type: ignore[union-attr]
             .order_by(PhaseCell.created_at.desc())).scalars().first()  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.drivers.catalog import REGISTRY_SOURCE as _REGISTRY_SOURCE
 from benchwright.errors import Conflict, InvalidInput, NotFound
@@ -56,7 +56,7 @@ store. Only the API and Find write it (a launch that names one itself is refused
 
 
 def _visible(account_id: str) -> Any:
-    return or_(Benchmark.account_id == account_id, Benchmark.visibility == "public")  # type: ignore[arg-type]
+    return or_(Benchmark.account_id == account_id, Benchmark.visibility == "public")
 
 
 def find_benchmark(session: Session, *, account_id: str, ref: str) -> Benchmark | None:
@@ -64,7 +64,7 @@ def find_benchmark(session: Session, *, account_id: str, ref: str) -> Benchmark 
     row = session.get(Benchmark, ref)
     if row is not None and (row.account_id == account_id or row.visibility == "public"):
         return row
-    named = session.execute(select(Benchmark).where(Benchmark.name == ref, _visible(account_id))).scalars().all()
+    named = list(session.execute(select(Benchmark).where(Benchmark.name == ref, _visible(account_id))).scalars())
     named.sort(key=lambda b: (b.account_id != account_id, b.created_at))
     return named[0] if named else None
 
@@ -73,7 +73,8 @@ def find_subset(session: Session, *, benchmark_id: str, ref: str) -> Subset | No
     row = session.get(Subset, ref)
     if row is not None and row.benchmark_id == benchmark_id:
         return row
-    return session.execute(select(Subset).where(Subset.benchmark_id == benchmark_id, Subset.name == ref)).scalars().first()
+    return session.execute(select(Subset).where(Subset.benchmark_id == benchmark_id, Subset.name == ref)
+                           ).scalars().first()
 
 
 def _latest_snapshot(session: Session, subset_id: str) -> SubsetSnapshot | None:
@@ -281,9 +282,9 @@ def resolve_pinned(engine: Engine, blobs: BlobStore, *, account_id: str, benchma
 
 def _pick_impl(session: Session, *, bench: Benchmark, subset: Subset, ref: str) -> Impl:
     if ref == LATEST_OFFICIAL:
-        impl = session.execute(
-            select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)  # type: ignore[arg-type]
-            .where(SubsetImpl.subset_id == subset.id, Impl.official == True)  # type: ignore[arg-type]
+        impl: Impl | None = session.execute(
+            select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)
+            .where(SubsetImpl.subset_id == subset.id, col(Impl.official).is_(True))
             .order_by(Impl.promoted_at.desc())).scalars().first()  # type: ignore[union-attr]
         if impl is None:
             raise NotFound(f"impl latest:official not found: subset '{subset.name}' ({subset.id}) has no official "
@@ -305,9 +306,9 @@ def _impl_view(impl: Impl, source: str | None = None) -> ImplView:
 
 def _subset_view(session: Session, subset: Subset) -> SubsetView:
     snaps = session.execute(select(SubsetSnapshot).where(SubsetSnapshot.subset_id == subset.id)
-                            .order_by(SubsetSnapshot.version)).scalars().all()  # type: ignore[arg-type]
-    impls = session.execute(select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)  # type: ignore[arg-type]
-                            .where(SubsetImpl.subset_id == subset.id).order_by(Impl.created_at)).scalars().all()  # type: ignore[arg-type]
+                            .order_by(SubsetSnapshot.version)).scalars().all()
+    impls = session.execute(select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)
+                            .where(SubsetImpl.subset_id == subset.id).order_by(Impl.created_at)).scalars().all()
     return SubsetView(id=subset.id, benchmark_id=subset.benchmark_id, name=subset.name, rolling=subset.rolling,
                       default_trials=subset.default_trials, created_at=subset.created_at,
                       snapshots=[SnapshotView(version=s.version, tasks_sha256=s.tasks_sha256, count=s.count,
@@ -316,7 +317,7 @@ def _subset_view(session: Session, subset: Subset) -> SubsetView:
 
 
 def _bench_view(bench: Benchmark, account_id: str) -> BenchmarkView:
-    return BenchmarkView(id=bench.id, name=bench.name, visibility=bench.visibility,  # type: ignore[arg-type]
+    return BenchmarkView(id=bench.id, name=bench.name, visibility=bench.visibility,
                          owned=bench.account_id == account_id, created_at=bench.created_at,
                          identicon=f"/v1/registry/benchmarks/{bench.id}/identicon.svg")
 
@@ -324,7 +325,7 @@ def _bench_view(bench: Benchmark, account_id: str) -> BenchmarkView:
 def list_benchmarks(engine: Engine, *, account_id: str) -> BenchmarkList:
     with Session(engine) as session:
         rows = session.execute(select(Benchmark).where(_visible(account_id))
-                               .order_by(Benchmark.created_at)).scalars().all()  # type: ignore[arg-type]
+                               .order_by(Benchmark.created_at)).scalars().all()
         return BenchmarkList(benchmarks=[_bench_view(b, account_id) for b in rows])
 
 
@@ -339,7 +340,7 @@ def benchmark_detail(engine: Engine, *, account_id: str, benchmark_id: str) -> B
         if bench is None or not (bench.account_id == account_id or bench.visibility == "public"):
             raise NotFound(f"benchmark {benchmark_id} not found")
         subsets = session.execute(select(Subset).where(Subset.benchmark_id == bench.id)
-                                  .order_by(Subset.created_at)).scalars().all()  # type: ignore[arg-type]
+                                  .order_by(Subset.created_at)).scalars().all()
         view = _bench_view(bench, account_id)
         view.subsets = [_subset_view(session, s) for s in subsets]
         runs = _public_runs(session, benchmark_id=bench.id)
@@ -381,7 +382,7 @@ def set_benchmark_visibility(engine: Engine, *, account_id: str, benchmark_id: s
         bench.visibility = visibility
         if visibility == "private":
             for run in session.execute(select(Run).where(
-                    Run.benchmark_id == bench.id, Run.visibility == "public")).scalars():  # type: ignore[arg-type]
+                    Run.benchmark_id == bench.id, Run.visibility == "public")).scalars():
                 run.visibility = "unlisted"
         return _bench_view(bench, account_id)
 

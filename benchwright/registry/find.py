@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.drivers.catalog import CatalogEntry, RegistryRef
 from benchwright.registry.blobs import BlobStore
@@ -24,8 +24,8 @@ from benchwright.store.models import Benchmark, Impl, Run, Subset, SubsetImpl
 def _official_impl(session: Session, subset_id: str) -> str | None:
     """The subset's most recently promoted official impl (``latest:official``), or None."""
     impl = session.execute(
-        select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)  # type: ignore[arg-type]
-        .where(SubsetImpl.subset_id == subset_id, Impl.official == True)  # type: ignore[arg-type]
+        select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)
+        .where(SubsetImpl.subset_id == subset_id, col(Impl.official).is_(True))
         .order_by(Impl.promoted_at.desc())).scalars().first()  # type: ignore[union-attr]
     return impl.id if impl is not None else None
 
@@ -41,7 +41,7 @@ def registry_entries(engine: Engine, *, account_id: str) -> list[CatalogEntry]:
         benches.sort(key=lambda b: (b.account_id != account_id, b.created_at, b.id))
         for bench in benches:
             subsets = session.execute(select(Subset).where(Subset.benchmark_id == bench.id)
-                                      .order_by(Subset.created_at, Subset.id)).scalars().all()  # type: ignore[arg-type]
+                                      .order_by(Subset.created_at, Subset.id)).scalars().all()
             for sub in subsets:
                 snap = _latest_snapshot(session, sub.id)
                 if snap is None:

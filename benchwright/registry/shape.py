@@ -22,7 +22,7 @@ READABLE_BY_ID = ("unlisted", "public")
 
 def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
     rows = session.execute(select(EventRow.seq, EventRow.type, EventRow.data).where(EventRow.run_id == run_id)
-                           .order_by(EventRow.seq)).all()  # type: ignore[arg-type]
+                           .order_by(EventRow.seq)).all()
     return [(int(seq), str(kind), dict(data)) for seq, kind, data in rows]
 
 

@@ -161,7 +161,7 @@ def _any_pass(config: AggregatorConfig, trials: list[TrialOutcome]) -> float:
     With the pass threshold at 1.0 this is exact pass@k: the row passes iff some trial passed.
     Errored trials are ignored.
     """
-    return max(t.score for t in _scored(trials))  # type: ignore[type-var]
+    return max(t.score for t in _scored(trials) if t.score is not None)
 
 
 def _all_pass(config: AggregatorConfig, trials: list[TrialOutcome]) -> float:
@@ -285,9 +285,10 @@ def _min_above(config: AggregatorConfig, trials: list[TrialOutcome]) -> float:
     field = config.field or ""
     threshold = float(config.threshold)
     qualifying = [
-        t.score for t in _scored(trials) if _is_number(t.meta.get(field)) and t.meta[field] > threshold
+        t.score for t in _scored(trials)
+        if t.score is not None and _is_number(t.meta.get(field)) and t.meta[field] > threshold
     ]
-    return max(qualifying) if qualifying else 0.0  # type: ignore[type-var]
+    return max(qualifying) if qualifying else 0.0
 
 
 def _clamp(score: float) -> float:

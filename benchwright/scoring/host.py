@@ -390,9 +390,10 @@ class _Session:
         self.attempts[key] += 1
         new_id, self.next_id = self.next_id, self.next_id + 1
         self.items[new_id] = item
-        for carry in (self.usage, self.cost):
-            if item_id in carry:
-                carry[new_id] = carry.pop(item_id)  # type: ignore[index]
+        if item_id in self.usage:
+            self.usage[new_id] = self.usage.pop(item_id)
+        if item_id in self.cost:
+            self.cost[new_id] = self.cost.pop(item_id)
         if self.runtime is not None and not self.runtime.killed and self.runtime.doomed_at is None:
             self.runtime.send({"op": "task", "id": new_id, "row": item.row})
         # else: the next runtime is given every unsettled trial, this one included

@@ -102,7 +102,7 @@ class _Channel:
             messages = prompt_or_messages
         else:
             raise TypeError("call_sut takes a prompt string or a list of chat messages")
-        done, box = threading.Event(), []
+        done, box = threading.Event(), list[Any]()
         with self._lock:
             call = next(self._calls)
             self._pending[call] = (done, box)

@@ -69,8 +69,8 @@ def authenticate(engine: Engine, key: str | None) -> Account:
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     with Session(engine) as session:
-        account = session.execute(
-            select(Account).join(ApiKey, ApiKey.account_id == Account.id).where(ApiKey.key_hash == _digest(key))  # type: ignore[arg-type]
+        account: Account | None = session.execute(
+            select(Account).join(ApiKey, ApiKey.account_id == Account.id).where(ApiKey.key_hash == _digest(key))
         ).scalar_one_or_none()
     if account is None:
         raise Unauthorized("invalid API key")
@@ -90,7 +90,7 @@ def credit(engine: Engine, *, account_name: str, amount_usd: float) -> float:
     with session_scope(engine) as session:
         updated = session.execute(
             update(Account).where(Account.name == account_name)
-            .values(balance_usd=Account.balance_usd + amount_usd).returning(Account.balance_usd)  # type: ignore[arg-type]
+            .values(balance_usd=Account.balance_usd + amount_usd).returning(Account.balance_usd)
         ).scalar_one_or_none()
     if updated is None:
         raise NotFound(f"no account named {account_name!r}")

@@ -62,7 +62,7 @@ def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | Non
     with session_scope(engine) as session:
         row = session.execute(
             select(Run.cost_incurred, Run.cost_billed, Account.balance_usd)
-            .join(Account, Account.id == Run.account_id).where(Run.id == run_id)  # type: ignore[arg-type]
+            .join(Account, Account.id == Run.account_id).where(Run.id == run_id)
         ).one()
     incurred, billed, balance = row
     if run_cost_usd is not None and incurred > run_cost_usd:

@@ -69,11 +69,13 @@ def lock_run(session: Session, run_id: str) -> Run:
         NotFound: the run does not exist.
     """
     _lock(session, run_id)
-    return session.execute(select(Run).where(Run.id == run_id).execution_options(populate_existing=True)).scalar_one()
+    run: Run = session.execute(select(Run).where(Run.id == run_id)
+                               .execution_options(populate_existing=True)).scalar_one()
+    return run
 
 
 def _lock(session: Session, run_id: str) -> None:
-    locked = session.execute(update(Run).where(Run.id == run_id).values(next_seq=Run.next_seq))  # type: ignore[arg-type]
+    locked = session.execute(update(Run).where(Run.id == run_id).values(next_seq=Run.next_seq))
     if locked.rowcount == 0:  # type: ignore[attr-defined]
         raise NotFound(f"run {run_id} not found")
 
@@ -94,7 +96,7 @@ def append_in_session(session: Session, run_id: str, events: list[NewEvent], **r
             ],
         )
     values = {**_project(session, run_id, fresh), **run_updates, "next_seq": next_seq + len(fresh)}
-    session.execute(update(Run).where(Run.id == run_id).values(**values))  # type: ignore[arg-type]
+    session.execute(update(Run).where(Run.id == run_id).values(**values))
     return len(fresh)
 
 
@@ -143,7 +145,7 @@ def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 10
         return list(
             session.execute(
                 select(EventRow).where(EventRow.run_id == run_id, EventRow.seq > after)
-                .order_by(EventRow.seq).limit(limit)  # type: ignore[arg-type]
+                .order_by(EventRow.seq).limit(limit)
             ).scalars()
         )
 

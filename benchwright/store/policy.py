@@ -22,9 +22,9 @@ def get_policy(engine: Engine, *, account_id: str) -> HostPolicy:
     with Session(engine) as session:
         row = session.get(HostPolicyRow, account_id)
         rules = session.execute(select(HostRuleRow).where(HostRuleRow.account_id == account_id)
-                                .order_by(HostRuleRow.created_at)).scalars().all()  # type: ignore[arg-type]
-    return HostPolicy(default=row.default_mode if row else "allow",  # type: ignore[arg-type]
-                      rules=[HostRule(pattern=r.pattern, action=r.action) for r in rules])  # type: ignore[arg-type]
+                                .order_by(HostRuleRow.created_at)).scalars().all()
+    return HostPolicy(default=row.default_mode if row else "allow",
+                      rules=[HostRule(pattern=r.pattern, action=r.action) for r in rules])
 
 
 def set_default_mode(engine: Engine, *, account_id: str, mode: str) -> None:
@@ -40,7 +40,7 @@ def set_default_mode(engine: Engine, *, account_id: str, mode: str) -> None:
 
 def _rule(pattern: str, action: str) -> HostRule:
     try:
-        return HostRule(pattern=pattern, action=action)  # type: ignore[arg-type]
+        return HostRule(pattern=pattern, action=action)
     except ValueError as exc:
         raise InvalidInput(f"invalid host rule: {exc}", code="invalid_policy") from exc
 
@@ -113,13 +113,13 @@ def blocked_hosts(engine: Engine, *, account_id: str, run_id: str | None = None)
         if run_id is not None:
             rows = session.execute(select(BlockedHost).where(BlockedHost.run_id == run_id,
                                                              BlockedHost.account_id == account_id)
-                                   .order_by(BlockedHost.host)).scalars().all()  # type: ignore[arg-type]
+                                   .order_by(BlockedHost.host)).scalars().all()
             return [{"host": r.host, "seen_count": r.seen_count, "first_seen": r.first_seen,
                      "last_seen": r.last_seen} for r in rows]
         grouped = session.execute(
             select(BlockedHost.host, func.sum(BlockedHost.seen_count), func.min(BlockedHost.first_seen),
                    func.max(BlockedHost.last_seen), func.count())
-            .where(BlockedHost.account_id == account_id).group_by(BlockedHost.host).order_by(BlockedHost.host)  # type: ignore[arg-type]
+            .where(BlockedHost.account_id == account_id).group_by(BlockedHost.host).order_by(BlockedHost.host)
         ).all()
     return [{"host": h, "seen_count": int(n), "first_seen": _aware(f), "last_seen": _aware(last), "runs": int(runs)}
             for h, n, f, last, runs in grouped]
@@ -158,7 +158,7 @@ def list_secrets(engine: Engine, *, account_id: str) -> list[dict[str, object]]:
     """Names and host patterns only: values never leave the store through here."""
     with Session(engine) as session:
         rows = session.execute(select(Secret.name, Secret.host_pattern, Secret.created_at)
-                               .where(Secret.account_id == account_id).order_by(Secret.name)).all()  # type: ignore[arg-type]
+                               .where(Secret.account_id == account_id).order_by(Secret.name)).all()
     return [{"name": n, "host_pattern": h, "created_at": c} for n, h, c in rows]
 
 

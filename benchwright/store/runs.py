@@ -105,11 +105,11 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
 def run_view(engine: Engine, run: Run) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary."""
     with Session(engine) as session:
-        counts = dict(
+        counts: dict[str, int] = dict(
             session.execute(
                 select(TaskRow.outcome, func.count()).where(TaskRow.run_id == run.id,
                                                              TaskRow.invocation == _latest_invocation(session, run.id))
-                .group_by(TaskRow.outcome)  # type: ignore[arg-type]
+                .group_by(TaskRow.outcome)
             ).all()
         )
         # pass@k reads every trial row: computed once the run is over, not on every poll of a live run
@@ -136,9 +136,9 @@ def run_view(engine: Engine, run: Run) -> RunView:
                     narration=run.cost_narration, incurred=run.cost_incurred, billed=run.cost_billed,
                     proxy_linger=ProxyLinger(cents=round(run.proxy_linger_usd * 100), amount_usd=run.proxy_linger_usd))
     return RunView(
-        id=run.id, status=run.status, halted=run.halted, halt_reason=run.halt_reason,  # type: ignore[arg-type]
+        id=run.id, status=run.status, halted=run.halted, halt_reason=run.halt_reason,
         display_status=display_status(status=run.status, halted=run.halted, halt_reason=run.halt_reason),
-        model=run.model, driver=run.driver, phase=run.phase, visibility=run.visibility,  # type: ignore[arg-type]
+        model=run.model, driver=run.driver, phase=run.phase, visibility=run.visibility,
         metadata=run.launch.get("metadata", {}), trials_config=run.trials_config, limits=run.limits,
         backend=run.backend, materialize_mode=run.materialize_mode, isolation=run.isolation, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
@@ -158,10 +158,10 @@ def _trial_counts(session: Session, run_id: str) -> list[tuple[int, int]]:
     passing = func.sum(case((TrialResult.outcome == "pass", 1), else_=0))
     rows = session.execute(
         select(scored, passing)
-        .join(TaskRow, and_(TaskRow.run_id == TrialResult.run_id, TaskRow.invocation == TrialResult.invocation,  # type: ignore[arg-type]
+        .join(TaskRow, and_(TaskRow.run_id == TrialResult.run_id, TaskRow.invocation == TrialResult.invocation,
                             TaskRow.index == TrialResult.index))
-        .where(TrialResult.run_id == run_id, TrialResult.invocation == invocation)  # type: ignore[arg-type]
-        .group_by(TrialResult.index)  # type: ignore[arg-type]
+        .where(TrialResult.run_id == run_id, TrialResult.invocation == invocation)
+        .group_by(TrialResult.index)
     ).all()
     return [(int(n or 0), int(c or 0)) for n, c in rows]
 
@@ -192,10 +192,10 @@ def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str |
     The launch body is not loaded: a page of 200 runs would otherwise read every run's task_impl and metadata
     (up to ~0.6 MiB each) to return none of it.
     """
-    query = select(Run).options(defer(Run.launch)).where(Run.account_id == account_id)  # type: ignore[arg-type]
+    query = select(Run).options(defer(Run.launch)).where(Run.account_id == account_id)
     if cursor:
         created_at, run_id = _decode_cursor(cursor)
-        query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))  # type: ignore[arg-type]
+        query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))
     with Session(engine) as session:
         runs = list(session.execute(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)).scalars())  # type: ignore[attr-defined]
         for run in runs:
@@ -227,17 +227,17 @@ def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500
         invocation = invocation or _latest_invocation(session, run_id)
         rows = session.execute(
             select(TaskRow, TrialResult.output)
-            .join(TrialResult, and_(TrialResult.run_id == TaskRow.run_id, TrialResult.invocation == TaskRow.invocation,  # type: ignore[arg-type]
+            .join(TrialResult, and_(TrialResult.run_id == TaskRow.run_id, TrialResult.invocation == TaskRow.invocation,
                                     TrialResult.index == TaskRow.index, TrialResult.trial == 0), isouter=True)
-            .where(TaskRow.run_id == run_id, TaskRow.invocation == invocation, TaskRow.index > after)  # type: ignore[arg-type]
-            .order_by(TaskRow.index).limit(limit)  # type: ignore[arg-type]
+            .where(TaskRow.run_id == run_id, TaskRow.invocation == invocation, TaskRow.index > after)
+            .order_by(TaskRow.index).limit(limit)
         ).all()
     tasks = [_row_view(row, output) for row, output in rows]
     return TaskList(tasks=tasks, next_after=tasks[-1].index if len(tasks) == limit else None)
 
 
 def _row_view(row: TaskRow, output: str | None) -> TaskRowView:
-    return TaskRowView(index=row.index, invocation=row.invocation, outcome=row.outcome, score=row.score,  # type: ignore[arg-type]
+    return TaskRowView(index=row.index, invocation=row.invocation, outcome=row.outcome, score=row.score,
                        output=output, trial_scores=row.trial_scores)
 
 
@@ -252,13 +252,13 @@ def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
         row = session.get(TaskRow, (run_id, invocation, index))
         trials = list(session.execute(
             select(TrialResult).where(TrialResult.run_id == run_id, TrialResult.invocation == invocation,
-                                      TrialResult.index == index).order_by(TrialResult.trial)  # type: ignore[arg-type]
+                                      TrialResult.index == index).order_by(TrialResult.trial)
         ).scalars())
     if row is None:
         raise NotFound(f"task {index} of run {run_id} has no settled result")
     detail = _row_view(row, trials[0].output if trials else None)
     return TaskDetail(**detail.model_dump(), trials=[
-        TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error)  # type: ignore[arg-type]
+        TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error)
         for t in trials
     ])
 

@@ -129,6 +129,8 @@ class Scorer:
     def score(self, row, response):
         entry = row.get(CONFIG["entry_point"]) if CONFIG["style"] == "humaneval" else None
         completion = extract_code(response, entry)
-        passed, timed_out, err = run_program(build_program(row, completion), float(CONFIG["timeout_s"]))
+        timeout_s = CONFIG["timeout_s"]
+        assert isinstance(timeout_s, (int, float)), "CONFIG timeout_s is a number of seconds"
+        passed, timed_out, err = run_program(build_program(row, completion), float(timeout_s))
         return {"score": 1.0 if passed else 0.0, "answer": hashlib.sha256(completion.encode()).hexdigest()[:12],
                 "timed_out": timed_out, "stderr": "" if passed else err}

@@ -72,7 +72,7 @@ def messages_of(row):
 def normalize(value, schema):
     """``value`` coerced to the type ``schema`` declares (when it can be), recursively; strings stripped."""
     kind = (schema or {}).get("type")
-    kind = {"dict": "object", "float": "number", "tuple": "array"}.get(kind, kind)
+    kind = {"dict": "object", "float": "number", "tuple": "array"}.get(str(kind), kind)
     try:
         if kind == "integer" and isinstance(value, (str, float)) and not isinstance(value, bool):
             as_float = float(value)
@@ -146,7 +146,7 @@ def expected_calls(row):
     """[(name, {arg: [allowed values]}, optional arg names)] from either reference form."""
     value = _loads(row[CONFIG["reference"]])
     value = value if isinstance(value, list) else [value]
-    out = []
+    out: list = []
     for item in value:
         item = _loads(item)
         if isinstance(item, dict) and "name" in item and isinstance(item.get("arguments", {}), (dict, str)):

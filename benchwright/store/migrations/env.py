@@ -12,7 +12,10 @@ connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - only used with `alembic` on the command line
     from sqlalchemy import create_engine
 
-    connection = create_engine(context.config.get_main_option("sqlalchemy.url")).connect()
+    url = context.config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("alembic.ini sets no sqlalchemy.url and no connection was passed in")
+    connection = create_engine(url).connect()
 
 context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
 with context.begin_transaction():
