@@ -211,7 +211,8 @@ class Stack:
         self._me = self.registry.record(kind="supervisor", pid=os.getpid(), group=False)
         for name, port in (("Temporal", cfg.temporal_port), ("Temporal UI", cfg.ui_port), ("API", cfg.api_port)):
             if port_open(cfg.host, port):
-                raise Unavailable(f"port {port} for the {name} is already in use; pick another with the --*-port options")
+                raise Unavailable(f"port {port} for the {name} is already in use; "
+                                  "pick another with the --*-port options")
         self.dev_json.unlink(missing_ok=True)
         self.say(f"starting Temporal dev server on {cfg.temporal_address} (UI {cfg.ui_url})")
         self.temporal.start()

@@ -143,7 +143,7 @@ def run_sut(model: ModelSpec, *, prices: Prices, proxy: ProxyHandle | None, conc
 
 
 def _backoff(attempt: int) -> float:
-    return min(0.25 * 2**attempt, 4.0) * (0.5 + random.random() / 2)
+    return min(0.25 * 2.0**attempt, 4.0) * (0.5 + random.random() / 2)
 
 
 def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:

@@ -92,7 +92,8 @@ async def delete_rule(pattern: Annotated[str, Path(max_length=300, json_schema_e
 
 
 @router.get("/runs/{run_id}/blocked-hosts", response_model=BlockedHostList, responses=responses(404))
-async def run_blocked_hosts(run_id: Annotated[str, Path(max_length=64)], account: AccountDep, state: StateDep) -> BlockedHostList:
+async def run_blocked_hosts(run_id: Annotated[str, Path(max_length=64)], account: AccountDep,
+                            state: StateDep) -> BlockedHostList:
     """Hosts the run's sandboxes were refused, with how often and when: decide which to allow, then rerun."""
     run = await run_in_threadpool(readable_run, state.engine, run_id=run_id, account_id=account.id)  # §12
     rows = await run_in_threadpool(store.blocked_hosts, state.engine, account_id=run.account_id, run_id=run.id)

@@ -35,7 +35,7 @@ import stat
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from benchwright.proxy.addresses import endpoint_allowed, internal_reason
@@ -100,7 +100,7 @@ class BlockedHostRecorder(Protocol):
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class InMemoryBlockedLog:
@@ -196,7 +196,7 @@ class _IdleWatchdog:
     lazily instead of being rescheduled on every chunk.
     """
 
-    __slots__ = ("_loop", "_timeout", "_task", "_last", "_handle", "expired")
+    __slots__ = ("_handle", "_last", "_loop", "_task", "_timeout", "expired")
 
     def __init__(self, timeout: float, task: asyncio.Task[Any]) -> None:
         self._loop = asyncio.get_running_loop()
@@ -689,7 +689,7 @@ class EgressProxy:
                 _log.debug("egress proxy: closing connection idle for %ss", self._idle_timeout_s)
         except (ConnectionError, OSError, _PeerError) as exc:
             _log.debug("egress proxy: connection ended: %r", exc)
-        except Exception:
+        except Exception:  # noqa: BLE001 - one connection's bug is logged; it never takes the proxy down
             _log.exception("egress proxy: unexpected error on a client connection")
         finally:
             watchdog.close()
@@ -826,7 +826,7 @@ class EgressProxy:
             result = self._recorder.record(host)
             if inspect.isawaitable(result):
                 await result
-        except Exception:
+        except Exception:  # noqa: BLE001 - recording is best effort: the refusal stands either way
             _log.exception("egress proxy: recording the blocked host %s failed", host)
 
     # -- CONNECT ---------------------------------------------------------------------------------------------
@@ -899,7 +899,11 @@ class EgressProxy:
                 # Concurrent with the response: a 100 Continue must reach the client while the body is pending,
                 # and an origin may answer early (413) without reading the body.
                 body_task = asyncio.create_task(_copy_body(framing, reader, up_writer, watchdog, "client"))
-                body_task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or _abort(up_writer))
+                def _abort_on_failure(t: asyncio.Task[Any]) -> None:
+                    if not t.cancelled() and t.exception() is not None:
+                        _abort(up_writer)
+
+                body_task.add_done_callback(_abort_on_failure)
             client_keep_alive = (
                 version == "HTTP/1.1"
                 and "close" not in head.tokens("connection")

@@ -50,6 +50,11 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: importing typing would cost ~20 ms on every command
+    import fcntl  # these five are imported by _load_init_modules, in the sandbox init only
+    import json
+    import socket
+    import struct
+    import threading
     from typing import Any
 
 CLONE_NEWNS = 0x00020000
@@ -90,7 +95,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _load_init_modules() -> None:
     """Modules only the sandbox init needs: imported once per sandbox, not on every command's path."""
-    global fcntl, json, socket, struct, threading  # noqa: PLW0603
+    global fcntl, json, socket, struct, threading
     import fcntl
     import json
     import socket

@@ -24,8 +24,8 @@ Per sandbox (``root_dir/sandboxes/<id>/``: ``work/``, ``rootfs/``, ``ctl/``, ``m
 * Commands run as a per-sandbox **unprivileged uid** (2,000,000 + a hash of the id; no groups, every capability
   dropped, ``no_new_privs``), in their **own nested PID namespace** inside the sandbox's, with a ``/proc`` of that
   namespace mounted ``hidepid=2`` (a command sees its own processes and nothing else, not even the root-owned
-  helpers), with exactly the ``env`` given. A user namespace is not used: as root we can drop to a real unprivileged uid,
-  which is simpler and stronger than "root in a user namespace".
+  helpers), with exactly the ``env`` given. A user namespace is not used: as root we can drop to a real unprivileged
+  uid, which is simpler and stronger than "root in a user namespace".
 * **Network**: the network namespace has only ``lo``. Egress, when configured (``egress_proxy_url``), goes
   sandbox ``HTTP(S)_PROXY=http://127.0.0.1:3128`` -> a forwarder in the sandbox's init (listening inside the
   sandbox's namespace) -> a Unix socket bind-mounted at ``/run/benchwright/egress.sock`` (root-only directory, so
@@ -513,7 +513,7 @@ def _detect_cgroups() -> _Cgroups:
     probes = {"cpu": ("cpu.cfs_quota_us", "-1")}  # absent without CONFIG_CFS_BANDWIDTH: then no rate cap
     v1: dict[str, Path] = {}
     for controller in ("memory", "pids", "cpuacct", "cpu"):
-        for hid, controllers, path in own:
+        for _hid, controllers, path in own:
             if controller not in controllers.split(","):
                 continue
             for root, mountpoint, fstype, opts in mounts:
@@ -733,7 +733,7 @@ class _SnapshotStore:
             raise SandboxError(f"unknown snapshot {snapshot_id}") from None
         if hashlib.sha256(raw).hexdigest() != snapshot_id:
             raise SandboxError(f"snapshot {snapshot_id} is damaged (its manifest does not match its id)")
-        manifest = json.loads(raw)
+        manifest: dict[str, Any] = json.loads(raw)
         if manifest.get("format") != _SNAPSHOT_FORMAT:
             raise SandboxError(f"snapshot {snapshot_id} has unknown format {manifest.get('format')!r}")
         return manifest
@@ -912,7 +912,7 @@ class LocalProcess:
         self.timed_out = reason == "wall_clock"
         self._returncode = rc
 
-    async def communicate(self, input: bytes | None = None) -> tuple[bytes, bytes]:  # noqa: A002
+    async def communicate(self, input: bytes | None = None) -> tuple[bytes, bytes]:
         """Like ``asyncio.subprocess.Process.communicate`` (no output cap: prefer ``LocalBackend.exec``)."""
         out, err = await self._proc.communicate(input)
         await self.wait()
@@ -1390,9 +1390,9 @@ class LocalBackend:
             out, out_trunc = out_task.result() if out_task in done else (b"", False)
             err, err_trunc = err_task.result() if err_task in done else (b"", False)
         finally:
-            for task in (out_task, err_task, feeder):
-                if task is not None and not task.done():
-                    task.cancel()
+            for leftover in (out_task, err_task, feeder):
+                if leftover is not None and not leftover.done():
+                    leftover.cancel()
             if proc.returncode is None:
                 proc._hard_kill("cancelled")
                 with contextlib.suppress(Exception):

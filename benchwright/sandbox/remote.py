@@ -93,7 +93,7 @@ def killed_reason(rc: int, *, wall_hit: bool) -> tuple[int, bool, str | None]:
         return (rc if rc <= 128 else -(rc - 128)), True, "wall_clock"
     if 128 < rc < 128 + 65:
         sig = rc - 128
-        reason = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(signal.Signals(sig), None) \
+        reason = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(signal.Signals(sig)) \
             if sig in signal.valid_signals() else None
         if reason is None:
             try:

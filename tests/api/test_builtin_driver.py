@@ -63,7 +63,8 @@ async def test_gsm8k_numeric_answers_from_prose(stack: Stack, dev_models: DevMod
     final_numbers = [r["answer"].rsplit("####", 1)[1].strip() for r in rows]
     styles = ["Let me think. {n} is the total.\n#### {n}", "The answer is {n}.", "So we get \\boxed{{{n}}}",
               "I think it's 3, no wait, {n}", "Total: {n}.00 dollars", "#### {n}"]
-    right = {r["question"]: styles[i % len(styles)].format(n=n) for i, (r, n) in enumerate(zip(rows, final_numbers, strict=True))}
+    right = {r["question"]: styles[i % len(styles)].format(n=n)
+             for i, (r, n) in enumerate(zip(rows, final_numbers, strict=True))}
     wrong = {r["question"]: f"After working it out, the answer is {int(n.replace(',', '')) + 1}."
              for r, n in zip(rows, final_numbers, strict=True)}
     good, bad = await _right_and_wrong(stack, dev_models, "gsm8k-mini.jsonl", DevModelConfig(answers=right),
