@@ -229,7 +229,7 @@ async def test_filesystem_is_read_only_but_for_work_and_tmp(tmp_path: Path, secr
         assert lines[1] == '{"q": 1}'
         # A private /tmp: none of the host's files, only the paths down to read-only binds (the dataset here; the
         # interpreter or venv too when they live under /tmp, as in a CI checkout there).
-        listing = set(eval(lines[2]))
+        listing = set(eval(lines[2]))  # our own print of a list of names
         binds = {Path(p).parts[2] for p in (shared, sys.prefix, sys.base_prefix, Path(__file__).resolve())
                  if str(p).startswith("/tmp/") and len(Path(p).parts) > 2}
         assert "ok.txt" in listing and host_only.name not in listing
@@ -512,7 +512,7 @@ async def test_egress_only_through_the_proxy(tmp_path: Path) -> None:
     seen: list[str] = []
 
     class Proxy(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
+        def do_GET(self) -> None:  # http.server's naming
             seen.append(self.path)
             body = f"proxied {self.path}".encode()
             self.send_response(200)
