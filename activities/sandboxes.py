@@ -42,8 +42,8 @@ async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...]
 
 async def take_snapshot(deps: Deps, box: Sandbox, *, run_id: str, phase: str, invocation: int) -> str:
     """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
-    return await lifecycle.take_snapshot(engine=deps.engine, workdir=deps.workdir(run_id), box=box, run_id=run_id,
-                                         phase=phase, invocation=invocation)
+    return await lifecycle.take_snapshot(engine=deps.engine, settings=deps.settings, workdir=deps.workdir(run_id),
+                                         box=box, run_id=run_id, phase=phase, invocation=invocation)
 
 
 async def snapshot_files(deps: Deps, files: dict[str, bytes], *, run_id: str, phase: str, invocation: int) -> str:

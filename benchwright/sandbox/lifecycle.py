@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
+from benchwright.blobs import BlobNotFound
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
 from benchwright.proxy.policy import HostPolicy
@@ -33,7 +34,9 @@ from benchwright.sandbox.base import (
     SandboxInfo,
     proxy_env,
 )
-from benchwright.sandbox.factory import OpenBackend, open_backend
+from benchwright.sandbox.factory import OpenBackend, blob_store, open_backend
+from benchwright.sandbox.local import LocalBackend
+from benchwright.sandbox.snapshot_sync import export_snapshot, import_snapshot
 from benchwright.scoring.host import Spawn, runner_env
 from benchwright.settings import Settings
 from benchwright.store.events import NewEvent, append_events, event_key
@@ -133,6 +136,8 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
     info: SandboxInfo | None = None
     try:
         opened = open_backend(settings, backend=backend_name, egress_proxy_url=egress.url)
+        if restore is not None:
+            await _import_local(settings, opened.backend, restore)
         info = await opened.backend.create(role=role, run_id=run_id, snapshot_id=restore,
                                            metadata={"account": run.account_id})
         isolation = str(info.metadata.get("isolation", "namespaces"))
@@ -170,6 +175,22 @@ async def _dispose(engine: Engine, opened: OpenBackend | None, egress: EgressPro
 
 # ------------------------------------------------------------------------------------------------- snapshots ---
 
+async def _export_local(settings: Settings, backend: SandboxBackend, snapshot_id: str) -> None:
+    """A local-backend snapshot into the shared blob store, where the deployment has one: any worker restores it.
+    (Remote backends keep their snapshots there already.)"""
+    if settings.blob_store_url and isinstance(backend, LocalBackend):
+        await export_snapshot(backend, blob_store(settings), snapshot_id)
+
+
+async def _import_local(settings: Settings, backend: SandboxBackend, snapshot_id: str) -> None:
+    """A snapshot another worker exported, into this worker's local store before it is restored."""
+    if settings.blob_store_url and isinstance(backend, LocalBackend):
+        try:
+            await import_snapshot(backend, blob_store(settings), snapshot_id)
+        except BlobNotFound:
+            pass  # not exported (taken before a shared store was configured): the local store answers alone
+
+
 def snapshot_of(workdir: Path, phase: str) -> str | None:
     """The snapshot ``phase`` left for the phases after it (None if it left none)."""
     path = workdir / SNAPSHOTS
@@ -201,10 +222,11 @@ async def record_snapshot(*, engine: Engine, workdir: Path, run_id: str, phase: 
     os.replace(tmp, path)
 
 
-async def take_snapshot(*, engine: Engine, workdir: Path, box: Sandbox, run_id: str, phase: str,
-                        invocation: int) -> str:
+async def take_snapshot(*, engine: Engine, settings: Settings, workdir: Path, box: Sandbox, run_id: str,
+                        phase: str, invocation: int) -> str:
     """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
     snapshot_id = await box.backend.snapshot(box.info.sandbox_id, label=f"{run_id}:{phase}:v{invocation}")
+    await _export_local(settings, box.backend, snapshot_id)
     await record_snapshot(engine=engine, workdir=workdir, run_id=run_id, phase=phase, invocation=invocation,
                           snapshot_id=snapshot_id)
     return snapshot_id
@@ -218,6 +240,7 @@ async def snapshot_files(*, engine: Engine, settings: Settings, workdir: Path, f
     opened = open_backend(settings, backend=backend)
     try:
         snapshot_id = await opened.backend.snapshot_files(files, label=f"{run_id}:{phase}:v{invocation}")
+        await _export_local(settings, opened.backend, snapshot_id)
     finally:
         await opened.backend.close()
     await record_snapshot(engine=engine, workdir=workdir, run_id=run_id, phase=phase, invocation=invocation,

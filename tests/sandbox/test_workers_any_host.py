@@ -2,7 +2,8 @@
 
 Three worker *processes* in turn (``benchwright worker``), each with a data directory of its own (no shared disk),
 against one Postgres store (127.0.0.1:5432, database ``test``, a schema of its own), one S3 blob store (moto's
-server) and one "cluster" (the sandbox0 API-server double, whose pods outlive workers):
+server), and either one "cluster" (the sandbox0 API-server double, whose pods outlive workers) or each worker's own
+local sandboxes (their snapshots exported to and imported from the blob store):
 
 1. worker A runs Fetch and Analyze; the run is paused at a phase boundary and A is SIGKILLed;
 2. worker B (empty disk) gets the run on resume, restores the hand-off from the blob store, and is SIGKILLed in
@@ -101,8 +102,8 @@ class Workers:
                 self.kill(proc)
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path, postgres_url: str, moto: MotoS3,
+@pytest.fixture(params=["sandbox0", "local"])
+async def cluster(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str, moto: MotoS3,
                   dev_models: DevModels) -> AsyncIterator[tuple[httpx.AsyncClient, Workers, Client, str]]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), search_attributes=list(SEARCH_ATTRIBUTES),
@@ -114,7 +115,7 @@ async def cluster(tmp_path: Path, postgres_url: str, moto: MotoS3,
     common = {"database_url": postgres_url, "temporal_address": env.client.service_client.config.target_host,
               "task_queue": queue, "sandbox0_kubeconfig": str(kubeconfig), "sandbox0_namespace": "bw",
               "sandbox0_python": sys.executable, "sandbox0_pod_egress_url": "http://127.0.0.1:3128",
-              "default_compute": "sandbox0", "blob_store_url": "s3://bw-any-host/runs",
+              "default_compute": request.param, "blob_store_url": "s3://bw-any-host/runs",
               "blob_s3_endpoint_url": moto.endpoint_url, "allow_local_paths": True, "allow_unisolated": True,
               "materialize_concurrency": 2}
     worker_env = {**os.environ, **moto.env, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -195,7 +196,7 @@ async def test_run_survives_losing_its_worker_between_phases_and_mid_materialize
     assert len(results) == 60 and set(results.values()) == {1}, "every task scored exactly once"
     assert final["tasks"]["summary"]["passed"] == 60
     created = [e["data"] for e in events if e["type"] == "SandboxCreated" and e["data"]["role"] != "proxy"]
-    assert created and {c["backend"] for c in created} == {"sandbox0"}  # the model proxy is a worker process
+    assert created and {c["backend"] for c in created} == {final["backend"]}  # the model proxy is a worker process
     # Each worker's own disk held only its own share: B and C started empty and got the hand-off from S3.
     for name in ("b", "c"):
         work = workers.root / f"worker-{name}" / "runs" / run_id / "work"
