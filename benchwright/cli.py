@@ -83,6 +83,9 @@ def worker(data_dir: DataDir = None) -> None:
 
 @accounts_app.command("create")
 def accounts_create(name: str, data_dir: DataDir = None,
+                    local_paths: Annotated[bool, typer.Option(
+                        "--local-paths", help="Let the account name dataset files on the worker's host (where the "
+                        "deployment allows local paths; never the data directory or secret-holding places).")] = False,
                     admin: Annotated[bool, typer.Option(
                         "--admin", help="A platform administrator: may halt any account's run (the §9 admin "
                         "halt, 'benchwright admin halt').")] = False,
@@ -97,7 +100,7 @@ def accounts_create(name: str, data_dir: DataDir = None,
     migrate(engine)
     try:
         account, key = create_account(engine, name=name, balance_usd=settings.initial_balance_usd,
-                                      admin=admin)
+                                      local_paths=local_paths, admin=admin)
     except BenchwrightError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(1) from None

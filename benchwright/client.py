@@ -85,7 +85,7 @@ class Client:
         _raise_for(resp)
         return resp.json()
 
-    def launch(self, *, dataset: str, model: str | dict[str, Any], driver: str | None = None,
+    def launch(self, *, model: str | dict[str, Any], dataset: str | None = None, driver: str | None = None,
                task_impl: str | None = None, trials: dict[str, Any] | None = None,
                metadata: dict[str, Any] | None = None, visibility: str | None = None,
                concurrency: int | None = None, limits: dict[str, Any] | None = None,
@@ -101,7 +101,9 @@ class Client:
         for key, replacement in RETIRED_LAUNCH_KEYS.items():
             if key in extra:
                 raise TypeError(f"launch() got '{key}=', which was renamed '{replacement}=' (§8)")
-        body: dict[str, Any] = {"dataset": dataset, "model": model, **extra}
+        body: dict[str, Any] = {"model": model, **extra}
+        if dataset is not None:  # a pinned launch names benchmark=, subset= (and impl=) instead
+            body["dataset"] = dataset
         for key, value in (("driver", driver), ("task_impl", task_impl), ("trials", trials),
                            ("metadata", metadata), ("visibility", visibility), ("concurrency", concurrency),
                            ("limits", limits), ("constraints", constraints), ("compute", compute),

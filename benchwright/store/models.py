@@ -95,7 +95,6 @@ class Run(SQLModel, table=True):
     """A pinned launch's resolution (benchmark_id, subset_id, subset_version, impl_id), frozen at launch."""
 
 
-
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
     __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_events_run_seq"),)
@@ -191,6 +190,7 @@ class AccountSettings(SQLModel, table=True):
     account_id: str = Field(foreign_key="accounts.id", primary_key=True, max_length=36)
     compute: str | None = Field(default=None, max_length=32)
     """The account's saved compute provider (§4 level 2); None means the deployment default."""
+
 
 class Benchmark(SQLModel, table=True):
     """A registry benchmark (§7); ``public`` ones list their public runs and have leaderboards."""
