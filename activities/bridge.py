@@ -19,11 +19,12 @@ from typing import Any
 from activities.common import Deps, in_thread
 from activities.sandboxes import put_file, sandbox, snapshot_of
 from benchwright.errors import Unavailable
-from benchwright.events import HarnessLogArtifact
+from benchwright.events import HarnessLogArtifact, HarnessTaskArtifact
+from benchwright.fingerprint import sha256_hex
 from benchwright.harness.artifacts import store_artifact
 from benchwright.harness.bridge import SCRIPT, BridgeFailed, BridgeRecorder, plan_bridge
 from benchwright.harness.config import check_harness, sample_limit
-from benchwright.harness.install import harness_root, installed
+from benchwright.harness.install import RUNTIMES, harness_root, installed
 from benchwright.harness.relay import Relay
 from benchwright.limits import RunLimits
 from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
@@ -57,6 +58,11 @@ async def bridge_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient
         raise Unavailable(f"the {launch.harness} harness is not installed on this worker (under {root}); run "
                           f"`benchwright harness install {launch.harness}`")
     runtime = runtime.resolve()  # mounted and run at its real path (the sandbox has no symlinks of the host's)
+    await in_thread(append_events, deps.engine, inp.run_id, [NewEvent.of(
+        event_key(inp.run_id, "materialize", inp.invocation, "harness-task"),
+        HarnessTaskArtifact(harness=launch.harness, version=RUNTIMES[launch.harness].version,
+                            task=config.task or config.task_name,
+                            config_sha256=sha256_hex(config.model_dump(mode="json"))))])
     relay = Relay(sut)
     recorder = BridgeRecorder(engine=deps.engine, inp=inp, harness=launch.harness, meter=relay.meter,
                               progress=progress)

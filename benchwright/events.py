@@ -351,6 +351,20 @@ class HarnessLogArtifact(Event):
 EVENT_TYPES[HarnessLogArtifact.type_name()] = HarnessLogArtifact
 
 
+class HarnessTaskArtifact(Event):
+    """What a harness-bridge run evaluates: the harness, its installed version, and a digest of the launch's
+    ``harness_config`` (task name or task file, data files, arguments). It stands where Fetch/Analyze/Atomize's
+    artifacts stand for a benchwright run, so two bridge runs of different tasks never share a fingerprint."""
+
+    harness: str
+    version: str
+    task: str | None
+    config_sha256: str
+
+
+EVENT_TYPES[HarnessTaskArtifact.type_name()] = HarnessTaskArtifact
+
+
 class WorkFilesRecorded(Event):
     """The run's work files when a phase invocation completed (path -> blob id in the blob store): how the next
     phase, on any worker, gets them (``benchwright.handoff``)."""

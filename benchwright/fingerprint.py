@@ -42,6 +42,7 @@ LOAD_BEARING: dict[str, tuple[str, ...]] = {
     "AtomizeArtifact": ("impl_sha256",),
     "ModelProxyArtifact": ("model_id", "litellm_config_yaml"),
     "HarnessLogArtifact": (),  # an output (the harness's own log of what happened): nothing in it is an input
+    "HarnessTaskArtifact": ("harness", "version", "config_sha256"),  # the task name is inside the config digest
 }
 """Per Artifact event type, the fields that feed the run fingerprint. A test keeps this table complete: every
 ``*Artifact`` in ``benchwright.events`` has an entry."""

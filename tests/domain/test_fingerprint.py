@@ -31,6 +31,20 @@ def test_derivation_is_mechanical_and_ignores_noise_and_other_events() -> None:
     assert derive(noisy)[0] == fp
 
 
+def test_bridge_runs_of_different_harness_tasks_differ_in_fingerprint() -> None:
+    """A bridge run has no Fetch/Analyze/Atomize artifacts: its HarnessTaskArtifact is what says which task ran."""
+    def log(config_sha256: str, version: str = "0.3.285") -> list[tuple[int, str, dict[str, object]]]:
+        return [(0, "RunLaunched", {"launch": {}}),
+                (5, "ModelProxyArtifact", {"model_id": "openai/dev", "litellm_config_yaml": "model_list: []\n"}),
+                (9, "HarnessTaskArtifact", {"harness": "inspect", "version": version, "task": "qa",
+                                            "config_sha256": config_sha256}),
+                (20, "HarnessLogArtifact", {"harness": "inspect", "filename": "x.eval", "sha256": "ff", "bytes": 3})]
+
+    assert derive(log("aa"))[0] != derive(log("bb"))[0]
+    assert derive(log("aa"))[0] != derive(log("aa", version="0.3.286"))[0]
+    assert derive(log("aa"))[0] == derive(log("aa"))[0]
+
+
 def test_impl_ids_are_scoped_to_their_benchmark() -> None:
     digest = hashlib.sha256(b"class Scorer: ...").hexdigest()
     assert impl_id(benchmark_id="bm-1", impl_sha256=digest) == f"bm-1:{digest[:12]}"
