@@ -32,11 +32,12 @@ def latest_snapshot(deps: Deps, run_id: str, *, before: str) -> str | None:
 @asynccontextmanager
 async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...], restore: str | None,
                   internal_allowed: frozenset[tuple[str, int]] = frozenset(),
-                  metadata: dict[str, object] | None = None) -> AsyncIterator[Sandbox]:
-    """A sandbox on the run's backend for the length of the block (``lifecycle.open_sandbox``)."""
+                  metadata: dict[str, object] | None = None, ro_paths: tuple[Path, ...] = ()) -> AsyncIterator[Sandbox]:
+    """A sandbox on the run's backend for the length of the block (``lifecycle.open_sandbox``); ``ro_paths``: host
+    directories shown read-only at the same path (a harness runtime)."""
     async with lifecycle.open_sandbox(engine=deps.engine, settings=deps.settings, run_id=run_id, role=role, key=key,
                                       restore=restore, internal_allowed=internal_allowed,
-                                      metadata=metadata) as box:
+                                      metadata=metadata, ro_paths=ro_paths) as box:
         yield box
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from benchwright.blobs import BlobStore, open_blob_store
 from benchwright.compute import BACKENDS, HOW_TO_CONFIGURE
@@ -63,21 +64,26 @@ def sandbox_rate(settings: Settings, *, backend: str, instance_size: str) -> flo
 
 
 def open_backend(settings: Settings, *, backend: str, egress_proxy_url: str | None = None,
-                 blobs: BlobStore | None = None) -> OpenBackend:
-    """The backend named ``backend`` (a run's recorded compute), its sandboxes' egress through ``egress_proxy_url``.
+                 blobs: BlobStore | None = None, ro_paths: tuple[Path, ...] = ()) -> OpenBackend:
+    """The backend named ``backend`` (a run's recorded compute), its sandboxes' egress through ``egress_proxy_url``;
+    ``ro_paths`` are host directories its sandboxes see read-only (the local backend only).
 
     Raises:
-        InvalidInput: not a backend, or not configured on this deployment (naming what to configure).
+        InvalidInput: not a backend, not configured on this deployment (naming what to configure), or host paths
+            asked of a remote backend.
     """
     if backend not in BACKENDS:
         raise InvalidInput(f"compute backend '{backend}' is not one of {', '.join(BACKENDS)}", code="invalid_compute")
     if backend not in settings.configured_backends():
         raise InvalidInput(f"compute backend '{backend}' is not configured on this worker: "
                            f"{HOW_TO_CONFIGURE.get(backend, '')}", code="compute_not_configured")
+    if ro_paths and backend != "local":
+        raise InvalidInput(f"compute backend '{backend}' cannot mount the worker's host paths; a harness runtime "
+                           "there must be part of its image or template", code="compute_not_supported")
     made: SandboxBackend
     if backend == "local":
         made = LocalBackend(settings.sandboxes_dir(), allow_unisolated=settings.allow_unisolated,
-                            egress_proxy_url=egress_proxy_url)
+                            egress_proxy_url=egress_proxy_url, extra_ro_paths=ro_paths)
         python = sys.executable
     elif backend == "sandbox0":
         from benchwright.sandbox.sandbox0 import Sandbox0Backend, load_api_client

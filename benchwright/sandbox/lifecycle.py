@@ -117,12 +117,15 @@ def _home(info: SandboxInfo) -> str:
 @asynccontextmanager
 async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role: str, key: tuple[object, ...],
                        restore: str | None, internal_allowed: frozenset[tuple[str, int]] = frozenset(),
-                       metadata: Mapping[str, object] | None = None) -> AsyncIterator[Sandbox]:
+                       metadata: Mapping[str, object] | None = None,
+                       ro_paths: tuple[Path, ...] = ()) -> AsyncIterator[Sandbox]:
     """A sandbox for the length of the block, on the run's backend, with its egress proxy; killed (and its cost
-    recorded) on the way out, whatever happens inside.
+    recorded) on the way out, whatever happens inside. ``ro_paths``: host directories shown read-only at the same
+    path (a harness runtime; the local backend only, remote backends bake them into their image or template).
 
     Raises:
-        InvalidInput: the run's backend is not configured on this worker (naming what to configure).
+        InvalidInput: the run's backend is not configured on this worker (naming what to configure), or
+            ``ro_paths`` were asked of a remote backend.
     """
     run = await asyncio.to_thread(get_run, engine, run_id=run_id)
     backend_name = run.backend or "local"
@@ -135,7 +138,7 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
     opened: OpenBackend | None = None
     info: SandboxInfo | None = None
     try:
-        opened = open_backend(settings, backend=backend_name, egress_proxy_url=egress.url)
+        opened = open_backend(settings, backend=backend_name, egress_proxy_url=egress.url, ro_paths=ro_paths)
         if restore is not None:
             await _import_local(settings, opened.backend, restore)
         info = await opened.backend.create(role=role, run_id=run_id, snapshot_id=restore,
