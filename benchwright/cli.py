@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ admin_app = typer.Typer(no_args_is_help=True, help="Platform administration (adm
 app.add_typer(admin_app, name="admin")
 
 SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
-DataDir = Annotated[Optional[Path], typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
                                                                     "$BENCHWRIGHT_DATA_DIR).")]
 
 
@@ -141,12 +141,12 @@ def _control(command: str, run_id: str, data_dir: Path | None, api_url: str | No
               + (f" ({run['halt_reason']})" if run["halt_reason"] else ""), highlight=False)
 
 
-ApiUrl = Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_URL")]
-ApiKey = Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_KEY")]
+ApiUrl = Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_URL")]
+ApiKey = Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_KEY")]
 
 
 @app.command()
-def halt(run_id: str, reason: Annotated[Optional[str], typer.Option(help="Why (recorded).")] = None,
+def halt(run_id: str, reason: Annotated[str | None, typer.Option(help="Why (recorded).")] = None,
          admin: Annotated[bool, typer.Option("--admin", help="Halt any account's run as a platform administrator "
                                                             "('admin: <reason>'; --reason required).")] = False,
          data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
@@ -187,10 +187,10 @@ def review(run_id: str, resolution: Annotated[str, typer.Argument(help="Your gui
 
 
 @app.command("runs")
-def runs_cmd(status: Annotated[Optional[str], typer.Option(
+def runs_cmd(status: Annotated[str | None, typer.Option(
                  help="Only runs whose display_status (or status) is this: running, ok, error, halted, killed, "
                       "waiting, paused.")] = None,
-             model: Annotated[Optional[str], typer.Option(help="Only runs whose model identifier contains this.")
+             model: Annotated[str | None, typer.Option(help="Only runs whose model identifier contains this.")
                               ] = None,
              limit: Annotated[int, typer.Option(min=1, help="At most this many runs (newest first).")] = 20,
              json_out: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON array.")] = False,
@@ -219,8 +219,9 @@ def runs_cmd(status: Annotated[Optional[str], typer.Option(
 
 @app.command()
 def events(run_id: str,
-           follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream new events live (SSE; resumes after a "
-                                                                     "dropped connection) until the run ends.")] = False,
+           follow: Annotated[bool, typer.Option(
+               "--follow", "-f", help="Stream new events live (SSE; resumes after a dropped connection) until the "
+               "run ends.")] = False,
            after: Annotated[int, typer.Option(min=-1, help="Start after this seq (-1: from the start).")] = -1,
            json_out: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
            data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
@@ -250,7 +251,8 @@ def events(run_id: str,
 
 
 @app.command()
-def tasks(run_id: str, json_out: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON array.")] = False,
+def tasks(run_id: str,
+          json_out: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON array.")] = False,
           data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Print a run's settled tasks: index, outcome, score and an excerpt of the output (all pages)."""
     from benchwright.cli_support import tasks_table
@@ -276,8 +278,8 @@ def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {q
               port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 9000,
               host: str = "127.0.0.1",
               model_name: str = "dev",
-              api_key: Annotated[Optional[str], typer.Option(help="Demand this bearer key, like a real provider.")] = None,
-              ready_file: Annotated[Optional[Path], typer.Option(help="Write {url, port} here once listening.")] = None,
+              api_key: Annotated[str | None, typer.Option(help="Demand this bearer key, like a real provider.")] = None,
+              ready_file: Annotated[Path | None, typer.Option(help="Write {url, port} here once listening.")] = None,
               ) -> None:
     """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
     from benchwright.devmodel import DevModelConfig, load_answers, serve
@@ -361,62 +363,62 @@ def _run_succeeded(run: dict[str, Any]) -> bool:
 
 @app.command()
 def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
-        dataset: Annotated[Optional[str], typer.Option(help="Dataset URL, or a local path on the stack's host.")
+        dataset: Annotated[str | None, typer.Option(help="Dataset URL, or a local path on the stack's host.")
                            ] = None,
-        prompt: Annotated[Optional[str], typer.Option(
+        prompt: Annotated[str | None, typer.Option(
             help="A natural-language launch: what to evaluate ('gsm8k, the first 50'); Find resolves it against the "
                  "catalog when no --dataset is given, and Analyze reads its scoping phrase.")] = None,
-        benchmark: Annotated[Optional[str], typer.Option(help="Pinned launch: a registry benchmark (id or name).")
+        benchmark: Annotated[str | None, typer.Option(help="Pinned launch: a registry benchmark (id or name).")
                              ] = None,
-        subset: Annotated[Optional[str], typer.Option(help="Pinned launch: the benchmark's subset (id or name).")
+        subset: Annotated[str | None, typer.Option(help="Pinned launch: the benchmark's subset (id or name).")
                           ] = None,
-        impl: Annotated[Optional[str], typer.Option(help="Pinned launch: an impl id or latest:official (default).")
+        impl: Annotated[str | None, typer.Option(help="Pinned launch: an impl id or latest:official (default).")
                         ] = None,
-        api_base: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
-        driver: Annotated[Optional[str], typer.Option(help="The Driver (default: the deployment's).")] = None,
-        trials: Annotated[Optional[int], typer.Option(help="Trials per task (k, 1-100).")] = None,
-        aggregator: Annotated[Optional[str], typer.Option(
+        api_base: Annotated[str | None, typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
+        driver: Annotated[str | None, typer.Option(help="The Driver (default: the deployment's).")] = None,
+        trials: Annotated[int | None, typer.Option(help="Trials per task (k, 1-100).")] = None,
+        aggregator: Annotated[str | None, typer.Option(
             help="Trial aggregator: any_pass, all_pass, mean, majority_on, weighted_mean, min_above.")] = None,
-        aggregator_param: Annotated[Optional[list[str]], typer.Option(
+        aggregator_param: Annotated[list[str] | None, typer.Option(
             "--aggregator-param", metavar="KEY=VALUE", help="An aggregator parameter (repeatable): field=answer, "
             "weight=w, threshold=0.8.")] = None,
-        concurrency: Annotated[Optional[int], typer.Option(help="SUT calls in flight during Materialize.")] = None,
-        limit: Annotated[Optional[list[str]], typer.Option(
+        concurrency: Annotated[int | None, typer.Option(help="SUT calls in flight during Materialize.")] = None,
+        limit: Annotated[list[str] | None, typer.Option(
             "--limit", metavar="LEVEL.QUANTITY=N", help="A ceiling (repeatable, §9): run.cost=5, run.duration=600, "
             "task.attempts=2, attempt.duration=60 ... ('GET /v1/limits' lists them).")] = None,
-        constraints: Annotated[Optional[list[str]], typer.Option(
+        constraints: Annotated[list[str] | None, typer.Option(
             "--constraints", metavar="KEY=N", help="The older ceilings (repeatable): max_cost_cents, "
             "max_duration_ms, max_tasks.")] = None,
-        compute: Annotated[Optional[str], typer.Option(
+        compute: Annotated[str | None, typer.Option(
             help="Compute backend: local, sandbox0, e2b, default or auto (default: your saved choice).")] = None,
-        visibility: Annotated[Optional[str], typer.Option(help="private (default), unlisted or public.")] = None,
-        task_impl: Annotated[Optional[Path], typer.Option(
+        visibility: Annotated[str | None, typer.Option(help="private (default), unlisted or public.")] = None,
+        task_impl: Annotated[Path | None, typer.Option(
             "--task-impl", exists=True, dir_okay=False, readable=True,
             help="A task_impl.py to use verbatim instead of the one Atomize writes.")] = None,
-        requirement: Annotated[Optional[list[str]], typer.Option(
+        requirement: Annotated[list[str] | None, typer.Option(
             "--requirement", metavar="SPEC", help="A package the scorer needs, e.g. sympy>=1.12 (repeatable).")] = None,
-        metadata: Annotated[Optional[list[str]], typer.Option(
+        metadata: Annotated[list[str] | None, typer.Option(
             "--metadata", metavar="KEY=VALUE", help="A label kept on the run (repeatable; KEY:=JSON for a typed "
             "value, e.g. limit:=20).")] = None,
-        harness: Annotated[Optional[str], typer.Option(
+        harness: Annotated[str | None, typer.Option(
             help="How the evaluation runs: benchwright (default), or a harness bridge: inspect, lmeval.")] = None,
-        harness_config: Annotated[Optional[str], typer.Option(
+        harness_config: Annotated[str | None, typer.Option(
             "--harness-config", metavar="JSON", help="The bridge's harness_config as JSON, or @file.json.")] = None,
-        harness_task: Annotated[Optional[Path], typer.Option(
+        harness_task: Annotated[Path | None, typer.Option(
             "--harness-task", exists=True, dir_okay=False, readable=True,
             help="The bridge's task file (an inspect @task .py, an lm-eval task .yaml): harness_config.task_file.")
                                 ] = None,
-        harness_file: Annotated[Optional[list[Path]], typer.Option(
+        harness_file: Annotated[list[Path] | None, typer.Option(
             "--harness-file", exists=True, dir_okay=False, readable=True,
             help="A data file the task reads, put beside it under its own name (repeatable).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON (the final run with --watch).")
                             ] = False,
         watch: Annotated[bool, typer.Option("--watch/--no-watch", help="Show live progress until it ends.")] = False,
-        operator: Annotated[Optional[str], typer.Option(hidden=True)] = None,
-        agent: Annotated[Optional[str], typer.Option(hidden=True)] = None,
+        operator: Annotated[str | None, typer.Option(hidden=True)] = None,
+        agent: Annotated[str | None, typer.Option(hidden=True)] = None,
         data_dir: DataDir = None,
-        api_url: Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_URL")] = None,
-        api_key: Annotated[Optional[str], typer.Option(envvar="BENCHWRIGHT_API_KEY")] = None) -> None:
+        api_url: Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_URL")] = None,
+        api_key: Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_KEY")] = None) -> None:
     """Launch a run through the REST API (and optionally watch it). Every key of the launch body has a flag."""
     from benchwright.cli_support import BadFlag, flat, nested, trials_block
     from benchwright.client import ApiError

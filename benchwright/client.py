@@ -35,7 +35,8 @@ def read_dev_json(data_dir: Path | None = None) -> dict[str, Any]:
     """The running embedded stack's addresses and dev API key (written by ``benchwright up``)."""
     path = (data_dir or Path(os.environ.get("BENCHWRIGHT_DATA_DIR", default_data_dir()))) / "dev.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: start the stack with 'benchwright up' (or pass --api-url/--api-key)")
+        raise FileNotFoundError(f"{path} not found: start the stack with 'benchwright up' "
+                                "(or pass --api-url/--api-key)")
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 

@@ -26,8 +26,8 @@ def check_compute(value: str, *, configured: tuple[str, ...]) -> str:
         InvalidInput: not a known value (naming the allowed ones), or not configured here.
     """
     if value not in COMPUTE_CHOICES:
-        raise InvalidInput(f"compute '{value}' is not one of {', '.join(COMPUTE_CHOICES)}{suggest(value, COMPUTE_CHOICES)}",
-                           code="invalid_compute")
+        raise InvalidInput(f"compute '{value}' is not one of {', '.join(COMPUTE_CHOICES)}"
+                           f"{suggest(value, COMPUTE_CHOICES)}", code="invalid_compute")
     if value in BACKENDS and value not in configured:
         raise InvalidInput(f"compute backend '{value}' is not configured on this deployment "
                            f"(configured: {', '.join(configured)}); to configure it, "

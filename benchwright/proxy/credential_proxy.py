@@ -236,7 +236,7 @@ class CredentialProxy:
             kwargs["api_key"] = route.secret
         try:
             resp = await litellm.acompletion(model=route.identifier, timeout=UPSTREAM_TIMEOUT_S, **kwargs)
-        except Exception as exc:  # litellm raises many provider-specific types: all are failures
+        except Exception as exc:  # noqa: BLE001 - litellm raises many provider-specific types: all are failures
             error = _litellm_error(exc, route.api_base or "")
             if error.kind in ("unreachable", "timeout", "server") and error.status is None:
                 return error_answer(504 if error.kind == "timeout" else 502, error.detail, code="upstream_error",
@@ -250,7 +250,7 @@ class CredentialProxy:
     def _litellm_cost(self, resp: Any, route: Route, data: dict[str, Any]) -> float:
         try:
             return float(self._litellm.completion_cost(completion_response=resp))
-        except Exception:  # a model LiteLLM does not price: the prices Attach found (or zero)
+        except Exception:  # noqa: BLE001 - a model LiteLLM does not price: the prices Attach found (or zero)
             return route.price(data.get("usage"))
 
     def _import_litellm(self) -> Any:

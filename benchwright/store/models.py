@@ -7,7 +7,7 @@ per-run sequence counter that makes seq gapless.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index, UniqueConstraint
@@ -15,7 +15,7 @@ from sqlmodel import Field, SQLModel
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Account(SQLModel, table=True):

@@ -83,7 +83,8 @@ def _connect_direct():
 
 def _fork_bomb():
     import signal
-    bomb = subprocess.Popen([sys.executable, "-c", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"],
+    bomb = subprocess.Popen([sys.executable, "-c",
+                             "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"],
                             start_new_session=True)
     time.sleep(2)
     contained = bomb.poll() is None  # still running, still contained: it did not take the sandbox (or host) down
@@ -219,7 +220,7 @@ async def test_hostile_scorer_gets_nowhere_and_the_real_key_lives_only_in_the_pr
     # The dev model answers only REAL_KEY, so every passing call proves the proxy put it on the request; it got
     # the key over its control socket: not in its environment or arguments, not in the worker's environment.
     assert REAL_KEY.encode() not in proxy_env and REAL_KEY.encode() not in Path("/proc/self/environ").read_bytes()
-    by_probe = {json.loads(line)["probe"]: t for line, t in zip(dataset.read_text().splitlines(), tasks)}
+    by_probe = {json.loads(line)["probe"]: t for line, t in zip(dataset.read_text().splitlines(), tasks, strict=True)}
     outputs = {probe: (t["outcome"], t["output"]) for probe, t in by_probe.items()}
     assert all(t["outcome"] == "pass" for t in tasks), outputs
     assert final["status"] == "ok" and final["isolation"] == "namespaces"
@@ -339,7 +340,8 @@ async def test_fanout_and_sequential_score_the_same(stack: Stack, dev_models: De
     assert 0 < sum(t["score"] for t in seq_tasks) < 60
     created = {e["data"]["sandbox_id"]: e["data"]["metadata"]["task_index"]
                for e in fan_events if e["type"] == "SandboxCreated" and e["data"]["role"] == "task"}
-    killed = [e["data"]["sandbox_id"] for e in fan_events if e["type"] == "SandboxKilled" and e["data"]["role"] == "task"]
+    killed = [e["data"]["sandbox_id"] for e in fan_events
+              if e["type"] == "SandboxKilled" and e["data"]["role"] == "task"]
     assert sorted(created.values()) == list(range(60)) or set(created.values()) == set(range(60)), \
         "every task ran in a task sandbox of its own (a retried batch may give a task a second one)"
     assert sorted(created) == sorted(killed), "every task sandbox was killed"
