@@ -19,6 +19,7 @@ Configured by an API key (``BENCHWRIGHT_E2B_API_KEY``) and a template. Tested wi
 from __future__ import annotations
 
 import asyncio
+import inspect
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,14 +76,25 @@ class E2BBackend:
         self.egress_proxy_url = egress_proxy_url
         self.limit_mechanism = (f"E2B micro-VM ({self.cpus:g} cpu, {self.memory_mb} MiB) + per-command ulimit "
                                 "(-t, -f, -u, -v below the VM's memory) and coreutils timeout")
-        # HTTP/1.1: envd streams work over it everywhere (the double is HTTP/1.1 only; on E2B it avoids long-lived
-        # HTTP/2 connections that intermediaries retire, the case the SDK's option exists for).
-        self._opts: dict[str, Any] = {"api_key": api_key, "http_version": "1.1"}
-        if api_url:
-            self._opts["api_url"] = api_url
-        if sandbox_url:
-            self._opts["sandbox_url"] = sandbox_url
+        self._opts: dict[str, Any] = {"api_key": api_key}
+        known = _sdk_options()
+        if "http_version" in known:
+            # HTTP/1.1: envd streams work over it everywhere (the double is HTTP/1.1 only; on E2B it avoids
+            # long-lived HTTP/2 connections that intermediaries retire, the case the SDK's option exists for).
+            self._opts["http_version"] = "1.1"
+        for option, value in (("api_url", api_url), ("sandbox_url", sandbox_url)):
+            if value and option not in known:
+                raise SandboxError(f"the installed e2b SDK ({_sdk_version()}) has no {option} setting; it needs "
+                                   "e2b >= 2.3 to reach a custom endpoint")
+            if value:
+                self._opts[option] = value
         self._boxes: dict[str, Any] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a fire-and-forget task until it ends (the loop keeps only weak references)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _network(self) -> dict[str, Any]:
         allow = [urlsplit(self.egress_proxy_url).hostname] if self.egress_proxy_url else []
@@ -103,9 +115,12 @@ class E2BBackend:
         meta = {**{k: str(v) for k, v in (metadata or {}).items()}, "benchwright_role": role,
                 "benchwright_run_id": run_id, "benchwright_managed": "1", "benchwright_created_at": repr(time.time()),
                 "benchwright_instance_size": self.instance_size}
+        # The egress proxy only (e2b >= 2.3: network rules); older SDKs can only switch the internet on or off.
+        network: dict[str, Any] = ({"network": self._network()} if "network" in _create_parameters()
+                                   else {"allow_internet_access": bool(self.egress_proxy_url)})
         try:
             box = await AsyncSandbox.create(template=self.template, timeout=self.lifetime_s, metadata=meta,
-                                            network=self._network(), **self._opts)  # type: ignore[arg-type]
+                                            **network, **self._opts)
         except Exception as exc:  # the SDK's exceptions: the sandbox was not made
             raise SandboxError(f"E2B could not create a sandbox: {exc}") from exc
         self._boxes[box.sandbox_id] = box
@@ -203,13 +218,14 @@ class E2BBackend:
         async def deliver() -> None:
             while (data := await inbox.get()) is not None:
                 await box.commands.send_stdin(handle.pid, data)
-            await box.commands.close_stdin(handle.pid)
+            if hasattr(box.commands, "close_stdin"):  # e2b < 2.3 cannot: ``head -c`` ends an exec's input
+                await box.commands.close_stdin(handle.pid)
 
         sender = loop.create_task(deliver())
 
         def cancel() -> None:
             sender.cancel()
-            loop.create_task(box.commands.kill(handle.pid))
+            self._keep(loop.create_task(box.commands.kill(handle.pid)))
 
         proc = RemoteProcess(pid=handle.pid, send=inbox.put_nowait, close_stdin=lambda: inbox.put_nowait(None),
                              cancel=cancel,
@@ -231,7 +247,7 @@ class E2BBackend:
             finally:
                 sender.cancel()
 
-        loop.create_task(watch())
+        self._keep(loop.create_task(watch()))
         return proc
 
     async def spawn(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str],
@@ -256,12 +272,12 @@ class E2BBackend:
     async def write_file(self, sandbox_id: str, path: str, data: bytes, *, mode: int = 0o644) -> None:
         rel = check_relpath(path)
         box = await self._box(sandbox_id)
-        await box.files.write(f"{WORKDIR}/{rel}", data, use_octet_stream=True)
+        await _write(box, f"{WORKDIR}/{rel}", data)
         if mode != 0o644:
             await self._io(sandbox_id, ["chmod", oct(mode)[2:], "--", rel])
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        from e2b.exceptions import FileNotFoundException
+        from e2b.exceptions import NotFoundException  # FileNotFoundException (e2b >= 2.3) derives from it
 
         rel = check_relpath(path)
         box = await self._box(sandbox_id)
@@ -272,7 +288,7 @@ class E2BBackend:
             raise SandboxPathError(f"path {path!r} is a link; links are not followed out of the work directory")
         try:
             data: bytes = bytes(await box.files.read(f"{WORKDIR}/{rel}", format="bytes"))
-        except FileNotFoundException:
+        except NotFoundException:
             raise FileNotFoundError(path) from None
         return data
 
@@ -281,7 +297,7 @@ class E2BBackend:
 
     async def _untar(self, sandbox_id: str, archive: bytes) -> None:
         box = await self._box(sandbox_id)
-        await box.files.write(f"{WORKDIR}/{_SNAPSHOT_FILE}", archive, use_octet_stream=True)
+        await _write(box, f"{WORKDIR}/{_SNAPSHOT_FILE}", archive)
         unpack = f"tar -xf {_SNAPSHOT_FILE} --no-same-owner; rc=$?; rm -f {_SNAPSHOT_FILE}; exit $rc"
         res = await self._io(sandbox_id, ["sh", "-c", unpack])
         if res.returncode != 0:
@@ -300,3 +316,43 @@ class E2BBackend:
 
     async def snapshot_files(self, files: Mapping[str, bytes], *, label: str, base: str | None = None) -> str:
         return await self.blobs.put(tar_of(files, base=await self.blobs.get(base) if base else None))
+
+
+def _sdk_version() -> str:
+    from importlib.metadata import version
+
+    return version("e2b")
+
+
+def _sdk_options() -> set[str]:
+    """The connection options the installed SDK takes (they grew across 2.x: ``api_url``, ``sandbox_url``,
+    ``http_version`` came with 2.3+; litellm[proxy]'s ``rich<14`` pin keeps pip on e2b 2.2.x where both are
+    installed)."""
+    from e2b.connection_config import ApiParams
+
+    return set(ApiParams.__annotations__)
+
+
+def _create_parameters() -> set[str]:
+    from e2b import AsyncSandbox
+
+    return set(inspect.signature(AsyncSandbox.create).parameters)
+
+
+async def _write(box: Any, path: str, data: bytes) -> None:
+    """Upload a file; as a raw octet stream where the SDK can (e2b >= 2.3), else as multipart."""
+    if "use_octet_stream" in inspect.signature(box.files.write).parameters:
+        await box.files.write(path, data, use_octet_stream=True)
+    else:
+        await box.files.write(path, data)
+
+
+def sdk_reaches_custom_endpoints() -> bool:
+    """Whether the installed SDK can be pointed at another E2B endpoint (the loopback double) by its own settings."""
+    return {"api_url", "sandbox_url"} <= _sdk_options()
+
+
+def why_no_custom_endpoints() -> str:
+    return (f"the installed e2b SDK ({_sdk_version()}) cannot be pointed at the E2B double: api_url/sandbox_url "
+            "arrived in e2b 2.3, which needs rich>=14 while litellm[proxy] pins rich<14, so pip installs e2b 2.2.x")
+
