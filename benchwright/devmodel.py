@@ -1125,7 +1125,8 @@ async def start_server(config: DevModelConfig, host: str = "127.0.0.1", port: in
     """
     loop = asyncio.get_running_loop()
     handler = _Handler(config, loop)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections, as on any real server (proto 0 skips it).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -313,6 +313,9 @@ def _serve_egress(port: int) -> None:
     slots = threading.BoundedSemaphore(_MAX_EGRESS_CONNECTIONS)
     while True:
         client, _ = listener.accept()
+        # A relay forwards whatever it reads at once: Nagle would hold a small second write (an HTTP body after its
+        # head) for the peer's delayed ACK, ~40 ms a request.
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not slots.acquire(blocking=False):
             client.close()  # bounded: a sandbox cannot make its own init spawn unbounded threads
             continue
