@@ -95,7 +95,30 @@ async def reap_worker_leftovers(*, settings: Settings, engine: Engine) -> list[s
         owner = _owner(info)
         return owner is not None and not pid_alive(owner)
 
-    return await _reap_sandboxes(settings.sandboxes_dir(), orphan)
+    return await _reap_sandboxes(settings.sandboxes_dir(), orphan) + await _reap_remote(settings=settings,
+                                                                                        engine=engine)
+
+
+async def _reap_remote(*, settings: Settings, engine: Engine) -> list[str]:
+    """Pods and micro-VMs (from their labels / metadata) of runs that have ended: whatever worker made them died
+    before it could kill them. A live run's sandboxes are left alone (no host can tell whether another worker's
+    process still uses them); they go when the run ends and the next worker starts."""
+    from benchwright.sandbox.factory import open_backend
+
+    def ended(info: SandboxInfo) -> bool:
+        run_id = info.metadata.get("benchwright_run_id")
+        return isinstance(run_id, str) and run_finished_at(engine, run_id) is not None
+
+    reaped: list[str] = []
+    for name in settings.configured_backends():
+        if name == "local":
+            continue
+        opened = open_backend(settings, backend=name)
+        try:
+            reaped += await opened.backend.reap(ended)
+        finally:
+            await opened.backend.close()
+    return reaped
 
 
 def reap_stack(*, data_dir: Path, workers_timeout_s: float, others_timeout_s: float) -> Reaped:

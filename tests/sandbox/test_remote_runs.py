@@ -25,9 +25,13 @@ from api.main import create_app
 from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.devstack import free_port, temporal_binary
 from benchwright.sandbox.e2b import sdk_reaches_custom_endpoints, why_no_custom_endpoints
+from benchwright.sandbox.factory import open_backend
+from benchwright.schemas import LaunchRequest
 from benchwright.settings import Settings
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
+from benchwright.store.runs import create_run
+from benchwright.teardown import reap_worker_leftovers
 from benchwright.temporal_ui import SEARCH_ATTRIBUTES
 from benchwright.testkit.k8s_double import K8sDouble
 from tests.api.helpers import launch, wait_terminal
@@ -130,3 +134,20 @@ async def test_a_run_on_a_remote_backend_uses_it_throughout(
     assert expected > 0
     assert final["cost"]["sandbox"] == pytest.approx(expected, rel=0.01)
     assert sum(k["cost_usd"] for k in killed) == pytest.approx(expected, rel=0.01)
+
+    # A worker that died with a sandbox of this (now finished) run alive: the next worker's start reaps it.
+    opened = open_backend(settings, backend=backend)
+    try:
+        engine = make_engine(settings.resolved_database_url())
+        owner, _ = create_account(engine, name="still-going", balance_usd=1.0)
+        going = create_run(engine, account_id=owner.id, driver="builtin", trials_config={},
+                           launch=LaunchRequest(dataset=DATASET, model="openai/dev"))  # never finishes
+        left = await opened.backend.create(role="work", run_id=run["id"])
+        live = await opened.backend.create(role="work", run_id=going.id)
+        reaped = await reap_worker_leftovers(settings=settings, engine=engine)
+        assert left.sandbox_id in reaped and live.sandbox_id not in reaped
+        assert {i.sandbox_id for i in await opened.backend.list_alive()} >= {live.sandbox_id}
+        assert left.sandbox_id not in {i.sandbox_id for i in await opened.backend.list_alive()}
+        await opened.backend.kill(live.sandbox_id)
+    finally:
+        await opened.backend.close()
