@@ -276,7 +276,7 @@ class _ProcessService:
             assert stream is not None
             while chunk := await stream.read(1 << 16):
                 output: Oneof[Literal["stdout", "stderr"], bytes] = Oneof(name, chunk)
-                data = process_pb.ProcessEvent.DataEvent(output=output)  # type: ignore[arg-type]
+                data = process_pb.ProcessEvent.DataEvent(output=cast(Any, output))
                 await events.put(process_pb.ProcessEvent(event=Oneof[Literal["data"], Any]("data", data)))
 
         pumps = [asyncio.create_task(pump(proc.stdout, "stdout")), asyncio.create_task(pump(proc.stderr, "stderr"))]
