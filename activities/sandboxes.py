@@ -1,8 +1,8 @@
 """Adapters from the phase activities to the run's sandboxes (``benchwright.sandbox.lifecycle`` holds the logic:
 the backend seam, egress wiring, the SandboxCreated/SandboxKilled ledger and snapshot bookkeeping).
 
-Activities keep calling these with their ``Deps``; each call passes the store, the settings and the run's work
-directory down.
+Activities keep calling these with their ``Deps``; each call passes the store and the settings down. Snapshot ids
+come from the run's SnapshotCreated events, never from a file on the worker's disk.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ __all__ = ["DEPS_DIR", "SNAPSHOTS", "Sandbox", "latest_snapshot", "put_file", "p
 
 
 def snapshot_of(deps: Deps, run_id: str, phase: str) -> str | None:
-    return lifecycle.snapshot_of(deps.workdir(run_id), phase)
+    """The snapshot ``phase`` left, from the run's SnapshotCreated events (one indexed query)."""
+    return lifecycle.snapshot_of(deps.engine, run_id, phase)
 
 
 def latest_snapshot(deps: Deps, run_id: str, *, before: str) -> str | None:
     """The newest work-sandbox snapshot of the phases that run before ``before``."""
-    return lifecycle.latest_snapshot(deps.workdir(run_id), before=before)
+    return lifecycle.latest_snapshot(deps.engine, run_id, before=before)
 
 
 @asynccontextmanager
@@ -43,20 +44,20 @@ async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...]
 
 async def take_snapshot(deps: Deps, box: Sandbox, *, run_id: str, phase: str, invocation: int) -> str:
     """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
-    return await lifecycle.take_snapshot(engine=deps.engine, settings=deps.settings, workdir=deps.workdir(run_id),
-                                         box=box, run_id=run_id, phase=phase, invocation=invocation)
+    return await lifecycle.take_snapshot(engine=deps.engine, settings=deps.settings, box=box, run_id=run_id,
+                                         phase=phase, invocation=invocation)
 
 
 async def snapshot_files(deps: Deps, files: dict[str, bytes], *, run_id: str, phase: str, invocation: int) -> str:
     """A work-sandbox snapshot holding ``files``, made without a sandbox, on the run's backend."""
-    return await lifecycle.snapshot_files(engine=deps.engine, settings=deps.settings, workdir=deps.workdir(run_id),
-                                          files=files, run_id=run_id, phase=phase, invocation=invocation)
+    return await lifecycle.snapshot_files(engine=deps.engine, settings=deps.settings, files=files, run_id=run_id,
+                                          phase=phase, invocation=invocation)
 
 
 async def record_snapshot(deps: Deps, *, run_id: str, phase: str, invocation: int, snapshot_id: str) -> None:
-    """SnapshotCreated for the phase, and the id remembered for the phases after."""
-    await lifecycle.record_snapshot(engine=deps.engine, workdir=deps.workdir(run_id), run_id=run_id, phase=phase,
-                                    invocation=invocation, snapshot_id=snapshot_id)
+    """SnapshotCreated for the phase: how the phases after it find it."""
+    await lifecycle.record_snapshot(engine=deps.engine, run_id=run_id, phase=phase, invocation=invocation,
+                                    snapshot_id=snapshot_id)
 
 
 async def put_file(box: Sandbox, name: str, data: bytes) -> None:

@@ -13,8 +13,6 @@ the kill carries its cost, lifetime × the backend's rate for the sandbox's inst
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
 
 from benchwright.blobs import BlobNotFound
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
@@ -40,12 +39,14 @@ from benchwright.sandbox.snapshot_sync import export_snapshot, import_snapshot
 from benchwright.scoring.host import Spawn, runner_env
 from benchwright.settings import Settings
 from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.models import EventRow
 from benchwright.store.policy import get_policy, record_blocked
 from benchwright.store.runs import get_run, record_isolation
 
 DEPS_DIR = ".deps"
 """Where Setup installs the scorer's Python requirements inside the work sandbox (on the runner's PYTHONPATH)."""
 SNAPSHOTS = "snapshots.json"
+"""Where runs from before the log held snapshot ids kept them; the phase cache still leaves such a file out."""
 POLICY_TTL_S = 1.0
 SNAPSHOT_PHASES = ("fetch", "setup", "atomize")
 
@@ -194,49 +195,45 @@ async def _import_local(settings: Settings, backend: SandboxBackend, snapshot_id
             pass  # not exported (taken before a shared store was configured): the local store answers alone
 
 
-def snapshot_of(workdir: Path, phase: str) -> str | None:
-    """The snapshot ``phase`` left for the phases after it (None if it left none)."""
-    path = workdir / SNAPSHOTS
-    found = json.loads(path.read_text()).get(phase) if path.exists() else None
-    return str(found) if found else None
+def snapshot_of(engine: Engine, run_id: str, phase: str) -> str | None:
+    """The snapshot ``phase`` left for the phases after it: its newest SnapshotCreated in the run's log (a fork's
+    log holds copies of its parent's for the phases it inherits). None if it left none."""
+    with Session(engine) as session:
+        rows = session.exec(select(EventRow).where(EventRow.run_id == run_id,
+                                                   EventRow.type == SnapshotCreated.type_name())
+                            .order_by(col(EventRow.seq).desc())).all()
+    return next((str(r.data["snapshot_id"]) for r in rows if r.data.get("phase") == phase), None)
 
 
-def latest_snapshot(workdir: Path, *, before: str) -> str | None:
+def latest_snapshot(engine: Engine, run_id: str, *, before: str) -> str | None:
     """The newest work-sandbox snapshot of the phases that run before ``before``."""
     earlier = SNAPSHOT_PHASES[: SNAPSHOT_PHASES.index(before)] if before in SNAPSHOT_PHASES else SNAPSHOT_PHASES
     for phase in reversed(earlier):
-        snap = snapshot_of(workdir, phase)
+        snap = snapshot_of(engine, run_id, phase)
         if snap:
             return snap
     return None
 
 
-async def record_snapshot(*, engine: Engine, workdir: Path, run_id: str, phase: str, invocation: int,
-                          snapshot_id: str) -> None:
-    """SnapshotCreated for the phase, and the id remembered for the phases after. Snapshots are content-addressed,
-    so a phase that left the filesystem as it found it records its predecessor's id without taking one."""
+async def record_snapshot(*, engine: Engine, run_id: str, phase: str, invocation: int, snapshot_id: str) -> None:
+    """SnapshotCreated for the phase: how the phases after it (on any worker) find it. Snapshots are
+    content-addressed, so a phase that left the filesystem as it found it records its predecessor's id without
+    taking one."""
     await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
         event_key(run_id, phase, invocation, "snapshot"), SnapshotCreated(snapshot_id=snapshot_id, phase=phase))])
-    path = workdir / SNAPSHOTS
-    known = json.loads(path.read_text()) if path.exists() else {}
-    known[phase] = snapshot_id
-    tmp = path.with_suffix(".part")
-    tmp.write_text(json.dumps(known))
-    os.replace(tmp, path)
 
 
-async def take_snapshot(*, engine: Engine, settings: Settings, workdir: Path, box: Sandbox, run_id: str,
-                        phase: str, invocation: int) -> str:
+async def take_snapshot(*, engine: Engine, settings: Settings, box: Sandbox, run_id: str, phase: str,
+                        invocation: int) -> str:
     """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
     snapshot_id = await box.backend.snapshot(box.info.sandbox_id, label=f"{run_id}:{phase}:v{invocation}")
     await _export_local(settings, box.backend, snapshot_id)
-    await record_snapshot(engine=engine, workdir=workdir, run_id=run_id, phase=phase, invocation=invocation,
-                          snapshot_id=snapshot_id)
+    await record_snapshot(engine=engine, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id)
     return snapshot_id
 
 
-async def snapshot_files(*, engine: Engine, settings: Settings, workdir: Path, files: dict[str, bytes], run_id: str,
-                         phase: str, invocation: int) -> str:
+async def snapshot_files(*, engine: Engine, settings: Settings, files: dict[str, bytes], run_id: str, phase: str,
+                         invocation: int) -> str:
     """A work-sandbox snapshot holding ``files`` on the run's backend, made without a sandbox (for a phase that
     only puts files in place and runs nothing), recorded like ``take_snapshot``'s."""
     backend = await asyncio.to_thread(run_backend, engine, run_id)
@@ -246,8 +243,7 @@ async def snapshot_files(*, engine: Engine, settings: Settings, workdir: Path, f
         await _export_local(settings, opened.backend, snapshot_id)
     finally:
         await opened.backend.close()
-    await record_snapshot(engine=engine, workdir=workdir, run_id=run_id, phase=phase, invocation=invocation,
-                          snapshot_id=snapshot_id)
+    await record_snapshot(engine=engine, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id)
     return snapshot_id
 
 
