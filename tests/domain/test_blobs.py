@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.blobs import BlobError, BlobNotFound, BlobStore, DirBlobStore, S3BlobStore, blob_id, open_blob_store
+from benchwright.blobs import (
+    BlobError,
+    BlobNotFound,
+    BlobStore,
+    DirBlobStore,
+    S3BlobStore,
+    blob_id,
+    open_blob_store,
+)
 from benchwright.testkit.moto_s3 import MotoS3, start_moto_s3
 
 
