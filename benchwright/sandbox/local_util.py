@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchwright.procreg import proc_starttime
 from benchwright.sandbox.base import (
     SandboxPathError,
 )
@@ -29,20 +30,6 @@ _CAPABILITY_ERRNOS = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.E
                                 errno.EOPNOTSUPP})
 
 # ------------------------------------------------------------------------------------------------- small helpers ---
-
-
-def _proc_starttime(pid: int | None) -> int | None:
-    """Start time of a live (non-zombie) process; None if there is none with that PID."""
-    if not pid:
-        return None
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
 
 
 def _id_map_covers(path: Path, lo: int, hi: int) -> bool:
@@ -71,7 +58,7 @@ def _failure_detail(report: Mapping[str, Any]) -> str:
 
 
 def _alive(pid: int | None, start: int | None) -> bool:
-    return bool(pid) and start is not None and _proc_starttime(pid) == start
+    return pid is not None and pid > 0 and start is not None and proc_starttime(pid) == start
 
 
 def _kill_verified(pid: int | None, start: int | None) -> None:
