@@ -38,6 +38,7 @@ from benchwright.devstack import free_port, temporal_binary
 from benchwright.settings import Settings
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
+from benchwright.teardown import reap_stack
 from benchwright.temporal_ui import SEARCH_ATTRIBUTES
 from benchwright.testkit.k8s_double import K8sDouble
 from benchwright.testkit.moto_s3 import MotoS3, start_moto_s3
@@ -138,6 +139,11 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: 
             yield http, workers, env.client, dev_url
     finally:
         workers.stop_all()
+        # A SIGKILLed worker's sandboxes outlive it (their inits are daemons) until someone reaps its data dir, as
+        # `benchwright up` does at its next start: do that here so no test leaves a process behind.
+        for data_dir in sorted(tmp_path.glob("worker-*")):
+            if data_dir.is_dir():
+                await asyncio.to_thread(reap_stack, data_dir=data_dir, workers_timeout_s=5, others_timeout_s=5)
         server.should_exit = True
         await task
         await k8s.stop()
