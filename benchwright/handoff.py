@@ -1,8 +1,8 @@
 """Phase hand-off through the blob store and the event log, so a run's phases can land on workers on any host.
 
 Phases hand each other files in the run's work directory (the dataset, ``fetch.json``, ``tasks.jsonl``,
-``analysis.json``, ``task_impl.py``...; snapshot ids are in SnapshotCreated events). That directory is only a *cache* on the worker that
-holds the phase; the truth is the log:
+``analysis.json``, ``task_impl.py``...; snapshot ids are in SnapshotCreated events). That directory is only a
+*cache* on the worker that holds the phase; the truth is the log:
 
 * when a phase invocation completes, :func:`publish` puts every file of the work directory into the blob store
   (content-addressed: an unchanged file costs a hash, not an upload) and returns a ``WorkFilesRecorded`` event
