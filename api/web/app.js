@@ -1,10 +1,12 @@
-// The dashboard's shell: sign-in, the header, and hash routing (#/signin, #/runs, #/runs/<id>).
+// The dashboard's shell: sign-in, the header, and hash routing (#/signin, #/runs, #/runs/<id>, #/benchmarks,
+// #/subsets/<id>).
 // Each view is a function (root, params) returning a cleanup function, called when the route changes.
 
 import { api, auth, ApiError } from "./api.js";
 import { h } from "./dom.js";
 import { runsView } from "./runs.js";
 import { runView } from "./run.js";
+import { benchmarksView, subsetView } from "./registry.js";
 
 const main = document.getElementById("main");
 const who = document.getElementById("who");
@@ -63,6 +65,8 @@ function route() {
   }
   showAccount();
   if (parts[0] === "runs" && parts[1]) cleanup = runView(main, decodeURIComponent(parts[1]));
+  else if (parts[0] === "benchmarks") cleanup = benchmarksView(main);
+  else if (parts[0] === "subsets" && parts[1]) cleanup = subsetView(main, decodeURIComponent(parts[1]));
   else cleanup = runsView(main, new URLSearchParams(query));
 }
 
