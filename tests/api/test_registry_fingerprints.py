@@ -4,6 +4,7 @@ its downloads (listed in ``egress_internal_allowed`` like an operator's mirror).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -44,7 +45,11 @@ async def origin(stack: Stack) -> AsyncIterator[Origin]:
 
     async def serve(request: Request) -> Response:
         served.downloads[request.url.path] = served.downloads.get(request.url.path, 0) + 1
-        return Response("".join(ROWS[: int(request.path_params["rows"])]), media_type="application/jsonl")
+        rows = ROWS[: int(request.path_params["rows"])]
+        name = request.path_params["name"]
+        if name.startswith("unique-"):  # bytes no other run of the session has: only this test's runs can share them
+            rows = [json.dumps({**json.loads(r), "nonce": name}) + "\n" for r in rows]
+        return Response("".join(rows), media_type="application/jsonl")
 
     port = free_port()
     server, task = await serve_app(Starlette(routes=[Route("/{rows:int}/{name}", serve)]), port)
@@ -124,7 +129,9 @@ async def test_fingerprint_is_stored_recomputed_and_ignores_noise(stack: Stack, 
 
 
 async def test_a_public_run_feeds_the_cache_and_a_private_one_never_does(stack: Stack, origin: Origin) -> None:
-    dataset = origin.dataset()
+    # Analyze and Setup key on the dataset's bytes, not its URL: a public run of the same sample elsewhere in the
+    # session would (rightly) feed this test's private runs, so its bytes are its own.
+    dataset = origin.dataset(tag=f"unique-{uuid.uuid4().hex[:8]}")
     path = httpx.URL(dataset).path
     async with stack.http() as http:
         private, events = await _run(http, {"dataset": dataset, "model": _model(stack)})
