@@ -22,7 +22,7 @@ import asyncio
 import inspect
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,11 +37,10 @@ from benchwright.sandbox.base import (
 )
 from benchwright.sandbox.remote import (
     RemoteProcess,
+    WrappedCommands,
     check_relpath,
-    exec_via_spawn,
     parse_instance_size,
     tar_of,
-    wrap_command,
 )
 
 WORKDIR = "/home/user"
@@ -50,7 +49,7 @@ _IO_LIMITS = ExecLimits(cpu_seconds=600, memory_mb=1 << 20, wall_seconds=600, ma
 _ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
-class E2BBackend:
+class E2BBackend(WrappedCommands):
     """Sandboxes as E2B micro-VMs (see the module docstring).
 
     Args:
@@ -249,23 +248,6 @@ class E2BBackend:
 
         self._keep(loop.create_task(watch()))
         return proc
-
-    async def spawn(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str],
-                    limits: ExecLimits) -> RemoteProcess:
-        wall = float(limits.wall_seconds)
-        cmd = wrap_command(argv, env=env, limits=limits, wall_seconds=wall, sandbox_memory_mb=self.memory_mb)
-        return await self._start(sandbox_id, cmd, wall_seconds=wall)
-
-    async def exec(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
-                   limits: ExecLimits, stdin: bytes | None = None) -> ExecResult:
-        wall = max(0.001, min(float(timeout_s), float(limits.wall_seconds)))
-
-        async def start(stdin_len: int | None) -> RemoteProcess:
-            cmd = wrap_command(argv, env=env, limits=limits, wall_seconds=wall, sandbox_memory_mb=self.memory_mb,
-                               stdin_bytes=stdin_len if stdin_len is not None else 0)
-            return await self._start(sandbox_id, cmd, wall_seconds=wall)
-
-        return await exec_via_spawn(start, stdin=stdin, limits=limits)
 
     # -- files and snapshots ------------------------------------------------------------------------------------
 

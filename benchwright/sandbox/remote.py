@@ -264,6 +264,34 @@ async def exec_via_spawn(start: Callable[[int | None], Awaitable[RemoteProcess]]
 
 # --------------------------------------------------------------------------------------------------------- tar ---
 
+class WrappedCommands:
+    """``spawn`` and ``exec`` for a remote backend, on top of its ``_start(sandbox_id, command, wall_seconds=)``: every
+    remote backend wraps a command the same way (``wrap_command``: environment, ulimits, wall clock) and builds
+    ``exec`` on ``spawn`` (``exec_via_spawn``). A backend sets ``memory_mb`` and implements ``_start``."""
+
+    memory_mb: int
+
+    async def _start(self, sandbox_id: str, command: list[str], *, wall_seconds: float) -> RemoteProcess:
+        raise NotImplementedError
+
+    async def spawn(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str],
+                    limits: ExecLimits) -> RemoteProcess:
+        wall = float(limits.wall_seconds)
+        cmd = wrap_command(argv, env=env, limits=limits, wall_seconds=wall, sandbox_memory_mb=self.memory_mb)
+        return await self._start(sandbox_id, cmd, wall_seconds=wall)
+
+    async def exec(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
+                   limits: ExecLimits, stdin: bytes | None = None) -> ExecResult:
+        wall = max(0.001, min(float(timeout_s), float(limits.wall_seconds)))
+
+        async def start(stdin_len: int | None) -> RemoteProcess:
+            cmd = wrap_command(argv, env=env, limits=limits, wall_seconds=wall, sandbox_memory_mb=self.memory_mb,
+                               stdin_bytes=stdin_len if stdin_len is not None else 0)
+            return await self._start(sandbox_id, cmd, wall_seconds=wall)
+
+        return await exec_via_spawn(start, stdin=stdin, limits=limits)
+
+
 def tar_of(files: Mapping[str, bytes], *, modes: Mapping[str, int] | None = None,
            base: bytes | None = None) -> bytes:
     """A tar archive of ``base``'s members (minus those ``files`` replaces) plus ``files``, with every parent

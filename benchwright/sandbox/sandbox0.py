@@ -33,7 +33,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,12 +48,11 @@ from benchwright.sandbox.base import (
 )
 from benchwright.sandbox.remote import (
     RemoteProcess,
+    WrappedCommands,
     check_relpath,
-    exec_via_spawn,
     file_from_tar,
     parse_instance_size,
     tar_of,
-    wrap_command,
 )
 
 MANAGED = {"app.kubernetes.io/managed-by": "benchwright"}
@@ -81,7 +80,7 @@ def _label_value(value: str) -> str:
     return cleaned.strip("._-") or "none"
 
 
-class Sandbox0Backend:
+class Sandbox0Backend(WrappedCommands):
     """Sandboxes as Kubernetes pods (see the module docstring).
 
     Args:
@@ -264,23 +263,6 @@ class Sandbox0Backend:
         except Exception as exc:  # ApiException, websocket errors: the command did not start
             raise SandboxError(f"cannot exec in pod {name}: {exc}") from exc
         return _ExecStream(ws, pid=next(self._pids), wall_seconds=wall_seconds).process
-
-    async def spawn(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str],
-                    limits: ExecLimits) -> RemoteProcess:
-        wall = float(limits.wall_seconds)
-        cmd = wrap_command(argv, env=env, limits=limits, wall_seconds=wall, sandbox_memory_mb=self.memory_mb)
-        return await self._start(sandbox_id, cmd, wall_seconds=wall)
-
-    async def exec(self, sandbox_id: str, argv: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
-                   limits: ExecLimits, stdin: bytes | None = None) -> ExecResult:
-        wall = max(0.001, min(float(timeout_s), float(limits.wall_seconds)))
-
-        async def start(stdin_len: int | None) -> RemoteProcess:
-            cmd = wrap_command(argv, env=env, limits=limits, wall_seconds=wall, sandbox_memory_mb=self.memory_mb,
-                               stdin_bytes=stdin_len if stdin_len is not None else 0)
-            return await self._start(sandbox_id, cmd, wall_seconds=wall)
-
-        return await exec_via_spawn(start, stdin=stdin, limits=limits)
 
     async def _io(self, name: str, argv: list[str], stdin: bytes | None = None) -> ExecResult:
         return await self.exec(name, argv, env=_POD_ENV, timeout_s=_IO_LIMITS.wall_seconds, limits=_IO_LIMITS,
