@@ -76,6 +76,19 @@ class BlobStore(Protocol):
         ...
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file and a rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class DirBlobStore:
     """Blobs as files under ``root`` (``ab/cdef…``), written atomically (temp file + rename)."""
 
@@ -92,15 +105,7 @@ class DirBlobStore:
         path = self._path(digest)
         if path.exists():
             return digest
-        path.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, data)
         return digest
 
     def _get_sync(self, digest: str) -> bytes:

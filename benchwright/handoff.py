@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from benchwright.blobs import BlobStore
+from benchwright.blobs import BlobStore, write_atomic
 from benchwright.events import WorkFilesRecorded
 from benchwright.store.models import EventRow
 
@@ -74,18 +72,6 @@ async def publish(*, engine: Engine, blobs: BlobStore, run_id: str, phase: str, 
     return WorkFilesRecorded(phase=phase, invocation=invocation, files=files)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 async def restore(*, engine: Engine, blobs: BlobStore, run_id: str, workdir: Path) -> list[str]:
     """Bring ``workdir`` to the run's newest recorded work files; returns the paths fetched."""
     fetched = []
@@ -93,7 +79,7 @@ async def restore(*, engine: Engine, blobs: BlobStore, run_id: str, workdir: Pat
         path = workdir / rel
         if path.is_file() and await asyncio.to_thread(_digest, path) == digest:
             continue
-        await asyncio.to_thread(_write_atomic, path, await blobs.get(digest))
+        await asyncio.to_thread(write_atomic, path, await blobs.get(digest))
         fetched.append(rel)
     return fetched
 
