@@ -6,10 +6,13 @@ handed straight to the proxy), and the scorer side only ever gets the proxy's UR
 proxy is one process per worker, started by the first Attach and shared, so registering costs a control-socket
 round trip (~1 ms), not a LiteLLM start-up.
 
-Then Attach proves the model is live (§2: it sits right before Atomize for this): one ``max_tokens=1`` completion
-through exactly the route the scorer's calls will take (``benchwright.sut.run_sut``). A dead endpoint, a refused
-key or an unknown model fails the phase with the provider's answer in plain words, so the run ends ``error`` at
-Attach instead of erroring every task. The probe's cost (a few tokens) is not recorded: it belongs to no task, and
+Then Attach proves the model is live (§2: it sits right before Atomize for this), through exactly the route the
+scorer's calls will take: first by asking the proxy whether the provider lists the model for the real key (its
+``GET /models``: one round trip, no tokens, no generation latency; at a 1 s endpoint this took a second off every
+run's critical path), and when it does not (no listing, a refused key, an unknown model, a LiteLLM-routed provider)
+by one ``max_tokens=1`` completion (``benchwright.sut.run_sut``). A dead endpoint, a refused key or an unknown model
+fails the phase with the provider's answer in plain words, so the run ends ``error`` at Attach instead of erroring
+every task. The probe's cost (a few tokens, when it spends any) is not recorded: it belongs to no task, and
 cost.model is the sum of the tasks' model spend.
 """
 
@@ -39,7 +42,7 @@ from benchwright.schemas import ModelSpec
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.policy import secret_value
 from benchwright.store.runs import get_run
-from benchwright.sut import probe, run_sut
+from benchwright.sut import listed_at_proxy, probe, run_sut
 
 
 async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
@@ -90,6 +93,8 @@ class AttachActivities:
     async def _probe(self, inp: PhaseInput, proxy: ProxyHandle) -> None:
         """The liveness probe; on failure the route just registered is revoked (the workflow only revokes routes of
         runs whose Attach completed) before the phase fails with the probe's plain-words error."""
+        if await listed_at_proxy(proxy):
+            return
         settings = self.deps.settings
         sut = run_sut(inp.launch.model, prices=prices_for(inp.launch.model), proxy=proxy, concurrency=1,
                       timeout_s=settings.sut_probe_timeout_s, retries=settings.sut_probe_retries)

@@ -165,8 +165,8 @@ class DevModelConfig:
         accuracy: Fraction P in [0, 1] of questions answered correctly (hash-chosen per question).
         latency_ms: Non-blocking latency added to every chat-completions request, in milliseconds.
         model_name: Id listed by ``/v1/models``. Requests naming any model are answered anyway.
-        api_key: When set, chat completions demand ``Authorization: Bearer <api_key>`` and answer 401 otherwise,
-            like a real provider (so tests can tell who holds the real key).
+        api_key: When set, chat completions and the model listing demand ``Authorization: Bearer <api_key>`` and
+            answer 401 otherwise, like a real provider (so tests can tell who holds the real key).
         known_models_only: Answer 404 ``model_not_found`` to a chat request naming a model other than
             ``model_name`` (the ``openai/`` prefix a caller routes by is never sent).
         faults: Windows of chat requests that answer an error status instead (see ``Fault``); the first
@@ -719,6 +719,10 @@ class _Handler:
         if method not in methods:
             return 405, _JSON_CONTENT_TYPE, _route_error("Method Not Allowed", method, path), b"", 0.0
         if static_body is not None:
+            if (path != b"/health" and self.expected_auth is not None
+                    and headers.get(b"authorization") != self.expected_auth):
+                # OpenAI's model listing wants the key too (what Attach's listing check relies on)
+                return 401, _JSON_CONTENT_TYPE, _error_body("Incorrect API key provided.", "invalid_api_key"), b"", 0.0
             return 200, _JSON_CONTENT_TYPE, static_body, b"", 0.0
         answer = self._chat_answer(body, headers)
         self.chat_statuses[answer[0]] = self.chat_statuses.get(answer[0], 0) + 1

@@ -204,10 +204,16 @@ class HttpPool:
         Raises:
             HttpClientError: the connection failed or the response was malformed.
         """
+        return await self._send((f"POST {self._prefix}{path} HTTP/1.1\r\n{self._fixed_headers}Content-Type: "
+                                 f"{content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1") + body)
+
+    async def get(self, path: str) -> HttpResponse:
+        """GET ``path`` (appended to the base URL's path); the same connection reuse and errors as ``post``."""
+        return await self._send(f"GET {self._prefix}{path} HTTP/1.1\r\n{self._fixed_headers}\r\n".encode("latin-1"))
+
+    async def _send(self, request: bytes) -> HttpResponse:
         if self._closed:
             raise HttpClientError("the HTTP pool is closed")
-        request = (f"POST {self._prefix}{path} HTTP/1.1\r\n{self._fixed_headers}Content-Type: {content_type}\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:

@@ -220,9 +220,30 @@ PROBE_MESSAGES = [{"role": "user", "content": "Reply with one word: ready"}]
 PROBE_PARAMS: dict[str, Any] = {"max_tokens": 1}
 
 
+LISTING_TIMEOUT_S = 15.0
+
+
+async def listed_at_proxy(proxy: ProxyHandle) -> bool:
+    """Whether the provider lists the run's model when its credential proxy asks with the real key (the proxy's
+    ``/v1/benchwright/listing``): one ``GET /models`` round trip, no tokens spent, none of a completion's latency.
+    A yes proves what the probe is for (the endpoint answers, takes the key, knows the model); anything else
+    (no listing, an error, a LiteLLM-routed provider, the proxy itself not answering) is a no, and the caller
+    falls back to ``probe``'s completion, whose error is the one to report."""
+    pool = HttpPool(f"http://127.0.0.1:{proxy.port}", headers={"Authorization": f"Bearer {proxy.fake_key}"},
+                    max_idle=1)
+    try:
+        resp = await asyncio.wait_for(pool.get("/v1/benchwright/listing"), LISTING_TIMEOUT_S)
+        return resp.status == 200 and json.loads(resp.body).get("listed") is True
+    except (HttpClientError, TimeoutError, ValueError, AttributeError):
+        return False
+    finally:
+        await pool.aclose()
+
+
 async def probe(sut: SutClient, *, spec: ModelSpec) -> None:
     """One cheap completion (``max_tokens=1``) through ``sut``: proof that the model is live before a run spends
-    anything on it. The client's own retries cover 429/5xx at probe time.
+    anything on it. The client's own retries cover 429/5xx at probe time. (Attach first asks
+    ``listed_at_proxy``, which answers the same question without a completion for providers that list models.)
 
     A ``rejected`` answer (400/422: e.g. a model that wants ``max_completion_tokens``) passes: the endpoint
     answered, took the key and knows the model, which is all the probe is for.

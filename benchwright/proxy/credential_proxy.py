@@ -55,6 +55,10 @@ UPSTREAM_TIMEOUT_S = 600.0
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 MODELS_PATHS = ("/v1/models", "/models")
+LISTING_PATH = "/v1/benchwright/listing"
+"""Attach's cheap liveness check (``benchwright.sut.listed_at_proxy``): whether the provider, asked with the real
+key, lists the route's model (its ``GET /models``: one round trip, no tokens, no generation latency)."""
+LISTING_TIMEOUT_S = 10.0
 FAILURE_HEADER = "x-benchwright-failure"
 """Set on a 502/504 the proxy answers itself: ``unreachable``, ``server`` or ``timeout`` (the upstream's fault, not
 the proxy's), so the caller classifies it as if it had called the provider directly."""
@@ -167,6 +171,8 @@ class CredentialProxy:
         if route is None:
             return error_answer(401, "invalid key: not a key of a running run (a run's key stops working when "
                                      "the run ends)", code="invalid_api_key")
+        if path == LISTING_PATH and method == "GET":
+            return await self._listing(route)
         if path in MODELS_PATHS and method == "GET":
             return Answer(200, json.dumps({"object": "list", "data": [
                 {"id": route.model_name, "object": "model", "owned_by": "benchwright"}]}).encode())
@@ -191,6 +197,24 @@ class CredentialProxy:
         answer = await call(route, request)
         route.calls += 1
         return answer
+
+    async def _listing(self, route: Route) -> Answer:
+        """``{"listed": bool, "status": int | None}``: whether the provider's ``GET /models`` (asked with the real
+        key) answered 200 and named the route's model. ``listed: false`` says nothing about why (no such route, a
+        refused key, an unknown model, a provider without a listing, a LiteLLM-routed provider): the caller then
+        spends a one-token completion, whose error is the one worth reporting."""
+        if route.kind != "openai" or route.pool is None:
+            return Answer(200, b'{"listed": false, "status": null}')
+        try:
+            resp = await asyncio.wait_for(route.pool.get("/models"), LISTING_TIMEOUT_S)
+        except (HttpClientError, TimeoutError):
+            return Answer(200, b'{"listed": false, "status": null}')
+        listed = False
+        if resp.status == 200:
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                data = json.loads(resp.body).get("data")
+                listed = any(isinstance(m, dict) and m.get("id") == route.upstream_model for m in data)
+        return Answer(200, json.dumps({"listed": listed, "status": resp.status}).encode())
 
     async def _openai(self, route: Route, request: dict[str, Any]) -> Answer:
         assert route.pool is not None

@@ -1,6 +1,6 @@
 """A dead or misconfigured model endpoint must not read as success (issue 15 item 9a), on the real stack.
 
-Attach's probe fails the run at Attach in plain words; a model that breaks mid-run (401 from the second call on)
+Attach's probe fails the run at Attach in plain words; a model that breaks mid-run (401 from the second completion on)
 halts the run ``sut_unavailable`` instead of erroring every task; 5xx for good still makes per-task ``err`` rows
 (transient faults do not trip the breaker); 429 with ``Retry-After`` is waited out and the tasks pass.
 """
@@ -68,38 +68,41 @@ async def test_key_refused_mid_run_halts_sut_unavailable(stack: Stack, dev_model
     assert final["halted"] and final["display_status"] == "halted"
     assert final["halt_reason"].startswith("sut_unavailable: the provider refused the key (HTTP 401)")
     assert f"{threshold} model calls in a row failed" in final["halt_reason"]
-    # The probe passed (call 0); the failures before the trip are err rows, the rest never became results.
+    # Attach's check was the provider's model listing (no completion); call 0 was a task's and passed, the failures
+    # before the trip are err rows, the rest never became results.
     errored = final["tasks"]["summary"]["errored"]
-    assert errored < threshold and final["tasks"]["summary"]["passed"] == 0
+    assert errored < threshold and final["tasks"]["summary"]["passed"] == 1
     assert server.chat_statuses[200] == 1
     halts = [e["data"]["halt_reason"] for e in events if e["type"] == "RunHalted"]
     assert halts == [final["halt_reason"]]
 
 
-async def test_5xx_for_good_after_the_probe_errs_each_task_with_the_status(
+async def test_5xx_for_good_after_attach_errs_each_task_with_the_status(
         stack: Stack, dev_models: DevModels) -> None:
-    url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(503, first=1),)))
+    # The provider lists the model (Attach passes without a completion), then answers every completion 503.
+    url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(503, first=0),)))
     server = dev_models.servers[-1]
     final, _ = await _run(stack, {"identifier": "openai/dev", "api_base": url})
     summary = final["tasks"]["summary"]
     assert final["status"] == "ok" and not final["halted"]  # transient faults never trip the breaker
     assert summary["errored"] == TASKS and summary["pass_rate"] is None
     # every task's call: one try and sut_retries retries, all 503
-    assert server.chat_statuses == {200: 1, 503: TASKS * (stack.settings.sut_retries + 1)}
+    assert server.chat_statuses == {503: TASKS * (stack.settings.sut_retries + 1)}
     async with stack.http() as http:
         detail = (await http.get(f"/v1/runs/{final['id']}/tasks/0")).json()
     assert "answered HTTP 503" in detail["trials"][0]["error"]
 
 
 async def test_429_with_retry_after_is_waited_out_and_tasks_pass(stack: Stack, dev_models: DevModels) -> None:
-    # The probe is call 0; every task's first call (1..60) is told to come back in 1 s.
+    # Attach spends no completion (the provider lists the model); every task's first call (0..59) is told to come
+    # back in 1 s.
     url = await dev_models.start(DevModelConfig(answers=_answers(),
-                                                faults=(Fault(429, first=1, count=TASKS, retry_after="1"),)))
+                                                faults=(Fault(429, first=0, count=TASKS, retry_after="1"),)))
     server = dev_models.servers[-1]
     final, events = await _run(stack, {"identifier": "openai/dev", "api_base": url})
     summary = final["tasks"]["summary"]
     assert final["status"] == "ok" and summary["passed"] == TASKS and summary["errored"] == 0
-    assert server.chat_statuses == {200: 1 + TASKS, 429: TASKS}
+    assert server.chat_statuses == {200: TASKS, 429: TASKS}
     done = {e["data"]["phase"]: e["data"]["duration_ms"] for e in events if e["type"] == "PhaseCompleted"}
     assert done["materialize"] >= 1000  # Retry-After was honoured (the backoff alone waits ~0.2 s)
 
@@ -114,7 +117,7 @@ def _cli_run(stack: Stack, *args: str) -> Any:
 
 
 async def test_cli_run_watch_says_plainly_when_every_task_errored(stack: Stack, dev_models: DevModels) -> None:
-    url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(503, first=1),)))
+    url = await dev_models.start(DevModelConfig(answers=_answers(), faults=(Fault(503, first=0),)))
     # The CLI is synchronous; the stack serves it from this event loop while it runs in a thread.
     result = await asyncio.to_thread(_cli_run, stack, "--api-base", url)
     assert result.exit_code == 1, result.output

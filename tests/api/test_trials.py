@@ -132,12 +132,12 @@ async def test_unloadable_task_impl_fails_atomize_with_a_clear_error(stack: Stac
 
 
 async def test_sut_failure_for_good_is_err(stack: Stack, dev_models: DevModels) -> None:
-    # Live at Attach's probe (call 0), then every call answers 500 through its retries: each task is err. (A dead
-    # endpoint fails Attach instead, and a refused key halts the run: tests/api/test_sut_faults.py.)
+    # Live at Attach (the provider lists the model), then every completion answers 500 through its retries: each
+    # task is err. (A dead endpoint fails Attach instead, and a refused key halts the run: tests/api/test_sut_faults.py.)
     from benchwright.devmodel import DevModelConfig, Fault, load_answers
 
     url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl"),
-                                                faults=(Fault(500, first=1),)))
+                                                faults=(Fault(500, first=0),)))
     async with stack.http() as http:
         run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": url}})
         await wait_terminal(http, run["id"])

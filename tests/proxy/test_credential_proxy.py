@@ -27,7 +27,7 @@ from benchwright.proxy.model_proxy import (
     stop_owned_proxies,
 )
 from benchwright.schemas import ModelSpec
-from benchwright.sut import SutError, run_sut
+from benchwright.sut import SutError, listed_at_proxy, run_sut
 
 pytestmark = pytest.mark.asyncio
 KEY_A = "sk-real-a-" + "1" * 24
@@ -187,3 +187,24 @@ async def test_the_reaper_revokes_routes_of_ended_runs_and_stops_the_proxy_with_
                                    finished_at=finished.__getitem__, linger_s=30, everything=True) == 1
     assert proc_starttime(running.pid) is None and list(runs.glob("*/proxy.json")) == []
     assert not Path(running.control or "").parent.exists(), "its control directory is gone too"
+
+
+async def test_the_listing_check_asks_the_provider_with_the_real_key_and_spends_no_completion(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    listed = ModelSpec(identifier="openai/dev", api_base=a.url)
+    cases = {
+        "listed": (listed, KEY_A, True),
+        "wrong-key": (listed, KEY_B, False),  # the provider answers the listing 401
+        "no-key": (listed, None, False),
+        "unlisted-model": (ModelSpec(identifier="openai/gpt-nope", api_base=a.url), KEY_A, False),
+        "dead-endpoint": (ModelSpec(identifier="openai/dev", api_base=f"http://127.0.0.1:{free_port()}/v1"), KEY_A,
+                          False),
+    }
+    for run_id, (spec, secret, expected) in cases.items():
+        handle = await asyncio.to_thread(_register, tmp_path, run_id, spec, secret, registry)
+        assert await listed_at_proxy(handle) is expected, run_id
+    assert a.chat_statuses == {}, "the check is a listing, not a completion"
+    handle = await asyncio.to_thread(_register, tmp_path, "ended", listed, KEY_A, registry)
+    await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "ended")
+    assert await listed_at_proxy(handle) is False, "a revoked route lists nothing"
