@@ -1,18 +1,18 @@
 """Analyze: detect rows, columns and splits and normalize to tasks.jsonl; the Driver picks the scorer shape and the
 subset the prompt scopes (§7, §13) → [SyntheticSubsetCreated], AnalyzeArtifact{template, fields},
-DatasetTasksArtifact{count}."""
+DatasetTasksArtifact{count}. Which work file is the dataset, and its format, come from the run's FetchArtifact."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from temporalio import activity
 
 from activities.common import Deps, PhaseScope, in_thread, phase
-from activities.driving import driver_context, no_decision, take_request
+from activities.driving import driver_context, no_decision, require_event, take_request
 from activities.find import with_found_scorer
 from activities.phase_cache import PhaseCache, analyze_input_hash
+from benchwright import handoff
 from benchwright.datasets import (
     analyze_dataset,
     iter_task_rows,
@@ -25,6 +25,7 @@ from benchwright.events import (
     AgentTextEvent,
     AnalyzeArtifact,
     DatasetTasksArtifact,
+    FetchArtifact,
     SyntheticSubsetCreated,
 )
 from benchwright.pipeline import PhaseInput, PhaseResult
@@ -44,8 +45,10 @@ class AnalyzeActivities:
             else:
                 cache.begin()
                 workdir = self.deps.workdir(inp.run_id)
-                fetched = json.loads((workdir / "fetch.json").read_text())
-                count = await self._analyze(inp, scope, source=workdir / fetched["path"], fmt=fetched["format"],
+                fetched = await require_event(self.deps, inp.run_id, FetchArtifact, needed_by="Analyze")
+                name = handoff.dataset_file(fetched, await in_thread(handoff.latest_files, self.deps.engine,
+                                                                     inp.run_id))
+                count = await self._analyze(inp, scope, source=workdir / name, fmt=fetched["format"],
                                             tasks=workdir / "tasks.jsonl")
                 if count is not None:  # None: the Driver asked for a restart or a review
                     await cache.record(scope, tasks=count)

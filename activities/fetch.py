@@ -1,5 +1,6 @@
 """Fetch: copy the dataset into the run's work directory, and make the first work-sandbox snapshot hold it →
-FetchArtifact{source, sha256, bytes}, SnapshotCreated(fetch).
+FetchArtifact{source, sha256, bytes, format, file}, SnapshotCreated(fetch). The artifact is how the phases after
+Fetch (on any worker) learn which work file is the dataset and its format: nothing is written beside it.
 
 The worker does the fetching outside any sandbox, so the source is untrusted input: the account's host policy,
 the internal-address refusal, the operator's endpoints and the local-path rules all apply here
@@ -14,7 +15,6 @@ snapshot it pinned, copied from the blob store.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import httpx
@@ -85,11 +85,10 @@ class FetchActivities:
                     where, access = await in_thread(fetch_source, source, access, self.deps.settings)
                     fetched = await in_thread(fetch_dataset, source=where, dest_dir=workdir, access=access,
                                               on_refused=on_refused)
-                (workdir / "fetch.json").write_text(json.dumps({"path": fetched.path.name, "format": fetched.format}))
                 await snapshot_files(self.deps, {fetched.path.name: await in_thread(fetched.path.read_bytes)},
                                      run_id=inp.run_id, phase="fetch", invocation=inp.invocation)
                 scope.emit("artifact", FetchArtifact(source=source, sha256=fetched.sha256, bytes=fetched.bytes,
-                                                     format=fetched.format))
+                                                     format=fetched.format, file=fetched.path.name))
                 detail = {"bytes": fetched.bytes}
                 await cache.record(scope, detail=detail)
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, detail=detail, control=scope.control)

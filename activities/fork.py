@@ -4,8 +4,8 @@ the run from the parent: the parent's events before the rewind point copied with
 work-directory state and snapshot ids, then PhaseStarted(fork), ForkDecided and PhaseCompleted(fork), all in one
 transaction so the copies follow RunLaunched directly.
 
-The parent's state is read from its work directory on this worker's data dir (the single-host embedded stack);
-the registry's blob store (issue 9's phase cache cells) is the seam for workers on other hosts.
+The parent's state comes from the store, on any worker: its events (what Fetch fetched, the analysis, the snapshot
+ids) are copied into the fork's log, and its work files are restored from its WorkFilesRecorded and the blob store.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from benchwright.forks import (
     cut_point,
     default_rewind,
     inherited_copies,
+    inherited_files,
     inherited_phases,
     interpret_instructions,
     model_binding,
@@ -80,10 +81,12 @@ class ForkActivities:
         cut = cut_point(parent_log, rewind)
         copies = inherited_copies(parent_log, parent_run_id=spec.parent_run_id, cut=cut,
                                   rebind=model_binding(launch.model) if "attach" in inherited else None)
+        carried = inherited_files(inherited=inherited, events=parent_log, cut=cut,
+                                  parent_files=handoff.latest_files(self.deps.engine, spec.parent_run_id))
         parent_dir = self.deps.workdir(spec.parent_run_id)  # a cache of the parent's files, on any host
         asyncio.run(handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=spec.parent_run_id,
                                     workdir=parent_dir))  # this runs in a worker thread (in_thread)
-        copy_workdir(parent=parent_dir, fork=self.deps.workdir(inp.run_id), inherited=inherited)
+        copy_workdir(parent=parent_dir, fork=self.deps.workdir(inp.run_id), names=carried)
         key = ("fork", inp.invocation)
         files = asyncio.run(handoff.publish(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id,
                                             phase="fork", invocation=inp.invocation,

@@ -88,6 +88,10 @@ class FetchArtifact(Event):
     sha256: str
     bytes: int
     format: str
+    file: str | None = None
+    """The dataset's file name in the run's work directory, where the phases after Fetch find it (None in artifacts
+    recorded before Fetch named it: then it is the work file whose blob id is ``sha256``, ``handoff.dataset_file``).
+    Not load-bearing: the bytes' sha256 is."""
 
 
 class AnalyzeArtifact(Event):

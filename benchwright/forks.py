@@ -16,7 +16,6 @@ run row's ids when the registry has set them, and from the run's own artifacts o
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from typing import Any
 
 from benchwright.drivers.base import DriverFailed
 from benchwright.errors import InvalidInput
+from benchwright.handoff import dataset_file
 from benchwright.schemas import (
     PHASES,
     REWIND_POINTS,
@@ -48,9 +48,6 @@ OVERRIDE_NEEDS: dict[str, str] = {
 """Override -> the latest rewind point that still lets it take effect (the phase that consumes it)."""
 RESULT_TYPES = frozenset({"MaterializeTaskResult", "MaterializeTaskAggregated"})
 """Results are never inherited: a fork's sweep is its own."""
-SNAPSHOT_PHASES = ("fetch", "setup", "atomize")
-OPTIONAL_FILES = ("analysis.json",)
-"""Work-directory files an older Analyze left (today's reads the AnalyzeArtifact from the log, copied above)."""
 
 
 def _order(phase: str) -> int:
@@ -237,42 +234,50 @@ def tasks_total(copies: list[tuple[str, str, dict[str, Any]]]) -> int | None:
 # -- the work directory ----------------------------------------------------------------------------------------------
 
 
-def copy_workdir(*, parent: Path, fork: Path, inherited: list[str]) -> list[str]:
-    """Put the parent's work-directory state of the inherited phases into the fork's: the fetched dataset and
-    fetch.json (Fetch), tasks.jsonl (Analyze), task_impl.py (Atomize), and the snapshot ids of
-    the inherited phases (snapshots.json), so each later phase restores the snapshot it would have in the parent.
-    Snapshots are content-addressed: the ids are shared, nothing is copied. Returns the file names copied.
+def inherited_files(*, inherited: list[str], events: list[LoggedEvent], cut: int,
+                    parent_files: Mapping[str, str]) -> list[str]:
+    """The parent's work files a fork carries over for the phases it inherits: the fetched dataset (Fetch), named by
+    the parent's last FetchArtifact before ``cut``, tasks.jsonl (Analyze) and task_impl.py (Atomize). Everything
+    else a later phase needs of them is in the inherited events (AnalyzeArtifact, SnapshotCreated...), read from
+    the fork's own log, never from a file.
+
+    Args:
+        events: The parent's log, as ``cut_point`` read it.
+        parent_files: The parent's recorded work files (path -> blob id, ``handoff.latest_files``), for an artifact
+            recorded before Fetch named its file.
 
     Raises:
-        InvalidInput: ``parent_state_missing`` when the parent's work directory lacks what a phase left there.
+        InvalidInput: ``parent_state_missing`` when the parent's log before the cut holds no FetchArtifact.
     """
-    fork.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
     if "fetch" in inherited:
-        fetched = json.loads(_need(parent / "fetch.json").read_text())
-        names += ["fetch.json", fetched["path"]]
+        fetched = next((e.data for e in reversed(events) if e.seq < cut and e.type == "FetchArtifact"), None)
+        if fetched is None:
+            raise InvalidInput("the parent run's log has no FetchArtifact, so a fork cannot inherit its Fetch",
+                               code="parent_state_missing")
+        names.append(dataset_file(fetched, parent_files))
     if "analyze" in inherited:
         names.append("tasks.jsonl")
-        names += [n for n in OPTIONAL_FILES if (parent / n).exists()]
     if "atomize" in inherited:
         names.append("task_impl.py")
-    for name in names:
-        tmp = fork / f".{name}.part"
-        shutil.copyfile(_need(parent / name), tmp)
-        os.replace(tmp, fork / name)
-    snapshots_path = parent / "snapshots.json"
-    known = json.loads(snapshots_path.read_text()) if snapshots_path.exists() else {}
-    kept = {phase: snap for phase, snap in known.items() if phase in inherited and phase in SNAPSHOT_PHASES}
-    (fork / ".snapshots.part").write_text(json.dumps(kept))
-    os.replace(fork / ".snapshots.part", fork / "snapshots.json")
     return names
 
 
-def _need(path: Path) -> Path:
-    if not path.exists():
-        raise InvalidInput(f"the parent run's work state {path.name} is not on this worker (a fork reads it from "
-                           "the parent's work directory)", code="parent_state_missing")
-    return path
+def copy_workdir(*, parent: Path, fork: Path, names: list[str]) -> None:
+    """Copy the work files ``names`` (``inherited_files``) from the parent's work directory into the fork's.
+
+    Raises:
+        InvalidInput: ``parent_state_missing`` when the parent's work directory lacks one of them.
+    """
+    fork.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        source = parent / name
+        if not source.exists():
+            raise InvalidInput(f"the parent run's work file {name} is in none of its recorded work files (a fork "
+                               "copies them from the parent's WorkFilesRecorded)", code="parent_state_missing")
+        tmp = fork / f".{name}.part"
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, fork / name)
 
 
 # -- shapes ---------------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Phase hand-off through the blob store and the event log, so a run's phases can land on workers on any host.
 
-Phases hand each other files in the run's work directory (the dataset, ``fetch.json``, ``tasks.jsonl``,
-``analysis.json``, ``task_impl.py``...; snapshot ids are in SnapshotCreated events). That directory is only a
-*cache* on the worker that holds the phase; the truth is the log:
+Phases hand each other files in the run's work directory (the dataset, ``tasks.jsonl``, ``task_impl.py``...);
+what they know *about* those files is in the run's events, never in a file beside them: the dataset's name and
+format in Fetch's FetchArtifact (:func:`dataset_file`), the analysis in AnalyzeArtifact, snapshot ids in
+SnapshotCreated. The work directory is only a *cache* on the worker that holds the phase; the truth is the log:
 
 * when a phase invocation completes, :func:`publish` puts every file of the work directory into the blob store
   (content-addressed: an unchanged file costs a hash, not an upload) and returns a ``WorkFilesRecorded`` event
@@ -20,27 +21,27 @@ proxy with it (the proxy dies with its worker by design).
 from __future__ import annotations
 
 import asyncio
-import hashlib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from benchwright.blobs import BlobStore, write_atomic
+from benchwright.digests import file_digests
+from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
 from benchwright.store.models import EventRow
 
-_CHUNK = 1 << 20
 NOT_HANDED_OFF = frozenset({"proxy.json"})
 """Worker-local state: the model proxy's process handle."""
 
 
 def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    """Hashed once while the file is unchanged (``benchwright.digests``): a phase's start and end used to re-read
+    the 52 MB dataset and task list of the re-run bench each time, ~0.8 s of its run."""
+    return file_digests.sha256(path)
 
 
 def _listing(workdir: Path) -> dict[str, Path]:
@@ -84,4 +85,25 @@ async def restore(*, engine: Engine, blobs: BlobStore, run_id: str, workdir: Pat
     return fetched
 
 
-__all__ = ["NOT_HANDED_OFF", "latest_files", "publish", "restore"]
+def dataset_file(fetched: Mapping[str, Any], files: Mapping[str, str]) -> str:
+    """The work file that holds the dataset a FetchArtifact describes (``fetched``: its data).
+
+    The artifact names it (``file``). One recorded before Fetch named it is matched by content instead: a blob id is
+    the sha256 of the bytes, so the dataset is the work file (``files``: path -> blob id, as ``latest_files``
+    returns them) whose id is the artifact's ``sha256``; of several (tasks.jsonl may hold the same bytes), Fetch's
+    own ``dataset.*``.
+
+    Raises:
+        InvalidInput: ``dataset_file_missing`` when no work file holds those bytes.
+    """
+    if fetched.get("file"):
+        return str(fetched["file"])
+    sha = fetched.get("sha256")
+    same = [path for path, digest in files.items() if digest == sha and "/" not in path]
+    if not same:
+        raise InvalidInput(f"no work file of the run holds the fetched dataset (sha256 {sha}); fetch it again",
+                           code="dataset_file_missing")
+    return min(same, key=lambda path: (not path.startswith("dataset."), path))
+
+
+__all__ = ["NOT_HANDED_OFF", "dataset_file", "latest_files", "publish", "restore"]

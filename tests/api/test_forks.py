@@ -5,7 +5,6 @@ recomputed" is measured, not assumed)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -154,7 +153,8 @@ async def test_fork_at_atomize_with_a_replacement_scorer(stack: Stack, origin: O
     assert len(tasks) == 60 and all(t["score"] == 0.0 for t in tasks)
     assert final["tasks"]["summary"]["pass_rate"] == 0.0
     results = _own(events, "MaterializeTaskResult")
-    fetched = json.loads((stack.settings.runs_dir() / parent["id"] / "work" / "fetch.json").read_text())["path"]
+    fetched = _own(parent_events, "FetchArtifact")[0]["data"]["file"]  # Fetch names its file in the log, ...
+    assert not (stack.settings.runs_dir() / parent["id"] / "work" / "fetch.json").exists()  # ... nowhere else
     assert results and all(fetched in r["data"]["meta"]["files"] for r in results), results[0]["data"]["meta"]
     # The Temporal UI shows the parent.
     desc = await stack.client.get_workflow_handle(fork["id"]).describe()
@@ -185,6 +185,29 @@ async def test_fork_at_fetch_reads_a_mirror_named_in_prose_after_the_original_st
     assert decided["overrides"] == {"dataset": mirror.url} and decided["inherited"] == ["find"]
     assert "fetch the dataset from" in decided["interpreted"][0]
     assert [e["data"]["source"] for e in _own(events, "FetchArtifact")] == [mirror.url]
+
+
+async def test_fork_at_analyze_reanalyzes_the_inherited_dataset_named_by_the_log(stack: Stack, origin: Origin) -> None:
+    """Analyze finds the dataset from the FetchArtifact the fork inherited (no file on disk says which it is)."""
+    async with stack.http() as http:
+        parent = await launch(http, {"dataset": origin.url, "model": _model(stack.dev_url)})
+        _, parent_events = await _finish(http, parent["id"])
+        hits = len(origin.hits)
+        resp = await http.post(f"/v1/runs/{parent['id']}/fork", json={"rewind_to": "analyze"})
+        assert resp.status_code == 201, resp.text
+        fork = resp.json()
+        final, events = await _finish(http, fork["id"])
+    assert final["status"] == "ok" and final["tasks"]["summary"]["total"] == 60, final
+    _assert_seeded(events, parent_events, parent["id"], "analyze")
+    assert _own_phases(events)[:2] == ["fork", "analyze"] and len(origin.hits) == hits, "Analyze ran, Fetch did not"
+    assert not _own(events, "PhaseCacheHit"), "the fork's Analyze did the work"
+    inherited = [e["data"] for e in events if e["type"] == "FetchArtifact"]
+    assert len(inherited) == 1 and inherited[0]["inherited_from"]["run_id"] == parent["id"]
+    assert inherited[0]["file"] == "dataset.jsonl"
+    own, theirs = _own(events, "AnalyzeArtifact"), _own(parent_events, "AnalyzeArtifact")
+    assert [a["data"] for a in own] == [a["data"] for a in theirs]
+    for run_id in (parent["id"], fork["id"]):
+        assert not (stack.settings.runs_dir() / run_id / "work" / "fetch.json").exists()
 
 
 async def test_prose_the_builtin_driver_cannot_read_fails_the_fork_phase(stack: Stack) -> None:
