@@ -75,6 +75,18 @@ class BlobStore(Protocol):
         """Whether blob ``digest`` is in the store."""
         ...
 
+    def put_sync(self, data: bytes) -> str:
+        """``put`` for code already off the event loop (a worker thread: the registry's blob store)."""
+        ...
+
+    def get_sync(self, digest: str) -> bytes:
+        """``get`` for code already off the event loop; raises as ``get`` does."""
+        ...
+
+    def exists_sync(self, digest: str) -> bool:
+        """``exists`` for code already off the event loop."""
+        ...
+
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file and a rename: a reader never sees half a file."""
@@ -100,7 +112,7 @@ class DirBlobStore:
     def _path(self, digest: str) -> Path:
         return self.root / digest[:2] / digest[2:]
 
-    def _put_sync(self, data: bytes) -> str:
+    def put_sync(self, data: bytes) -> str:
         digest = blob_id(data)
         path = self._path(digest)
         if path.exists():
@@ -108,21 +120,24 @@ class DirBlobStore:
         write_atomic(path, data)
         return digest
 
-    def _get_sync(self, digest: str) -> bytes:
+    def get_sync(self, digest: str) -> bytes:
         try:
             data = self._path(_check_id(digest)).read_bytes()
         except FileNotFoundError:
             raise BlobNotFound(f"no blob {digest} in {self.url}") from None
         return _verified(digest, data)
 
+    def exists_sync(self, digest: str) -> bool:
+        return _DIGEST.match(digest) is not None and self._path(digest).exists()
+
     async def put(self, data: bytes) -> str:
-        return await asyncio.to_thread(self._put_sync, data)
+        return await asyncio.to_thread(self.put_sync, data)
 
     async def get(self, digest: str) -> bytes:
-        return await asyncio.to_thread(self._get_sync, digest)
+        return await asyncio.to_thread(self.get_sync, digest)
 
     async def exists(self, digest: str) -> bool:
-        return _DIGEST.match(digest) is not None and self._path(digest).exists()
+        return self.exists_sync(digest)
 
 
 class S3BlobStore:
@@ -168,7 +183,7 @@ class S3BlobStore:
         key = f"{digest[:2]}/{digest[2:]}"
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _put_sync(self, data: bytes) -> str:
+    def put_sync(self, data: bytes) -> str:
         digest = blob_id(data)
         try:
             self._client.put_object(Bucket=self.bucket, Key=self._key(digest), Body=data)
@@ -176,7 +191,7 @@ class S3BlobStore:
             raise BlobError(f"cannot store blob {digest} in {self.url}: {exc}") from exc
         return digest
 
-    def _get_sync(self, digest: str) -> bytes:
+    def get_sync(self, digest: str) -> bytes:
         from botocore.exceptions import ClientError
 
         try:
@@ -188,9 +203,11 @@ class S3BlobStore:
             raise BlobError(f"cannot read blob {digest} from {self.url}: {exc}") from exc
         return _verified(digest, data)
 
-    def _exists_sync(self, digest: str) -> bool:
+    def exists_sync(self, digest: str) -> bool:
         from botocore.exceptions import ClientError
 
+        if not _DIGEST.match(digest):
+            return False
         try:
             self._client.head_object(Bucket=self.bucket, Key=self._key(digest))
         except ClientError:
@@ -198,13 +215,13 @@ class S3BlobStore:
         return True
 
     async def put(self, data: bytes) -> str:
-        return await asyncio.to_thread(self._put_sync, data)
+        return await asyncio.to_thread(self.put_sync, data)
 
     async def get(self, digest: str) -> bytes:
-        return await asyncio.to_thread(self._get_sync, digest)
+        return await asyncio.to_thread(self.get_sync, digest)
 
     async def exists(self, digest: str) -> bool:
-        return _DIGEST.match(digest) is not None and await asyncio.to_thread(self._exists_sync, digest)
+        return _DIGEST.match(digest) is not None and await asyncio.to_thread(self.exists_sync, digest)
 
 
 def open_blob_store(url: str, *, endpoint_url: str | None = None) -> BlobStore:
