@@ -28,9 +28,11 @@ from benchwright.events import (
     SandboxCreated,
     SandboxKilled,
 )
+from benchwright.model_access import ModelAccess, check_api_base
 from benchwright.pipeline import FinishInput, PhaseInput, PhaseResult
 from benchwright.prices import prices_for
 from benchwright.procreg import ProcessRegistry
+from benchwright.proxy.addresses import parse_endpoints
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
     load_handle,
@@ -39,23 +41,39 @@ from benchwright.proxy.model_proxy import (
 )
 from benchwright.proxy_config import litellm_config_yaml, secret_env_name
 from benchwright.schemas import ModelSpec
+from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.policy import secret_value
+from benchwright.store.policy import get_policy, record_blocked, secret_value
 from benchwright.store.runs import get_run
 from benchwright.sut import listed_at_proxy, probe, run_sut
 
 
+def _checked_address(deps: Deps, *, run_id: str, account_id: str, api_base: str) -> str | None:
+    """The address the run's calls to ``api_base`` go to, after the account's host policy and the internal-address
+    refusal (``benchwright.model_access``); a refused host lands in the blocked-host log."""
+    settings = deps.settings
+    account = get_account(deps.engine, account_id=account_id)
+    access = ModelAccess(policy=get_policy(deps.engine, account_id=account_id),
+                         internal_allowed=parse_endpoints(settings.model_internal_allowed),
+                         trusted_local=settings.allow_local_paths and account.local_paths)
+    return check_api_base(api_base, access, on_refused=lambda host: record_blocked(
+        deps.engine, run_id=run_id, account_id=account_id, host=host))
+
+
 async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
-    """Register the run's route (with its real key, read here and handed over in the same thread call)."""
+    """Check where the run's calls go, then register its route (with its real key, read here and handed over in
+    the same thread call)."""
 
     def register() -> ProxyHandle:
+        run = get_run(deps.engine, run_id=run_id)
+        address = _checked_address(deps, run_id=run_id, account_id=run.account_id, api_base=spec.api_base) \
+            if spec.api_base else None
         value = None
         if spec.secret is not None:
-            run = get_run(deps.engine, run_id=run_id)
             value = secret_value(deps.engine, account_id=run.account_id, name=spec.secret)
         return start_model_proxy(run_dir=deps.run_dir(run_id), spec=spec, secret_value=value,
                                  registry=ProcessRegistry(deps.settings.data_dir),
-                                 linger_s=deps.settings.proxy_linger_s)
+                                 linger_s=deps.settings.proxy_linger_s, connect_address=address)
 
     return await in_thread(register)
 

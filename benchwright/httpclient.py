@@ -170,14 +170,18 @@ class HttpPool:
         max_idle: Connections kept open between requests.
         ssl_context: For ``https``; the system's default trust store if not given.
         connect_timeout_s: Bound on establishing a connection (the caller bounds the whole request).
+        connect_address: Connect to this IP address instead of resolving the URL's host (an address a policy
+            check approved); the ``Host`` header and the TLS server name stay the URL's.
     """
 
     def __init__(self, base_url: str, *, headers: dict[str, str] | None = None, max_idle: int = 128,
-                 ssl_context: ssl.SSLContext | None = None, connect_timeout_s: float = 30.0) -> None:
+                 ssl_context: ssl.SSLContext | None = None, connect_timeout_s: float = 30.0,
+                 connect_address: str | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self._host = parts.hostname
+        self._connect_to = connect_address or parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         self._prefix = parts.path.rstrip("/")
@@ -243,7 +247,7 @@ class HttpPool:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    _Connection, self._host, self._port, ssl=self._ssl,
+                    _Connection, self._connect_to, self._port, ssl=self._ssl,
                     server_hostname=self._host if self._ssl else None)
         except TimeoutError:
             raise HttpConnectError(f"connecting to {self._host}:{self._port} timed out") from None

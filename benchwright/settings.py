@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     egress_internal_allowed: list[str] = Field(default_factory=list)
     """``host:port`` endpoints on internal addresses that sandboxes may reach through the egress proxy (an internal
     package mirror, say). Every other loopback/private/link-local target is refused whatever an account allows."""
+    model_internal_allowed: list[str] = Field(default_factory=list)
+    """``host:port`` model endpoints on internal addresses that runs of any account may name as ``api_base`` (a
+    self-hosted vLLM on the private network, say; ``benchwright.model_access``). Accounts trusted with the machine
+    (``local_paths``) may name any; every other internal target is refused."""
     pip_index_url: str | None = None
     """The package index Setup's ``pip install`` uses (``PIP_INDEX_URL``), e.g. an internal mirror listed in
     ``egress_internal_allowed``; unset, pip's default index (still through the egress proxy and host policy)."""

@@ -12,7 +12,7 @@ import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -87,9 +87,14 @@ class Stack:
 @dataclass
 class DevModels:
     servers: list[DevModelServer]
+    allowed: list[str] = field(default_factory=list)
+    """The stack's ``model_internal_allowed``: every dev model started here is an operator-listed endpoint, so
+    accounts not trusted with the machine may name it too."""
 
     async def start(self, config: DevModelConfig) -> str:
-        server = await start_server(config, port=free_port())
+        port = free_port()
+        self.allowed.append(f"127.0.0.1:{port}")
+        server = await start_server(config, port=port)
         self.servers.append(server)
         return server.url
 
@@ -115,6 +120,8 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
     settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True,
                         allow_local_paths=True, proxy_linger_s=30.0,
                         default_attempt_duration_s=10.0, temporal_address=env.client.service_client.config.target_host)
+    settings.model_internal_allowed.extend(dev_models.allowed)
+    dev_models.allowed = settings.model_internal_allowed  # the worker reads it at each Attach: later starts count
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
     # Both may name local dataset files (the operator's grant); tests/api/test_dataset_security.py makes one without.

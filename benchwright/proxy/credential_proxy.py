@@ -342,7 +342,10 @@ class CredentialProxy:
         if route.kind == "openai":
             base = (route.api_base or "https://api.openai.com/v1").rstrip("/")
             headers = {"Authorization": f"Bearer {route.secret}"} if route.secret else {}
-            route.pool = HttpPool(base, headers=headers, max_idle=int(spec.get("max_idle", 256)))
+            # connect_address: the address Attach's endpoint check approved (benchwright.model_access), so the
+            # calls cannot be rebound to an internal address by a later DNS answer
+            route.pool = HttpPool(base, headers=headers, max_idle=int(spec.get("max_idle", 256)),
+                                  connect_address=spec.get("connect_address"))
         else:
             await asyncio.to_thread(self._import_litellm)  # at Attach, not on the first scored call
         self.routes[cmd["key"]] = route

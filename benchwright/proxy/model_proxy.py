@@ -206,10 +206,11 @@ def _spawn(*, registry: ProcessRegistry, linger_s: float) -> _Proxy:
     raise Unavailable(f"the credential proxy was not ready within {READY_TIMEOUT_S:.0f} s")
 
 
-def _route(spec: ModelSpec, *, concurrency: int) -> dict[str, Any]:
+def _route(spec: ModelSpec, *, concurrency: int, connect_address: str | None = None) -> dict[str, Any]:
     """The route as the proxy takes it: prices from the launch, else from LiteLLM's cost map."""
     prices = prices_for(spec)
     return {"model_name": spec.identifier, "identifier": spec.identifier, "api_base": spec.api_base,
+            "connect_address": connect_address,
             "params": spec.params, "input_cost_per_token": prices.input_cost_per_token,
             "output_cost_per_token": prices.output_cost_per_token,
             "launch_prices": spec.input_cost_per_token is not None or spec.output_cost_per_token is not None,
@@ -217,7 +218,7 @@ def _route(spec: ModelSpec, *, concurrency: int) -> dict[str, Any]:
 
 
 def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | None, registry: ProcessRegistry,
-                      linger_s: float, concurrency: int = 256) -> ProxyHandle:
+                      linger_s: float, concurrency: int = 256, connect_address: str | None = None) -> ProxyHandle:
     """Register the run's route at this worker's credential proxy (started if needed); returns the run's handle.
 
     Idempotent: registering again replaces the route (a retried Attach, or a worker whose proxy replaced a dead
@@ -227,6 +228,8 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | Non
         secret_value: The real key, or None for a keyless endpoint. Handed to the proxy; the caller drops it.
         linger_s: How long a proxy started here stays up without a route before it exits.
         concurrency: Calls the run may have in flight (the upstream connections the route keeps open).
+        connect_address: The address ``benchwright.model_access`` approved for ``spec.api_base``: the proxy
+            connects there (OpenAI-compatible routes; LiteLLM resolves the name itself for the others).
 
     Raises:
         Unavailable: no proxy could be started.
@@ -236,7 +239,8 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | Non
         existing = load_handle(run_dir)
         fake_key = existing.fake_key if existing is not None else "sk-bw-" + secrets.token_urlsafe(24)
         command = {"op": "register", "run_id": run_dir.name, "key": fake_key,
-                   "route": _route(spec, concurrency=concurrency), "secret": secret_value}
+                   "route": _route(spec, concurrency=concurrency, connect_address=connect_address),
+                   "secret": secret_value}
         for _ in range(3):
             proxy = _PROXIES.get(registry=registry, linger_s=linger_s)
             try:

@@ -150,3 +150,39 @@ async def test_an_operator_listed_loopback_server_works_and_its_redirects_are_ch
     assert "redirect" not in hosts and hosts == {"127.0.0.1": 1}
     assert "internal address" in failed["detail"] and '"openapi"' not in record
     assert origin.hits.count("/to-api") == 1, "the redirect was followed by hand, once, and refused"
+
+
+async def test_model_api_base_is_held_to_the_internal_address_refusal_and_the_host_policy(
+        stack: Stack, origin: Origin) -> None:
+    """The model's ``api_base`` is a place too (benchwright.model_access): an account not trusted with the machine
+    cannot point its run's calls (and the credential proxy's key) at the cloud metadata address, the platform's own
+    API or an unlisted loopback port; the operator-listed dev model works. Refusals fail Attach, land in the
+    blocked-host log, and never reach the endpoint."""
+    key = _new_account(stack)
+    dataset = f"{origin.url}/arithmetic.jsonl"
+    refused = {"http://169.254.169.254/latest/meta-data/iam/?x=": "169.254.169.254: link-local",
+               f"{stack.api_url}/v1": "127.0.0.1: loopback"}
+    async with stack.http(key) as http:
+        for api_base, why in refused.items():
+            run = await launch(http, {"dataset": dataset, "model": {"identifier": "openai/dev", "api_base": api_base}})
+            events = await wait_terminal(http, run["id"])
+            failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+            assert failed and failed[0]["phase"] == "attach", [e["type"] for e in events]
+            assert "resolves to an internal address" in failed[0]["detail"] and why in failed[0]["detail"]
+            assert not [e for e in events if e["type"] == "MaterializeTaskResult"]
+            hosts = (await http.get(f"/v1/runs/{run['id']}/blocked-hosts")).json()["hosts"]
+            assert [h["host"] for h in hosts] == [why.split(":")[0]]
+        ok = await launch(http, {"dataset": dataset, "model": _model(stack)})  # listed by the operator
+        await wait_terminal(http, ok["id"])
+        final = (await http.get(f"/v1/runs/{ok['id']}")).json()
+        assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] > 0
+        # the same dev model is refused once the account's host policy blocks it (a rule for its port alone: the
+        # dataset server on the same address stays reachable)
+        dev_port = stack.dev_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+        assert (await http.post("/v1/host-policy/rules", json={"pattern": f"127.0.0.1:{dev_port}",
+                                                               "action": "block"})).status_code == 201
+        run = await launch(http, {"dataset": dataset, "model": _model(stack)})
+        events = await wait_terminal(http, run["id"])
+    failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+    assert failed and failed[0]["phase"] == "attach", [e["type"] for e in events]
+    assert "blocked by the account's host policy" in failed[0]["detail"]

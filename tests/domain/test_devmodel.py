@@ -281,13 +281,16 @@ async def test_api_key_is_demanded_when_configured() -> None:
         missing = await client.post("/v1/chat/completions", json=body)
         wrong = await client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-wrong"})
         right = await client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-right"})
-        # The key guards chat completions only, as before.
-        models = await client.get("/v1/models")
-    for response in (missing, wrong):
+        # The model listing wants the key too, as OpenAI's does (Attach's liveness check relies on it); health not.
+        models_missing = await client.get("/v1/models")
+        models_right = await client.get("/v1/models", headers={"Authorization": "Bearer sk-right"})
+        health = await client.get("/health")
+    for response in (missing, wrong, models_missing):
         assert response.status_code == 401
         assert response.json()["error"]["type"] == "invalid_api_key"
     assert right.json()["choices"][0]["message"]["content"] == "42"
-    assert models.status_code == 200
+    assert models_right.status_code == 200 and models_right.json()["data"][0]["id"] == "dev"
+    assert health.status_code == 200
 
 
 async def test_routing_ignores_query_and_errors_name_method_and_path() -> None:

@@ -208,3 +208,21 @@ async def test_the_listing_check_asks_the_provider_with_the_real_key_and_spends_
     handle = await asyncio.to_thread(_register, tmp_path, "ended", listed, KEY_A, registry)
     await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "ended")
     assert await listed_at_proxy(handle) is False, "a revoked route lists nothing"
+
+
+async def test_the_route_connects_to_the_address_the_endpoint_check_approved(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    # A name that resolves nowhere: the calls can only reach the dev model through the pinned, checked address
+    # (the Host header keeps the name).
+    port = a.url.rsplit(":", 1)[1].split("/", 1)[0]
+    spec = ModelSpec(identifier="openai/dev", api_base=f"http://model.invalid:{port}/v1")
+    run_dir = tmp_path / "runs" / "pinned"
+    run_dir.mkdir(parents=True)
+    handle = await asyncio.to_thread(lambda: start_model_proxy(
+        run_dir=run_dir, spec=spec, secret_value=KEY_A, registry=registry, linger_s=30.0,
+        connect_address="127.0.0.1"))
+    got = await _chat(handle, handle.fake_key)
+    assert got.status_code == 200, got.text
+    unpinned = await asyncio.to_thread(_register, tmp_path, "unpinned", spec, KEY_A, registry)
+    assert (await _chat(unpinned, unpinned.fake_key)).status_code == 502, "the name itself does not resolve"
