@@ -55,9 +55,11 @@ async def test_untouched_files_keep_their_digest_and_changed_ones_are_read_again
                                         label="base")
     assert not backend.snapshots.restored  # the staging directory was forgotten with it
     box = await _create(backend, base)
+    assert box.root is not None
+    work = str(box.root)
     # Small files are copies it noted; the 3 MB dataset is a link to its object (test_snapshot_links.py).
-    assert set(backend.snapshots.restored[str(Path(box.root))]) == {"notes.txt", "keep.txt"}
-    assert "dataset.jsonl" in backend.snapshots.linked[str(Path(box.root))]
+    assert set(backend.snapshots.restored[work]) == {"notes.txt", "keep.txt"}
+    assert "dataset.jsonl" in backend.snapshots.linked[work]
     # Same size, mtime put back: only ctime tells. And one file replaced through a rename (a new inode).
     script = ("import os\n"
               "st = os.stat('notes.txt')\n"
@@ -72,5 +74,5 @@ async def test_untouched_files_keep_their_digest_and_changed_ones_are_read_again
                      "keep.txt": hashlib.sha256(b"diff").hexdigest()}
     assert backend.snapshots.object_path(after["notes.txt"]).read_bytes() == b"ABCDEFGHIJ"
     await backend.kill(box.sandbox_id)
-    assert str(Path(box.root)) not in backend.snapshots.restored  # nothing kept for a sandbox that is gone
-    assert str(Path(box.root)) not in backend.snapshots.linked
+    assert work not in backend.snapshots.restored  # nothing kept for a sandbox that is gone
+    assert work not in backend.snapshots.linked
