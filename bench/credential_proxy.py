@@ -7,6 +7,13 @@ its RSS. The caller is the worker's own SUT client (``benchwright.sut``), as in 
 
     python bench/credential_proxy.py                 # N=1000, C=128, L=50 ms, 3 repeats, all three routes
     python bench/credential_proxy.py --routes direct lean
+
+LiteLLM's proxy server needs ``litellm[proxy]``, which cannot share benchwright's venv (every release of that extra
+since 1.80 pins rich<14, every e2b >= 2.3 needs rich>=14), so it runs from a venv of its own; without one the
+litellm route is skipped, saying why:
+
+    python3 -m venv /tmp/litellm-proxy && /tmp/litellm-proxy/bin/pip install 'litellm[proxy]'
+    python bench/credential_proxy.py --litellm /tmp/litellm-proxy/bin/litellm
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ from benchwright.sut import make_sut, run_sut
 KEY = "sk-bench-provider-" + "k" * 24
 
 
+class Unavailable(Exception):
+    """A route that cannot run here; the message says why."""
+
+
 async def sweep(sut_factory, n: int, c: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """Wall and caller CPU for ``n`` calls, at most ``c`` in flight."""
     sut = sut_factory()
@@ -55,7 +66,10 @@ async def sweep(sut_factory, n: int, c: int) -> tuple[float, float]:  # type: ig
     return wall, cpu
 
 
-def litellm_proxy(work: Path, model_url: str) -> tuple[subprocess.Popen[bytes], ProxyHandle, float]:
+def litellm_proxy(cli: Path, work: Path, model_url: str) -> tuple[subprocess.Popen[bytes], ProxyHandle, float]:
+    """LiteLLM's proxy server started by its ``litellm`` CLI; :class:`Unavailable` when it is absent or exits."""
+    if not cli.is_file():
+        raise Unavailable(f"no litellm CLI at {cli} (see --help: LiteLLM's proxy needs a venv of its own)")
     port = free_port()
     cfg = {"model_list": [{"model_name": "openai/dev", "litellm_params": {
         "model": "openai/dev", "api_base": model_url, "api_key": "os.environ/BENCH_KEY"}}],
@@ -64,16 +78,19 @@ def litellm_proxy(work: Path, model_url: str) -> tuple[subprocess.Popen[bytes], 
     env = {"PATH": os.environ["PATH"], "HOME": str(work), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
            "LITELLM_LOG": "ERROR", "BENCH_KEY": KEY}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "litellm"), "--config", str(work / "litellm.yaml"),
-                             "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(work / "litellm.log", "wb") as log:
+        proc = subprocess.Popen([str(cli), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1",
+                                 "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=log,
+                                start_new_session=True)
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=0.5).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
-        assert proc.poll() is None, "LiteLLM's proxy exited"
+        if proc.poll() is not None:  # e.g. litellm without its proxy extra: "Missing dependency ..."
+            lines = (work / "litellm.log").read_text(errors="replace").strip().splitlines() or ["(no output)"]
+            raise Unavailable(f"{cli} exited with {proc.returncode}: {lines[-1]}")
         time.sleep(0.1)
     handle = ProxyHandle(pid=proc.pid, port=port, fake_key="sk-master-bench", model_name="openai/dev",
                          started_at=time.time())
@@ -87,6 +104,8 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--routes", nargs="+", default=["direct", "lean", "litellm"])
+    ap.add_argument("--litellm", type=Path, default=Path(sys.executable).parent / "litellm",
+                    help="the litellm CLI of a venv with litellm[proxy] (default: this venv's)")
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     work = Path(tempfile.mkdtemp(prefix="bw-proxy-bench-"))
@@ -118,7 +137,11 @@ def main() -> None:
                 def factory(handle: ProxyHandle = handle):  # type: ignore[no-untyped-def]
                     return run_sut(spec, proxy=handle, **opts)  # type: ignore[arg-type]
             else:
-                litellm, lhandle, started = litellm_proxy(work, url)
+                try:
+                    litellm, lhandle, started = litellm_proxy(args.litellm, work, url)
+                except Unavailable as exc:
+                    print(f"{route:>8}: skipped: {exc}")
+                    continue
                 proxy_pid = litellm.pid
 
                 def factory(lhandle: ProxyHandle = lhandle):  # type: ignore[no-untyped-def]

@@ -12,18 +12,17 @@
   store; the id is the blob id. (E2B's pause/resume keeps one sandbox; a fanout needs copies, so tarballs.)
 * **Kill** is ``AsyncSandbox.kill``; **reap** lists by metadata.
 
-Configured by an API key (``BENCHWRIGHT_E2B_API_KEY``) and a template. Tested with the real SDK against
+Configured by an API key (``BENCHWRIGHT_E2B_API_KEY``) and a template. Tested with the real SDK (e2b >= 2.57) against
 :mod:`benchwright.testkit.e2b_double` (its ``api_url``/``sandbox_url`` options point the SDK at the double).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import shlex
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from benchwright.blobs import BlobNotFound, BlobStore
@@ -42,6 +41,9 @@ from benchwright.sandbox.remote import (
     parse_instance_size,
     tar_of,
 )
+
+if TYPE_CHECKING:
+    from e2b import SandboxNetworkOpts
 
 WORKDIR = "/home/user"
 _SNAPSHOT_FILE = ".benchwright-snapshot.tar"
@@ -75,16 +77,10 @@ class E2BBackend(WrappedCommands):
         self.egress_proxy_url = egress_proxy_url
         self.limit_mechanism = (f"E2B micro-VM ({self.cpus:g} cpu, {self.memory_mb} MiB) + per-command ulimit "
                                 "(-t, -f, -u, -v below the VM's memory) and coreutils timeout")
-        self._opts: dict[str, Any] = {"api_key": api_key}
-        known = _sdk_options()
-        if "http_version" in known:
-            # HTTP/1.1: envd streams work over it everywhere (the double is HTTP/1.1 only; on E2B it avoids
-            # long-lived HTTP/2 connections that intermediaries retire, the case the SDK's option exists for).
-            self._opts["http_version"] = "1.1"
+        # HTTP/1.1: envd streams work over it everywhere (the double is HTTP/1.1 only; on E2B it avoids long-lived
+        # HTTP/2 connections that intermediaries retire, the case the SDK's option exists for).
+        self._opts: dict[str, Any] = {"api_key": api_key, "http_version": "1.1"}
         for option, value in (("api_url", api_url), ("sandbox_url", sandbox_url)):
-            if value and option not in known:
-                raise SandboxError(f"the installed e2b SDK ({_sdk_version()}) has no {option} setting; it needs "
-                                   "e2b >= 2.3 to reach a custom endpoint")
             if value:
                 self._opts[option] = value
         self._boxes: dict[str, Any] = {}
@@ -95,7 +91,8 @@ class E2BBackend(WrappedCommands):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _network(self) -> dict[str, Any]:
+    def _network(self) -> SandboxNetworkOpts:
+        """Egress to the proxy's host only (none without one)."""
         allow = [urlsplit(self.egress_proxy_url).hostname] if self.egress_proxy_url else []
         return {"allow_out": [a for a in allow if a], "deny_out": ["0.0.0.0/0"]}
 
@@ -114,12 +111,9 @@ class E2BBackend(WrappedCommands):
         meta = {**{k: str(v) for k, v in (metadata or {}).items()}, "benchwright_role": role,
                 "benchwright_run_id": run_id, "benchwright_managed": "1", "benchwright_created_at": repr(time.time()),
                 "benchwright_instance_size": self.instance_size}
-        # The egress proxy only (e2b >= 2.3: network rules); older SDKs can only switch the internet on or off.
-        network: dict[str, Any] = ({"network": self._network()} if "network" in _create_parameters()
-                                   else {"allow_internet_access": bool(self.egress_proxy_url)})
         try:
             box = await AsyncSandbox.create(template=self.template, timeout=self.lifetime_s, metadata=meta,
-                                            **network, **self._opts)
+                                            network=self._network(), **self._opts)
         except Exception as exc:  # the SDK's exceptions: the sandbox was not made
             raise SandboxError(f"E2B could not create a sandbox: {exc}") from exc
         self._boxes[box.sandbox_id] = box
@@ -215,10 +209,12 @@ class E2BBackend(WrappedCommands):
         inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
 
         async def deliver() -> None:
-            while (data := await inbox.get()) is not None:
-                await box.commands.send_stdin(handle.pid, data)
-            if hasattr(box.commands, "close_stdin"):  # e2b < 2.3 cannot: ``head -c`` ends an exec's input
+            try:
+                while (data := await inbox.get()) is not None:
+                    await box.commands.send_stdin(handle.pid, data)
                 await box.commands.close_stdin(handle.pid)
+            except Exception:  # noqa: BLE001 - the process ended (NotFoundException) or its stream broke
+                return
 
         sender = loop.create_task(deliver())
 
@@ -254,12 +250,12 @@ class E2BBackend(WrappedCommands):
     async def write_file(self, sandbox_id: str, path: str, data: bytes, *, mode: int = 0o644) -> None:
         rel = check_relpath(path)
         box = await self._box(sandbox_id)
-        await _write(box, f"{WORKDIR}/{rel}", data)
+        await box.files.write(f"{WORKDIR}/{rel}", data, use_octet_stream=True)
         if mode != 0o644:
             await self._io(sandbox_id, ["chmod", oct(mode)[2:], "--", rel])
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        from e2b.exceptions import NotFoundException  # FileNotFoundException (e2b >= 2.3) derives from it
+        from e2b.exceptions import NotFoundException  # FileNotFoundException derives from it
 
         rel = check_relpath(path)
         box = await self._box(sandbox_id)
@@ -279,7 +275,7 @@ class E2BBackend(WrappedCommands):
 
     async def _untar(self, sandbox_id: str, archive: bytes) -> None:
         box = await self._box(sandbox_id)
-        await _write(box, f"{WORKDIR}/{_SNAPSHOT_FILE}", archive)
+        await box.files.write(f"{WORKDIR}/{_SNAPSHOT_FILE}", archive, use_octet_stream=True)
         unpack = f"tar -xf {_SNAPSHOT_FILE} --no-same-owner; rc=$?; rm -f {_SNAPSHOT_FILE}; exit $rc"
         res = await self._io(sandbox_id, ["sh", "-c", unpack])
         if res.returncode != 0:
@@ -298,43 +294,4 @@ class E2BBackend(WrappedCommands):
 
     async def snapshot_files(self, files: Mapping[str, bytes], *, label: str, base: str | None = None) -> str:
         return await self.blobs.put(tar_of(files, base=await self.blobs.get(base) if base else None))
-
-
-def _sdk_version() -> str:
-    from importlib.metadata import version
-
-    return version("e2b")
-
-
-def _sdk_options() -> set[str]:
-    """The connection options the installed SDK takes (they grew across 2.x: ``api_url``, ``sandbox_url``,
-    ``http_version`` came with 2.3+; litellm[proxy]'s ``rich<14`` pin keeps pip on e2b 2.2.x where both are
-    installed)."""
-    from e2b.connection_config import ApiParams
-
-    return set(ApiParams.__annotations__)
-
-
-def _create_parameters() -> set[str]:
-    from e2b import AsyncSandbox
-
-    return set(inspect.signature(AsyncSandbox.create).parameters)
-
-
-async def _write(box: Any, path: str, data: bytes) -> None:
-    """Upload a file; as a raw octet stream where the SDK can (e2b >= 2.3), else as multipart."""
-    if "use_octet_stream" in inspect.signature(box.files.write).parameters:
-        await box.files.write(path, data, use_octet_stream=True)
-    else:
-        await box.files.write(path, data)
-
-
-def sdk_reaches_custom_endpoints() -> bool:
-    """Whether the installed SDK can be pointed at another E2B endpoint (the loopback double) by its own settings."""
-    return {"api_url", "sandbox_url"} <= _sdk_options()
-
-
-def why_no_custom_endpoints() -> str:
-    return (f"the installed e2b SDK ({_sdk_version()}) cannot be pointed at the E2B double: api_url/sandbox_url "
-            "arrived in e2b 2.3, which needs rich>=14 while litellm[proxy] pins rich<14, so pip installs e2b 2.2.x")
 

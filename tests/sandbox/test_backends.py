@@ -33,8 +33,9 @@ from benchwright.sandbox import (
     SandboxNotFound,
     SandboxPathError,
 )
-from benchwright.sandbox.e2b import E2BBackend, sdk_reaches_custom_endpoints, why_no_custom_endpoints
+from benchwright.sandbox.e2b import E2BBackend
 from benchwright.sandbox.sandbox0 import Sandbox0Backend, load_api_client
+from benchwright.testkit.e2b_double import E2BDouble
 from benchwright.testkit.k8s_double import V4, K8sDouble
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -81,10 +82,6 @@ async def _sandbox0_real(root: Path) -> AsyncIterator[Kit]:
 
 
 async def _e2b_kit(root: Path) -> AsyncIterator[Kit]:
-    if not sdk_reaches_custom_endpoints():
-        pytest.skip(why_no_custom_endpoints())
-    from benchwright.testkit.e2b_double import E2BDouble  # built on the SDK's own envd ASGI app (e2b >= 2.3)
-
     double = E2BDouble(root / "vms", allow_unisolated=True)
     url = await double.start()
     blobs = DirBlobStore(root / "blobs")

@@ -24,7 +24,6 @@ from temporalio.testing import WorkflowEnvironment
 from api.main import create_app
 from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.devstack import free_port, temporal_binary
-from benchwright.sandbox.e2b import sdk_reaches_custom_endpoints, why_no_custom_endpoints
 from benchwright.sandbox.factory import open_backend
 from benchwright.schemas import LaunchRequest
 from benchwright.settings import Settings
@@ -33,6 +32,7 @@ from benchwright.store.db import make_engine, migrate
 from benchwright.store.runs import create_run
 from benchwright.teardown import reap_worker_leftovers
 from benchwright.temporal_ui import SEARCH_ATTRIBUTES
+from benchwright.testkit.e2b_double import E2BDouble
 from benchwright.testkit.k8s_double import K8sDouble
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, serve_app
@@ -44,10 +44,6 @@ RATES = {"e2b-2cpu-2gb": 36.0, "sandbox0-2cpu-4gb": 72.0}  # 1 and 2 cents per s
 
 async def _backend_settings(backend: str, root: Path) -> AsyncIterator[dict[str, Any]]:
     if backend == "e2b":
-        if not sdk_reaches_custom_endpoints():
-            pytest.skip(why_no_custom_endpoints())
-        from benchwright.testkit.e2b_double import E2BDouble  # built on the SDK's envd ASGI app (e2b >= 2.3)
-
         e2b = E2BDouble(root / "vms", allow_unisolated=True)
         url = await e2b.start()
         try:
