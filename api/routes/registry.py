@@ -48,7 +48,7 @@ def promote(impl_id: Ident, account: AccountDep, state: StateDep) -> ImplView:
 
 @router.get("/registry/benchmarks", response_model=BenchmarkList, responses=responses())
 def benchmarks(account: AccountDep, state: StateDep) -> BenchmarkList:
-    """Benchmarks you own and public ones."""
+    """Benchmarks you own and public ones, each with its subsets (their snapshots and impls)."""
     return catalog.list_benchmarks(state.engine, account_id=account.id)
 
 

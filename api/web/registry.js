@@ -1,6 +1,6 @@
 // The registry's pages (§7): #/benchmarks, one card per benchmark you can see (yours and public ones) with its
-// identicon and subsets (from each benchmark's detail read); and #/subsets/<id>, a subset's facts and its
-// leaderboard of public runs.
+// identicon and subsets (all from the one list read); and #/subsets/<id>, a subset's facts and its leaderboard of
+// public runs.
 // The identicon route needs no key (an id-derived SVG), so it is a plain same-origin <img>.
 
 import { api, ApiError } from "./api.js";
@@ -25,13 +25,13 @@ function subsetList(bench) {
     : h("p", { class: "muted" }, "No subsets yet.");
 }
 
-function card(bench, subsets) {
+function card(bench) {
   return h("article", { class: "card bench-card", dataset: { benchmarkId: bench.id } },
     h("div", { class: "bench-head" }, identicon(bench, 48),
       h("div", {}, h("h3", { class: "bench-name" }, bench.name),
         h("span", { class: `pill vis-${bench.visibility}` }, bench.visibility),
         bench.owned ? h("span", { class: "muted" }, " yours") : null)),
-    subsets);
+    subsetList(bench));
 }
 
 export function benchmarksView(root) {
@@ -40,14 +40,8 @@ export function benchmarksView(root) {
   root.append(h("section", { class: "benchmarks" },
     h("div", { class: "toolbar" }, h("h1", {}, "Benchmarks")), note, grid));
   api("/v1/registry/benchmarks").then((list) => {
-    // The list carries no subsets: each card fills its own from the benchmark's detail read.
-    grid.replaceChildren(...list.benchmarks.map((bench) => {
-      const subsets = h("div", { class: "muted" }, "Loading subsets…");
-      api(`/v1/registry/benchmarks/${encodeURIComponent(bench.id)}`)
-        .then((detail) => subsets.replaceWith(subsetList(detail)))
-        .catch((err) => { subsets.textContent = `Could not load subsets: ${err.message}`; });
-      return card(bench, subsets);
-    }));
+    // The list carries each benchmark's subsets: one request for the whole page.
+    grid.replaceChildren(...list.benchmarks.map(card));
     note.textContent = list.benchmarks.length ? ""
       : "No benchmarks yet: publish a finished run with POST /v1/registry/publish.";
   }).catch((err) => { note.textContent = `Could not load benchmarks: ${err.message}`; });

@@ -8,6 +8,7 @@ benchmark the caller cannot see answers "not found", exactly like a benchmark th
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,16 +305,35 @@ def _impl_view(impl: Impl, source: str | None = None) -> ImplView:
                     official=impl.official, promoted_at=impl.promoted_at, created_at=impl.created_at, source=source)
 
 
-def _subset_view(session: Session, subset: Subset) -> SubsetView:
-    snaps = session.execute(select(SubsetSnapshot).where(SubsetSnapshot.subset_id == subset.id)
-                            .order_by(SubsetSnapshot.version)).scalars().all()
-    impls = session.execute(select(Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)
-                            .where(SubsetImpl.subset_id == subset.id).order_by(Impl.created_at)).scalars().all()
-    return SubsetView(id=subset.id, benchmark_id=subset.benchmark_id, name=subset.name, rolling=subset.rolling,
-                      default_trials=subset.default_trials, created_at=subset.created_at,
-                      snapshots=[SnapshotView(version=s.version, tasks_sha256=s.tasks_sha256, count=s.count,
-                                              created_at=s.created_at) for s in snaps],
-                      impls=[_impl_view(i) for i in impls])
+def _subset_views(session: Session, subsets: Sequence[Subset]) -> list[SubsetView]:
+    """These subsets, each with its snapshots and impls: two queries however many there are, so the benchmark list
+    can carry every benchmark's subsets (the dashboard's cards) for about the cost of one detail read."""
+    ids = [s.id for s in subsets]
+    snaps: dict[str, list[SnapshotView]] = {i: [] for i in ids}
+    impls: dict[str, list[ImplView]] = {i: [] for i in ids}
+    if ids:
+        for snap in session.execute(select(SubsetSnapshot).where(col(SubsetSnapshot.subset_id).in_(ids))
+                                    .order_by(SubsetSnapshot.version)).scalars():
+            snaps[snap.subset_id].append(SnapshotView(version=snap.version, tasks_sha256=snap.tasks_sha256,
+                                                      count=snap.count, created_at=snap.created_at))
+        for subset_id, impl in session.execute(
+                select(SubsetImpl.subset_id, Impl).join(SubsetImpl, SubsetImpl.impl_id == Impl.id)
+                .where(col(SubsetImpl.subset_id).in_(ids)).order_by(Impl.created_at)).all():
+            impls[subset_id].append(_impl_view(impl))
+    return [SubsetView(id=s.id, benchmark_id=s.benchmark_id, name=s.name, rolling=s.rolling,
+                       default_trials=s.default_trials, created_at=s.created_at, snapshots=snaps[s.id],
+                       impls=impls[s.id]) for s in subsets]
+
+
+def _subsets_of(session: Session, benchmark_ids: list[str]) -> dict[str, list[SubsetView]]:
+    """benchmark id -> its subsets (oldest first), as ``_subset_views`` gives them."""
+    out: dict[str, list[SubsetView]] = {b: [] for b in benchmark_ids}
+    if benchmark_ids:
+        rows = session.execute(select(Subset).where(col(Subset.benchmark_id).in_(benchmark_ids))
+                               .order_by(Subset.created_at)).scalars().all()
+        for view in _subset_views(session, rows):
+            out[view.benchmark_id].append(view)
+    return out
 
 
 def _bench_view(bench: Benchmark, account_id: str) -> BenchmarkView:
@@ -323,10 +343,13 @@ def _bench_view(bench: Benchmark, account_id: str) -> BenchmarkView:
 
 
 def list_benchmarks(engine: Engine, *, account_id: str) -> BenchmarkList:
+    """The benchmarks the account sees, each with its subsets as the detail read gives them (not its runs)."""
     with Session(engine) as session:
         rows = session.execute(select(Benchmark).where(_visible(account_id))
                                .order_by(Benchmark.created_at)).scalars().all()
-        return BenchmarkList(benchmarks=[_bench_view(b, account_id) for b in rows])
+        subsets = _subsets_of(session, [b.id for b in rows])
+        return BenchmarkList(benchmarks=[_bench_view(b, account_id).model_copy(update={"subsets": subsets[b.id]})
+                                         for b in rows])
 
 
 def benchmark_detail(engine: Engine, *, account_id: str, benchmark_id: str) -> BenchmarkView:
@@ -339,10 +362,8 @@ def benchmark_detail(engine: Engine, *, account_id: str, benchmark_id: str) -> B
         bench = session.get(Benchmark, benchmark_id)
         if bench is None or not (bench.account_id == account_id or bench.visibility == "public"):
             raise NotFound(f"benchmark {benchmark_id} not found")
-        subsets = session.execute(select(Subset).where(Subset.benchmark_id == bench.id)
-                                  .order_by(Subset.created_at)).scalars().all()
         view = _bench_view(bench, account_id)
-        view.subsets = [_subset_view(session, s) for s in subsets]
+        view.subsets = _subsets_of(session, [bench.id])[bench.id]
         runs = _public_runs(session, benchmark_id=bench.id)
     view.runs = [RunSummary.of(run_view(engine, r)) for r in runs]
     return view
@@ -360,7 +381,7 @@ def _public_runs(session: Session, *, benchmark_id: str | None = None, subset_id
 def subset_detail(engine: Engine, *, account_id: str, subset_id: str) -> SubsetView:
     with Session(engine) as session:
         subset, _ = _visible_subset(session, account_id=account_id, subset_id=subset_id)
-        return _subset_view(session, subset)
+        return _subset_views(session, [subset])[0]
 
 
 def impl_detail(engine: Engine, blobs: BlobStore, *, account_id: str, impl_id: str) -> ImplView:

@@ -75,6 +75,7 @@ class BenchmarkView(BaseModel):
     identicon: str
     """``/v1/registry/benchmarks/{id}/identicon.svg``."""
     subsets: list[SubsetView] = Field(default_factory=list)
+    """Its subsets, oldest first, with their snapshots and impls (on the list and on the detail read alike)."""
     runs: list[RunSummary] = Field(default_factory=list)
     """Its public runs (on ``GET /v1/registry/benchmarks/{id}``)."""
     created_at: datetime

@@ -37,9 +37,14 @@ async def test_benchmark_card_with_identicon_and_subset_leaderboard(page: Any, s
     row = next(r for r in board["rows"] if r["model"] == "openai/dev")
     assert row["pass_rate"] is not None and row["best_run_id"] == run["id"], board
 
+    detail_reads: list[str] = []  # the list carries the subsets: the page reads no benchmark's detail
+    page.on("request", lambda req: detail_reads.append(req.url)
+            if "/v1/registry/benchmarks/" in req.url and not req.url.endswith(".svg") else None)
     await page.click("#nav-benchmarks")
     card = page.locator(f'article.bench-card[data-benchmark-id="{published["benchmark_id"]}"]')
     await card.wait_for(timeout=15_000)
+    await card.locator(f'a.subset-link[data-subset-id="{published["subset_id"]}"]').wait_for(timeout=15_000)
+    assert detail_reads == []
     assert await card.locator(".bench-name").inner_text() == name
     assert "public" in await card.inner_text()
     img = card.locator("img.identicon")
