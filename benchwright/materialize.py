@@ -4,7 +4,7 @@ Resumable by construction: what an earlier attempt committed is read back from t
 every result is appended with its ``(invocation, index, trial)`` key, so a batch killed at any moment and run again
 ends with each trial present exactly once. Results are committed in small groups, the batch's first result at once
 (a short batch used to commit everything at its end, after its sandbox was gone: the log's first result, which the
-run page and the re-run bench read as the first SUT call, came ~0.07 s late); the caller's ``progress`` callback
+run page and the re-run bench read as the first SUT call, came with the last); the caller's ``progress`` callback
 (the activity's heartbeat) runs only after a commit.
 """
 
