@@ -2,8 +2,8 @@
 phase's own cell.
 
 A hit reproduces everything the phases after it read, so the run goes on exactly as if the phase had run: the
-work-directory files the phase wrote (fetch.json, the dataset, analysis.json, tasks.jsonl, ... whatever they are:
-the cell lists every file the phase created or changed), its snapshot (content-addressed, so the id is the state),
+work-directory files the phase wrote (the dataset, tasks.jsonl, ... whatever they are: the cell lists every file
+the phase created or changed), its snapshot (content-addressed, so the id is the state),
 and its Artifact events verbatim (so the run fingerprint is the one the work would have given). The hit itself is
 a ``PhaseCacheHit`` event naming the source run and the cell, and the activity's heartbeat and result detail
 (``cache_hit``), which the Temporal UI shows.
@@ -76,9 +76,11 @@ class PhaseCache:
             return None
         cell = await in_thread(find_public_cell, self.deps.engine, phase=self.inp.phase, input_hash=self.input_hash,
                                exclude_run_id=self.inp.run_id)
-        if cell is None or not all(self.blobs.has(d) for d in cell.files.values()):
+        if cell is None:
             return None
-        return cell
+        # In a thread: with a shared blob store, ``has`` fetches an object this host lacks.
+        present = await in_thread(lambda: all(self.blobs.has(d) for d in cell.files.values()))
+        return cell if present else None
 
     async def replay(self, scope: PhaseScope, cell: Cell) -> tuple[int | None, dict[str, Any]]:
         """Put the cell's files, snapshot and artifacts in place of the phase's work; record this run's copy.

@@ -11,11 +11,11 @@ SnapshotCreated. The work directory is only a *cache* on the worker that holds t
 * when a phase invocation (or a Materialize batch) starts, :func:`restore` reads the run's newest
   ``WorkFilesRecorded`` from the store and fetches every file the local directory lacks or holds different bytes of.
 
-So a worker with an empty disk picks up any phase of any run, given the store and the blob store. Measured here
-with a 52 MB dataset in a directory blob store: first publish 0.24 s, an unchanged publish and an up-to-date
-restore 0.035 s each (hashing), a restore onto an empty disk 0.21 s. The model proxy's
-handle (``proxy.json``) is per-worker process state and is not handed off: a keyed run whose worker dies loses its
-proxy with it (the proxy dies with its worker by design).
+So a worker with an empty disk picks up any phase of any run, given the store and the blob store. A file's digest
+is computed once and remembered while it is unchanged (``benchwright.digests``), so an unchanged publish and an
+up-to-date restore cost a ``stat`` per file, not a hash of a 52 MB dataset. The model proxy's handle
+(``proxy.json``) is per-worker process state and is not handed off: the proxy listens on its worker's loopback, so a
+phase on another host registers the run's route at its own worker's proxy (``activities.attach.live_proxy``).
 """
 
 from __future__ import annotations

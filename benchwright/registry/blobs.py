@@ -153,9 +153,10 @@ class BlobStore:
         or a pin puts in a work directory are datasets and tasks.jsonl, and every writer of those (Fetch,
         Analyze's normalization and subsets, forks) writes a temporary file and renames it over the name, which
         breaks the link and leaves the object alone (tests/domain/test_blob_links.py runs them on linked files).
-        The link keeps the object's mode 0400: a writer that opened it in place would fail, not write the store
-        (for a non-root worker; root ignores modes, hence the size threshold and the rename rule). Small files
-        are copied, writable. A blob only the shared store has is fetched into the local store first.
+        The link keeps the object's read-only mode (0400, or 0444 once a sandbox restore shared it): a writer
+        that opened it in place would fail, not write the store (for a non-root worker; root ignores modes, hence
+        the size threshold and the rename rule). Small files are copied, writable. A blob only the shared store
+        has is fetched into the local store first.
 
         Raises:
             NotFound: no blob with this digest (here or in the shared store).
