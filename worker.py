@@ -27,7 +27,7 @@ from activities.setup import SetupActivities
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
-from benchwright.teardown import reap_worker_leftovers, release_worker
+from benchwright.teardown import reap_worker_leftovers, release_worker, sweep_routes
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
@@ -37,18 +37,29 @@ PASSTHROUGH = ("benchwright", "pydantic", "pydantic_core", "sqlmodel", "sqlalche
 
 
 class StackWorker(Worker):
-    """A Temporal worker that, once shut down (its activities cancelled and finished), kills the sandboxes and stops
-    the model proxies its process started: a worker leaves nothing running behind it, in-process (tests) or not."""
+    """A Temporal worker that, while it runs, revokes its credential proxy's routes of runs that ended (the run's own
+    revocation reaches only the worker that runs it), and once shut down (its activities cancelled and finished)
+    kills the sandboxes and stops the model proxies its process started: a worker leaves nothing running behind it,
+    in-process (tests) or not."""
 
-    def __init__(self, client: Client, *, settings: Settings, **kwargs: Any) -> None:
+    def __init__(self, client: Client, *, settings: Settings, engine: Engine, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self._settings = settings
+        self._engine = engine
 
     async def run(self) -> None:
+        stop_sweep = asyncio.Event()
+        sweep = asyncio.create_task(sweep_routes(settings=self._settings, engine=self._engine, stop=stop_sweep))
         try:
             await super().run()
         finally:
-            await asyncio.shield(release_worker(settings=self._settings))
+            stop_sweep.set()
+            await asyncio.shield(_release(sweep, settings=self._settings))
+
+
+async def _release(sweep: asyncio.Task[None], *, settings: Settings) -> None:
+    await asyncio.wait([sweep])  # a sweep under way finishes before the proxies it talks to are stopped
+    await release_worker(settings=settings)
 
 
 def build_worker(client: Client, *, settings: Settings, engine: Engine, task_queue: str | None = None) -> Worker:
@@ -83,6 +94,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     return StackWorker(
         client,
         settings=settings,
+        engine=engine,
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow, RegressionWorkflow],
         activities=activities,

@@ -168,6 +168,12 @@ class Settings(BaseSettings):
     """How long a worker's credential proxy stays up without a run's route before it exits (the warm window that
     spares the next run its start-up; metered to the run that left it idle as cost.proxy_linger). A run's own
     route, and its key, are revoked the moment the run ends."""
+    proxy_route_sweep_s: float = 2.0
+    """How often a worker revokes, at its own credential proxy, the routes of runs that ended (a route registered
+    by a phase that ran on this host while the run's own revocation ran on another): the longest a per-run key
+    outlives its run on a worker other than the one that ended it. While the worker's proxy holds no route a sweep
+    is one control-socket round trip (none with no proxy up): no listing of run directories, no query. 0 turns the
+    sweep off."""
     proxy_usd_per_hour: float = 0.0
     harness_dir: Path | None = None
     """Where harness runtimes live (``benchwright harness install``: one venv per harness version, mounted

@@ -7,6 +7,9 @@ Three owners, three scopes (all within one data directory, never beyond it; othe
   (``release_worker``); runs it leaves unfinished go on with another worker, which starts what it needs again;
 * a worker starting reaps what dead workers left: sandboxes whose creator is gone, proxies whose worker is gone
   or whose run ended more than a linger ago (``reap_worker_leftovers``);
+* a worker running revokes, every ``proxy_route_sweep_s``, its proxy's routes of runs that ended (``sweep_routes``):
+  a run's own revocation reaches only the worker that runs it, and a phase on another host registered the run at
+  that host's proxy too;
 * the supervisor, when the stack stops and again before it starts (after a SIGKILL nothing of that ran), stops
   every process in the stack's registry, every proxy and every sandbox under the data directory
   (``reap_stack``): workers first (SIGTERM: they clean up their own), then the API and Temporal, then the rest.
@@ -15,19 +18,23 @@ Three owners, three scopes (all within one data directory, never beyond it; othe
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
 from benchwright.devstack import pid_alive
 from benchwright.procreg import ProcEntry, ProcessRegistry
-from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies
+from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies, sweep_ended_routes
 from benchwright.sandbox import LocalBackend, SandboxInfo
 from benchwright.settings import Settings
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +77,59 @@ def run_finished_at(engine: Engine, run_id: str) -> float | None:
     except NotFound:
         return 0.0
     return run.finished_at.timestamp() if run.finished_at else None
+
+
+_IN_CHUNK = 500
+"""Run ids per ``IN (...)`` (SQLite's bound-parameter limit is 999 in older builds); a worker holds far fewer."""
+
+
+def runs_ended_at(engine: Engine, run_ids: Sequence[str]) -> dict[str, float]:
+    """Which of these runs ended, in one query: run id → epoch seconds it ended, 0.0 for a run the store does not
+    know; runs still going are absent."""
+    from sqlalchemy import select
+    from sqlmodel import Session, col
+
+    from benchwright.store.models import Run
+
+    found: dict[str, datetime | None] = {}
+    with Session(engine) as session:
+        for i in range(0, len(run_ids), _IN_CHUNK):
+            chunk = list(run_ids[i:i + _IN_CHUNK])
+            rows = session.execute(select(col(Run.id), col(Run.finished_at)).where(col(Run.id).in_(chunk)))
+            found.update({run_id: at for run_id, at in rows})
+    ended: dict[str, float] = {}
+    for run_id in run_ids:
+        if run_id not in found:
+            ended[run_id] = 0.0
+        elif (at := found[run_id]) is not None:
+            ended[run_id] = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()  # SQLite hands back naive UTC
+    return ended
+
+
+async def sweep_routes(*, settings: Settings, engine: Engine, stop: asyncio.Event) -> None:
+    """Until ``stop`` is set: every ``settings.proxy_route_sweep_s``, revoke the routes this worker's handles hold
+    for runs that ended (``sweep_ended_routes``). A failed sweep is logged and the next one comes on time: this
+    never takes the worker down. A sweep under way when ``stop`` is set finishes first (it is short: one query and
+    one control-socket round trip per revoked route)."""
+    interval = settings.proxy_route_sweep_s
+    if interval <= 0:
+        return
+    registry, runs_dir = ProcessRegistry(settings.data_dir), settings.runs_dir()
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+            return
+        except TimeoutError:
+            pass
+        try:
+            revoked = await asyncio.to_thread(sweep_ended_routes, registry=registry, runs_dir=runs_dir,
+                                              linger_s=settings.proxy_linger_s,
+                                              ended_at=lambda run_ids: runs_ended_at(engine, run_ids))
+        except Exception:  # noqa: BLE001 - the store or a proxy failing must not end the worker; the next sweep retries
+            _log.exception("the route sweep of %s failed", runs_dir)
+            continue
+        if revoked:
+            _log.info("revoked %d route(s) of ended runs at this worker's credential proxy", revoked)
 
 
 async def release_worker(*, settings: Settings) -> list[str]:
