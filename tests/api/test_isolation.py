@@ -281,10 +281,14 @@ async def test_host_policy_allows_blocks_and_logs_every_refusal(stack: Stack, or
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     body = {"dataset": str(dataset), "task_impl": POLICY_IMPL % (),
             "model": {"identifier": "openai/dev", "api_base": stack.dev_url}}
+    model_rule = stack.dev_url.split("//", 1)[1].split("/", 1)[0]  # 127.0.0.1:<port>
     try:
         async with stack.http(stack.other_key) as http:
             assert (await http.put("/v1/host-policy/default", json={"default": "block"})).status_code == 200
             assert (await http.post("/v1/host-policy/rules", json={"pattern": "localhost", "action": "allow"})
+                    ).status_code == 201
+            # The model's endpoint is held to the policy too (benchwright.model_access): allowed by its own rule.
+            assert (await http.post("/v1/host-policy/rules", json={"pattern": model_rule, "action": "allow"})
                     ).status_code == 201
             # The account-wide log already holds what other tests of this account were refused: count from here.
             before = {h["host"]: h["seen_count"] for h in (await http.get("/v1/blocked-hosts")).json()["hosts"]}
@@ -301,6 +305,7 @@ async def test_host_policy_allows_blocks_and_logs_every_refusal(stack: Stack, or
         async with stack.http(stack.other_key) as http:
             await http.put("/v1/host-policy/default", json={"default": "allow"})
             await http.delete("/v1/host-policy/rules/localhost")
+            await http.delete(f"/v1/host-policy/rules/{model_rule}")
     assert {h["host"]: h["seen_count"] for h in once} == {"127.0.0.1": 1, "blocked.example": 1}
     grown = {h["host"]: h["seen_count"] - before.get(h["host"], 0) for h in total}
     assert {host: n for host, n in grown.items() if n} == {"127.0.0.1": 2, "blocked.example": 2}

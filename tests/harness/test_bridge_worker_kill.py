@@ -4,6 +4,7 @@ and every sample is in the log exactly once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -30,7 +31,9 @@ async def test_worker_sigkill_mid_harness_resumes_without_duplicates(stack: Stac
     port = free_port()
     server, task = await serve_app(create_app(settings), port)
     env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,
-           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address}
+           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address,
+           # the dev models are operator-listed internal model endpoints (benchwright.model_access)
+           "BENCHWRIGHT_MODEL_INTERNAL_ALLOWED": json.dumps(settings.model_internal_allowed)}
 
     def start_worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "benchwright.cli", "worker"], env=env,
