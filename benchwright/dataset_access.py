@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from benchwright.errors import DatasetError, InvalidInput
-from benchwright.proxy.addresses import Endpoint, endpoint_allowed, internal_reason
+from benchwright.proxy.addresses import Endpoint, endpoint_allowed, first_internal
 from benchwright.proxy.policy import HostPolicy, decide, normalize_host
 
 if TYPE_CHECKING:
@@ -228,12 +228,11 @@ def _check_hop(url: httpx.URL, access: DatasetAccess, on_refused: Callable[[str]
     address = str(infos[0][4][0])
     if endpoint_allowed(access.internal_allowed, host=bare, address=address, port=port):
         return address
-    for info in infos:
-        why = internal_reason(str(info[4][0]))
-        if why is not None:
-            on_refused(host)
-            raise _refused(f"fetching the dataset from {host} was refused: it resolves to an internal address "
-                           f"({info[4][0]}: {why}); datasets are never fetched from the platform's own network")
+    inside = first_internal(infos)
+    if inside is not None:
+        on_refused(host)
+        raise _refused(f"fetching the dataset from {host} was refused: it resolves to an internal address "
+                       f"({inside[0]}: {inside[1]}); datasets are never fetched from the platform's own network")
     return address
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from benchwright.errors import InvalidInput
-from benchwright.proxy.addresses import Endpoint, endpoint_allowed, internal_reason
+from benchwright.proxy.addresses import Endpoint, endpoint_allowed, first_internal
 from benchwright.proxy.policy import HostPolicy, decide, normalize_host
 
 
@@ -80,11 +80,10 @@ def check_api_base(api_base: str, access: ModelAccess, *, on_refused: Callable[[
     address = str(infos[0][4][0])
     if access.trusted_local or endpoint_allowed(access.internal_allowed, host=bare, address=address, port=port):
         return address
-    for info in infos:
-        why = internal_reason(str(info[4][0]))
-        if why is not None:
-            on_refused(host)
-            raise ModelEndpointRefused(
-                f"calling the model at {host} was refused: it resolves to an internal address ({info[4][0]}: {why});"
-                f" an operator can allow this endpoint with BENCHWRIGHT_MODEL_INTERNAL_ALLOWED='[\"{bare}:{port}\"]'")
+    inside = first_internal(infos)
+    if inside is not None:
+        on_refused(host)
+        raise ModelEndpointRefused(
+            f"calling the model at {host} was refused: it resolves to an internal address ({inside[0]}: {inside[1]});"
+            f" an operator can allow this endpoint with BENCHWRIGHT_MODEL_INTERNAL_ALLOWED='[\"{bare}:{port}\"]'")
     return address

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["Endpoint", "endpoint_allowed", "internal_reason", "parse_endpoints"]
 
@@ -87,3 +88,14 @@ def endpoint_allowed(allowed: frozenset[Endpoint], *, host: str, address: str, p
     """Whether the operator listed this endpoint, by the name asked for or by the address it resolved to."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return (address, port) in allowed or (bare, port) in allowed or (host, port) in allowed
+
+
+def first_internal(infos: Iterable[tuple[Any, ...]]) -> tuple[str, str] | None:
+    """The first address of a ``getaddrinfo`` answer that is inside the platform's network, with why; None when
+    every address is public (one internal address is enough to refuse: the connect could pick it)."""
+    for info in infos:
+        address = str(info[4][0])
+        why = internal_reason(address)
+        if why is not None:
+            return address, why
+    return None

@@ -6,12 +6,14 @@ to AWS. Started on a free loopback port, stopped by the caller.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -63,3 +65,21 @@ def start_moto_s3(*, timeout_s: float = 30.0) -> MotoS3:
             time.sleep(0.05)  # polling the server's readiness, not synchronising on a guess
     proc.kill()
     raise RuntimeError(f"moto server did not answer on {url} within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def moto_s3_in_env() -> Iterator[MotoS3]:
+    """A moto server for the block, with its credentials in this process's environment (where boto3 reads them);
+    the environment is put back and the server stopped after."""
+    server = start_moto_s3()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -18,23 +18,13 @@ from benchwright.blobs import (
     blob_id,
     open_blob_store,
 )
-from benchwright.testkit.moto_s3 import MotoS3, start_moto_s3
+from benchwright.testkit.moto_s3 import MotoS3, moto_s3_in_env
 
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoS3]:
-    server = start_moto_s3()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    try:
+    with moto_s3_in_env() as server:
         yield server
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(params=["dir", "s3"])

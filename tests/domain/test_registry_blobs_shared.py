@@ -13,23 +13,13 @@ from benchwright.blobs import S3BlobStore, blob_id
 from benchwright.errors import NotFound
 from benchwright.registry.blobs import LINK_MIN_BYTES, BlobStore
 from benchwright.settings import Settings
-from benchwright.testkit.moto_s3 import MotoS3, start_moto_s3
+from benchwright.testkit.moto_s3 import MotoS3, moto_s3_in_env
 
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoS3]:
-    server = start_moto_s3()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    try:
+    with moto_s3_in_env() as server:
         yield server
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _host(moto: MotoS3, data_dir: Path, bucket: str) -> BlobStore:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.sandbox import ExecLimits, IsolationUnavailable, LocalBackend, SandboxInfo
+from benchwright.sandbox import ExecLimits, LocalBackend, SandboxInfo
 from benchwright.sandbox.local_snapshots import LINK_MIN_BYTES
+from tests.sandbox.local_kit import create_work, local_backend
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 FAST = ExecLimits(cpu_seconds=10, memory_mb=512, wall_seconds=20, max_processes=32)
@@ -29,22 +30,8 @@ def _sha(data: bytes) -> str:
 
 @pytest.fixture
 async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        print("SKIP: the local sandbox backend needs Linux and root (CAP_SYS_ADMIN) for namespaces")
-        pytest.skip("the local sandbox backend needs Linux and root (CAP_SYS_ADMIN) for namespaces")
-    b = LocalBackend(tmp_path / "data")
-    yield b
-    for info in await b.list_alive():
-        await b.kill(info.sandbox_id)
-    await b.close()
-
-
-async def _create(b: LocalBackend, snapshot_id: str) -> SandboxInfo:
-    try:
-        return await b.create(role="work", run_id="run-1", snapshot_id=snapshot_id)
-    except IsolationUnavailable as exc:
-        print(f"SKIP: kernel refused sandbox namespaces: {exc}")
-        pytest.skip(f"kernel refused sandbox namespaces: {exc}")
+    async for b in local_backend(tmp_path / "data"):
+        yield b
 
 
 async def _run(b: LocalBackend, box: SandboxInfo, script: str) -> dict[str, str]:
@@ -82,7 +69,7 @@ print(json.dumps(out))
 async def test_a_large_file_is_linked_and_the_sandbox_cannot_change_the_object(backend: LocalBackend) -> None:
     base = await backend.snapshot_files({"data/big.jsonl": BIG, "small.txt": b"small"}, label="base")
     obj = backend.snapshots.object_path(_sha(BIG))
-    box = await _create(backend, base)
+    box = await create_work(backend, base)
     linked = Path(box.root) / "data" / "big.jsonl"  # type: ignore[arg-type]
     st, obj_st = os.stat(linked), os.stat(obj)
     assert (st.st_dev, st.st_ino) == (obj_st.st_dev, obj_st.st_ino)  # the object itself, not a copy
@@ -114,7 +101,7 @@ async def test_a_large_file_is_linked_and_the_sandbox_cannot_change_the_object(b
 async def test_the_backends_own_write_breaks_the_link(backend: LocalBackend) -> None:
     base = await backend.snapshot_files({"task_impl.py": BIG}, label="big impl")
     obj = backend.snapshots.object_path(_sha(BIG))
-    box = await _create(backend, base)
+    box = await create_work(backend, base)
     assert os.stat(Path(box.root) / "task_impl.py").st_ino == os.stat(obj).st_ino  # type: ignore[arg-type]
     await backend.write_file(box.sandbox_id, "task_impl.py", b"class Scorer: ...")  # as root, like put_runtime
     assert await backend.read_file(box.sandbox_id, "task_impl.py") == b"class Scorer: ..."
@@ -125,14 +112,14 @@ async def test_the_backends_own_write_breaks_the_link(backend: LocalBackend) -> 
 
 async def test_restores_stay_byte_identical_and_executables_are_copied(backend: LocalBackend) -> None:
     tool = BIG[:-7] + b"binary!"
-    first = await _create(backend, await backend.snapshot_files({"data/big.jsonl": BIG}, label="one"))
+    first = await create_work(backend, await backend.snapshot_files({"data/big.jsonl": BIG}, label="one"))
     await backend.write_file(first.sandbox_id, "bin/tool", tool, mode=0o755)
     await backend.write_file(first.sandbox_id, "private.bin", BIG, mode=0o600)
     snap = await backend.snapshot(first.sandbox_id, label="two")
     modes = {rel: entry["mode"] for rel, entry in _manifest(backend, snap).items()}
     assert modes == {"data/big.jsonl": 0o644, "bin/tool": 0o755, "private.bin": 0o600}
 
-    second = await _create(backend, snap)
+    second = await create_work(backend, snap)
     root = Path(second.root)  # type: ignore[arg-type]
     assert await backend.read_file(second.sandbox_id, "data/big.jsonl") == BIG
     assert await backend.read_file(second.sandbox_id, "private.bin") == BIG
@@ -147,7 +134,7 @@ async def test_a_damaged_large_object_is_refused(backend: LocalBackend) -> None:
     other = os.urandom(len(BIG))
     base = await backend.snapshot_files({"data/big.jsonl": other}, label="to damage")
     obj = backend.snapshots.object_path(_sha(other))
-    box = await _create(backend, base)  # hashed once, then known
+    box = await create_work(backend, base)  # hashed once, then known
     await backend.kill(box.sandbox_id)
     os.chmod(obj, 0o600)
     with open(obj, "r+b") as f:  # same size, other bytes: only a hash tells (the mtime moves)

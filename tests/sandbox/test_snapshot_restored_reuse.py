@@ -15,10 +15,9 @@ import pytest
 
 from benchwright.sandbox import (
     ExecLimits,
-    IsolationUnavailable,
     LocalBackend,
-    SandboxInfo,
 )
+from tests.sandbox.local_kit import create_work, local_backend
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 FAST = ExecLimits(cpu_seconds=10, memory_mb=512, wall_seconds=20, max_processes=32)
@@ -26,22 +25,8 @@ FAST = ExecLimits(cpu_seconds=10, memory_mb=512, wall_seconds=20, max_processes=
 
 @pytest.fixture
 async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        print("SKIP: the local sandbox backend needs Linux and root (CAP_SYS_ADMIN) for namespaces")
-        pytest.skip("the local sandbox backend needs Linux and root (CAP_SYS_ADMIN) for namespaces")
-    b = LocalBackend(tmp_path / "data")
-    yield b
-    for info in await b.list_alive():
-        await b.kill(info.sandbox_id)
-    await b.close()
-
-
-async def _create(b: LocalBackend, snapshot_id: str) -> SandboxInfo:
-    try:
-        return await b.create(role="work", run_id="run-1", snapshot_id=snapshot_id)
-    except IsolationUnavailable as exc:
-        print(f"SKIP: kernel refused sandbox namespaces: {exc}")
-        pytest.skip(f"kernel refused sandbox namespaces: {exc}")
+    async for b in local_backend(tmp_path / "data"):
+        yield b
 
 
 def _files(b: LocalBackend, snapshot_id: str) -> dict[str, str]:
@@ -54,7 +39,7 @@ async def test_untouched_files_keep_their_digest_and_changed_ones_are_read_again
     base = await backend.snapshot_files({"dataset.jsonl": big, "notes.txt": small, "keep.txt": b"same"},
                                         label="base")
     assert not backend.snapshots.restored  # the staging directory was forgotten with it
-    box = await _create(backend, base)
+    box = await create_work(backend, base)
     assert box.root is not None
     work = str(box.root)
     # Small files are copies it noted; the 3 MB dataset is a link to its object (test_snapshot_links.py).
