@@ -133,7 +133,8 @@ async def test_unloadable_task_impl_fails_atomize_with_a_clear_error(stack: Stac
 
 async def test_sut_failure_for_good_is_err(stack: Stack, dev_models: DevModels) -> None:
     # Live at Attach (the provider lists the model), then every completion answers 500 through its retries: each
-    # task is err. (A dead endpoint fails Attach instead, and a refused key halts the run: tests/api/test_sut_faults.py.)
+    # task is err. (A dead endpoint fails Attach instead, and a refused key halts the run:
+    # tests/api/test_sut_faults.py.)
     from benchwright.devmodel import DevModelConfig, Fault, load_answers
 
     url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl"),
