@@ -308,7 +308,8 @@ class CredentialProxy:
     async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
         op = cmd["op"]
         if op == "hello":
-            return {"ok": not self.closing, "port": self.port, "pid": os.getpid(), "routes": len(self.routes)}
+            return {"ok": not self.closing, "port": self.port, "pid": os.getpid(), "routes": len(self.routes),
+                    "runs": sorted(self.keys)}
         if op == "register":
             if self.closing:
                 return {"ok": False, "error": "closing"}

@@ -335,29 +335,35 @@ def reap_model_proxies(*, registry: ProcessRegistry, runs_dir: Path, finished_at
 
 def sweep_ended_routes(*, registry: ProcessRegistry, runs_dir: Path, ended_at: EndedAt, linger_s: float) -> int:
     """The periodic sweep of a worker: ``revoke_ended_routes``, skipped while no credential proxy of the data
-    directory holds a route (one ``hello`` per live proxy, none when none is up). A worker's run directories stay
-    on its disk, and listing them is the sweep's cost otherwise: ~7 ms of CPU per 1,000 run directories here."""
-    if not _routes_held(registry):
+    directory holds a route (one ``hello`` per live proxy, none when none is up). The proxies name the runs they
+    route, so only those run directories are read, however many a worker's disk keeps."""
+    runs = _routed_runs(registry)
+    if runs is not None and not runs:
         return 0
-    return revoke_ended_routes(runs_dir=runs_dir, ended_at=ended_at, linger_s=linger_s)
+    return revoke_ended_routes(runs_dir=runs_dir, ended_at=ended_at, linger_s=linger_s, only=runs)
 
 
-def _routes_held(registry: ProcessRegistry) -> bool:
-    """Whether a live proxy of the registry may hold a route (one it cannot ask, a per-run LiteLLM proxy from before
-    this design, counts as holding one)."""
+def _routed_runs(registry: ProcessRegistry) -> set[str] | None:
+    """The runs whose routes the registry's live proxies hold (each proxy names them in its ``hello``); None when a
+    proxy cannot say (a per-run LiteLLM proxy from before this design): then every run directory is looked at."""
+    runs: set[str] = set()
     for entry in registry.live(kinds=("model_proxy",)):
         control = entry.detail.get("control")
         if not isinstance(control, str):
-            return True
+            return None
         try:
-            if int(control_call(control, {"op": "hello"}, timeout_s=5.0).get("routes", 1)) > 0:
-                return True
+            hello = control_call(control, {"op": "hello"}, timeout_s=5.0)
         except ProxyGone:  # exiting (it lingered out): its routes, if any, went with it
             continue
-    return False
+        named = hello.get("runs")
+        if not isinstance(named, list):
+            return None if int(hello.get("routes", 1)) > 0 else runs
+        runs.update(str(r) for r in named)
+    return runs
 
 
-def revoke_ended_routes(*, runs_dir: Path, ended_at: EndedAt, linger_s: float) -> int:
+def revoke_ended_routes(*, runs_dir: Path, ended_at: EndedAt, linger_s: float,
+                        only: set[str] | None = None) -> int:
     """Revoke the routes this data directory's handles hold for runs that ended; returns how many were live.
 
     What keeps a per-run key from outliving its run on a worker that did not run the run's own revocation (the
@@ -365,6 +371,7 @@ def revoke_ended_routes(*, runs_dir: Path, ended_at: EndedAt, linger_s: float) -
     registered the run at that host's proxy). A worker runs this every ``proxy_route_sweep_s``
     (``sweep_ended_routes``): a listing of the run directories, and one ``ended_at`` call (one query) for all the
     handles it finds, none when it finds none.
+    ``only``: the runs to look at (what the proxies say they route), else every run directory.
     Nothing is billed here: the run's own revocation bills its route. A handle of a dead proxy whose run ended is
     dropped; one whose run still goes is kept (its per-run key is reused when a phase registers the run again).
     A per-run LiteLLM proxy from before this design is stopped once its run ended more than ``linger_s`` ago.
@@ -372,7 +379,8 @@ def revoke_ended_routes(*, runs_dir: Path, ended_at: EndedAt, linger_s: float) -
     if not runs_dir.exists():
         return 0
     handles: dict[str, ProxyHandle] = {}
-    for path in runs_dir.glob("*/proxy.json"):
+    paths = runs_dir.glob("*/proxy.json") if only is None else (runs_dir / run / "proxy.json" for run in sorted(only))
+    for path in paths:
         try:
             handle = load_handle(path.parent)
         except (OSError, ValueError, TypeError):  # revoked (unlinked) meanwhile, or a handle being replaced

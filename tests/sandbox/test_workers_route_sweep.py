@@ -30,6 +30,8 @@ from benchwright.proxy.model_proxy import (
     load_handle,
     proxy_file,
     revoke_ended_routes,
+    start_model_proxy,
+    stop_owned_proxies,
     sweep_ended_routes,
 )
 from benchwright.schemas import ModelSpec
@@ -146,3 +148,32 @@ def test_the_periodic_sweep_lists_nothing_while_no_proxy_holds_a_route(tmp_path:
 
     assert sweep_ended_routes(registry=ProcessRegistry(tmp_path), runs_dir=runs, ended_at=ended_at, linger_s=30) == 0
     assert asked == [] and load_handle(runs / "done") is not None, "no proxy up: no listing, no query"
+
+
+async def test_the_sweep_reads_only_the_runs_the_proxy_routes(tmp_path: Path) -> None:
+    """The proxy names the runs it routes; the sweep asks the store about those alone, however many run directories
+    (with handles left from before) the worker's disk keeps."""
+    registry = ProcessRegistry(tmp_path / "data")
+    runs = tmp_path / "runs"
+    spec = ModelSpec(identifier="openai/dev", api_base="http://127.0.0.1:9/v1")
+    try:
+        for run_id in ("routed-done", "routed-running"):
+            (runs / run_id).mkdir(parents=True)
+            await asyncio.to_thread(start_model_proxy, run_dir=runs / run_id, spec=spec, secret_value=None,
+                                    registry=registry, linger_s=30.0)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        for i in range(50):
+            _handle(runs / f"old-{i}", gone.pid)  # handles of a proxy that died long ago
+        asked: list[list[str]] = []
+
+        def ended_at(run_ids: Sequence[str]) -> dict[str, float]:
+            asked.append(sorted(run_ids))
+            return {"routed-done": time.time() - 1}
+
+        revoked = await asyncio.to_thread(sweep_ended_routes, registry=registry, runs_dir=runs, ended_at=ended_at,
+                                          linger_s=30.0)
+        assert revoked == 1 and asked == [["routed-done", "routed-running"]]
+        assert load_handle(runs / "routed-done") is None and load_handle(runs / "routed-running") is not None
+    finally:
+        stop_owned_proxies(registry)
