@@ -7,8 +7,10 @@ Also guards the exit status against temporalio's interpreter abort at exit (sdk-
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -82,6 +84,16 @@ class Stack:
         token = self.api_key if key == "default" else key
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.AsyncClient(base_url=self.api_url, headers=headers, timeout=60)
+
+
+def start_worker_process(settings: Settings, **env: str) -> subprocess.Popen[bytes]:
+    """A ``benchwright worker`` process on ``settings``' data directory, task queue and Temporal, with the test stack's
+    operator grants (local dataset paths, the dev models as internal model endpoints); ``env`` adds to them."""
+    return subprocess.Popen([sys.executable, "-m", "benchwright.cli", "worker"], env={
+        **os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,
+        "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address, "BENCHWRIGHT_ALLOW_LOCAL_PATHS": "true",
+        "BENCHWRIGHT_MODEL_INTERNAL_ALLOWED": json.dumps(settings.model_internal_allowed), **env},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @dataclass

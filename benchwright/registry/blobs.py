@@ -23,6 +23,7 @@ from pathlib import Path
 from benchwright.blobs import BlobNotFound
 from benchwright.blobs import BlobStore as SharedBlobStore
 from benchwright.errors import NotFound
+from benchwright.sandbox.local_snapshots import settle_object
 from benchwright.settings import Settings
 
 CHUNK = 1 << 20
@@ -131,13 +132,7 @@ class BlobStore:
         return self._share(self._settle(self._stage(data), hashlib.sha256(data).hexdigest()))
 
     def _settle(self, tmp: str, digest: str) -> str:
-        dest = self.path(digest)
-        if dest.exists():
-            os.unlink(tmp)  # identical content is stored once
-        else:
-            dest.parent.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(tmp, 0o400)
-            os.replace(tmp, dest)
+        settle_object(tmp, self.path(digest), digest)
         return digest
 
     def read_bytes(self, digest: str) -> bytes:

@@ -246,5 +246,33 @@ def proxy_env(info: SandboxInfo) -> dict[str, str]:
             "no_proxy": ""}
 
 
-__all__ = ["ROLES", "ExecLimits", "ExecResult", "IsolationUnavailable", "SandboxBackend", "SandboxError",
-           "SandboxInfo", "SandboxNotFound", "SandboxPathError", "SandboxProcess", "proxy_env"]
+async def read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
+    """A command's whole output stream, keeping at most ``cap`` bytes; whether more came. Reading goes on past the cap
+    (a command must not block on a full pipe), keeping nothing more."""
+    if stream is None:
+        return b"", False
+    kept = bytearray()
+    truncated = False
+    while chunk := await stream.read(1 << 16):
+        room = cap - len(kept)
+        if room > 0:
+            kept += chunk[:room]
+        if len(chunk) > room:
+            truncated = True
+    return bytes(kept), truncated
+
+
+__all__ = [
+    "ROLES",
+    "ExecLimits",
+    "ExecResult",
+    "IsolationUnavailable",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxInfo",
+    "SandboxNotFound",
+    "SandboxPathError",
+    "SandboxProcess",
+    "proxy_env",
+    "read_capped",
+]

@@ -25,9 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from benchwright.blobs import BlobNotFound, BlobStore
+from benchwright.blobs import BlobStore
 from benchwright.sandbox.base import (
-    ROLES,
     ExecLimits,
     ExecResult,
     SandboxError,
@@ -39,6 +38,7 @@ from benchwright.sandbox.remote import (
     WrappedCommands,
     check_relpath,
     parse_instance_size,
+    snapshot_archive,
     tar_of,
 )
 
@@ -100,14 +100,7 @@ class E2BBackend(WrappedCommands):
                      metadata: Mapping[str, Any] | None = None) -> SandboxInfo:
         from e2b import AsyncSandbox
 
-        if role not in ROLES:
-            raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
-        archive = None
-        if snapshot_id is not None:
-            try:
-                archive = await self.blobs.get(snapshot_id)
-            except BlobNotFound as exc:
-                raise SandboxError(f"unknown snapshot {snapshot_id}: {exc}") from exc
+        archive = await snapshot_archive(self.blobs, role, snapshot_id)
         meta = {**{k: str(v) for k, v in (metadata or {}).items()}, "benchwright_role": role,
                 "benchwright_run_id": run_id, "benchwright_managed": "1", "benchwright_created_at": repr(time.time()),
                 "benchwright_instance_size": self.instance_size}

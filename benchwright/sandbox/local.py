@@ -112,9 +112,10 @@ from benchwright.sandbox.base import (
     SandboxInfo,
     SandboxNotFound,
     SandboxPathError,
+    read_capped,
 )
 from benchwright.sandbox.local_cgroups import _Cgroups, _detect_cgroups, _ExecCgroup, _remove_cgroups
-from benchwright.sandbox.local_process import LocalProcess, _read_capped
+from benchwright.sandbox.local_process import LocalProcess
 from benchwright.sandbox.local_relay import _EgressRelay, _parse_proxy_url
 from benchwright.sandbox.local_snapshots import _SnapshotStore, _write_file_into
 from benchwright.sandbox.local_util import (
@@ -567,8 +568,8 @@ class LocalBackend:
         proc = await self._start(sandbox_id, argv, env=env, limits=limits, wall_seconds=wall,
                                  stdin_pipe=stdin is not None)
         feeder = asyncio.create_task(self._feed(proc, stdin)) if stdin is not None else None
-        out_task = asyncio.create_task(_read_capped(proc.stdout, limits.max_output_bytes))
-        err_task = asyncio.create_task(_read_capped(proc.stderr, limits.max_output_bytes))
+        out_task = asyncio.create_task(read_capped(proc.stdout, limits.max_output_bytes))
+        err_task = asyncio.create_task(read_capped(proc.stderr, limits.max_output_bytes))
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(proc._proc.wait()), wall + _HOST_GRACE_S)

@@ -127,16 +127,3 @@ class LocalProcess:
         with contextlib.suppress(ProcessLookupError):
             self._proc.kill()
 
-
-async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
-    if stream is None:
-        return b"", False
-    kept = bytearray()
-    truncated = False
-    while chunk := await stream.read(1 << 16):
-        room = cap - len(kept)
-        if room > 0:
-            kept += chunk[:room]
-        if len(chunk) > room:
-            truncated = True  # keep draining (the command must not block on a full pipe) but keep nothing
-    return bytes(kept), truncated

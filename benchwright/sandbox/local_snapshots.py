@@ -80,6 +80,19 @@ def _open_unshared(dfd: int, parts: list[str]) -> int:
     raise SandboxPathError(f"{where!r} kept being replaced by a file with other links; not written")
 
 
+def settle_object(tmp: str, dest: Path, digest: str) -> None:
+    """Put the staged file ``tmp`` (whose sha256 is ``digest``) into an object store at ``dest``, read-only (0400);
+    identical content is stored once, so an existing object wins and ``tmp`` goes. Shared by the snapshot store and
+    the registry's blobs, which keep their objects in the same directory."""
+    if dest.exists():
+        os.unlink(tmp)
+        return
+    dest.parent.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(tmp, 0o400)
+    os.replace(tmp, dest)
+    file_digests.note(dest, digest)  # what was hashed is what is stored
+
+
 class _SnapshotStore:
     """Content-addressed snapshots of work directories (see the module docstring for the layout)."""
 
@@ -112,14 +125,7 @@ class _SnapshotStore:
                     out.write(chunk)
                     size += len(chunk)
             digest = h.hexdigest()
-            dest = self.object_path(digest)
-            if dest.exists():
-                os.unlink(tmp)  # identical content is stored once
-            else:
-                dest.parent.mkdir(mode=0o700, exist_ok=True)
-                os.chmod(tmp, 0o400)
-                os.replace(tmp, dest)
-                file_digests.note(dest, digest)  # what was hashed is what is stored
+            settle_object(tmp, self.object_path(digest), digest)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

@@ -27,12 +27,31 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from benchwright.sandbox.base import ExecLimits, ExecResult, SandboxPathError
+from benchwright.blobs import BlobNotFound, BlobStore
+from benchwright.sandbox.base import ROLES, ExecLimits, ExecResult, SandboxError, SandboxPathError, read_capped
 
 _GRACE_S = 5.0
 TIMEOUT_RC = 124
 """What coreutils ``timeout`` exits with when the wall clock ran out and TERM ended the command."""
 _SIZE = re.compile(r"^(?P<backend>[a-z0-9]+)-(?P<cpu>\d+(?:\.\d+)?)cpu-(?P<mem>\d+)gb$")
+
+
+async def snapshot_archive(blobs: BlobStore, role: str, snapshot_id: str | None) -> bytes | None:
+    """What a remote backend's ``create`` starts from: ``role`` checked, and ``snapshot_id``'s tarball from the blob
+    store (None for an empty sandbox).
+
+    Raises:
+        ValueError: ``role`` is not one of ``ROLES``.
+        SandboxError: no snapshot ``snapshot_id`` in the blob store.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    if snapshot_id is None:
+        return None
+    try:
+        return await blobs.get(snapshot_id)
+    except BlobNotFound as exc:
+        raise SandboxError(f"unknown snapshot {snapshot_id}: {exc}") from exc
 
 
 def parse_instance_size(size: str) -> tuple[float, int]:
@@ -206,8 +225,8 @@ class RemoteProcess:
             self.stdin.write(input)
         if self.stdin is not None:
             self.stdin.close()
-        out, _ = await _read_capped(self.stdout, 1 << 62)
-        err, _ = await _read_capped(self.stderr, 1 << 62)
+        out, _ = await read_capped(self.stdout, 1 << 62)
+        err, _ = await read_capped(self.stderr, 1 << 62)
         await self.wait()
         return out, err
 
@@ -221,19 +240,6 @@ class RemoteProcess:
         self.kill()
 
 
-async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
-    if stream is None:
-        return b"", False
-    kept = bytearray()
-    truncated = False
-    while chunk := await stream.read(1 << 16):
-        room = cap - len(kept)
-        if room > 0:
-            kept += chunk[:room]
-        if len(chunk) > room:
-            truncated = True
-    return bytes(kept), truncated
-
 
 async def exec_via_spawn(start: Callable[[int | None], Awaitable[RemoteProcess]], *, stdin: bytes | None,
                          limits: ExecLimits) -> ExecResult:
@@ -242,8 +248,8 @@ async def exec_via_spawn(start: Callable[[int | None], Awaitable[RemoteProcess]]
     ``start(stdin_len)`` starts the wrapped command (see :func:`wrap_command`'s ``stdin_bytes``).
     """
     proc = await start(len(stdin) if stdin is not None else None)
-    out_task = asyncio.create_task(_read_capped(proc.stdout, limits.max_output_bytes))
-    err_task = asyncio.create_task(_read_capped(proc.stderr, limits.max_output_bytes))
+    out_task = asyncio.create_task(read_capped(proc.stdout, limits.max_output_bytes))
+    err_task = asyncio.create_task(read_capped(proc.stderr, limits.max_output_bytes))
     try:
         if proc.stdin is not None:
             if stdin:

@@ -37,9 +37,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from benchwright.blobs import BlobNotFound, BlobStore
+from benchwright.blobs import BlobStore
 from benchwright.sandbox.base import (
-    ROLES,
     ExecLimits,
     ExecResult,
     SandboxError,
@@ -52,6 +51,7 @@ from benchwright.sandbox.remote import (
     check_relpath,
     file_from_tar,
     parse_instance_size,
+    snapshot_archive,
     tar_of,
 )
 
@@ -151,14 +151,7 @@ class Sandbox0Backend(WrappedCommands):
     async def create(self, *, role: str, run_id: str, snapshot_id: str | None = None,
                      metadata: Mapping[str, Any] | None = None) -> SandboxInfo:
         """A pod for a sandbox, Running, with ``snapshot_id``'s files in its work directory when given."""
-        if role not in ROLES:
-            raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
-        archive = None
-        if snapshot_id is not None:
-            try:
-                archive = await self.blobs.get(snapshot_id)
-            except BlobNotFound as exc:
-                raise SandboxError(f"unknown snapshot {snapshot_id}: {exc}") from exc
+        archive = await snapshot_archive(self.blobs, role, snapshot_id)
         name = f"bw-{role.replace('_', '-')}-{secrets.token_hex(6)}"
         meta = {**(metadata or {}), "benchwright_role": role, "benchwright_run_id": run_id}
         pod, policy = self._manifests(name, role=role, run_id=run_id, metadata=meta)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +18,7 @@ from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
 from tests.api.helpers import launch, poll_all, wait_terminal
 from tests.api.test_scale import _dataset, _live_sandboxes
-from tests.conftest import SAMPLE, DevModels, Stack, serve_app
+from tests.conftest import SAMPLE, DevModels, Stack, serve_app, start_worker_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 DATASET = str(SAMPLE / "arithmetic.jsonl")
@@ -270,13 +268,8 @@ async def test_paused_and_waiting_runs_survive_a_killed_worker(stack: Stack, slo
     settings = stack.settings.model_copy(update={"task_queue": f"bw-kill-{uuid.uuid4()}"})
     port = free_port()
     server, task = await serve_app(create_app(settings), port)
-    env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,
-           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address, "BENCHWRIGHT_ALLOW_LOCAL_PATHS": "true",
-           "BENCHWRIGHT_ALLOW_FAULT_INJECTION": "true"}
-
     def start_worker() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "benchwright.cli", "worker"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return start_worker_process(settings, BENCHWRIGHT_ALLOW_FAULT_INJECTION="true")
 
     def kill(proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGKILL)

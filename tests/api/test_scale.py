@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
 from benchwright.pipeline import plan_batches
 from tests.api.helpers import launch, wait_terminal
-from tests.conftest import DevModels, Stack, serve_app
+from tests.conftest import DevModels, Stack, serve_app, start_worker_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 EVENTS_PER_BATCH = 6
@@ -99,12 +97,8 @@ async def test_worker_sigkill_mid_materialize_completes_without_loss_or_duplicat
                                                  "materialize_batch_tasks": 100})
     port = free_port()
     server, task = await serve_app(create_app(settings), port)
-    env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,
-           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address, "BENCHWRIGHT_ALLOW_LOCAL_PATHS": "true"}
-
     def start_worker() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "benchwright.cli", "worker"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return start_worker_process(settings)
 
     workers = [start_worker()]
     try:

@@ -4,11 +4,8 @@ and every sample is in the log exactly once."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -17,7 +14,7 @@ from api.main import create_app
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
 from tests.api.helpers import launch, wait_terminal
-from tests.conftest import DevModels, Stack, serve_app
+from tests.conftest import DevModels, Stack, serve_app, start_worker_process
 from tests.harness.qa import ROWS, answers, harness_config
 from tests.harness.test_bridge_runs import bridge_model  # noqa: F401  (the session fixture: runtimes installed)
 
@@ -30,14 +27,8 @@ async def test_worker_sigkill_mid_harness_resumes_without_duplicates(stack: Stac
     settings = stack.settings.model_copy(update={"task_queue": f"bw-harness-kill-{uuid.uuid4()}"})
     port = free_port()
     server, task = await serve_app(create_app(settings), port)
-    env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(settings.data_dir), "BENCHWRIGHT_TASK_QUEUE": settings.task_queue,
-           "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address,
-           # the dev models are operator-listed internal model endpoints (benchwright.model_access)
-           "BENCHWRIGHT_MODEL_INTERNAL_ALLOWED": json.dumps(settings.model_internal_allowed)}
-
     def start_worker() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "benchwright.cli", "worker"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return start_worker_process(settings)
 
     workers = [start_worker()]
     try:
