@@ -87,8 +87,8 @@ def accounts_create(name: str, data_dir: DataDir = None,
                         "--local-paths", help="Let the account name dataset files on the worker's host (where the "
                         "deployment allows local paths; never the data directory or secret-holding places).")] = False,
                     admin: Annotated[bool, typer.Option(
-                        "--admin", help="A platform administrator: may halt any account's run (the §9 admin "
-                        "halt, 'benchwright admin halt').")] = False,
+                        "--admin", help="A platform administrator: may halt any account's run (the admin "
+                        "halt, docs/concepts.md §9; 'benchwright admin halt').")] = False,
                     ) -> None:
     """Create an account and print its API key (shown only this once)."""
     from benchwright.errors import BenchwrightError
@@ -160,7 +160,8 @@ def halt(run_id: str, reason: Annotated[str | None, typer.Option(help="Why (reco
 @admin_app.command("halt")
 def admin_halt(run_id: str, reason: Annotated[str, typer.Option(help="Why (recorded as 'admin: <reason>').")],
                data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
-    """Halt any account's run for good (the §9 admin halt, display_status killed); needs an admin account's key."""
+    """Halt any account's run for good (the admin halt, docs/concepts.md §9; display_status killed); needs an admin
+    account's key."""
     if not reason.strip():
         console.print("[red]error:[/red] an admin halt needs --reason (it is recorded as 'admin: <reason>')")
         raise typer.Exit(2)
@@ -384,8 +385,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
             "weight=w, threshold=0.8.")] = None,
         concurrency: Annotated[int | None, typer.Option(help="SUT calls in flight during Materialize.")] = None,
         limit: Annotated[list[str] | None, typer.Option(
-            "--limit", metavar="LEVEL.QUANTITY=N", help="A ceiling (repeatable, §9): run.cost=5, run.duration=600, "
-            "task.attempts=2, attempt.duration=60 ... ('GET /v1/limits' lists them).")] = None,
+            "--limit", metavar="LEVEL.QUANTITY=N", help="A ceiling (repeatable, docs/concepts.md §9): run.cost=5, "
+            "run.duration=600, task.attempts=2, attempt.duration=60 ... ('GET /v1/limits' lists them).")] = None,
         constraints: Annotated[list[str] | None, typer.Option(
             "--constraints", metavar="KEY=N", help="The older ceilings (repeatable): max_cost_cents, "
             "max_duration_ms, max_tasks.")] = None,
@@ -426,7 +427,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
 
     for retired, value in (("--operator", operator), ("--agent", agent)):
         if value is not None:  # §8: the flag exists only to name its new spelling
-            console.print(f"[red]error:[/red] {retired} was renamed --driver (§8): pass --driver {value}")
+            console.print(f"[red]error:[/red] {retired} was renamed --driver (see docs/concepts.md §8): "
+                          f"pass --driver {value}")
             raise typer.Exit(2)
     if dataset and not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())

@@ -101,7 +101,7 @@ class Client:
         """
         for key, replacement in RETIRED_LAUNCH_KEYS.items():
             if key in extra:
-                raise TypeError(f"launch() got '{key}=', which was renamed '{replacement}=' (§8)")
+                raise TypeError(f"launch() got '{key}=', which was renamed '{replacement}=' (see docs/concepts.md §8)")
         body: dict[str, Any] = {"model": model, **extra}
         if dataset is not None:  # a pinned launch names benchmark=, subset= (and impl=) instead
             body["dataset"] = dataset

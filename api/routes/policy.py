@@ -160,7 +160,7 @@ class ComputeView(BaseModel):
 
 @router.put("/settings/compute", response_model=ComputeView, responses=responses(*BODY))
 async def put_compute(body: ComputeBody, account: AccountDep, state: StateDep) -> ComputeView:
-    """Save the account's compute provider (§4 level 2); runs that do not name one use it."""
+    """Save the account's compute provider (docs/concepts.md §4, level 2); runs that do not name one use it."""
     chosen = None if body.compute in (None, "default", "auto") else body.compute
     if chosen is not None:
         check_compute(chosen, configured=state.settings.configured_backends())

@@ -224,7 +224,8 @@ async def get_events(
 def get_tasks(run_id: RunId, account: AccountDep, state: StateDep, after: After = -1,
               limit: Annotated[int, Query(ge=1, le=5000)] = 500,
               invocation: Annotated[int | None, Query(ge=1, le=MAX_INDEX, description=(
-                  "The Materialize invocation (sweep, §2) to list; default the latest."))] = None) -> TaskList:
+                  "The Materialize invocation (sweep, docs/concepts.md §2) to list; "
+                  "default the latest."))] = None) -> TaskList:
     """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
     run = readable_run(state.engine, run_id=run_id, account_id=account.id)
     return list_tasks(state.engine, run_id=run.id, after=after, limit=limit, invocation=invocation)

@@ -60,7 +60,7 @@ class BuiltinDriver:
                 ctx.narrate(f"The prompt scopes the run ({'; '.join(scope.said)}): {len(subset.indices)} of "
                             f"{ctx.schema.rows} rows, {subset.recipe}.")
         if ctx.schema.splits:
-            ctx.narrate("The dataset ships splits, each a subset (§13): " + ", ".join(
+            ctx.narrate("The dataset ships splits, each a subset (docs/concepts.md §13): " + ", ".join(
                 f"{name} ({count} rows)" for name, count in ctx.schema.splits.items())
                 + ("." if subset is not None else "; no split was named, so every row is evaluated."))
         return AnalyzeDecision(plan=plan, subset=subset)

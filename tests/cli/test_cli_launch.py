@@ -160,7 +160,7 @@ async def test_retired_operator_and_agent_flags_name_driver_and_send_nothing(sta
     nowhere = {"BENCHWRIGHT_API_URL": f"http://127.0.0.1:{free_port()}", "BENCHWRIGHT_API_KEY": "bw_x"}
     for flag in ("--operator", "--agent"):
         done = await bw("run", "--dataset", DATASET, "--model", "openai/dev", flag, "builtin", env=nowhere)
-        assert done.rc == 2 and f"{flag} was renamed --driver (§8)" in done.err, done.err
+        assert done.rc == 2 and f"{flag} was renamed --driver (see docs/concepts.md §8)" in done.err, done.err
         assert "No such option" not in done.err and "unreachable" not in done.err
     with Client(nowhere["BENCHWRIGHT_API_URL"], "bw_x") as sdk:
         for key in ("operator", "agent"):
