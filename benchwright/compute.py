@@ -31,7 +31,7 @@ def check_compute(value: str, *, configured: tuple[str, ...]) -> str:
     if value in BACKENDS and value not in configured:
         raise InvalidInput(f"compute backend '{value}' is not configured on this deployment "
                            f"(configured: {', '.join(configured)}); to configure it, "
-                           f"{HOW_TO_CONFIGURE.get(value, 'see the README')} on the API and the workers",
+                           f"{HOW_TO_CONFIGURE.get(value, 'see docs/backends.md')} on the API and the workers",
                            code="compute_not_configured")
     return value
 

@@ -6,7 +6,7 @@ U+001E. Only the fields in ``LOAD_BEARING`` count, so per-run noise stays out: w
 bytes (their sha256 counts), which invocation produced the scorer, the source label of the code, and the proxy's
 host, port and paths (ModelProxyArtifact carries none: its YAML names secrets by environment variable only).
 
-The rest of the family asks "is this the same evaluation setup" and keeps the model out (README, "Fingerprints"):
+The rest of the family asks "is this the same evaluation setup" and keeps the model out (docs/registry.md):
 
 ========================  ===============================================================================
 column                    what it hashes

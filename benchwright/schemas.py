@@ -107,7 +107,7 @@ class LaunchRequest(_Strict):
     prompt: str | None = Field(default=None, min_length=1, max_length=2000)
     """A natural-language launch (§3): what to evaluate, in words ("gsm8k, the first 50", "one mmlu question from
     each subject"). Without ``dataset``, Find resolves it against the deployment's catalog; with one, Analyze still
-    reads its scoping phrase (README: Prompt launches)."""
+    reads its scoping phrase (docs/launches.md: Prompt launches)."""
     benchmark: str | None = Field(default=None, min_length=1, max_length=200)
     """Pinned launch (§3): a registry benchmark, by id, then by exact name. Not together with ``dataset``."""
     subset: str | None = Field(default=None, min_length=1, max_length=200)

@@ -19,7 +19,7 @@ Configured by a kubeconfig (``BENCHWRIGHT_SANDBOX0_KUBECONFIG``) or the in-clust
 and an image (which must have ``sh``, coreutils ``timeout``/``head``/``env``, ``tar`` and ``python3``).
 
 Tested with the real client against :mod:`benchwright.testkit.k8s_double`, a loopback API server speaking the same
-REST and exec websocket protocol; see the README for running the same suite against a real cluster.
+REST and exec websocket protocol; see docs/backends.md for running the same suite against a real cluster.
 """
 
 from __future__ import annotations

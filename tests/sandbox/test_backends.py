@@ -2,7 +2,7 @@
 client against :mod:`benchwright.testkit.k8s_double`, v5 and v4 exec subprotocols) and ``e2b`` (the real ``e2b``
 SDK against :mod:`benchwright.testkit.e2b_double`).
 
-Against a real cluster or a real E2B account (see the README, "Sandbox backends"):
+Against a real cluster or a real E2B account (see docs/backends.md):
 
     BENCHWRIGHT_TEST_KUBECONFIG=~/.kube/config BENCHWRIGHT_TEST_SANDBOX0_IMAGE=python:3.12-slim \
         .venv/bin/python -m pytest tests/sandbox/test_backends.py -k sandbox0-real

@@ -4,7 +4,7 @@ Each test launches its runs through REST, then reads the page: the runs list's r
 count and the colour of every cell's pixels against the outcomes the API reports, the counters moving while a
 slow run runs, the pause and resume buttons acting on the run, the drill-down modal's trial rows, the Temporal UI
 link, and a 10,000-task run's page staying responsive. Screenshots go to the session's tmp dir (printed);
-``BENCHWRIGHT_UPDATE_SCREENSHOT=1`` also writes the README's ``docs/run-page.png``.
+``BENCHWRIGHT_UPDATE_SCREENSHOT=1`` also writes ``docs/run-page.png`` (shown in docs/ui.md).
 """
 
 from __future__ import annotations
