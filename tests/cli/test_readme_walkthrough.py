@@ -11,6 +11,9 @@ would. ``benchwright up`` and commands ending in ``&`` run in the background unt
 Every command must exit 0 and print what it is for (a check per command below; a tour command without a check
 fails the test, so a new README command needs one). A block right after ``<!-- walkthrough: skip (reason) -->``
 is not run; the test prints which and why. The tour's links to the dashboard and the Temporal UI must answer 200.
+
+Two static checks ride along: every documented curl to the API carries the key and, with a body, the JSON
+content type; every ``§N`` in the code has its numbered section in docs/concepts.md.
 """
 
 from __future__ import annotations
@@ -292,3 +295,38 @@ def test_tour_blocks_parse_as_commands() -> None:
     blocks = tour_blocks(tour_section(section))
     assert [(b.commands, b.skip) for b in blocks] == [
         (["a --x  --y  # why", "b"], None), (["c"], "needs a real provider"), (["d &"], None)]
+
+
+def _documented_commands() -> Iterator[tuple[Path, str]]:
+    """Every command in a ```bash block of the README and docs/, continuation lines joined."""
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                if line.strip():
+                    yield page, line.strip()
+
+
+def test_documented_curl_requests_send_a_key_and_json() -> None:
+    """A curl example with a body that lacks ``content-type: application/json`` answers 422, and one without the key
+    401: every curl the README and docs/ print that talks to the API carries both."""
+    curls = [(page, line) for page, line in _documented_commands() if line.startswith("curl ") and "$API" in line]
+    assert len(curls) >= 4, curls
+    for page, line in curls:
+        assert 'Authorization: Bearer $KEY"' in line, f"{page.name}: {line}"
+        if " -d " in line:
+            assert '-H "content-type: application/json"' in line, f"{page.name}: {line}"
+
+
+def test_section_references_have_a_home_in_concepts() -> None:
+    """``§N`` in the code and in user-facing messages means section N of docs/concepts.md: every N used exists there,
+    under its numbered heading and anchor."""
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    numbered = {int(n) for n in re.findall(r'^<a id="s(\d+)"></a>\n## \1\. ', concepts, re.M)}
+    assert numbered == set(range(1, 14)), numbered
+    used: set[int] = set()
+    for package in ("benchwright", "api", "activities", "workflows"):
+        for source in (ROOT / package).rglob("*.py"):
+            # RFC sections (RFC 9112 §6.3) are not ours: they always have a dotted part.
+            used |= {int(n) for n in re.findall(r"§(\d+)(?![.\d])", source.read_text())}
+    assert used and used <= numbered, sorted(used - numbered)
+    assert "§N" in (ROOT / "benchwright" / "__init__.py").read_text()
