@@ -22,9 +22,10 @@ _THINK_CLOSE = re.compile(r"</(?:think|thinking)>", re.IGNORECASE)
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
 # A self-correction: "42, no wait, 41", "A... wait, actually C", "Scratch that: 18", "On second thought, B".
 # "actually" alone is not one ("The answer is B. Actually, A is a common mistake" keeps B).
+_GAP = r"(?:[\s,.:;!\u2026\u2014\u2013]|-(?![\d.$]))*"  # punctuation between words, not a number's minus sign
 _CORRECTION = re.compile(r"(?i)(?:\bwait\b\s*[,.!:;\u2014\u2013-]+|\bscratch that\b|\bon second thought\b|"
                          r"\bcorrection\s*:|\bI made a mistake\b|\blet me correct (?:that|myself)\b)"
-                         r"(?:[\s,.:;!\u2026\u2014\u2013-]*(?:no|actually|hmm|sorry)\b)*[\s,.:;!\u2026\u2014\u2013-]*")
+                         r"(?:" + _GAP + r"(?:no|actually|hmm|sorry)\b)*" + _GAP)
 
 
 def answer_part(reply):

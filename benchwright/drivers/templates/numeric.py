@@ -3,7 +3,7 @@
 The reference is a number, or a worked solution ending ``#### <number>``. The answer is read from the reply's answer
 part (a reasoning block skipped; after a self-correction, the corrected part first) by the first rule that finds
 one: the last ``#### <number>``, the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is
-<number>" / "answer: <number>", else the last number in the reply (so "42, no wait, 41" is 41). Numbers compare
+<number>" / "answer: <number>", a number opening the reply as its own sentence, else the last number in the reply (so "42, no wait, 41" is 41). Numbers compare
 exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``.
 Standard library only; CONFIG names the ``input`` and ``reference`` columns.
 """
@@ -26,13 +26,14 @@ SYSTEM_PROMPT = ("Solve the problem step by step. End your reply with the final 
 # A number as models write it: a sign, a currency symbol, thousands separators, decimals, a fraction a/b, a
 # scientific exponent (6.02e23, 6.02 x 10^23); not the digits of a power ("m^2") or of a name ("CO2", "x1").
 _NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
-           r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?![\d.]))?"
+           r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
            r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?)?"
            r"|(?<![\w^.])[-\u2212]?\.\d+")
 _NUMBER_RE = re.compile(_NUMBER)
 _HASHES = re.compile(r"####\s*\**\s*(" + _NUMBER + ")")
 _ANSWER_IS = re.compile(r"(?:answer|result|total)\**\s*(?:is|=|:|would be|will be)?\s*[:=]?\s*\**\s*[$\\(]*\s*("
                         + _NUMBER + ")", re.IGNORECASE)
+_LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -105,6 +106,9 @@ def _find(text):
     found = _ANSWER_IS.findall(plain)
     if found:  # "The answer is 18", "**Final answer:** $1,234", the last one said
         return parse_number(found[-1]), "answer_phrase"
+    lead = _LEADING.match(plain)
+    if lead:  # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
+        return parse_number(lead.group(1)), "leading_number"
     value = _last_number(plain)
     return (value, "last_number") if value is not None else (None, None)
 
