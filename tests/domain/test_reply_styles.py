@@ -56,7 +56,8 @@ def _row(spec: dict[str, Any]) -> dict[str, Any]:
 # ---- derived variables, so one style template serves every row -------------------------------------------------
 
 def _choice_vars(row: dict[str, Any], scorer_ns: Any, spec: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    texts = [str(t) for t in row["choices"]]
+    choices = row["choices"]
+    texts = [str(t) for t in (choices["text"] if isinstance(choices, dict) else choices)]
     right = "ABCDEFGH".index(scorer_ns["reference_letter"](row))
     wrong = spec.get("wrong_index", (right + 1) % len(texts))
 

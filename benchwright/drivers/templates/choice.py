@@ -6,7 +6,8 @@ the choice's text. The prompt lists the lettered choices; the letter is read fro
 reasoning block skipped; a self-correction's corrected part first) by the first rule that finds one: a JSON
 ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer" heading's next line, an answer
 phrase ("The answer is **B**", "Answer: b", "I'd go with C", the last one said), "B) ..." opening the reply, one
-"(B)"/"**B**", the whole text of exactly one choice, one lone capital letter in a short reply. An explicit letter
+"(B)"/"**B**", the whole text of exactly one choice (a choice of 3 characters or fewer only as the whole reply),
+one lone capital letter in a short reply. An explicit letter
 always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
@@ -125,9 +126,9 @@ def _find(text, texts):
         letter = _letter_in(inner, texts)
         if letter is not None:
             return letter, "boxed"
-    letter = _letter_in(text, texts) if len(text) <= 12 else None  # the whole reply: "C", "**C**", "(c)."
-    if letter is not None and len(re.sub(r"[\s*_`'\"().:\[\]$]", "", text)) == 1:
-        return letter, "bare_letter"
+    bare = re.sub(r"[\s*_`'\"().:\[\]$]", "", text)
+    if len(bare) == 1 and bare.isalpha() and bare.upper() in valid:  # the whole reply: "C", "**C**", "(c)."
+        return bare.upper(), "bare_letter"
     for heading in reversed(list(_FINAL_HEADING.finditer(text))):  # "## Final answer\n\n**C**"
         below = [line for line in text[heading.end():].splitlines() if line.strip()]
         letter = _letter_in(below[0], texts) if below else None
@@ -146,9 +147,10 @@ def _find(text, texts):
         if len(found) == 1:
             return found.pop(), "letter_pattern"
     said_text = _norm(text)
-    named = [i for i, t in enumerate(texts) if _norm(t) and re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text)]
-    if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid."
-        return valid[named[0]], "choice_text"
+    named = [i for i, t in enumerate(texts) if _norm(t) and (
+        re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text) if len(_norm(t)) > 3 else _norm(t) == said_text)]
+    if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
+        return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them)
     if len(text.split()) <= 20:  # a short reply naming one letter: "Option D", "I'd say B, London"
         lone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", text)) & set(valid) - {"I"}
         if len(lone) == 1:
