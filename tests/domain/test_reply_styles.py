@@ -170,6 +170,9 @@ def _vars(template: str, spec: dict[str, Any], row: dict[str, Any],
         right, wrong = _tool_vars(row, spec, style.get("args", "as_is"))
     else:
         right, wrong = dict(spec["vars"]), {**spec["vars"], **spec["wrong"]}
+        for side in (right, wrong):
+            if "a" in side:
+                side.update(a_lower=side["a"].lower(), a_upper=side["a"].upper())
     return right, wrong
 
 

@@ -29,7 +29,7 @@ _ANSWER_IS = re.compile(r"(?i:\b(?:final answer|answer)\b)\**\s*(?:(?i:is|would 
                         r"(?:$|(?<=[^\s.])\.(?:\s|$))", re.MULTILINE)
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|by|called|named)\s+(?!(?:a|an|the|not|known|also)\b)(.+)$",
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|by|called|named|it's|year)\s+(?!(?:not|known|also)\b)(.+)$",
                        re.IGNORECASE)
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
 
