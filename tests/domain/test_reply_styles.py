@@ -94,7 +94,7 @@ def _code_vars(row: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, str
             "args": ", ".join(params),
         }
 
-    return of(spec["body"]), of(spec["wrong_body"])
+    return of(spec.get("body") or row["canonical_solution"]), of(spec["wrong_body"])
 
 
 def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tuple[dict[str, Any], dict[str, Any]]:
