@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,7 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
             "calls_params": json.dumps([{"function": c["name"], "parameters": c["arguments"]} for c in cs]),
             "calls_py": "\n".join(py), "calls_py_list": "[" + ", ".join(py) + "]",
             "spaced_json": "\n".join(json.dumps(c, indent=4).replace(": ", " :   ") for c in cs),
+            "calls_wire_json": json.dumps(wire), "calls_cut": json.dumps(cs)[:len(json.dumps(cs[0])) // 2],
         }
 
     return of(calls), of(wrong)
@@ -203,10 +205,16 @@ def test_reply_style(template: str, plan: dict[str, str], spec: dict[str, Any], 
                      style: dict[str, Any]) -> None:
     ns = _namespace(template, plan)
     right_vars, wrong_vars = _vars(template, spec, row, style)
-    for key, score in (("right", 1.0), ("wrong", 0.0)):
+
+    def run(key: str) -> tuple[SutText, Any, dict[str, Any]]:
         reply = _reply(style, right_vars, wrong_vars, key)
-        solved = ns["Scorer"]().solve(row, lambda *_a, _reply=reply, **_k: _reply)
-        result = ns["Scorer"]().score(row, solved)
+        solved = ns["Scorer"]().solve(row, lambda *_a, **_k: reply)
+        return reply, solved, ns["Scorer"]().score(row, solved)
+
+    with ThreadPoolExecutor(2) as pool:  # the code template runs each candidate in a child process
+        runs = dict(zip(("right", "wrong"), pool.map(run, ("right", "wrong")), strict=True))
+    for key, score in (("right", 1.0), ("wrong", 0.0)):
+        reply, solved, result = runs[key]
         shown = f"{key} reply {str(reply)!r} (reasoning {reply.reasoning!r}) -> {result}"
         assert result["score"] == score, shown
         extracted = style.get(f"{key}_extracted", True)
@@ -218,7 +226,8 @@ def test_reply_style(template: str, plan: dict[str, str], spec: dict[str, Any], 
         elif rule is not None:
             assert result["rule"] == rule, shown
         if reply.reasoning:  # the reasoning is never scored, and the trial's output shows it
-            assert reply.reasoning in (output_of(solved) or ""), shown
+            shows = json.loads(solved)["reasoning"] if template == "tool_call" else output_of(solved)
+            assert reply.reasoning in (shows or ""), shown
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

@@ -1,14 +1,13 @@
 """task_impl.py written by Benchwright's builtin driver: multiple choice (MMLU / ARC style).
 
-The choices come from one column (a list of strings, ARC's ``{"text": [...], "label": [...]}``, or a JSON string
-of either) or from one column per letter (A, B, C, D...); the reference is a 0-based index, a letter, a label, or
-the choice's text. The prompt lists the lettered choices; the letter is read from the reply's answer part (a
-reasoning block skipped; a self-correction's corrected part first) by the first rule that finds one: a JSON
-``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer" heading's next line, an answer
-phrase ("The answer is **B**", "Answer: b", "I'd go with C", the last one said), "B) ..." opening the reply, one
-"(B)"/"**B**", the whole text of exactly one choice (a choice of 3 characters or fewer only as the whole reply),
-one lone capital letter in a short reply. An explicit letter
-always wins over a choice's text. Standard library only.
+The choices come from one column (a list of strings, ARC's ``{"text": [...], "label": [...]}``, or a JSON string of
+either) or from one column per letter (A, B, C, D...); the reference is a 0-based index, a letter, a label, or the
+choice's text. The prompt lists the lettered choices; the letter is read from the reply's answer part (a reasoning block
+skipped; a self-correction's corrected part first) by the first rule that finds one: a JSON ``{"answer": "C"}``,
+``\\boxed{C}``, the whole reply a letter, a "Final answer" heading's next line, an answer phrase ("The answer is **B**",
+"Answer: b", "I'd go with C", the last one said), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of
+exactly one choice (a choice of 3 characters or fewer only as the whole reply), one lone capital letter in a short
+reply. An explicit letter always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 

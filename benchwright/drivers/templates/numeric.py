@@ -1,11 +1,11 @@
 """task_impl.py written by Benchwright's builtin driver: numeric final answer (GSM8K style).
 
 The reference is a number, or a worked solution ending ``#### <number>``. The answer is read from the reply's answer
-part (a reasoning block skipped; after a self-correction, the corrected part first) by the first rule that finds
-one: the last ``#### <number>``, the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is
-<number>" / "answer: <number>", a number opening the reply as its own sentence, else the last number in the reply (so "42, no wait, 41" is 41). Numbers compare
-exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``.
-Standard library only; CONFIG names the ``input`` and ``reference`` columns.
+part (a reasoning block skipped; after a self-correction, the corrected part first) by the first rule that finds one:
+the last ``#### <number>``, the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" /
+"answer: <number>", a number opening the reply as its own sentence, else the last number in the reply (so "42, no wait,
+41" is 41). Numbers compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``,
+``6e8`` = ``6 \\times 10^8``. Standard library only; CONFIG names the ``input`` and ``reference`` columns.
 """
 
 import re

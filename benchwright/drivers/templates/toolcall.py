@@ -13,6 +13,7 @@ CONFIG: ``input``, ``functions`` and ``reference`` columns.
 
 import ast
 import json
+import keyword
 import re
 
 from benchwright.drivers.templates._reply import answer_part, reasoning_of  # inlined by render()
@@ -202,13 +203,16 @@ def _python_calls(text, row):
                 j += 1
                 if depth == 0:
                     break
+            source = text[m.start():j].replace(name, "f", 1)
+            # an argument named like a Python keyword ("from", "class") would not parse: renamed and back
+            source = re.sub(r"(?<=[(,\s])(" + "|".join(keyword.kwlist) + r")(\s*=)(?!=)", r"\1__kw\2", source)
             try:
-                node = ast.parse(text[m.start():j].replace(name, "f", 1), mode="eval").body
+                node = ast.parse(source, mode="eval").body
                 if not isinstance(node, ast.Call):
                     continue
                 order = list((fn.get("parameters") or {}).get("properties") or {})
                 args = {order[k]: ast.literal_eval(a) for k, a in enumerate(node.args) if k < len(order)}
-                args.update({kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg})
+                args.update({kw.arg.removesuffix("__kw"): ast.literal_eval(kw.value) for kw in node.keywords if kw.arg})
             except (SyntaxError, ValueError, TypeError):
                 continue
             found.append((m.start(), {"name": fn["name"], "arguments": args}))
