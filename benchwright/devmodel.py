@@ -178,6 +178,9 @@ class DevModelConfig:
             the request offers ``tools``: the reply is an assistant message with ``tool_calls`` (content null,
             finish_reason ``tool_calls``), as OpenAI sends it. Canned, so ``accuracy`` does not apply to them;
             a request without ``tools`` gets the answer table's reply.
+        reasoning: Question text -> the reasoning to send beside the reply, in the message's ``reasoning_key``
+            field, as reasoning models' servers do (non-streamed replies only).
+        reasoning_key: ``reasoning_content`` (DeepSeek, vLLM, Qwen) or ``reasoning`` (OpenRouter).
     """
 
     answers: dict[str, str]
@@ -189,6 +192,8 @@ class DevModelConfig:
     faults: tuple[Fault, ...] = ()
     seed: str = ""
     tool_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    reasoning: dict[str, str] = field(default_factory=dict)
+    reasoning_key: str = "reasoning_content"
 
     def __post_init__(self) -> None:
         # NaN fails both comparisons, so it is rejected too.
@@ -198,6 +203,8 @@ class DevModelConfig:
             raise ValueError(f"latency_ms must be a finite number >= 0, got {self.latency_ms!r}")
         if not self.model_name:
             raise ValueError("model_name must not be empty")
+        if self.reasoning_key not in ("reasoning_content", "reasoning"):
+            raise ValueError(f"reasoning_key must be reasoning_content or reasoning, got {self.reasoning_key!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -502,12 +509,15 @@ def _error_body(message: str, error_type: str = "invalid_request_error") -> byte
 
 def _completion_body(
     completion_id: str, created: int, model: str, reply: str, usage: dict[str, int],
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None, reasoning: tuple[str, str] | None = None,
 ) -> bytes:
-    """A ``chat.completion`` object as OpenAI returns it (an assistant message with ``tool_calls`` when given)."""
+    """A ``chat.completion`` object as OpenAI returns it (an assistant message with ``tool_calls`` when given, and
+    a reasoning field ``(key, text)`` when given)."""
     message: dict[str, Any] = {"role": "assistant", "content": reply, "refusal": None}
     if tool_calls:
         message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": tool_calls}
+    if reasoning:
+        message[reasoning[0]] = reasoning[1]
     payload = {
         "id": completion_id,
         "object": "chat.completion",
@@ -805,7 +815,11 @@ class _Handler:
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             body = _stream_body(completion_id, created, model, reply, usage if include_usage else None, calls)
             return 200, _SSE_CONTENT_TYPE, body, _NO_CACHE, self.delay
-        body = _completion_body(completion_id, created, model, reply, usage, calls)
+        config = self.responder.config
+        question = None if user_text is None or not config.reasoning else self.responder.find_question(user_text)
+        thought = config.reasoning.get(question) if question is not None else None
+        body = _completion_body(completion_id, created, model, reply, usage, calls,
+                                (config.reasoning_key, thought) if thought else None)
         return 200, _JSON_CONTENT_TYPE, body, b"", self.delay
 
     def connection_closed(self, connection: _Connection) -> None:

@@ -90,6 +90,19 @@ class SutReply:
     cost_usd: float = 0.0
     tool_calls: list[dict[str, Any]] | None = None
     """The reply's ``tool_calls`` as OpenAI sends them, when the request carried ``tools`` and the model called."""
+    reasoning: str | None = None
+    """The reasoning a reasoning model sent beside the text (``reasoning_content`` from DeepSeek, vLLM and Qwen
+    servers, ``reasoning`` from OpenRouter): shown with the trial's output, never scored."""
+
+
+def reasoning_text(message: dict[str, Any]) -> str | None:
+    """The reasoning field of a chat-completion message, as reasoning models send it beside the text:
+    ``reasoning_content`` (DeepSeek, vLLM, Qwen) or ``reasoning`` (OpenRouter); None when there is none."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
 
 
 class SutClient(Protocol):
@@ -336,6 +349,7 @@ class OpenAICompatibleSut:
             message = data["choices"][0]["message"]
             text = message.get("content") or ""
             tool_calls = message.get("tool_calls") or None
+            reasoning = reasoning_text(message)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise SutError("model endpoint sent a reply that is not a chat completion: "
                            f"{raw[:300].decode(errors='replace')}", kind="bad_reply", endpoint=self._shown) from exc
@@ -344,7 +358,7 @@ class OpenAICompatibleSut:
             cost = float(reported_cost) if reported_cost is not None else self._prices.cost(usage)
         except ValueError:
             cost = self._prices.cost(usage)
-        return SutReply(text=text, usage=usage, cost_usd=cost, tool_calls=tool_calls)
+        return SutReply(text=text, usage=usage, cost_usd=cost, tool_calls=tool_calls, reasoning=reasoning)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -378,8 +392,10 @@ class LiteLLMSut:
         calls = getattr(resp.choices[0].message, "tool_calls", None)
         raw_usage = getattr(resp, "usage", None)
         usage = {k: int(getattr(raw_usage, k, 0) or 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        message = resp.choices[0].message
+        reasoning = reasoning_text({k: getattr(message, k, None) for k in ("reasoning_content", "reasoning")})
         return SutReply(text=text, usage=usage, cost_usd=self._prices.cost(usage),
-                        tool_calls=[c.model_dump() for c in calls] if calls else None)
+                        tool_calls=[c.model_dump() for c in calls] if calls else None, reasoning=reasoning)
 
     async def warm(self, calls: int) -> None:
         return None  # litellm keeps its own connection pools

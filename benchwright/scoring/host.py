@@ -335,6 +335,8 @@ class _Session:
             answer = {"op": "reply", "call": msg["call"], "ok": True, "text": reply.text}
             if reply.tool_calls:
                 answer["tool_calls"] = reply.tool_calls
+            if reply.reasoning:
+                answer["reasoning"] = reply.reasoning
         runtime.send(answer)
 
     def _expired(self, now: float) -> list[tuple[int, str, str]]:

@@ -6,7 +6,7 @@ only, so it starts fast and needs nothing installed where it runs). The scorer n
 
 Protocol (one JSON object per line):
     host -> runner   {"op": "task", "id": I, "row": {...}}
-                     {"op": "reply", "call": C, "ok": true, "text": "...", "tool_calls": [...]?}
+                     {"op": "reply", "call": C, "ok": true, "text": "...", "tool_calls": [...]?, "reasoning": "..."?}
                      {"op": "reply", "call": C, "ok": false, "error": "..."}
                      {"op": "drain"}   start no more queued tasks (an attempt here ran past its ceiling: once
                                        the started ones end, the host kills this runtime and starts a fresh one)
@@ -46,14 +46,33 @@ class SutCallError(Exception):
 
 class SutText(str):
     """What ``call_sut`` returns: the reply's text, a ``str`` as scorers expect, carrying the reply's
-    ``tool_calls`` (OpenAI's shape; empty unless the scorer passed ``tools=`` and the model called one)."""
+    ``tool_calls`` (OpenAI's shape; empty unless the scorer passed ``tools=`` and the model called one) and the
+    ``reasoning`` a reasoning model sent beside the text (``""`` when none): not part of the text, so a scorer
+    that reads the text never scores it; the trial's output shows it (:func:`output_of`)."""
 
     tool_calls: list[dict[str, Any]]
+    reasoning: str
 
-    def __new__(cls, text: str, tool_calls: list[dict[str, Any]]) -> SutText:
+    def __new__(cls, text: str, tool_calls: list[dict[str, Any]], reasoning: str = "") -> SutText:
         self = super().__new__(cls, text)
         self.tool_calls = tool_calls
+        self.reasoning = reasoning
         return self
+
+
+def output_of(response: Any) -> str | None:
+    """The trial's recorded output: what solve() returned, at most MAX_OUTPUT_CHARS; a reply's separate reasoning
+    first, as a ``<think>`` block, cut (not the answer) when the two are too long together."""
+    if response is None:
+        return None
+    text = str(response)
+    reasoning = getattr(response, "reasoning", "") if isinstance(response, SutText) else ""
+    if not reasoning:
+        return text[:MAX_OUTPUT_CHARS]
+    room = max(MAX_OUTPUT_CHARS - len(text) - 40, 0)
+    if len(reasoning) > room:
+        reasoning = reasoning[:room] + f" [... {len(reasoning) - room} characters cut]"
+    return f"<think>\n{reasoning}\n</think>\n\n{text}"[:MAX_OUTPUT_CHARS]
 
 
 class _Channel:
@@ -111,7 +130,7 @@ class _Channel:
         reply = box[0]
         if not reply.get("ok"):
             raise SutCallError(reply.get("error", "model call failed"))
-        return SutText(str(reply.get("text", "")), reply.get("tool_calls") or [])
+        return SutText(str(reply.get("text", "")), reply.get("tool_calls") or [], str(reply.get("reasoning") or ""))
 
     def fail_pending(self, error: str) -> None:
         with self._lock:
@@ -209,7 +228,7 @@ def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any])
         score = scorer.score(row, response)
         json.dumps(score)  # must travel as JSON; a non-serializable score is the scorer's error
         channel.send({"op": "result", "id": task_id, "ok": True, "score": score,
-                      "output": None if response is None else str(response)[:MAX_OUTPUT_CHARS]})
+                      "output": output_of(response)})
     except BaseException as exc:  # noqa: BLE001 - every scorer failure becomes an err row, never a dead runner
         channel.send({"op": "result", "id": task_id, "ok": False, "stage": stage,
                       "error": f"{type(exc).__name__}: {exc}"[:2000], "trace": traceback.format_exc()[-4000:]})

@@ -99,7 +99,8 @@ def test_choice_prompt_lists_lettered_choices_and_scores() -> None:
     row = {"question": "What is the capital of France?", "choices": CHOICES, "answer": 0}
     prompt = CHOICE["Scorer"]().extract(row)
     assert "What is the capital of France?" in prompt and "A. Paris" in prompt and "D. Madrid" in prompt
-    assert CHOICE["Scorer"]().score(row, "The answer is (A).") == {"score": 1.0, "answer": "A", "reference": "A"}
+    assert CHOICE["Scorer"]().score(row, "The answer is (A).") == {"score": 1.0, "answer": "A", "reference": "A",
+                                                                   "extracted": True, "rule": "letter_pattern"}
     assert CHOICE["Scorer"]().score(row, "B")["score"] == 0.0
 
 
@@ -202,7 +203,7 @@ HUMANEVAL = {
     ("    return a + b\n", "    return a + b"),
 ])
 def test_code_extraction_strips_fences_and_prose(reply: str, code: str) -> None:
-    assert CODE["extract_code"](reply, "add") == code
+    assert CODE["extract_code"](reply, "add", HUMANEVAL["prompt"]) == code
 
 
 @pytest.mark.parametrize(("reply", "score"), [

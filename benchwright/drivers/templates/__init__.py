@@ -1,7 +1,11 @@
 """The builtin driver's scorer templates, and how it picks one from what Analyze saw.
 
 Each template is a complete, standard-library-only task_impl.py in this directory whose ``CONFIG = {...}`` line
-is replaced by the dataset's column mapping when rendered (so the file under test is the file that runs):
+is replaced by the dataset's column mapping when rendered (so the file under test is the file that runs). The
+rules every template shares (the answer part of a reasoning model's reply) live in ``_reply.py``: a template imports
+them with a line ending ``# inlined by render()``, which rendering replaces by that module's code, so the rendered
+file stays standalone. Each template's ``score()`` records ``extracted`` (was an answer found), ``answer`` (it, or
+None) and ``rule`` (which rule found it) in score_meta; docs/templates.md lists the rules in order.
 
     exact_match      exact.py       question/answer QA: normalised exact match
     numeric          numeric.py     GSM8K: '#### 1,234' references, numeric answer read from free text
@@ -27,6 +31,9 @@ from benchwright.drivers.base import DriverFailed, ScorerPlan
 
 _DIR = Path(__file__).resolve().parent
 _CONFIG_LINE = re.compile(r"^CONFIG = \{.*\}$", re.MULTILINE)
+# A template's import of a shared helper module of this directory, which render() replaces by the module's code.
+_SHARED_IMPORT = re.compile(r"^from benchwright\.drivers\.templates\.(_[a-z]+) import "
+                            r"(?:\(  # inlined by render\(\)\n[^)]*\)|[^\n(]*# inlined by render\(\))$", re.MULTILINE)
 
 TEMPLATE_FILES: dict[str, str] = {
     "exact_match": "exact.py",
@@ -63,12 +70,24 @@ def render(template: str, config: dict[str, Any]) -> str:
     Raises:
         KeyError: an unknown template name.
     """
-    source = (_DIR / TEMPLATE_FILES[template]).read_text(encoding="utf-8")
+    source = _SHARED_IMPORT.sub(lambda m: _shared_code(m.group(1)),
+                                (_DIR / TEMPLATE_FILES[template]).read_text(encoding="utf-8"))
     literal = "CONFIG = " + repr(config)
     rendered, count = _CONFIG_LINE.subn(lambda _m: literal, source, count=1)
     if count != 1:
         raise RuntimeError(f"template {TEMPLATE_FILES[template]} has no one-line 'CONFIG = {{...}}' to render")
     return rendered
+
+
+def _shared_code(module: str) -> str:
+    """A shared helper module's code, from its first import on (its docstring stays in this directory)."""
+    source = (_DIR / f"{module}.py").read_text(encoding="utf-8")
+    start = re.search(r"^import ", source, re.MULTILINE)
+    if start is None:
+        raise RuntimeError(f"shared template module {module}.py has no import line to start from")
+    code = source[start.start():].rstrip()
+    return (f"# --- inlined from benchwright/drivers/templates/{module}.py by render() ---\n{code}\n"
+            f"# --- end of {module}.py ---")
 
 
 def impl_sha256(source: str) -> str:

@@ -1,15 +1,27 @@
 """task_impl.py written by Benchwright's builtin driver: multiple choice (MMLU / ARC style).
 
-The choices come from one column (a list of strings, ARC's ``{"text": [...], "label": [...]}``, or a JSON string
-of either) or from one column per letter (A, B, C, D...); the reference is a 0-based index, a letter, a label, or
-the choice's text. The prompt lists the lettered choices; the letter is read from the reply robustly
-("The answer is **B**.", "(B)", "B) ...", "Answer: b", or the text of exactly one choice). Standard library only.
+The choices come from one column (a list of strings, ARC's ``{"text": [...], "label": [...]}``, or a JSON string of
+either) or from one column per letter (A, B, C, D...); the reference is a 0-based index, a letter, a label, or the
+choice's text. The prompt lists the lettered choices; the letter is read from the reply's answer part (a reasoning block
+skipped; a self-correction's corrected part first) by the first rule that finds one: a JSON ``{"answer": "C"}``,
+``\\boxed{C}``, the whole reply a letter, a "Final answer" heading's next line, an answer phrase ("The answer is **B**",
+"Answer: b", "I'd go with C", the last one said), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of
+exactly one choice (a choice of 3 characters or fewer only as the whole reply), one lone capital letter in a short
+reply. An explicit letter always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
 import json
 import re
 import string
+
+from benchwright.drivers.templates._reply import (  # inlined by render()
+    after_correction,
+    answer_part,
+    boxed,
+    json_answers,
+    unlatex,
+)
 
 CONFIG = {"input": "question", "reference": "answer", "choices": "choices", "letters": []}
 SYSTEM_PROMPT = "Answer the multiple-choice question. Reply with the letter of the correct choice."
@@ -61,32 +73,88 @@ def _norm(text):
 
 def extract_letter(reply, texts):
     """The letter the reply chooses among len(texts) choices, or None when it commits to none (or several)."""
+    return find_letter(reply, texts)[0]
+
+
+def find_letter(reply, texts):
+    """(letter, rule) for the reply's choice: (None, None) when it commits to none. Only the answer part is read
+    (a reasoning block is skipped); after a self-correction ("A... wait, actually C") the corrected part wins."""
+    text = answer_part(reply)
+    if not text.strip():
+        return None, None
+    tail = after_correction(text)
+    if tail is not None:
+        letter, rule = _find(tail, texts)
+        if letter is not None:
+            return letter, rule
+    return _find(text, texts)
+
+
+_KEY = (r"(?i:\b(?:answer|option|choice)\b(?:\s+(?:is|would be|should be|must be)\s*:?|\s*:)"
+        r"|\b(?:I(?:'d| would| will)? (?:go with|choose|pick|select)|(?:it|that)(?:'s| is| must be| would be)"
+        r"|correct (?:one|option|choice|letter) is)\b)")
+# After the key phrase: markup, "option"/"letter", then the letter; a lowercase letter only where it ends the phrase
+# ("Answer: b", "answer is c) berlin"), so "the answer is a bit unclear" is no answer.
+_AFTER = r"\s*[*_(\[$]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*\s*"
+_KEY_LETTER = re.compile(_KEY + _AFTER + r"(?:([A-Z])(?![A-Za-z0-9'])"
+                         r"|([a-z])(?=[*_)\]]*(?:[.):](?:\s|$)|\s*(?:$|[,;!]))))", re.MULTILINE)
+_FINAL_HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer|correct answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
+
+
+def _letter_in(value, texts):
+    """The letter ``value`` names: a letter with markup ("(C)", "C.", "C: 1/C"), else a choice's whole text."""
     valid = _LETTERS[:len(texts)]
-    text = str(reply or "").strip()
-    bare = re.sub(r"[\s*_`'\"().:\[\]]", "", text)
+    value = unlatex(value).strip()
+    bare = re.sub(r"[\s*_`'\"().:\[\]$]", "", value)
     if len(bare) == 1 and bare.upper() in valid:
         return bare.upper()
-    key = r"(?i:answer|option|choice)\s*(?i:is|would be|:)\s*[:\-]?\s*[*_(\[]*\s*"
-    patterns = (
-        key + r"([A-Z])\s*[*_)\]]*(?![A-Za-z])",  # "the answer is **B**", "final answer: (C)", "option is D because"
-        # "Answer: b" (a lowercase letter only where it ends the phrase)
-        key + r"([a-z])\s*[*_)\]]*(?=\s*(?:$|[.,;:!]))",
-        r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]",  # "B) ...", "B. ...", "(B) ...", "**B**: ..." at a line start
-        r"\(([A-Z])\)",  # "(B)" anywhere
-        r"\*\*([A-Z])\*\*",  # "**B**" anywhere
-    )
-    for pattern in patterns:
-        found = {m.upper() for m in re.findall(pattern, text, re.MULTILINE)} & set(valid)
+    lead = re.match(r"^[*_(\[\s]*([A-Za-z])[*_)\]]*\s*[).:\]-]\s", value + " ")
+    if lead and lead.group(1).upper() in valid:
+        return lead.group(1).upper()
+    norm = [_norm(t) for t in texts]
+    return valid[norm.index(_norm(value))] if _norm(value) and norm.count(_norm(value)) == 1 else None
+
+
+def _find(text, texts):
+    valid = _LETTERS[:len(texts)]
+    for value in reversed(json_answers(text)):  # {"answer": "C"}
+        letter = _letter_in(str(value), texts)
+        if letter is not None:
+            return letter, "json"
+    for inner in reversed(boxed(text)):  # \boxed{C}, \boxed{\text{(C) 1/C}}
+        letter = _letter_in(inner, texts)
+        if letter is not None:
+            return letter, "boxed"
+    bare = re.sub(r"[\s*_`'\"().:\[\]$]", "", text)
+    if len(bare) == 1 and bare.isalpha() and bare.upper() in valid:  # the whole reply: "C", "**C**", "(c)."
+        return bare.upper(), "bare_letter"
+    for heading in reversed(list(_FINAL_HEADING.finditer(text))):  # "## Final answer\n\n**C**"
+        below = [line for line in text[heading.end():].splitlines() if line.strip()]
+        letter = _letter_in(below[0], texts) if below else None
+        if letter is not None:
+            return letter, "final_line"
+    said = [m.group(1) or m.group(2).upper() for m in _KEY_LETTER.finditer(text)]
+    said = [x for x in said if x in valid]
+    if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ..." (the last one said)
+        return said[-1], "letter_pattern"
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    lead = re.match(r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]", first)  # "B) London", "**C.** 1/C" on line 1
+    if lead and lead.group(1) in valid:
+        return lead.group(1), "letter_pattern"
+    for pattern in (r"\(([A-Z])\)", r"\*\*([A-Z])\*\*"):  # one "(B)" or "**B**" anywhere
+        found = set(re.findall(pattern, text)) & set(valid)
         if len(found) == 1:
-            return found.pop()
-    said = _norm(text)
-    named = [i for i, t in enumerate(texts) if _norm(t) and re.search(r"\b" + re.escape(_norm(t)) + r"\b", said)]
-    if len(named) == 1:
-        return valid[named[0]]
-    standalone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", text)) & set(valid) - {"I"}
-    if len(standalone) == 1:
-        return standalone.pop()
-    return None
+            return found.pop(), "letter_pattern"
+    said_text = _norm(text)
+    named = [i for i, t in enumerate(texts) if _norm(t) and (
+        re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text) if len(_norm(t)) > 3 else _norm(t) == said_text)]
+    if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
+        return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them)
+    if len(text.split()) <= 20:  # a short reply naming one letter: "Option D", "I'd say B, London"
+        lone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", text)) & set(valid) - {"I"}
+        if len(lone) == 1:
+            return lone.pop(), "lone_letter"
+    return None, None
 
 
 def render_prompt(row):
@@ -110,5 +178,6 @@ class Scorer:
     def score(self, row, response):
         texts, _ = choices_of(row)
         expected = reference_letter(row)
-        answer = extract_letter(response, texts)
-        return {"score": 1.0 if answer == expected else 0.0, "answer": answer, "reference": expected}
+        answer, rule = find_letter(response, texts)
+        return {"score": 1.0 if answer == expected else 0.0, "answer": answer, "reference": expected,
+                "extracted": answer is not None, "rule": rule}

@@ -1,72 +1,116 @@
 """task_impl.py written by Benchwright's builtin driver: numeric final answer (GSM8K style).
 
-The reference is a number, or a worked solution ending ``#### <number>``. The answer is taken from the reply by,
-in order: the last ``#### <number>``, the last ``\\boxed{...}``, the last "the answer is <number>" / "answer: <number>",
-else the last number in the reply (so "42, no wait, 41" is 41). Numbers compare exactly as fractions: ``1,234``,
-``1234.0`` and ``$1,234`` are equal. Standard library only; CONFIG names the ``input`` and ``reference`` columns.
+The reference is a number, or a worked solution ending ``#### <number>``. The answer is read from the reply's answer
+part (a reasoning block skipped; after a self-correction, the corrected part first) by the first rule that finds one:
+the last ``#### <number>``, the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" /
+"answer: <number>", a number opening the reply as its own sentence, else the last number in the reply (so "42, no wait,
+41" is 41). Numbers compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``,
+``6e8`` = ``6 \\times 10^8``. Standard library only; CONFIG names the ``input`` and ``reference`` columns.
 """
 
 import re
 from fractions import Fraction
 
+from benchwright.drivers.templates._reply import (  # inlined by render()
+    after_correction,
+    answer_part,
+    boxed,
+    json_answers,
+    unlatex,
+)
+
 CONFIG = {"input": "question", "reference": "answer"}
 SYSTEM_PROMPT = ("Solve the problem step by step. End your reply with the final numeric answer on its own line, "
                  "written as '#### <number>'.")
 
-_NUMBER = r"[-\u2212]?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+)?|[-\u2212]?\.\d+"
+# A number as models write it: a sign, a currency symbol, thousands separators, decimals, a fraction a/b, a
+# scientific exponent (6.02e23, 6.02 x 10^23); not the digits of a power ("m^2") or of a name ("CO2", "x1").
+_NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
+           r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
+           r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?)?"
+           r"|(?<![\w^.])[-\u2212]?\.\d+")
 _NUMBER_RE = re.compile(_NUMBER)
-_HASHES = re.compile(r"####\s*(" + _NUMBER + ")")
-_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=|:)?\s*[:=]?\s*\**\s*(" + _NUMBER + ")", re.IGNORECASE)
-_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_HASHES = re.compile(r"####\s*\**\s*(" + _NUMBER + ")")
+_ANSWER_IS = re.compile(r"(?:answer|result|total)\**\s*(?:is|=|:|would be|will be)?\s*[:=]?\s*\**\s*[$\\(]*\s*("
+                        + _NUMBER + ")", re.IGNORECASE)
+_LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
+_POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
 def parse_number(text):
-    """The number ``text`` spells (commas, $, a fraction a/b, a unicode minus allowed), or None."""
+    """The number ``text`` spells (commas, currency, a fraction a/b, an exponent, a unicode minus allowed), or
+    None."""
     if text is None:
         return None
-    cleaned = str(text).strip().replace("\u2212", "-").replace("$", "").replace(",", "").replace(" ", "")
-    cleaned = cleaned.rstrip(".").rstrip("%")
+    cleaned = str(text).strip().replace("\u2212", "-")
+    exponent = 0
+    power = _POWER.search(cleaned)
+    if power:
+        exponent, cleaned = int(power.group(1).replace("\u2212", "-")), cleaned[:power.start()]
+    cleaned = re.sub(r"USD|EUR|[$\u20ac\u00a3\u00a5,\s]", "", cleaned).rstrip(".").rstrip("%")
+    if cleaned.startswith("--"):
+        cleaned = cleaned[1:]
     try:
         if "/" in cleaned:
             num, den = cleaned.split("/", 1)
-            return Fraction(num) / Fraction(den)
-        return Fraction(cleaned)
+            value = Fraction(num.strip("()")) / Fraction(den.strip("()"))
+        else:
+            value = Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
         return None
+    return value * Fraction(10) ** exponent
 
 
-def _boxed(text):
-    """Contents of every \\boxed{...}, braces balanced."""
-    out, start = [], 0
-    while (i := text.find("\\boxed{", start)) != -1:
-        depth, j = 1, i + len("\\boxed{")
-        while j < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            j += 1
-        out.append(text[i + len("\\boxed{"):j - 1])
-        start = j
-    return out
+def _last_number(text):
+    numbers = _NUMBER_RE.findall(text)
+    return parse_number(numbers[-1]) if numbers else None
 
 
 def extract_answer(reply):
     """The final numeric answer in a free-text reply, as a Fraction, or None."""
-    text = str(reply or "")
-    found = _HASHES.findall(text)
-    if found:
-        return parse_number(found[-1])
-    for inner in reversed(_boxed(text)):
-        inner = _FRAC.sub(lambda m: f"{m.group(1)}/{m.group(2)}", inner).replace("{", "").replace("}", "")
+    return find_answer(reply)[0]
+
+
+def find_answer(reply):
+    """(value, rule) for the reply's final numeric answer; (None, None) when it gives none. Only the answer part is
+    read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins."""
+    text = answer_part(reply)
+    if not text.strip():
+        return None, None
+    tail = after_correction(text)
+    if tail is not None:
+        value, rule = _find(tail)
+        if value is not None:
+            return value, rule
+    return _find(text)
+
+
+def _find(text):
+    found = _HASHES.findall(unlatex(text))
+    if found:  # "#### 72"
+        return parse_number(found[-1]), "hashes"
+    for inner in reversed(boxed(text)):  # \boxed{\frac{3}{4}}, \boxed{\$1{,}234}
+        inner = unlatex(inner).replace("{", "").replace("}", "")
         value = parse_number(inner)
         if value is None:
-            numbers = _NUMBER_RE.findall(inner)
-            value = parse_number(numbers[-1]) if numbers else None
+            value = _last_number(inner)
         if value is not None:
-            return value
-    found = _ANSWER_IS.findall(text)
-    if found:
-        return parse_number(found[-1])
-    numbers = _NUMBER_RE.findall(text)
-    return parse_number(numbers[-1]) if numbers else None
+            return value, "boxed"
+    for item in reversed(json_answers(text)):  # {"answer": 72}
+        value = parse_number(str(item))
+        if value is None:
+            value = _last_number(str(item))
+        if value is not None:
+            return value, "json"
+    plain = unlatex(text)
+    found = _ANSWER_IS.findall(plain)
+    if found:  # "The answer is 18", "**Final answer:** $1,234", the last one said
+        return parse_number(found[-1]), "answer_phrase"
+    lead = _LEADING.match(plain)
+    if lead:  # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
+        return parse_number(lead.group(1)), "leading_number"
+    value = _last_number(plain)
+    return (value, "last_number") if value is not None else (None, None)
 
 
 def reference_number(reference):
@@ -105,6 +149,6 @@ class Scorer:
         expected = reference_number(row[CONFIG["reference"]])
         if expected is None:
             raise ValueError(f"reference {row[CONFIG['reference']]!r} holds no number")
-        answer = extract_answer(response)
+        answer, rule = find_answer(response)
         return {"score": 1.0 if answer is not None and answer == expected else 0.0, "answer": spell(answer),
-                "reference": spell(expected)}
+                "reference": spell(expected), "extracted": answer is not None, "rule": rule}

@@ -4,14 +4,19 @@ The row holds the user's request (a string or a list of chat messages), the func
 ``{"type": "function", "function": {...}}`` or bare ``{"name", "description", "parameters"}``), and the expected
 call(s): ``{"name": ..., "arguments": {...}}``, a list of those, or BFCL's ``[{"<name>": {"<arg>": [allowed
 values...]}}]`` (an empty string among the allowed values marks the argument optional). The request carries the
-functions as ``tools``; the model's ``tool_calls`` (or, failing those, a JSON call written in its text) are compared
+functions as ``tools``; the model's ``tool_calls`` (or, failing those, calls written in its text's answer part:
+``<tool_call>`` tags, fenced or bare JSON, Python ``name(arg=value)``; see ``find_calls``) are compared
 structurally: names equal, arguments equal after normalising each value to the type the function's schema declares
 ("1" and 1 for an integer, "true" for a boolean), objects and multiple calls order-insensitive. Standard library only.
 CONFIG: ``input``, ``functions`` and ``reference`` columns.
 """
 
+import ast
 import json
+import keyword
 import re
+
+from benchwright.drivers.templates._reply import answer_part, reasoning_of  # inlined by render()
 
 CONFIG = {"input": "question", "functions": "functions", "reference": "ground_truth"}
 SYSTEM_PROMPT = "Call the function that fulfils the user's request, with the right arguments."
@@ -102,44 +107,137 @@ def normalize(value, schema):
 
 
 def parse_calls(response, row):
-    """The model's calls as [(name, arguments)], from the JSON solve() returned (tool_calls, else JSON text)."""
+    """The model's calls as [(name, arguments)] (see :func:`find_calls`)."""
+    return find_calls(response, row)[0]
+
+
+def find_calls(response, row):
+    """([(name, arguments)], rule) from what solve() returned: the reply's ``tool_calls`` (rule ``tool_calls``),
+    else calls written in the text's answer part (a reasoning block skipped): in ``<tool_call>`` tags
+    (``tool_call_tag``, Hermes/Qwen), in fenced blocks (``fence``), as bare JSON (``json``: an object, a list, or
+    one object per line), or as Python calls ``name(arg=value)`` (``python_call``, BFCL's own notation). ([], None)
+    when the reply holds no call."""
     names = {wire_name(fn["name"]): fn["name"] for fn in functions_of(row)}
     try:
         data = json.loads(response) if isinstance(response, str) else response
     except ValueError:
         data = None
-    calls = data.get("tool_calls") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not {"content", "tool_calls"} & set(data):
+        data = {"content": str(response or "")}  # the reply's text itself, not what solve() wrote
+    calls, rule = data.get("tool_calls") or [], "tool_calls"
     if not calls:
-        calls = _calls_in_text(data.get("content") if isinstance(data, dict) else str(response or ""))
+        calls, rule = _calls_in_text(answer_part(data.get("content")), row)
     out = []
-    for call in calls or []:
-        fn = call.get("function", call)
-        args = fn.get("arguments", fn.get("parameters", {}))
+    for call in calls:
+        call = _call_shape(call)
+        if call is None:
+            continue
+        name, args = call
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
                 args = {"__unparsable__": args}
-        out.append((names.get(fn.get("name"), fn.get("name")), args if isinstance(args, dict) else {}))
-    return out
+        out.append((names.get(name, name), args if isinstance(args, dict) else {}))
+    return out, (rule if out else None)
 
 
-def _calls_in_text(text):
-    """A call written as JSON in the reply's text (fenced or bare): an object, or a list of them."""
-    text = str(text or "")
-    fenced = re.findall(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
-    for candidate in [*fenced, text]:
-        start = min([i for i in (candidate.find("{"), candidate.find("[")) if i != -1], default=-1)
-        if start == -1:
-            continue
+def _call_shape(call):
+    """(name, arguments) of a call in any of the shapes models write, or None when ``call`` is not a call."""
+    if not isinstance(call, dict):
+        return None
+    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    name = fn.get("name")
+    if name is None and isinstance(call.get("function"), str):
+        name = call["function"]
+    if name is None:
+        name = call.get("tool") or call.get("tool_name")
+    if not isinstance(name, str):
+        return None
+    for key in ("arguments", "parameters", "args", "tool_input", "input"):
+        if key in fn:
+            return name, fn[key]
+        if key in call:
+            return name, call[key]
+    return name, {}
+
+
+def _json_values(text):
+    """Every JSON object or list in ``text``, left to right (one inside another counts once, as the outer)."""
+    out, i, decoder = [], 0, json.JSONDecoder()
+    while True:
+        starts = [j for j in (text.find("{", i), text.find("[", i)) if j != -1]
+        if not starts:
+            return out
+        j = min(starts)
         try:
-            value, _ = json.JSONDecoder().raw_decode(candidate[start:])
+            value, end = decoder.raw_decode(text, j)
         except ValueError:
+            i = j + 1
             continue
-        value = value if isinstance(value, list) else [value]
-        if all(isinstance(v, dict) and "name" in v.get("function", v) for v in value):
-            return value
-    return []
+        out.append(value)
+        i = end
+
+
+def _json_calls(text):
+    calls = []
+    for value in _json_values(text):
+        for item in value if isinstance(value, list) else [value]:
+            if _call_shape(item) is not None:
+                calls.append(item)
+    return calls
+
+
+def _python_calls(text, row):
+    """Calls written as Python, ``math.factorial(number=5)`` (BFCL's notation), with literal arguments."""
+    fns = {}
+    for fn in functions_of(row):
+        fns[fn["name"]] = fn
+        fns[wire_name(fn["name"])] = fn
+    found = []
+    for name, fn in fns.items():
+        for m in re.finditer(r"(?<![\w.])" + re.escape(name) + r"\s*\(", text):
+            depth, j = 0, m.end() - 1
+            while j < len(text):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+            source = text[m.start():j].replace(name, "f", 1)
+            # an argument named like a Python keyword ("from", "class") would not parse: renamed and back
+            source = re.sub(r"(?<=[(,\s])(" + "|".join(keyword.kwlist) + r")(\s*=)(?!=)", r"\1__kw\2", source)
+            try:
+                node = ast.parse(source, mode="eval").body
+                if not isinstance(node, ast.Call):
+                    continue
+                order = list((fn.get("parameters") or {}).get("properties") or {})
+                args = {order[k]: ast.literal_eval(a) for k, a in enumerate(node.args) if k < len(order)}
+                args.update({kw.arg.removesuffix("__kw"): ast.literal_eval(kw.value) for kw in node.keywords if kw.arg})
+            except (SyntaxError, ValueError, TypeError):
+                continue
+            found.append((m.start(), {"name": fn["name"], "arguments": args}))
+    return [call for _, call in sorted(found, key=lambda x: x[0])]
+
+
+def _calls_in_text(text, row):
+    """([call], rule) for calls written in the reply's text."""
+    text = str(text or "")
+    tagged = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", text, re.DOTALL)
+    calls = [c for block in tagged for c in _json_calls(block)]
+    if calls:
+        return calls, "tool_call_tag"
+    fenced = [body for _, body in re.findall(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", text, re.DOTALL)]
+    calls = [c for block in fenced for c in _json_calls(block)]
+    if calls:
+        return calls, "fence"
+    calls = [c for block in fenced for c in _python_calls(block, row)]
+    if calls:
+        return calls, "fence"
+    calls = _json_calls(text)
+    if calls:
+        return calls, "json"
+    calls = _python_calls(text, row)
+    return (calls, "python_call") if calls else ([], None)
 
 
 def expected_calls(row):
@@ -204,10 +302,13 @@ class Scorer:
         calls = [{"name": c.get("function", c).get("name"),
                   "arguments": c.get("function", c).get("arguments")}
                  for c in (getattr(reply, "tool_calls", None) or [])]
-        return json.dumps({"tool_calls": calls, "content": str(reply)} if calls else {"content": str(reply)})
+        out = {"tool_calls": calls, "content": str(reply)} if calls else {"content": str(reply)}
+        if reasoning_of(reply):  # kept in the trial's output for the user; never scored
+            out["reasoning"] = reasoning_of(reply)
+        return json.dumps(out)
 
     def score(self, row, response):
-        calls = parse_calls(response, row)
+        calls, rule = find_calls(response, row)
         ok = calls_match(calls, expected_calls(row), row)
-        answer = json.dumps(sorted([[n, a] for n, a in calls], key=json.dumps), sort_keys=True)
-        return {"score": 1.0 if ok else 0.0, "answer": answer}
+        answer = json.dumps(sorted([[n, a] for n, a in calls], key=json.dumps), sort_keys=True) if calls else None
+        return {"score": 1.0 if ok else 0.0, "answer": answer, "extracted": bool(calls), "rule": rule}

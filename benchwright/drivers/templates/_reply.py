@@ -1,0 +1,98 @@
+"""Shared by every builtin scorer template: which part of a model's reply is scored.
+
+Standard library only. A template imports it as ``from benchwright.drivers.templates._reply import (  # inlined by
+render()`` ...; :func:`benchwright.drivers.templates.render` replaces that import with this file's code (from its first
+``import`` on), so the rendered task_impl.py stays one standalone file, and this stays the one home of the rules.
+
+Reasoning models reply in one of three ways, and only the answer is scored:
+
+* a reasoning block first: ``<think>...</think>answer`` (DeepSeek-R1, Qwen3, QwQ through servers without a reasoning
+  parser; also ``<thinking>``); a reply cut off at max_tokens inside an unclosed ``<think>`` has no answer;
+* the block's opening tag in the prompt, not the reply (DeepSeek-R1's chat template): ``reasoning</think>answer``;
+* the reasoning in a separate field of the message (``reasoning_content`` from DeepSeek, vLLM and Qwen servers,
+  ``reasoning`` from OpenRouter): the runner hands it over as ``reply.reasoning``, outside the text, so it is never
+  scored; it is kept in the trial's output for the user to read.
+"""
+
+import json
+import re
+
+_THINK_OPEN = re.compile(r"\A\s*<(?:think|thinking)>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</(?:think|thinking)>", re.IGNORECASE)
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
+# A self-correction: "42, no wait, 41", "A... wait, actually C", "Scratch that: 18", "On second thought, B".
+# "actually" alone is not one ("The answer is B. Actually, A is a common mistake" keeps B).
+_GAP = r"(?:[\s,.:;!\u2026\u2014\u2013]|-(?![\d.$]))*"  # punctuation between words, not a number's minus sign
+_CORRECTION = re.compile(r"(?i)(?:\bwait\b\s*[,.!:;\u2014\u2013-]+|\bscratch that\b|\bon second thought\b|"
+                         r"\bcorrection\s*:|\bI made a mistake\b|\blet me correct (?:that|myself)\b)"
+                         r"(?:" + _GAP + r"(?:no|actually|hmm|sorry)\b)*" + _GAP)
+
+
+def answer_part(reply):
+    """The text a template scores: ``reply`` without a leading reasoning block, blank lines before the answer
+    dropped (the answer's own indentation kept: code bodies start indented). ``""`` when the reply ended inside
+    its reasoning (no answer)."""
+    text = str(reply or "")
+    close = _THINK_CLOSE.search(text)
+    if close is not None:
+        text = text[close.end():]
+    elif _THINK_OPEN.match(text):
+        return ""
+    return _LEADING_BLANK_LINES.sub("", text).rstrip()
+
+
+def after_correction(text):
+    """The text after the reply's last self-correction marker, or None when it corrects nothing."""
+    last = None
+    for match in _CORRECTION.finditer(text):
+        last = match
+    if last is None or not text[last.end():].strip():
+        return None
+    return text[last.end():]
+
+
+def reasoning_of(reply):
+    """The reasoning the provider sent beside the text (``reasoning_content``/``reasoning``), or ``""``."""
+    return str(getattr(reply, "reasoning", None) or "")
+
+
+def boxed(text):
+    """The contents of every ``\\boxed{...}`` (and ``\\fbox{...}``) in ``text``, braces balanced, in order."""
+    out = []
+    for opening in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, j = 1, opening.end()
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        if depth == 0:
+            out.append(text[opening.end():j - 1])
+    return out
+
+
+def unlatex(text):
+    """``text`` with LaTeX text wrappers unwrapped (``\\text{Paris}`` -> ``Paris``), ``\\frac{a}{b}`` as ``a/b``,
+    ``{,}`` as ``,`` and math delimiters and spacing commands dropped."""
+    text = str(text)
+    for _ in range(3):  # nested wrappers: \textbf{\text{x}}
+        text = re.sub(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}", r"\1", text)
+    text = re.sub(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"\1/\2", text)
+    text = re.sub(r"\\[dt]?frac\s*(\d)\s*(\d)", r"\1/\2", text)
+    text = text.replace("{,}", ",").replace("\\%", "%").replace("\\$", "$")
+    text = re.sub(r"\\[,;:! ]", "", text)
+    text = re.sub(r"\\left|\\right|\\\(|\\\)|\\\[|\\\]", "", text)
+    return text
+
+
+def json_answers(text, keys=("answer", "final_answer", "choice", "option", "letter", "result")):
+    """Values under an answer-like key (case-insensitive) of each flat JSON object in ``text``, in order."""
+    out = []
+    for candidate in re.findall(r"\{[^{}]*\}", text):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if str(key).lower() in keys and isinstance(item, (str, int, float)) and not isinstance(item, bool):
+                    out.append(item)
+    return out

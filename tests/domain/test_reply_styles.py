@@ -1,0 +1,239 @@
+"""The reply-style corpus: every builtin template scores replies written the way today's chat and reasoning models
+answer (tests/domain/reply_styles/<template>.yaml), right -> 1.0 and wrong -> 0.0, with the audit trail
+(``extracted``, ``rule``) as expected.
+
+Each style is run on every row it applies to, through the rendered template (the file that runs in the sandbox):
+``Scorer().solve()`` with a ``call_sut`` that answers like the scorer runtime does (``SutText``: the reply's text, its
+``tool_calls`` and the provider's separate reasoning field), then ``Scorer().score()`` on what solve returned.
+
+Data file shape::
+
+    template: numeric                      # the template; plan: its ScorerPlan fields
+    rows:                                  # realistic rows: a bundled sample's line, or written here
+      - {id: gsm8k-0, sample: gsm8k-mini.jsonl, line: 0, tags: [int], vars: {...}, wrong: {...}}
+    styles:
+      - name: terse
+        reply: "{n}"                       # rendered with the row's vars (right) and with its wrong vars (wrong)
+        # or right: / wrong: templates, each rendered with the vars and the wrong vars prefixed ``w_``
+        reasoning: "..."                   # optional: the provider's separate reasoning field (same rendering)
+        only: [int]                        # optional: rows carrying one of these tags
+        rule: last_number                  # optional: the rule both replies are read by (wrong_rule for wrong)
+        wrong_extracted: false             # optional: the wrong reply holds no answer at all
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchwright.drivers import ScorerPlan
+from benchwright.drivers.templates import render_plan
+from benchwright.scoring.runner import SutText, output_of
+
+CORPUS = Path(__file__).parent / "reply_styles"
+SAMPLES = Path(__file__).resolve().parents[2] / "benchwright" / "samples"
+TEMPLATES = ("numeric", "multiple_choice", "exact_match", "code", "tool_call")
+MIN_STYLES = 25
+
+
+def _load(template: str) -> dict[str, Any]:
+    return yaml.safe_load((CORPUS / f"{template}.yaml").read_text())  # type: ignore[no-any-return]
+
+
+def _row(spec: dict[str, Any]) -> dict[str, Any]:
+    if "sample" in spec:
+        lines = (SAMPLES / spec["sample"]).read_text().splitlines()
+        return json.loads(lines[spec["line"]])  # type: ignore[no-any-return]
+    return dict(spec["row"])
+
+
+# ---- derived variables, so one style template serves every row -------------------------------------------------
+
+def _choice_vars(row: dict[str, Any], scorer_ns: Any, spec: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    choices = row["choices"]
+    texts = [str(t) for t in (choices["text"] if isinstance(choices, dict) else choices)]
+    right = "ABCDEFGH".index(scorer_ns["reference_letter"](row))
+    wrong = spec.get("wrong_index", (right + 1) % len(texts))
+
+    def of(i: int) -> dict[str, str]:
+        return {"L": "ABCDEFGH"[i], "l": "abcdefgh"[i], "T": texts[i]}
+
+    return of(right), of(wrong)
+
+
+def _code_vars(row: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    prompt, entry = row["prompt"], row["entry_point"]
+    lines = prompt.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"def {entry}("))
+    imports = "".join(line + "\n" for line in lines[:at] if line.startswith(("import ", "from ")))
+    def_line = lines[at]
+    fn = next(n for n in ast.parse(prompt).body if isinstance(n, ast.FunctionDef) and n.name == entry)
+    params = [a.arg for a in fn.args.args]
+    header = def_line[len("def "):]
+    signature = header[header.index("("):]
+
+    def of(body: str) -> dict[str, str]:
+        body = body.rstrip("\n") + "\n"
+        return {
+            "prompt": prompt, "imports": imports, "def": def_line, "entry": entry, "demo": spec["demo"],
+            "body": body,
+            "body_tabs": re.sub(r"^((?:    )+)", lambda m: "\t" * (len(m.group(1)) // 4), body, flags=re.MULTILINE),
+            "body_flush": "\n".join(line[4:] if line.startswith("    ") else line for line in body.splitlines()) + "\n",
+            "body_in_class": "".join(("    " + line if line.strip() else line) + "\n" for line in body.splitlines()),
+            "full": f"{imports}\n{def_line}\n{body}",
+            "full_tabs": f"{imports}\n{def_line}\n" + re.sub(r"^((?:    )+)", lambda m: "\t" * (len(m.group(1)) // 4),
+                                                            body, flags=re.MULTILINE),
+            "method_def": f"def {entry}(self, {signature[1:]}" if params else f"def {entry}(self){signature[2:]}",
+            "helper_def": f"def _{entry}_impl{signature}",
+            "args": ", ".join(params),
+        }
+
+    return of(spec.get("body") or row["canonical_solution"]), of(spec["wrong_body"])
+
+
+def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    truth = row["ground_truth"]
+    calls = [truth] if isinstance(truth, dict) else [
+        {"name": name, "arguments": {k: v[0] for k, v in args.items() if v[0] != ""}}
+        for item in truth for name, args in item.items()]
+    wrong = json.loads(json.dumps(calls))
+    wrong[0]["arguments"].update(spec["wrong_args"])
+
+    def styled(value: Any) -> Any:
+        if args_style == "strings" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if args_style == "strings" and isinstance(value, bool):
+            return str(value).lower()
+        if args_style == "spaced" and isinstance(value, str):
+            return f"  {value} "
+        return value
+
+    def of(cs: list[dict[str, Any]]) -> dict[str, Any]:
+        cs = [{"name": c["name"], "arguments": {k: styled(v) for k, v in c["arguments"].items()}} for c in cs]
+        wire = [{"name": c["name"].replace(".", "_"), "arguments": c["arguments"]} for c in cs]
+        py = [f"{c['name']}(" + ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items()) + ")" for c in cs]
+        return {
+            "native": [{"id": f"call_{i}", "type": "function",
+                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                       for i, c in enumerate(wire)],
+            "calls_json": json.dumps(cs), "calls_pretty": json.dumps(cs, indent=2),
+            "calls_lines": "\n".join(json.dumps(c) for c in cs),
+            "calls_tags": "\n".join(f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in cs),
+            "calls_openai": json.dumps([{"type": "function", "function": {"name": c["name"],
+                                                                         "arguments": json.dumps(c["arguments"])}}
+                                        for c in cs]),
+            "calls_params": json.dumps([{"function": c["name"], "parameters": c["arguments"]} for c in cs]),
+            "calls_py": "\n".join(py), "calls_py_list": "[" + ", ".join(py) + "]",
+            "spaced_json": "\n".join(json.dumps(c, indent=4).replace(": ", " :   ") for c in cs),
+            "calls_wire_json": json.dumps(wire), "calls_cut": json.dumps(cs)[:len(json.dumps(cs[0])) // 2],
+        }
+
+    return of(calls), of(wrong)
+
+
+# ---- the cases ---------------------------------------------------------------------------------------------------
+
+def _render(template: str, values: dict[str, Any]) -> str:
+    return template.format(**{k: v for k, v in values.items() if isinstance(v, str)})
+
+
+def _cases() -> list[Any]:
+    out = []
+    for template in TEMPLATES:
+        if not (CORPUS / f"{template}.yaml").exists():
+            continue  # test_corpus_size fails for it
+        data = _load(template)
+        for spec in data["rows"]:
+            row = _row(spec)
+            for style in data["styles"]:
+                if style.get("only") and not set(style["only"]) & set(spec.get("tags", [])):
+                    continue
+                if set(style.get("skip", [])) & set(spec.get("tags", [])):
+                    continue
+                out.append(pytest.param(template, data["plan"], spec, row, style,
+                                        id=f"{template}-{style['name']}-{spec['id']}"))
+    return out
+
+
+def _vars(template: str, spec: dict[str, Any], row: dict[str, Any],
+          style: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    if template == "multiple_choice":
+        right, wrong = _choice_vars(row, _NAMESPACES[template], spec)
+    elif template == "code":
+        right, wrong = _code_vars(row, spec)
+    elif template == "tool_call":
+        right, wrong = _tool_vars(row, spec, style.get("args", "as_is"))
+    else:
+        right, wrong = dict(spec["vars"]), {**spec["vars"], **spec["wrong"]}
+        for side in (right, wrong):
+            if "a" in side:
+                side.update(a_lower=side["a"].lower(), a_upper=side["a"].upper())
+    return right, wrong
+
+
+_NAMESPACES: dict[str, dict[str, Any]] = {}
+
+
+def _namespace(template: str, plan: dict[str, str]) -> dict[str, Any]:
+    if template not in _NAMESPACES:
+        ns: dict[str, Any] = {"__name__": "task_impl"}
+        source = render_plan(ScorerPlan(template=template, fields=plan, why=""), code_timeout_s=10.0)
+        exec(compile(source, "task_impl.py", "exec"), ns)  # the file under test, as Atomize writes it
+        _NAMESPACES[template] = ns
+    return _NAMESPACES[template]
+
+
+def _reply(style: dict[str, Any], values: dict[str, Any], other: dict[str, Any], key: str) -> SutText:
+    """The ``key`` ("right"/"wrong") reply of a style: its template rendered with that side's variables, the other
+    side's prefixed ``w_`` (so "{w_n}... wait, no, {n}" corrects a wrong answer to the right one, and vice versa)."""
+    mine, theirs = (values, other) if key == "right" else (other, values)
+    both = {**mine, **{f"w_{k}": v for k, v in theirs.items()}}
+    text = _render(style.get(key, style.get("reply", "")), both)
+    reasoning = _render(style.get(f"reasoning_{key}", style.get("reasoning", "")), both)
+    return SutText(text, mine["native"] if style.get("via") == "tool_calls" else [], reasoning)
+
+
+@pytest.mark.parametrize(("template", "plan", "spec", "row", "style"), _cases())
+def test_reply_style(template: str, plan: dict[str, str], spec: dict[str, Any], row: dict[str, Any],
+                     style: dict[str, Any]) -> None:
+    ns = _namespace(template, plan)
+    right_vars, wrong_vars = _vars(template, spec, row, style)
+
+    def run(key: str) -> tuple[SutText, Any, dict[str, Any]]:
+        reply = _reply(style, right_vars, wrong_vars, key)
+        solved = ns["Scorer"]().solve(row, lambda *_a, **_k: reply)
+        return reply, solved, ns["Scorer"]().score(row, solved)
+
+    with ThreadPoolExecutor(2) as pool:  # the code template runs each candidate in a child process
+        runs = dict(zip(("right", "wrong"), pool.map(run, ("right", "wrong")), strict=True))
+    for key, score in (("right", 1.0), ("wrong", 0.0)):
+        reply, solved, result = runs[key]
+        shown = f"{key} reply {str(reply)!r} (reasoning {reply.reasoning!r}) -> {result}"
+        assert result["score"] == score, shown
+        extracted = style.get(f"{key}_extracted", True)
+        assert result["extracted"] is extracted, shown
+        assert (result["answer"] is not None) is extracted, shown
+        rule = style.get(f"{key}_rule", style.get("rule"))
+        if not extracted:
+            assert result["rule"] is None, shown
+        elif rule is not None:
+            assert result["rule"] == rule, shown
+        if reply.reasoning:  # the reasoning is never scored, and the trial's output shows it
+            shows = json.loads(solved)["reasoning"] if template == "tool_call" else output_of(solved)
+            assert reply.reasoning in (shows or ""), shown
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_corpus_size(template: str) -> None:
+    data = _load(template)
+    names = [s["name"] for s in data["styles"]]
+    assert len(names) == len(set(names)), "style names are unique"
+    assert len(names) >= MIN_STYLES, f"{template}: {len(names)} styles, at least {MIN_STYLES} wanted"
+    assert len(data["rows"]) >= 3
