@@ -329,6 +329,8 @@ def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
         rate += f" (95 % CI {s['pass_rate_ci'][0]:.1%}–{s['pass_rate_ci'][1]:.1%})"
     text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
             f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
+    if s.get("no_answer"):
+        text += f"\n  no answer found in {s['no_answer']} of the {s['failed']} failed tasks (counted as failed)"
     if run.get("error"):
         text += f"\n  error: {run['error']}"
     if run["halted"] and run.get("halt_reason"):
