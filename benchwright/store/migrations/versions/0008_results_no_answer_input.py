@@ -61,6 +61,7 @@ def _no_answer(meta: Any) -> bool:
 
 
 def downgrade() -> None:
+    # batch mode: SQLite rebuilds the table (older SQLite has no DROP COLUMN)
     with op.batch_alter_table("trial_results") as batch:
         batch.drop_column("input")
     with op.batch_alter_table("task_rows") as batch:
