@@ -32,11 +32,15 @@ from benchwright.schemas import GroupResult
 from benchwright.store.intervals import pass_rate_interval
 
 __all__ = ["GROUP_COLUMNS", "MAX_GROUPS", "MAX_INPUT_CHARS", "MAX_LABEL_CHARS", "NONE_LABEL", "OTHER_LABEL",
-           "audit_fields", "candidate_columns", "group_label", "group_results", "is_no_answer", "model_input"]
+           "REFERENCE_COLUMNS", "audit_fields", "candidate_columns", "group_label", "group_results", "is_no_answer",
+           "model_input", "reference_column"]
 
 GROUP_COLUMNS = ("subject", "category", "difficulty", "level", "topic", "domain", "type", "language", "source")
 """Columns that name a grouping (MMLU's ``subject``, MATH's ``level`` and ``type``...), in the order a default is
 chosen when the launch names none (``LaunchRequest.group_by``). Matched case-insensitively."""
+REFERENCE_COLUMNS = ("answer", "reference", "target", "label", "solution", "expected", "output")
+"""Where a task view looks for the reference answer when score_meta has none and Analyze chose no reference column
+(a launch that brought its own task_impl.py): the first of these the data has, matched case-insensitively."""
 MAX_GROUPS = 100
 """Groups in one breakdown (MMLU has 57 subjects); the rest are folded into ``(other)``."""
 MAX_LABEL_CHARS = 100
@@ -112,6 +116,15 @@ def group_label(value: Any) -> str:
         return NONE_LABEL
     return _cut(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str),
                 MAX_LABEL_CHARS)
+
+
+def reference_column(columns: Sequence[str], chosen: str | None) -> str | None:
+    """The column a task's reference answer is read from: Analyze's choice, else the first of
+    ``REFERENCE_COLUMNS`` the data has."""
+    if chosen and chosen in columns:
+        return chosen
+    lower = {c.lower(): c for c in reversed(columns)}
+    return next((lower[name] for name in REFERENCE_COLUMNS if name in lower), None)
 
 
 def candidate_columns(columns: Sequence[str], preferred: str | None = None) -> list[str]:

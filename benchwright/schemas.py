@@ -349,7 +349,8 @@ class TaskRowView(BaseModel):
     input: str | None = None
     """What the model saw on the scorer's (last) model call, as ``role: content`` lines, bounded; first trial."""
     reference: str | None = None
-    """The reference answer: ``score_meta.reference``, else the row's reference column; bounded."""
+    """The reference answer: ``score_meta.reference``, else the row's reference column
+    (``benchwright.results.reference_column``); bounded."""
     answer: str | None = None
     """The answer the scorer extracted (``score_meta.answer``), bounded; first trial."""
     extracted: bool | None = None

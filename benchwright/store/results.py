@@ -22,7 +22,7 @@ from benchwright.blobs import BlobStore
 from benchwright.errors import Conflict, InvalidInput
 from benchwright.events import AnalyzeArtifact
 from benchwright.handoff import latest_files
-from benchwright.results import MAX_FIELD_CHARS, candidate_columns, group_label, group_results
+from benchwright.results import MAX_FIELD_CHARS, candidate_columns, group_label, group_results, reference_column
 from benchwright.schemas import BreakdownView, TaskRowView
 from benchwright.store.models import EventRow, Run, TaskRow
 
@@ -117,12 +117,13 @@ def _reference_text(value: Any) -> str | None:
 
 
 def fill_references(engine: Engine, blobs: BlobStore, *, run_id: str, tasks: list[TaskRowView]) -> None:
-    """Give tasks whose score_meta named no ``reference`` the row's value of the dataset's reference column (the
-    one Analyze chose), when the run recorded both; otherwise leave them as they are."""
+    """Give tasks whose score_meta named no ``reference`` the row's value of the dataset's reference column
+    (``benchwright.results.reference_column``), when the run recorded one; otherwise leave them as they are."""
     if all(t.reference is not None for t in tasks):
         return
     try:
-        _columns, reference = dataset_columns(engine, run_id)
+        columns, chosen = dataset_columns(engine, run_id)
+        reference = reference_column(columns, chosen)
         if not reference:
             return
         values = _column(engine, blobs, run_id, reference, "reference", _reference_text)
