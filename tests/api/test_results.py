@@ -91,7 +91,7 @@ async def graded(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict
     dataset = tmp_path_factory.mktemp("results") / "arith_subjects.jsonl"
     rows = write_dataset(dataset)
     async with stack.http() as http:
-        run = await launch(http, {"dataset": str(dataset), "task_impl": IMPL,
+        run = await launch(http, {"dataset": str(dataset), "task_impl": IMPL, "group_by": "difficulty",
                                   "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
         await wait_terminal(http, run["id"])
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
@@ -115,8 +115,8 @@ async def test_breakdown_by_subject_matches_an_independent_count(stack: Stack, g
         default = await http.get(f"/v1/runs/{run_id}/breakdown")
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert default.json()["by"] == "subject"  # the first grouping column the data has
-    assert body["candidates"] == ["subject", "difficulty"]
+    assert default.json()["by"] == "difficulty"  # the launch's group_by is the default
+    assert body["candidates"] == ["difficulty", "subject"]
     assert {"id", "question", "answer", "subject", "difficulty"} <= set(body["columns"])
 
     want: dict[str, dict[str, int]] = {}
