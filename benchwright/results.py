@@ -31,9 +31,9 @@ from typing import Any
 from benchwright.schemas import GroupResult
 from benchwright.store.intervals import pass_rate_interval
 
-__all__ = ["GROUP_COLUMNS", "MAX_GROUPS", "MAX_INPUT_CHARS", "MAX_LABEL_CHARS", "NONE_LABEL", "OTHER_LABEL",
-           "REFERENCE_COLUMNS", "audit_fields", "candidate_columns", "group_label", "group_results", "is_no_answer",
-           "model_input", "reference_column"]
+__all__ = ["GROUP_COLUMNS", "LIST_INPUT_CHARS", "MAX_GROUPS", "MAX_INPUT_CHARS", "MAX_LABEL_CHARS", "NONE_LABEL",
+           "OTHER_LABEL", "REFERENCE_COLUMNS", "audit_fields", "candidate_columns", "group_label", "group_results",
+           "is_no_answer", "model_input", "reference_column"]
 
 GROUP_COLUMNS = ("subject", "category", "difficulty", "level", "topic", "domain", "type", "language", "source")
 """Columns that name a grouping (MMLU's ``subject``, MATH's ``level`` and ``type``...), in the order a default is
@@ -48,6 +48,9 @@ MAX_FIELD_CHARS = 2_000
 """The reference and extracted answer in a task view."""
 MAX_INPUT_CHARS = 8_000
 """The model input recorded per trial: one bounded string (a few-shot MMLU prompt is ~3-5 k characters)."""
+LIST_INPUT_CHARS = 1_000
+"""The input as a task *listing* shows it (5,000 rows a page; the dashboard reads every page): its tail, where the
+question is; the task detail has it whole."""
 NONE_LABEL = "(none)"
 OTHER_LABEL = "(other)"
 
@@ -95,15 +98,20 @@ def model_input(messages: Any) -> str | None:
     return _cut("\n".join(lines), MAX_INPUT_CHARS)
 
 
-def audit_fields(meta: Mapping[str, Any] | None, recorded_input: str | None = None) -> dict[str, Any]:
+def audit_fields(meta: Mapping[str, Any] | None, recorded_input: str | None = None, *,
+                 input_chars: int = MAX_INPUT_CHARS) -> dict[str, Any]:
     """The task view's ``input``, ``answer``, ``rule``, ``extracted`` and ``reference`` from one trial's recorded
-    input and score_meta (a harness bridge's trials carry ``input`` and ``target`` in their meta)."""
+    input and score_meta (a harness bridge's trials carry ``input`` and ``target`` in their meta). An input longer
+    than ``input_chars`` keeps its tail (the last user message), marked with a leading "…"."""
     meta = meta if isinstance(meta, Mapping) else {}
     extracted = meta.get("extracted")
     rule = meta.get("rule")
     reference = meta.get("reference", meta.get("target"))
     meta_input = meta.get("input") if isinstance(meta.get("input"), str) else None
-    return {"input": recorded_input or _text(meta_input, MAX_INPUT_CHARS),
+    shown = recorded_input or _text(meta_input, MAX_INPUT_CHARS)
+    if shown is not None and len(shown) > input_chars:
+        shown = "…" + shown[len(shown) - input_chars + 1:]
+    return {"input": shown,
             "answer": _text(meta.get("answer"), MAX_FIELD_CHARS),
             "rule": _cut(rule, MAX_LABEL_CHARS) if isinstance(rule, str) else None,
             "extracted": extracted if isinstance(extracted, bool) else None,

@@ -347,7 +347,8 @@ class TaskRowView(BaseModel):
     no_answer: bool = False
     """A fail whose every trial reported ``extracted: false``."""
     input: str | None = None
-    """What the model saw on the scorer's (last) model call, as ``role: content`` lines, bounded; first trial."""
+    """What the model saw on the scorer's (last) model call, as ``role: content`` lines, first trial; a listing
+    shows its last 1,000 characters, the task detail all of it (up to 8,000)."""
     reference: str | None = None
     """The reference answer: ``score_meta.reference``, else the row's reference column
     (``benchwright.results.reference_column``); bounded."""

@@ -17,7 +17,7 @@ from benchwright.errors import InvalidInput, NotFound
 from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.registry.catalog import check_can_be_public
 from benchwright.registry.shape import stamp_terminal
-from benchwright.results import audit_fields
+from benchwright.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.schemas import (
     CostView,
     ForkOrigin,
@@ -235,16 +235,17 @@ def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500
             .where(TaskRow.run_id == run_id, TaskRow.invocation == invocation, TaskRow.index > after)
             .order_by(TaskRow.index).limit(limit)
         ).all()
-    tasks = [_row_view(row, output, meta, model_input) for row, output, meta, model_input in rows]
+    tasks = [_row_view(row, output, meta, model_input, input_chars=LIST_INPUT_CHARS)
+             for row, output, meta, model_input in rows]
     return TaskList(tasks=tasks, next_after=tasks[-1].index if len(tasks) == limit else None)
 
 
 def _row_view(row: TaskRow, output: str | None, meta: dict[str, Any] | None = None,
-              model_input: str | None = None) -> TaskRowView:
+              model_input: str | None = None, input_chars: int = MAX_INPUT_CHARS) -> TaskRowView:
     """A task row with its first trial's output, input and score_meta audit fields (``benchwright.results``)."""
     return TaskRowView(index=row.index, invocation=row.invocation, outcome=row.outcome, score=row.score,
                        output=output, trial_scores=row.trial_scores, no_answer=row.no_answer,
-                       **audit_fields(meta, model_input))
+                       **audit_fields(meta, model_input, input_chars=input_chars))
 
 
 def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:

@@ -80,3 +80,10 @@ def test_audit_fields_read_score_meta() -> None:
     assert audit_fields(None) == {"input": None, "answer": None, "rule": None, "extracted": None, "reference": None}
     bridged = audit_fields({"input": "the sample", "target": "B"})  # a harness bridge's trial
     assert bridged["input"] == "the sample" and bridged["reference"] == "B"
+
+
+def test_a_listing_shows_the_tail_of_a_long_input() -> None:
+    recorded = "system: " + "rules " * 1000 + "\nuser: the question?"
+    listed = audit_fields({}, recorded, input_chars=100)["input"]
+    assert len(listed) == 100 and listed.startswith("…") and listed.endswith("user: the question?")
+    assert audit_fields({}, recorded)["input"] == recorded
