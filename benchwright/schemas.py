@@ -384,7 +384,7 @@ class BreakdownView(BaseModel):
     folded: int = 0
     """Groups past the limit, folded into the ``(other)`` group (smallest first)."""
     columns: list[str]
-    """The dataset's columns (any may be named in ``by``)."""
+    """The dataset's columns, the first 500 (any column of the data may be named in ``by``)."""
     candidates: list[str]
     """Columns that look like groupings (``subject``, ``category``...; the launch's ``group_by`` first)."""
 

@@ -29,6 +29,8 @@ from benchwright.store.models import EventRow, Run, TaskRow
 __all__ = ["breakdown", "dataset_columns", "fill_references"]
 
 TASKS_FILE = "tasks.jsonl"
+MAX_COLUMNS = 500
+"""Columns a breakdown lists (``by`` may name any column the data has)."""
 _CACHE_COLUMNS = 64
 _cache: OrderedDict[tuple[str, str, str], list[Any]] = OrderedDict()
 _lock = threading.Lock()
@@ -100,7 +102,8 @@ def breakdown(engine: Engine, blobs: BlobStore, *, run: Run, by: str | None) -> 
         settled = session.execute(select(col(TaskRow.index), col(TaskRow.outcome), col(TaskRow.no_answer)).where(
             col(TaskRow.run_id) == run.id, col(TaskRow.invocation) == invocation)).all()
     groups, folded = group_results(labels, [(int(i), str(o), bool(n)) for i, o, n in settled])
-    return BreakdownView(run_id=run.id, by=by, groups=groups, folded=folded, columns=columns, candidates=candidates)
+    return BreakdownView(run_id=run.id, by=by, groups=groups, folded=folded, columns=columns[:MAX_COLUMNS],
+                         candidates=candidates)
 
 
 def _names(columns: list[str]) -> str:
