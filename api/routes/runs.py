@@ -226,7 +226,8 @@ def get_tasks(run_id: RunId, account: AccountDep, state: StateDep, after: After 
               limit: Annotated[int, Query(ge=1, le=5000)] = 500,
               invocation: Annotated[int | None, Query(ge=1, le=MAX_INDEX, description=(
                   "The Materialize invocation (sweep, §2) to list; default the latest."))] = None) -> TaskList:
-    """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
+    """Settled task rows (outcome, score, output, per-trial scores; input, reference, extracted answer and rule,
+    no_answer), by index; page with ``after``."""
     from benchwright.sandbox.factory import blob_store  # the deployment's blob store, made on first use
 
     run = readable_run(state.engine, run_id=run_id, account_id=account.id)
