@@ -26,7 +26,7 @@ async def watched(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dic
     impl = tmp / "task_impl.py"
     impl.write_text(IMPL)
     args = ("run", "--dataset", str(tmp / "arith_subjects.jsonl"), "--model", "openai/dev", "--api-base",
-            stack.dev_url, "--task-impl", str(impl), "--watch")
+            stack.dev_url, "--task-impl", str(impl), "--group-by", "difficulty", "--watch")
     done = await bw(*args, env=api_env(stack))
     assert done.rc == 0, done.err
     run_id = done.out.split("run ", 1)[1].split(":", 1)[0]
@@ -61,6 +61,10 @@ async def test_show_by_subject_prints_the_group_table(stack: Stack, watched: dic
     as_json = await bw("show", watched["run_id"], "--by", "difficulty", "--json", env=api_env(stack))
     groups = json.loads(as_json.out)["breakdown"]["groups"]
     assert [(g["group"], g["total"]) for g in groups] == [("1", 30), ("2", 30)]
+    # run --group-by made difficulty the run's default grouping column
+    async with stack.http() as http:
+        default = (await http.get(f"/v1/runs/{watched['run_id']}/breakdown")).json()
+    assert default["by"] == "difficulty" and default["candidates"] == ["difficulty", "subject"]
 
 
 async def test_show_by_an_unknown_column_names_the_columns(stack: Stack, watched: dict[str, Any]) -> None:
