@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from api import errors
 from api.body_limit import BodyLimit
 from api.deps import AppState
-from api.routes import account, admin, compare, forks, harness, policy, registry, runs, schedules, ui
+from api.routes import account, admin, breakdown, compare, forks, harness, policy, registry, runs, schedules, ui
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 
@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(runs.router)
+    app.include_router(breakdown.router)
     app.include_router(harness.router)
     app.include_router(forks.router)
     app.include_router(account.router)

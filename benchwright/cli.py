@@ -330,6 +330,8 @@ def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
         rate += f" (95 % CI {s['pass_rate_ci'][0]:.1%}–{s['pass_rate_ci'][1]:.1%})"
     text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
             f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
+    if s.get("no_answer"):
+        text += f"\n  no answer found in {s['no_answer']} of the {s['failed']} failed tasks (counted as failed)"
     if run.get("error"):
         text += f"\n  error: {run['error']}"
     if run["halted"] and run.get("halt_reason"):
@@ -412,6 +414,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         harness_file: Annotated[list[Path] | None, typer.Option(
             "--harness-file", exists=True, dir_okay=False, readable=True,
             help="A data file the task reads, put beside it under its own name (repeatable).")] = None,
+        group_by: Annotated[str | None, typer.Option(
+            help="The dataset column results are grouped by by default (show --by, the run page).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON (the final run with --watch).")
                             ] = False,
         watch: Annotated[bool, typer.Option("--watch/--no-watch", help="Show live progress until it ends.")] = False,
@@ -443,8 +447,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
             "metadata": flat("--metadata", metadata, numbers=False) if metadata else None,
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
-            **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt))
-               if v is not None},
+            **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt),
+                                 ("group_by", group_by)) if v is not None},
             **harness_body(harness, harness_config, harness_task, harness_file or [])}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")

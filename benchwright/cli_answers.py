@@ -58,7 +58,9 @@ def summary_lines(run: dict[str, Any]) -> list[str]:
     se = "n/a" if s.get("pass_rate_se") is None else f"{s['pass_rate_se']:.2%}"
     lines = [f"run {run['id']}: {run['display_status']}  model {run['model'].get('identifier', '')}",
              (f"  pass rate {_pct(s['pass_rate'])}  95 % CI {_ci(s.get('pass_rate_ci')) or 'n/a'} (Wilson)  "
-              f"SE {se}  on {s['passed'] + s['failed']} scored tasks ({s['errored']} errored, {s['total']} in all)")]
+              f"SE {se}  on {s['passed'] + s['failed']} scored tasks ({s['errored']} errored, {s['total']} in all)"),
+             (f"  passed {s['passed']}, failed {s['failed']} (no answer {s.get('no_answer', 0)}), "
+              f"errored {s['errored']}")]
     if s.get("mean_score"):
         m = s["mean_score"]
         lines.append(f"  mean score {m['value']:.3f}  95 % CI [{m['ci'][0]:.3f}, {m['ci'][1]:.3f}] (bootstrap over "
@@ -69,11 +71,31 @@ def summary_lines(run: dict[str, Any]) -> list[str]:
     return lines
 
 
-def show_cmd(run_id: str, json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
-             api_key: ApiKey = None) -> None:
-    """One run's score with its 95 % interval and standard error (and mean score, pass@k where they apply)."""
+def breakdown_table(result: dict[str, Any]) -> Table:
+    """Per-group results as lm-eval prints them: group, n, pass rate, its 95 % interval, and the counts."""
+    table = Table(result["by"], "n", "pass rate", "95 % CI", "passed", "failed", "no_answer", "errored")
+    for g in result["groups"]:
+        table.add_row(g["group"], str(g["total"]), _pct(g["pass_rate"]), _ci(g["pass_rate_ci"]) or "n/a",
+                      str(g["passed"]), str(g["failed"]), str(g["no_answer"]), str(g["errored"]))
+    return table
+
+
+def show_cmd(run_id: str, json_out: JsonOut = False,
+             by: Annotated[str | None, typer.Option("--by", help=(
+                 "Also print results per value of this dataset column (subject, category...).")
+             )] = None, data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """One run's score with its 95 % interval and standard error (and mean score, pass@k where they apply);
+    with ``--by COLUMN``, the same per group of the data."""
     run = _call(lambda c: c.run(run_id), data_dir, api_url, api_key)
-    _print(json.dumps(run, indent=2, default=str) if json_out else "\n".join(summary_lines(run)))
+    result = _call(lambda c: c.breakdown(run_id, by=by), data_dir, api_url, api_key) if by else None
+    if json_out:
+        _print(json.dumps({**run, "breakdown": result} if result else run, indent=2, default=str))
+        return
+    _print("\n".join(summary_lines(run)))
+    if result:
+        _print(breakdown_table(result))
+        if result["folded"]:
+            _print(f"  {result['folded']} smaller groups are folded into (other)")
 
 
 def compare_cmd(runs: Annotated[list[str], typer.Argument(help="A B: B against A; three or more: a ranked table.")],

@@ -223,9 +223,26 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _asked(model_input: str | None) -> str | None:
+    """The part of a recorded model input a person reads first: its last user message."""
+    if model_input is None:
+        return None
+    _, sep, last = model_input.rpartition("user: ")
+    return last if sep else model_input
+
+
+def _extracted(row: dict[str, Any]) -> str:
+    if row.get("extracted") is False:
+        return "(no answer)"
+    return excerpt(row.get("answer"), 24)
+
+
 def tasks_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("index", "outcome", "score", "output", box=None)
+    """Index, outcome, score, then what a person checks a task by (issue 21): the input the model saw, the
+    reference, the extracted answer and the rule that found it, and the output."""
+    table = Table("index", "outcome", "score", "input", "reference", "extracted", "rule", "output", box=None)
     for row in rows:
         table.add_row(str(row["index"]), row["outcome"], "-" if row["score"] is None else f"{row['score']:g}",
-                      excerpt(row["output"]))
+                      excerpt(_asked(row.get("input")), 40), excerpt(row.get("reference"), 24), _extracted(row),
+                      row.get("rule") or "", excerpt(row["output"]))
     return table

@@ -192,6 +192,12 @@ class Client:
                 return
             after = body["next_after"]
 
+    def breakdown(self, run_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Pass rate, counts and 95 % interval per value of dataset column ``by`` (default: the run's grouping
+        column); an unknown column raises ApiError 400 naming the columns there are."""
+        params = {"by": by} if by is not None else {}
+        return self._call("GET", f"/v1/runs/{run_id}/breakdown", params=params)  # type: ignore[no-any-return]
+
     def task(self, run_id: str, index: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]
 

@@ -170,6 +170,8 @@ class MaterializeTaskResult(Event):
     error: str | None = None
     usage: dict[str, int] = Field(default_factory=dict)
     cost_usd: float = 0.0
+    input: str | None = None
+    """What the model saw on the scorer's last model call, bounded (``benchwright.results.model_input``)."""
 
 
 class MaterializeTaskAggregated(Event):

@@ -163,7 +163,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             event_key(inp.run_id, "materialize", inp.invocation, rec.index, rec.trial, "result"),
             MaterializeTaskResult(invocation=inp.invocation, index=rec.index, trial=rec.trial, score=rec.score,
                                   outcome=rec.outcome, output=rec.output, meta=rec.meta, error=rec.error,
-                                  usage=rec.usage, cost_usd=rec.cost_usd),
+                                  usage=rec.usage, cost_usd=rec.cost_usd, input=rec.input),
         ))
         if len(by_task[rec.index]) == k:
             aggregate_task(rec.index)

@@ -147,6 +147,9 @@ class LaunchRequest(_Strict):
     harness: str | None = Field(default=None, max_length=32, json_schema_extra={"enum": [*HARNESS_VALUES, None]})
     """How the evaluation runs (§4): ``benchwright`` (default: a Driver-written scorer), or a harness bridge,
     ``inspect`` or ``lmeval`` (the harness brings dataset and scorer; ``harness_config`` names its task)."""
+    group_by: str | None = Field(default=None, min_length=1, max_length=128)
+    """The dataset column results are grouped by by default (``GET /v1/runs/{id}/breakdown``, ``show --by``);
+    unset: the first of ``benchwright.results.GROUP_COLUMNS`` the data has."""
     harness_config: dict[str, Any] | None = None
     """A bridge's task and the harness's own arguments (``benchwright.harness.config.HarnessConfig``): ``task`` or
     ``task_file`` (+ ``files``), ``limit``, ``epochs``, generation args; at most 512 KiB serialized."""
@@ -181,7 +184,10 @@ class LaunchRequest(_Strict):
 class TasksSummary(BaseModel):
     passed: int = 0
     failed: int = 0
+    """Every ``fail``, including ``no_answer``."""
     errored: int = 0
+    no_answer: int = 0
+    """Of ``failed``, the tasks where no answer was found in the reply (``benchwright.results``): still fails."""
     running: int = 0
     total: int = 0
     pass_rate: float | None = None
@@ -327,6 +333,8 @@ class TrialView(BaseModel):
     output: str | None
     meta: dict[str, Any]
     error: str | None
+    input: str | None = None
+    """What the model saw on this trial's last model call, bounded."""
 
 
 class TaskRowView(BaseModel):
@@ -336,6 +344,49 @@ class TaskRowView(BaseModel):
     score: float | None
     output: str | None
     trial_scores: list[float | None]
+    no_answer: bool = False
+    """A fail whose every trial reported ``extracted: false``."""
+    input: str | None = None
+    """What the model saw on the scorer's (last) model call, as ``role: content`` lines, first trial; a listing
+    shows its last 1,000 characters, the task detail all of it (up to 8,000)."""
+    reference: str | None = None
+    """The reference answer: ``score_meta.reference``, else the row's reference column
+    (``benchwright.results.reference_column``); bounded."""
+    answer: str | None = None
+    """The answer the scorer extracted (``score_meta.answer``), bounded; first trial."""
+    extracted: bool | None = None
+    """``score_meta.extracted`` of the first trial (None: the scorer did not say)."""
+    rule: str | None = None
+    """``score_meta.rule``: the extraction rule that found the answer."""
+
+
+class GroupResult(BaseModel):
+    """One group of a run's breakdown: counts over its settled tasks and the pass rate's 95 % Wilson interval."""
+
+    group: str
+    passed: int = 0
+    failed: int = 0
+    errored: int = 0
+    no_answer: int = 0
+    unsettled: int = 0
+    """Tasks of the group with no settled result (yet, or ever: a halted run)."""
+    total: int = 0
+    pass_rate: float | None = None
+    pass_rate_ci: tuple[float, float] | None = None
+
+
+class BreakdownView(BaseModel):
+    """``GET /v1/runs/{id}/breakdown``: the run's results per value of one dataset column."""
+
+    run_id: str
+    by: str
+    groups: list[GroupResult]
+    folded: int = 0
+    """Groups past the limit, folded into the ``(other)`` group (smallest first)."""
+    columns: list[str]
+    """The dataset's columns, the first 500 (any column of the data may be named in ``by``)."""
+    candidates: list[str]
+    """Columns that look like groupings (``subject``, ``category``...; the launch's ``group_by`` first)."""
 
 
 class TaskList(BaseModel):

@@ -46,6 +46,7 @@ from benchwright.store.accounts import get_account
 from benchwright.store.events import read_events
 from benchwright.store.models import EventRow
 from benchwright.store.policy import saved_compute, secret_value
+from benchwright.store.results import fill_references
 from benchwright.store.runs import (
     CURSOR_PATTERN,
     create_run,
@@ -226,16 +227,25 @@ def get_tasks(run_id: RunId, account: AccountDep, state: StateDep, after: After 
               invocation: Annotated[int | None, Query(ge=1, le=MAX_INDEX, description=(
                   "The Materialize invocation (sweep, docs/concepts.md §2) to list; "
                   "default the latest."))] = None) -> TaskList:
-    """Settled task rows (outcome, score, output, per-trial scores), by index; page with ``after``."""
+    """Settled task rows (outcome, score, output, per-trial scores; input, reference, extracted answer and rule,
+    no_answer), by index; page with ``after``."""
+    from benchwright.sandbox.factory import blob_store  # the deployment's blob store, made on first use
+
     run = readable_run(state.engine, run_id=run_id, account_id=account.id)
-    return list_tasks(state.engine, run_id=run.id, after=after, limit=limit, invocation=invocation)
+    page = list_tasks(state.engine, run_id=run.id, after=after, limit=limit, invocation=invocation)
+    fill_references(state.engine, blob_store(state.settings), run_id=run.id, tasks=page.tasks)
+    return page
 
 
 @router.get("/{run_id}/tasks/{index}", response_model=TaskDetail, responses=responses(404))
 def get_task(run_id: RunId, index: TaskIndex, account: AccountDep, state: StateDep) -> TaskDetail:
     """One task with each trial's score, meta and output."""
+    from benchwright.sandbox.factory import blob_store
+
     run = readable_run(state.engine, run_id=run_id, account_id=account.id)
-    return task_detail(state.engine, run_id=run.id, index=index)
+    detail = task_detail(state.engine, run_id=run.id, index=index)
+    fill_references(state.engine, blob_store(state.settings), run_id=run.id, tasks=[detail])
+    return detail
 
 
 class StopBody(BaseModel):

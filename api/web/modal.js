@@ -1,4 +1,6 @@
-// The drill-down for one task: every trial's outcome, score, score_meta, output and error (GET /tasks/{index}).
+// The drill-down for one task: what a person checks it by (the input the model saw, the reference, the extracted
+// answer and the rule that found it, the output; issue 21), then every trial's outcome, score, score_meta, output
+// and error (GET /tasks/{index}).
 
 import { api, ApiError } from "./api.js";
 import { h, json } from "./dom.js";
@@ -22,6 +24,7 @@ export async function openTask(runId, index) {
         h("dt", {}, "score"), h("dd", {}, task.score ?? "–"),
         h("dt", {}, "trial scores"), h("dd", { class: "mono" }, JSON.stringify(task.trial_scores)),
         h("dt", {}, "invocation"), h("dd", {}, task.invocation)),
+      audit(task),
       h("table", { class: "grid trials" },
         h("thead", {}, h("tr", {}, ["Trial", "Outcome", "Score", "score_meta", "Output", "Error"]
           .map((c) => h("th", {}, c)))),
@@ -38,4 +41,17 @@ export async function openTask(runId, index) {
     content.replaceChildren(h("p", { class: "muted" }, text));
   }
   return dialog;
+}
+
+function audit(task) {
+  const answer = task.extracted === false ? h("span", { class: "outcome-fail pill" }, "no answer found")
+    : task.answer ?? h("span", { class: "muted" }, "–");
+  const block = (text) => (text === null || text === undefined ? h("span", { class: "muted" }, "– (not recorded)")
+    : h("pre", {}, text));
+  return h("dl", { class: "facts audit", id: "task-audit" },
+    h("dt", {}, "input"), h("dd", { dataset: { field: "input" } }, block(task.input)),
+    h("dt", {}, "reference"), h("dd", { dataset: { field: "reference" } }, task.reference ?? "–"),
+    h("dt", {}, "extracted"), h("dd", { dataset: { field: "extracted" } }, answer),
+    h("dt", {}, "rule"), h("dd", { dataset: { field: "rule" } }, task.rule ?? "–"),
+    h("dt", {}, "output"), h("dd", { dataset: { field: "output" } }, block(task.output)));
 }

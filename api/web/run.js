@@ -5,6 +5,7 @@
 // frame, however many events a chunk brought.
 
 import { api, followEvents } from "./api.js";
+import { Breakdown } from "./breakdown.js";
 import { duration, h, json, ms, pct, statusBadge, usd, when } from "./dom.js";
 import { Heatmap } from "./heatmap.js";
 import { openTask } from "./modal.js";
@@ -42,6 +43,7 @@ export function runView(root, runId) {
     log: h("ol", { id: "event-log", class: "log", reversed: true }),
   };
   const heatmap = new Heatmap(el.canvas, { onCell: (index) => openTask(runId, index) });
+  const breakdown = new Breakdown(runId, { signal: abort.signal });
 
   root.append(h("section", { class: "run" },
     h("div", { class: "run-head" }, el.title, el.status, el.temporal, el.stream,
@@ -53,6 +55,7 @@ export function runView(root, runId) {
       h("div", { class: "side" },
         h("section", { class: "card" }, h("h2", {}, "Receipt"), el.receipt),
         h("section", { class: "card" }, h("h2", {}, "Cost"), el.cost))),
+    breakdown.card,
     h("section", { class: "card" }, h("h2", {}, "Phases"), el.timeline),
     h("section", { class: "card" }, h("h2", {}, "Events ", h("span", { class: "muted" }, `(latest ${LOG_CAP})`)),
       el.log)));
@@ -69,6 +72,7 @@ export function runView(root, runId) {
     s.terminal = s.terminal || run.terminal;
     if (run.tasks.summary.total > heatmap.cells.length) heatmap.setTotal(run.tasks.summary.total);
     mark("head", "receipt", "cost", "counters", "heatmap");
+    breakdown.refresh(s.terminal);
   }
 
   function onEvents(events) {
@@ -179,6 +183,7 @@ export function runView(root, runId) {
                                                       dataset: { value: String(value) } },
       h("span", { class: "value" }, value), h("span", { class: "label" }, label));
     el.counters.replaceChildren(counter("passed", "passed", passed), counter("failed", "failed", failed),
+      counter("no_answer", "no answer (of failed)", s.run.tasks.summary.no_answer ?? 0),
       counter("errored", "errored", errored), counter("running", "running", running),
       counter("total", "tasks", heatmap.cells.length),
       h("div", { class: "counter", id: "count-rate", dataset: { value: rate === null ? "" : String(rate) } },
@@ -272,6 +277,7 @@ export function runView(root, runId) {
     abort.abort();
     clearInterval(tick);
     clearTimeout(refreshTimer);
+    breakdown.stop();
     if (s.frame) cancelAnimationFrame(s.frame);
     window.removeEventListener("resize", onResize);
     document.getElementById("task-modal")?.remove();

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchwright.results import model_input
 from benchwright.scoring.aggregators import normalize_score, outcome_for
 from benchwright.sut import SutClient, SutError
 
@@ -50,6 +51,8 @@ class TrialRecord:
     error: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     cost_usd: float = 0.0
+    input: str | None = None
+    """The messages of the trial's last model call, bounded (``benchwright.results.model_input``)."""
 
 
 def runner_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -211,6 +214,8 @@ class _Session:
         self.attempts: dict[tuple[int, int], int] = {(i.index, i.trial): 1 for i in items}
         self.usage: dict[int, dict[str, int]] = {}
         self.cost: dict[int, float] = {}
+        self.inputs: dict[int, Any] = {}
+        """The messages of each item's latest model call; rendered to one bounded string when it settles."""
         self.failure: Exception | None = None
         """What ended the watchdog (``on_record`` raised in it); ``run`` raises it."""
 
@@ -323,6 +328,7 @@ class _Session:
 
     async def _call(self, runtime: _Runtime, msg: dict[str, Any]) -> None:
         item_id = msg["task"]
+        self.inputs[item_id] = msg["messages"]
         try:
             reply = await self.sut.complete(msg["messages"], msg.get("params") or {})
         except SutError as exc:
@@ -396,6 +402,7 @@ class _Session:
             self.usage[new_id] = self.usage.pop(item_id)
         if item_id in self.cost:
             self.cost[new_id] = self.cost.pop(item_id)
+        self.inputs.pop(item_id, None)
         if self.runtime is not None and not self.runtime.killed and self.runtime.doomed_at is None:
             self.runtime.send({"op": "task", "id": new_id, "row": item.row})
         # else: the next runtime is given every unsettled trial, this one included
@@ -445,4 +452,5 @@ class _Session:
         await self.on_record(TrialRecord(
             index=item.index, trial=item.trial, outcome=outcome, score=None if error else value, output=output,
             meta=meta, error=error, usage=self.usage.pop(item_id, {}), cost_usd=self.cost.pop(item_id, 0.0),
+            input=model_input(self.inputs.pop(item_id, None)),
         ))

@@ -21,6 +21,7 @@ from sqlmodel import Session, col
 
 from benchwright.errors import NotFound
 from benchwright.events import TERMINAL_EVENT, Event
+from benchwright.results import is_no_answer
 from benchwright.store.db import session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, utcnow
 
@@ -128,15 +129,37 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
         elif e.type == "MaterializeTaskResult":
             trials.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
                            "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
-                           "error": d.get("error")})
+                           "error": d.get("error"), "input": d.get("input")})
         elif e.type == "MaterializeTaskAggregated":
             rows.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"],
                          "outcome": d["outcome"], "score": d["score"], "trial_scores": d["trial_scores"]})
     if trials:
         session.execute(insert(_TRIALS), trials)
     if rows:
+        _mark_no_answer(session, run_id, rows, trials)
         session.execute(insert(_TASK_ROWS), rows)
     return run_updates
+
+
+def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> None:
+    """Set each task row's ``no_answer`` from its trials' meta (``benchwright.results.is_no_answer``).
+
+    A task's trials usually land in the same append as its aggregate (k = 1 always does), and only a failed task
+    whose trials here all said ``extracted: false`` needs a look at trials appended earlier: the hot path reads
+    nothing.
+    """
+    here: dict[tuple[int, int], list[Any]] = {}
+    for t in trials:
+        here.setdefault((t["invocation"], t["index"]), []).append(t["meta"])
+    for row in rows:
+        key = (row["invocation"], row["index"])
+        metas = here.get(key, [])
+        row["no_answer"] = is_no_answer(row["outcome"], metas) if metas else row["outcome"] == "fail"
+        if row["no_answer"] and len(metas) < len(row["trial_scores"]):
+            metas = list(session.execute(select(col(TrialResult.meta)).where(
+                col(TrialResult.run_id) == run_id, col(TrialResult.invocation) == key[0],
+                col(TrialResult.index) == key[1])).scalars())
+            row["no_answer"] = is_no_answer(row["outcome"], metas)
 
 
 def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 1000) -> list[EventRow]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Column, Index, Text, UniqueConstraint, false
 from sqlmodel import Field, SQLModel
 
 
@@ -119,6 +119,8 @@ class TaskRow(SQLModel, table=True):
     outcome: str = Field(max_length=8)
     score: float | None = None
     trial_scores: list[float | None] = Field(sa_column=Column(JSON, nullable=False))
+    no_answer: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
+    """A ``fail`` whose every trial reported ``score_meta.extracted == false`` (``benchwright.results``)."""
 
 
 class TrialResult(SQLModel, table=True):
@@ -135,6 +137,8 @@ class TrialResult(SQLModel, table=True):
     output: str | None = None
     meta: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     error: str | None = None
+    input: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    """What the model saw on the scorer's last model call, bounded (``benchwright.scoring.host``)."""
 
 
 class Secret(SQLModel, table=True):

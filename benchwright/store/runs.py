@@ -17,6 +17,7 @@ from benchwright.errors import InvalidInput, NotFound
 from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.registry.catalog import check_can_be_public
 from benchwright.registry.shape import stamp_terminal
+from benchwright.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.schemas import (
     CostView,
     ForkOrigin,
@@ -105,13 +106,15 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
 def run_view(engine: Engine, run: Run) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary."""
     with Session(engine) as session:
-        counts: dict[str, int] = dict(
-            session.execute(
-                select(TaskRow.outcome, func.count()).where(TaskRow.run_id == run.id,
-                                                             TaskRow.invocation == _latest_invocation(session, run.id))
-                .group_by(TaskRow.outcome)
-            ).all()
-        )
+        counts: dict[str, int] = {}
+        no_answer = 0
+        for outcome, unanswered, n in session.execute(
+            select(TaskRow.outcome, TaskRow.no_answer, func.count()).where(
+                TaskRow.run_id == run.id, TaskRow.invocation == _latest_invocation(session, run.id))
+            .group_by(TaskRow.outcome, TaskRow.no_answer)
+        ).all():
+            counts[outcome] = counts.get(outcome, 0) + n
+            no_answer += n if unanswered and outcome == "fail" else 0
         # pass@k reads every trial row: computed once the run is over, not on every poll of a live run
         per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 and run.finished_at is not None else []
         # the bootstrap reads every task row too: once terminal, and then cached (benchwright/store/intervals.py)
@@ -124,7 +127,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
     # Tasks run only while Materialize is live: a paused, waiting or torn-down run has none in flight.
     in_flight = run.status == "running" and run.phase == "materialize" and not run.halted and run.finished_at is None
     summary = TasksSummary(
-        passed=passed, failed=failed, errored=errored,
+        passed=passed, failed=failed, errored=errored, no_answer=no_answer,
         running=max(run.tasks_total - settled, 0) if in_flight else 0,
         total=run.tasks_total,
         pass_rate=passed / (passed + failed) if passed + failed else None,
@@ -226,19 +229,23 @@ def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500
     with Session(engine) as session:
         invocation = invocation or _latest_invocation(session, run_id)
         rows = session.execute(
-            select(TaskRow, TrialResult.output)
+            select(TaskRow, TrialResult.output, TrialResult.meta, TrialResult.input)
             .join(TrialResult, and_(TrialResult.run_id == TaskRow.run_id, TrialResult.invocation == TaskRow.invocation,
                                     TrialResult.index == TaskRow.index, TrialResult.trial == 0), isouter=True)
             .where(TaskRow.run_id == run_id, TaskRow.invocation == invocation, TaskRow.index > after)
             .order_by(TaskRow.index).limit(limit)
         ).all()
-    tasks = [_row_view(row, output) for row, output in rows]
+    tasks = [_row_view(row, output, meta, model_input, input_chars=LIST_INPUT_CHARS)
+             for row, output, meta, model_input in rows]
     return TaskList(tasks=tasks, next_after=tasks[-1].index if len(tasks) == limit else None)
 
 
-def _row_view(row: TaskRow, output: str | None) -> TaskRowView:
+def _row_view(row: TaskRow, output: str | None, meta: dict[str, Any] | None = None,
+              model_input: str | None = None, input_chars: int = MAX_INPUT_CHARS) -> TaskRowView:
+    """A task row with its first trial's output, input and score_meta audit fields (``benchwright.results``)."""
     return TaskRowView(index=row.index, invocation=row.invocation, outcome=row.outcome, score=row.score,
-                       output=output, trial_scores=row.trial_scores)
+                       output=output, trial_scores=row.trial_scores, no_answer=row.no_answer,
+                       **audit_fields(meta, model_input, input_chars=input_chars))
 
 
 def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
@@ -256,9 +263,10 @@ def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
         ).scalars())
     if row is None:
         raise NotFound(f"task {index} of run {run_id} has no settled result")
-    detail = _row_view(row, trials[0].output if trials else None)
+    detail = _row_view(row, trials[0].output, trials[0].meta, trials[0].input) if trials else _row_view(row, None)
     return TaskDetail(**detail.model_dump(), trials=[
-        TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error)
+        TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error,
+                  input=t.input)
         for t in trials
     ])
 
