@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 
@@ -105,7 +106,7 @@ class Client:
         """
         text = ref.strip().lower()
         if not MIN_PREFIX <= len(text) < RUN_ID_LENGTH or text.strip("0123456789abcdef-"):
-            return ref  # a full id, or no run's prefix: the route answers for it (404 when no such run)
+            return quote(ref, safe="")  # a full id, or no run's prefix: its route answers (404: no such run)
         found = self._call("GET", "/v1/runs", params={"id_prefix": text, "limit": AMBIGUOUS_SHOWN + 1})["runs"]
         if not found:
             raise ApiError(404, "not_found", f"no run of yours has an id starting with {text!r} (another account's "
