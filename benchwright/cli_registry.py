@@ -23,12 +23,15 @@ console = Console()
 
 def _call(method: str, path: str, data_dir: Path | None, api_url: str | None, api_key: str | None,
           body: dict[str, Any] | None = None) -> Any:
-    """One API call; an API or set-up error is printed in plain words and exits 1."""
+    """One API call; an API or set-up error is printed in plain words and exits 1. A ``run_id`` in the body may
+    be a unique prefix of one of the caller's runs (``Client.resolve_run_id``)."""
     from benchwright import cli
     from benchwright.client import ApiError
 
     try:
         with cli._client(data_dir, api_url, api_key) as client:
+            if body is not None and "run_id" in body:
+                body = {**body, "run_id": client.resolve_run_id(body["run_id"])}
             return client._call(method, path, json=body) if body is not None else client._call(method, path)
     except (ApiError, OSError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")

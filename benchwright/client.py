@@ -106,7 +106,7 @@ class Client:
         """
         text = ref.strip().lower()
         if not MIN_PREFIX <= len(text) < RUN_ID_LENGTH or text.strip("0123456789abcdef-"):
-            return quote(ref, safe="")  # a full id, or no run's prefix: its route answers (404: no such run)
+            return ref  # a full id, or no run's prefix: its route answers (404: no such run)
         found = self._call("GET", "/v1/runs", params={"id_prefix": text, "limit": AMBIGUOUS_SHOWN + 1})["runs"]
         if not found:
             raise ApiError(404, "not_found", f"no run of yours has an id starting with {text!r} (another account's "
@@ -117,6 +117,10 @@ class Client:
             raise ApiError(409, "ambiguous_run_id", f"{text!r} starts the ids of several of your runs: {shown}{more}; "
                                                     "give more characters")
         return str(found[0]["id"])
+
+    def _rid(self, ref: str) -> str:
+        """``resolve_run_id`` for a URL path: quoted, so no text given as a run id can steer the request's path."""
+        return quote(self.resolve_run_id(ref), safe="")
 
     def launch(self, *, model: str | dict[str, Any], dataset: str | None = None, driver: str | None = None,
                task_impl: str | None = None, trials: dict[str, Any] | None = None,
@@ -148,7 +152,7 @@ class Client:
 
     def run(self, run_id: str, *, wait_s: float | None = None) -> dict[str, Any]:
         """One run; with ``wait_s`` the API holds the answer until the run settles or that many seconds pass."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         params = {"wait_s": round(wait_s, 3)} if wait_s else None
         return self._call("GET", f"/v1/runs/{run_id}", params=params)  # type: ignore[no-any-return]
 
@@ -169,7 +173,7 @@ class Client:
                 return
 
     def events(self, run_id: str, *, after: int = -1, limit: int = 1000) -> dict[str, Any]:
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/events", params={"after": after, "limit": limit})  # type: ignore[no-any-return]
 
     def stream_events(self, run_id: str, *, after: int = -1,
@@ -180,7 +184,7 @@ class Client:
         the last seq received, so no event is lost or repeated. A stream that closes cleanly before the terminal
         event is resumed too, unless the run is over (its terminal event precedes ``after``).
         """
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         last, failures = after, 0
         while True:
             try:
@@ -215,12 +219,12 @@ class Client:
                     data = []
 
     def tasks(self, run_id: str, *, after: int = -1, limit: int = 500) -> dict[str, Any]:
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/tasks", params={"after": after, "limit": limit})  # type: ignore[no-any-return]
 
     def iter_tasks(self, run_id: str, *, page: int = 500) -> Iterator[dict[str, Any]]:
         """Every settled task row of the run, by index, following ``next_after``."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         after = -1
         while True:
             body = self.tasks(run_id, after=after, limit=page)
@@ -230,7 +234,7 @@ class Client:
             after = body["next_after"]
 
     def task(self, run_id: str, index: int) -> dict[str, Any]:
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]
 
     def fork(self, run_id: str, *, rewind_to: str | None = None, instructions: str | None = None,
@@ -238,7 +242,7 @@ class Client:
         """Fork a run (§10): a new run inheriting the phases before ``rewind_to``, with ``overrides`` (model,
         dataset, requirements, task_impl, scorer_instructions, trials, limits, concurrency) and/or prose
         ``instructions`` for the Fork phase's Driver."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         body: dict[str, Any] = {"overrides": overrides}
         if rewind_to is not None:
             body["rewind_to"] = rewind_to
@@ -248,40 +252,41 @@ class Client:
 
     def replay(self, run_id: str, *, model: str | dict[str, Any]) -> dict[str, Any]:
         """Replay a run against ``model``: benchmark, sample, impl and trials pinned to the reference."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/replay", json={"model": model})  # type: ignore[no-any-return]
 
     def sweep(self, run_id: str, *, models: list[str | dict[str, Any]]) -> dict[str, Any]:
         """One replay of the run per model, all at once: ``{"reference", "runs": [...]}``."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/sweep", json={"models": models})  # type: ignore[no-any-return]
 
     def lineage(self, run_id: str) -> dict[str, Any]:
         """The fork tree the run belongs to (root first, parents before children)."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/lineage")  # type: ignore[no-any-return]
 
     def stop(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
         """Halt the run for good (operator_kill)."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/stop", json={"reason": reason} if reason else None)  # type: ignore[no-any-return]
 
     def admin_halt(self, run_id: str, *, reason: str) -> dict[str, Any]:
         """Halt any account's run as a platform administrator (``admin: <reason>``, display_status ``killed``).
-        A non-admin key gets 404: for it the route does not exist."""
-        return self._call("POST", f"/v1/admin/runs/{run_id}/halt", json={"reason": reason})  # type: ignore[no-any-return]
+        A non-admin key gets 404: for it the route does not exist. Takes the full id (a prefix resolves over the
+        caller's own runs only, and an admin halts other accounts' runs)."""
+        return self._call("POST", f"/v1/admin/runs/{quote(run_id, safe='')}/halt", json={"reason": reason})  # type: ignore[no-any-return]
 
     def pause(self, run_id: str) -> dict[str, Any]:
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/pause")  # type: ignore[no-any-return]
 
     def resume(self, run_id: str) -> dict[str, Any]:
         """Resume a paused run; raises ApiError(409, "not_paused") for any other halt."""
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/resume")  # type: ignore[no-any-return]
 
     def resolve_review(self, run_id: str, *, resolution: str) -> dict[str, Any]:
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         return self._call("PATCH", f"/v1/runs/{run_id}", json={"review_resolution": resolution})  # type: ignore[no-any-return]
 
     # -- provider secrets (write-only: the API never returns a value)
@@ -358,7 +363,7 @@ class Client:
 
         Long-polls the API (``GET /v1/runs/{id}?wait_s=``), which answers the moment the run's workflow completes.
         """
-        run_id = self.resolve_run_id(run_id)
+        run_id = self._rid(run_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         hold = max(1.0, min(WAIT_HOLD_S, self._http.timeout.read - 5 if self._http.timeout.read else WAIT_HOLD_S))
         while True:
