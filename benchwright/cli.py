@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from benchwright.cli_support import VisibleSuggestions
 from benchwright.settings import Settings, default_data_dir
 
 console = Console(stderr=True, soft_wrap=True)
@@ -243,6 +244,7 @@ def events(run_id: str,
 
     try:
         with _client(data_dir, api_url, api_key) as client:
+            run_id = client.resolve_run_id(run_id)
             for event in (client.stream_events(run_id, after=after) if follow else logged(client)):
                 out.print(json.dumps(event) if json_out else event_line(event), highlight=False, markup=False,
                           soft_wrap=True)
@@ -364,8 +366,9 @@ def _run_succeeded(run: dict[str, Any]) -> bool:
     return run["status"] == "ok" and not run["halted"] and not (s["total"] > 0 and s["errored"] == s["total"])
 
 
-@app.command()
-def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. openai/gpt-4o-mini.")],
+@app.command(cls=VisibleSuggestions)
+def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/model, e.g. openai/gpt-4o-mini (an "
+                                                "OpenAI-compatible endpoint at --api-base: openai/<its model name>).")],
         dataset: Annotated[str | None, typer.Option(help="Dataset URL, or a local path on the stack's host.")
                            ] = None,
         prompt: Annotated[str | None, typer.Option(
@@ -378,6 +381,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         impl: Annotated[str | None, typer.Option(help="Pinned launch: an impl id or latest:official (default).")
                         ] = None,
         api_base: Annotated[str | None, typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
+        secret: Annotated[str | None, typer.Option(
+            help="The name of your secret holding the model's API key ('benchwright secrets set NAME').")] = None,
         driver: Annotated[str | None, typer.Option(help="The Driver (default: the deployment's).")] = None,
         trials: Annotated[int | None, typer.Option(help="Trials per task (k, 1-100).")] = None,
         aggregator: Annotated[str | None, typer.Option(
@@ -386,6 +391,9 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
             "--aggregator-param", metavar="KEY=VALUE", help="An aggregator parameter (repeatable): field=answer, "
             "weight=w, threshold=0.8.")] = None,
         concurrency: Annotated[int | None, typer.Option(help="SUT calls in flight during Materialize.")] = None,
+        max_tasks: Annotated[int | None, typer.Option(
+            "--max-tasks", "-n", min=1, help="Evaluate at most N tasks (the sample count; lm-eval's and inspect's "
+            "--limit N): constraints.max_tasks.")] = None,
         limit: Annotated[list[str] | None, typer.Option(
             "--limit", metavar="LEVEL.QUANTITY=N", help="A ceiling (repeatable, docs/concepts.md §9): run.cost=5, "
             "run.duration=600, task.attempts=2, attempt.duration=60 ... ('GET /v1/limits' lists them).")] = None,
@@ -425,7 +433,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         api_url: Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_URL")] = None,
         api_key: Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_KEY")] = None) -> None:
     """Launch a run through the REST API (and optionally watch it). Every key of the launch body has a flag."""
-    from benchwright.cli_support import BadFlag, flat, nested, trials_block
+    from benchwright.cli_support import BadFlag, flat, nested, trials_block, with_max_tasks
     from benchwright.client import ApiError
     from benchwright.harness.cli import harness_body
 
@@ -439,11 +447,15 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
+    if secret:
+        model_spec["secret"] = secret
     try:
+        constraints_body = with_max_tasks(flat("--constraints", constraints, numbers=True) if constraints else None,
+                                          max_tasks)
         body: dict[str, Any] = {
             "trials": trials_block(k=trials, aggregator=aggregator, params=aggregator_param or []),
             "limits": nested("--limit", limit) if limit else None,
-            "constraints": flat("--constraints", constraints, numbers=True) if constraints else None,
+            "constraints": constraints_body,
             "metadata": flat("--metadata", metadata, numbers=False) if metadata else None,
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
@@ -567,6 +579,10 @@ app.add_typer(schedule_app, name="schedule")
 from benchwright.cli_registry import registry_app  # noqa: E402
 
 app.add_typer(registry_app, name="registry")
+
+from benchwright.cli_secrets import secrets_app  # noqa: E402
+
+app.add_typer(secrets_app, name="secrets")
 
 from benchwright.harness.cli import harness_app  # noqa: E402
 

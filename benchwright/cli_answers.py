@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+
+from benchwright.cli_support import fitted_table
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Scheduled regression runs: replay a run on a cadence and "
                                                       "alert on a significant drop.")
@@ -121,12 +122,11 @@ def compare_cmd(runs: Annotated[list[str], typer.Argument(help="A B: B against A
     if json_out:
         _print(json.dumps(ranking, indent=2))
         return
-    table = Table("#", "run", "model", "pass rate", "95 % CI", "p vs #1", "tied with #1")
-    for r in ranking["runs"]:
-        table.add_row(str(r["rank"]), r["run_id"], r["model"], _pct(r["pass_rate"]), _ci(r["pass_rate_ci"]),
-                      "" if r["p_vs_leader"] is None else f"{r['p_vs_leader']:.3g}", "yes" if r["tied_with_leader"]
-                      else "no")
-    _print(table)
+    rows = [[str(r["rank"]), r["run_id"], r["model"], _pct(r["pass_rate"]), _ci(r["pass_rate_ci"]),
+             "" if r["p_vs_leader"] is None else f"{r['p_vs_leader']:.3g}", "yes" if r["tied_with_leader"] else "no"]
+            for r in ranking["runs"]]
+    _print(fitted_table(["#", "run", "model", "pass rate", "95 % CI", "p vs #1", "tied with #1"], rows,
+                        whole=("run", "model"), drop=("95 % CI", "tied with #1")))
 
 
 def frontier_cmd(runs: Annotated[list[str], typer.Argument(help="Run ids of one shape.")], json_out: JsonOut = False,
@@ -136,11 +136,10 @@ def frontier_cmd(runs: Annotated[list[str], typer.Argument(help="Run ids of one 
     if json_out:
         _print(json.dumps(result, indent=2))
         return
-    table = Table("", "run", "model", "cost / task", "pass rate", "95 % CI")
-    for p in result["points"]:
-        table.add_row("*" if p["pareto_optimal"] else "", p["run_id"], p["model"], f"${p['cost_per_task']:.6f}",
-                      _pct(p["pass_rate"]), _ci(p["pass_rate_ci"]))
-    _print(table)
+    rows = [["*" if p["pareto_optimal"] else "", p["run_id"], p["model"], f"${p['cost_per_task']:.6f}",
+             _pct(p["pass_rate"]), _ci(p["pass_rate_ci"])] for p in result["points"]]
+    _print(fitted_table(["", "run", "model", "cost / task", "pass rate", "95 % CI"], rows, whole=("run", "model"),
+                        drop=("95 % CI",)))
     _print("* Pareto-optimal: no other run is as cheap and as good")
 
 

@@ -10,7 +10,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from benchwright.cli_support import fitted_table
 
 registry_app = typer.Typer(no_args_is_help=True, help="The registry: publish runs, promote impls, leaderboards.")
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright).")]
@@ -22,12 +23,15 @@ console = Console()
 
 def _call(method: str, path: str, data_dir: Path | None, api_url: str | None, api_key: str | None,
           body: dict[str, Any] | None = None) -> Any:
-    """One API call; an API or set-up error is printed in plain words and exits 1."""
+    """One API call; an API or set-up error is printed in plain words and exits 1. A ``run_id`` in the body may
+    be a unique prefix of one of the caller's runs (``Client.resolve_run_id``)."""
     from benchwright import cli
     from benchwright.client import ApiError
 
     try:
         with cli._client(data_dir, api_url, api_key) as client:
+            if body is not None and "run_id" in body:
+                body = {**body, "run_id": client.resolve_run_id(body["run_id"])}
             return client._call(method, path, json=body) if body is not None else client._call(method, path)
     except (ApiError, OSError, KeyError) as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -62,10 +66,9 @@ def benchmarks(json_out: JsonOut = False, data_dir: DataDir = None, api_url: Api
     if json_out:
         print(json.dumps(out, indent=2))
         return
-    table = Table("id", "name", "visibility", "yours")
-    for b in out["benchmarks"]:
-        table.add_row(b["id"], b["name"], b["visibility"], "yes" if b["owned"] else "")
-    console.print(table)
+    rows = [[b["id"], b["name"], b["visibility"], "yes" if b["owned"] else ""] for b in out["benchmarks"]]
+    console.print(fitted_table(["id", "name", "visibility", "yours"], rows, whole=("id", "name"), drop=("yours",)),
+                  crop=False)
 
 
 @registry_app.command("leaderboard")
@@ -76,8 +79,7 @@ def leaderboard(subset_id: str, json_out: JsonOut = False, data_dir: DataDir = N
     if json_out:
         print(json.dumps(out, indent=2))
         return
-    table = Table("model", "pass rate", "runs", "impl", "cost $", "best run")
-    for r in out["rows"]:
-        rate = "n/a" if r["pass_rate"] is None else f"{r['pass_rate']:.1%}"
-        table.add_row(r["model"], rate, str(r["runs"]), r["impl_id"] or "", f"{r['cost_usd']:.4f}", r["best_run_id"])
-    console.print(table)
+    rows = [[r["model"], "n/a" if r["pass_rate"] is None else f"{r['pass_rate']:.1%}", str(r["runs"]),
+             r["impl_id"] or "", f"{r['cost_usd']:.4f}", r["best_run_id"]] for r in out["rows"]]
+    console.print(fitted_table(["model", "pass rate", "runs", "impl", "cost $", "best run"], rows,
+                               whole=("model", "best run", "impl"), drop=("cost $", "runs")), crop=False)

@@ -7,6 +7,7 @@ everything else goes to the API, whose 400/422 message the CLI prints as it is.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import time
@@ -23,6 +24,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from typer._click.core import Context  # typer parses with its own copy of click
+from typer._click.exceptions import NoSuchOption
+from typer.core import TyperCommand, TyperOption
 
 RESUMABLE_DISPLAY = ("paused", "waiting")
 """display_status values a watch stops at: the run waits for a person (resume, review), not for time."""
@@ -49,11 +53,29 @@ def parse_number(text: str) -> int | float | str:
     return value if math.isfinite(value) else text
 
 
+SAMPLE_COUNT_HINT = ("; to evaluate only the first N tasks (what lm-eval's and inspect's --limit N do) use "
+                     "--max-tasks N (or -n N)")
+
+
 def _split(flag: str, item: str) -> tuple[str, str]:
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise BadFlag(f"{flag} takes KEY=VALUE, got {item!r}")
+        bare_number = flag == "--limit" and isinstance(parse_number(item.strip()), (int, float))
+        raise BadFlag(f"{flag} takes KEY=VALUE, got {item!r}"
+                      + (f" ({flag} sets a ceiling such as run.cost=5){SAMPLE_COUNT_HINT}" if bare_number else ""))
     return key.strip(), value
+
+
+def with_max_tasks(constraints: dict[str, Any] | None, max_tasks: int | None) -> dict[str, Any] | None:
+    """``--max-tasks N`` / ``-n N`` folded into the launch's ``constraints.max_tasks`` (the one sample-count cap);
+    given together with ``--constraints max_tasks=M`` it must agree."""
+    if max_tasks is None:
+        return constraints
+    out = dict(constraints or {})
+    if "max_tasks" in out and out["max_tasks"] != max_tasks:
+        raise BadFlag(f"--max-tasks {max_tasks} and --constraints max_tasks={out['max_tasks']} disagree: give one")
+    out["max_tasks"] = max_tasks
+    return out
 
 
 def nested(flag: str, items: Iterable[str]) -> dict[str, Any]:
@@ -113,6 +135,22 @@ def trials_block(*, k: int | None, aggregator: str | None, params: list[str]) ->
             raise BadFlag("--aggregator-param name=... : name the aggregator with --aggregator")
         block["aggregator"] = {"name": aggregator or "any_pass", **extra}
     return block
+
+
+class VisibleSuggestions(TyperCommand):
+    """A command whose "No such option ... Did you mean" hint names only its visible options: a retired flag kept
+    hidden so it can say what replaced it (``--agent``, ``--operator``) is never suggested for a typo."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            if not exc.possibilities:
+                raise
+            visible = [name for p in self.params if isinstance(p, TyperOption) and not p.hidden
+                       for name in (*p.opts, *p.secondary_opts) if name.startswith("--")]
+            close = difflib.get_close_matches(exc.option_name, visible)
+            raise NoSuchOption(exc.option_name, possibilities=close, ctx=ctx) from None
 
 
 # -- watching ------------------------------------------------------------------------------------------------
@@ -212,15 +250,57 @@ def model_name(run: dict[str, Any]) -> str:
     return str(model.get("identifier", "")) if isinstance(model, dict) else str(model)
 
 
-def runs_table(runs: list[dict[str, Any]]) -> Table:
-    table = Table("id", "status", "model", "phase", "tasks", "pass rate", "cost $", "created", box=None)
+def terminal_width() -> int:
+    """The width tables are fitted to: the terminal's (``COLUMNS`` when set), 80 when there is none."""
+    return Console().width
+
+
+def fitted_table(headers: list[str], rows: list[list[str]], *, whole: tuple[str, ...], drop: tuple[str, ...] = (),
+                 width: int | None = None, **table_args: Any) -> Table:
+    """A table whose ``whole`` columns (ids, model names: what people copy) are never cut or wrapped.
+
+    Other columns wrap at spaces when the table is too wide; if even their longest words leave too little room, the
+    ``drop`` columns are left out, first named first. Where the whole columns alone are wider than the terminal,
+    the table is rendered wider than it (the terminal folds the line; the id is still whole when copied).
+    """
+    width = width or terminal_width()
+    box = table_args.get("box", "default")
+    pad = 2  # each column's one space on either side (rich's default padding)
+    edge = 0 if box is None else 1  # a column separator (and the outer edges) per column with a box
+
+    def longest(i: int, words: bool) -> int:  # the header is one word: it is never split
+        return max([len(headers[i]), *(len(w) for r in rows for w in (r[i].split() if words else [r[i]]))])
+
+    keep = list(range(len(headers)))
+    need = [longest(i, words=headers[i] not in whole) + pad + edge for i in keep]
+    for name in drop:
+        if sum(need[i] for i in keep) + edge <= width:
+            break
+        if name in headers:
+            keep.remove(headers.index(name))
+    whole_width = sum(need[i] for i in keep) + edge
+    table = Table(**table_args)
+    for i in keep:
+        if headers[i] in whole:
+            table.add_column(headers[i], no_wrap=True, min_width=longest(i, words=False))
+        else:
+            table.add_column(headers[i], overflow="fold")
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    if whole_width > width:
+        table.width = whole_width  # rendered wider than the terminal rather than cut
+    return table
+
+
+def runs_table(runs: list[dict[str, Any]], *, width: int | None = None) -> Table:
+    rows = []
     for r in runs:
         s = r["tasks"]["summary"]
-        table.add_row(r["id"], r["display_status"], model_name(r), r["phase"] or "-",
-                      f"{settled_count(r)}/{s['total']}",
-                      "-" if s["pass_rate"] is None else f"{s['pass_rate']:.3f}", f"{r['cost']['incurred']:.4f}",
-                      str(r["created_at"])[:19])
-    return table
+        rows.append([r["id"], r["display_status"], model_name(r), r["phase"] or "-", f"{settled_count(r)}/{s['total']}",
+                     "-" if s["pass_rate"] is None else f"{s['pass_rate']:.3f}", f"{r['cost']['incurred']:.4f}",
+                     str(r["created_at"])[:19].replace("T", " ")])
+    return fitted_table(["id", "status", "model", "phase", "tasks", "pass rate", "cost $", "created"], rows,
+                        whole=("id", "model"), drop=("created", "phase", "cost $", "tasks"), width=width, box=None)
 
 
 def _asked(model_input: str | None) -> str | None:

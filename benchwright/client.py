@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 
@@ -52,6 +54,13 @@ def _raise_for(resp: httpx.Response) -> None:
     raise ApiError(resp.status_code, code, message)
 
 
+SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+"""A secret's name, as ``POST /v1/secrets`` admits it."""
+RUN_ID_LENGTH = 36
+"""A full run id (a UUID). Anything shorter is a prefix, resolved by ``Client.resolve_run_id``."""
+MIN_PREFIX = 4
+AMBIGUOUS_SHOWN = 10
+"""An ambiguous prefix's refusal lists at most this many of the runs it matches."""
 WAIT_HOLD_S = 20.0
 """Longest single long poll of ``Client.wait`` (kept below the HTTP timeout)."""
 SSE_RECONNECTS = 8
@@ -86,6 +95,33 @@ class Client:
         _raise_for(resp)
         return resp.json()
 
+    def resolve_run_id(self, ref: str) -> str:
+        """The full id of the caller's one run whose id starts with ``ref`` (tables show 8 characters); a full id is
+        returned as it is, without a call. Resolution goes over the caller's own runs only
+        (``GET /v1/runs?id_prefix=``), so another account's run is never found by a prefix: name it by its full id.
+
+        Raises:
+            ApiError: 404 ``not_found`` (no run of yours starts so), 409 ``ambiguous_run_id`` (several do; the message
+                lists them).
+        """
+        text = ref.strip().lower()
+        if not MIN_PREFIX <= len(text) < RUN_ID_LENGTH or text.strip("0123456789abcdef-"):
+            return ref  # a full id, or no run's prefix: its route answers (404: no such run)
+        found = self._call("GET", "/v1/runs", params={"id_prefix": text, "limit": AMBIGUOUS_SHOWN + 1})["runs"]
+        if not found:
+            raise ApiError(404, "not_found", f"no run of yours has an id starting with {text!r} (another account's "
+                                             "run is found by its full id only)")
+        if len(found) > 1:
+            shown = "; ".join(f"{r['id']} ({r['model']}, {str(r['created_at'])[:19]})" for r in found[:AMBIGUOUS_SHOWN])
+            more = " and more" if len(found) > AMBIGUOUS_SHOWN else ""
+            raise ApiError(409, "ambiguous_run_id", f"{text!r} starts the ids of several of your runs: {shown}{more}; "
+                                                    "give more characters")
+        return str(found[0]["id"])
+
+    def _rid(self, ref: str) -> str:
+        """``resolve_run_id`` for a URL path: quoted, so no text given as a run id can steer the request's path."""
+        return quote(self.resolve_run_id(ref), safe="")
+
     def launch(self, *, model: str | dict[str, Any], dataset: str | None = None, driver: str | None = None,
                task_impl: str | None = None, trials: dict[str, Any] | None = None,
                metadata: dict[str, Any] | None = None, visibility: str | None = None,
@@ -116,6 +152,7 @@ class Client:
 
     def run(self, run_id: str, *, wait_s: float | None = None) -> dict[str, Any]:
         """One run; with ``wait_s`` the API holds the answer until the run settles or that many seconds pass."""
+        run_id = self._rid(run_id)
         params = {"wait_s": round(wait_s, 3)} if wait_s else None
         return self._call("GET", f"/v1/runs/{run_id}", params=params)  # type: ignore[no-any-return]
 
@@ -136,6 +173,7 @@ class Client:
                 return
 
     def events(self, run_id: str, *, after: int = -1, limit: int = 1000) -> dict[str, Any]:
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/events", params={"after": after, "limit": limit})  # type: ignore[no-any-return]
 
     def stream_events(self, run_id: str, *, after: int = -1,
@@ -146,6 +184,7 @@ class Client:
         the last seq received, so no event is lost or repeated. A stream that closes cleanly before the terminal
         event is resumed too, unless the run is over (its terminal event precedes ``after``).
         """
+        run_id = self._rid(run_id)
         last, failures = after, 0
         while True:
             try:
@@ -180,10 +219,12 @@ class Client:
                     data = []
 
     def tasks(self, run_id: str, *, after: int = -1, limit: int = 500) -> dict[str, Any]:
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/tasks", params={"after": after, "limit": limit})  # type: ignore[no-any-return]
 
     def iter_tasks(self, run_id: str, *, page: int = 500) -> Iterator[dict[str, Any]]:
         """Every settled task row of the run, by index, following ``next_after``."""
+        run_id = self._rid(run_id)
         after = -1
         while True:
             body = self.tasks(run_id, after=after, limit=page)
@@ -199,6 +240,7 @@ class Client:
         return self._call("GET", f"/v1/runs/{run_id}/breakdown", params=params)  # type: ignore[no-any-return]
 
     def task(self, run_id: str, index: int) -> dict[str, Any]:
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]
 
     def fork(self, run_id: str, *, rewind_to: str | None = None, instructions: str | None = None,
@@ -206,6 +248,7 @@ class Client:
         """Fork a run (§10): a new run inheriting the phases before ``rewind_to``, with ``overrides`` (model,
         dataset, requirements, task_impl, scorer_instructions, trials, limits, concurrency) and/or prose
         ``instructions`` for the Fork phase's Driver."""
+        run_id = self._rid(run_id)
         body: dict[str, Any] = {"overrides": overrides}
         if rewind_to is not None:
             body["rewind_to"] = rewind_to
@@ -215,34 +258,66 @@ class Client:
 
     def replay(self, run_id: str, *, model: str | dict[str, Any]) -> dict[str, Any]:
         """Replay a run against ``model``: benchmark, sample, impl and trials pinned to the reference."""
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/replay", json={"model": model})  # type: ignore[no-any-return]
 
     def sweep(self, run_id: str, *, models: list[str | dict[str, Any]]) -> dict[str, Any]:
         """One replay of the run per model, all at once: ``{"reference", "runs": [...]}``."""
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/sweep", json={"models": models})  # type: ignore[no-any-return]
 
     def lineage(self, run_id: str) -> dict[str, Any]:
         """The fork tree the run belongs to (root first, parents before children)."""
+        run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/lineage")  # type: ignore[no-any-return]
 
     def stop(self, run_id: str, *, reason: str | None = None) -> dict[str, Any]:
         """Halt the run for good (operator_kill)."""
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/stop", json={"reason": reason} if reason else None)  # type: ignore[no-any-return]
 
     def admin_halt(self, run_id: str, *, reason: str) -> dict[str, Any]:
         """Halt any account's run as a platform administrator (``admin: <reason>``, display_status ``killed``).
-        A non-admin key gets 404: for it the route does not exist."""
-        return self._call("POST", f"/v1/admin/runs/{run_id}/halt", json={"reason": reason})  # type: ignore[no-any-return]
+        A non-admin key gets 404: for it the route does not exist. Takes the full id (a prefix resolves over the
+        caller's own runs only, and an admin halts other accounts' runs)."""
+        return self._call("POST", f"/v1/admin/runs/{quote(run_id, safe='')}/halt", json={"reason": reason})  # type: ignore[no-any-return]
 
     def pause(self, run_id: str) -> dict[str, Any]:
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/pause")  # type: ignore[no-any-return]
 
     def resume(self, run_id: str) -> dict[str, Any]:
         """Resume a paused run; raises ApiError(409, "not_paused") for any other halt."""
+        run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/resume")  # type: ignore[no-any-return]
 
     def resolve_review(self, run_id: str, *, resolution: str) -> dict[str, Any]:
+        run_id = self._rid(run_id)
         return self._call("PATCH", f"/v1/runs/{run_id}", json={"review_resolution": resolution})  # type: ignore[no-any-return]
+
+    # -- provider secrets (write-only: the API never returns a value)
+
+    def set_secret(self, name: str, value: str, *, host_pattern: str | None = None) -> dict[str, Any]:
+        """Store (or replace) a provider secret; answers its name, host pattern and creation time."""
+        body: dict[str, Any] = {"name": name, "value": value}
+        if host_pattern is not None:
+            body["host_pattern"] = host_pattern
+        return self._call("POST", "/v1/secrets", json=body)  # type: ignore[no-any-return]
+
+    def secrets(self) -> list[dict[str, Any]]:
+        """The account's secrets: name, host_pattern, created_at (never a value)."""
+        return self._call("GET", "/v1/secrets")["secrets"]  # type: ignore[no-any-return]
+
+    def delete_secret(self, name: str) -> None:
+        """Delete a secret. A name no secret can have (``POST /v1/secrets``'s pattern) raises ValueError before any
+        call, so no name can steer the request's path."""
+        if not SECRET_NAME.fullmatch(name):
+            raise ValueError(f"{name[:40]!r} is not a secret name (letters, digits and _; not starting with a digit)")
+        try:
+            resp = self._http.request("DELETE", f"/v1/secrets/{name}")
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"cannot reach the API at {self._http.base_url}: {exc}") from exc
+        _raise_for(resp)
 
     def account(self) -> dict[str, Any]:
         return self._call("GET", "/v1/account")  # type: ignore[no-any-return]
@@ -251,19 +326,23 @@ class Client:
 
     def compare(self, a: str, b: str) -> dict[str, Any]:
         """B against A task by task: flips, paired interval, McNemar's exact p, a verdict in words."""
+        a, b = self.resolve_run_id(a), self.resolve_run_id(b)
         return self._call("GET", "/v1/compare", params={"a": a, "b": b})  # type: ignore[no-any-return]
 
     def rank(self, runs: list[str]) -> dict[str, Any]:
         """Runs of one shape ranked by pass rate, with intervals and each run's p against the leader."""
+        runs = [self.resolve_run_id(r) for r in runs]
         return self._call("GET", "/v1/compare", params={"runs": ",".join(runs)})  # type: ignore[no-any-return]
 
     def frontier(self, runs: list[str]) -> dict[str, Any]:
         """Pass rate against cost per task, Pareto-optimal runs marked."""
+        runs = [self.resolve_run_id(r) for r in runs]
         return self._call("GET", "/v1/frontier", params={"runs": ",".join(runs)})  # type: ignore[no-any-return]
 
     def create_schedule(self, *, replay_of: str, every: str, drop: float | None = None, p: float | None = None,
                         webhook: str | None = None) -> dict[str, Any]:
         alert = {k: v for k, v in (("drop", drop), ("p", p)) if v is not None}
+        replay_of = self.resolve_run_id(replay_of)
         body: dict[str, Any] = {"replay_of": replay_of, "every": every, "alert": alert}
         if webhook is not None:
             body["webhook"] = webhook
@@ -290,6 +369,7 @@ class Client:
 
         Long-polls the API (``GET /v1/runs/{id}?wait_s=``), which answers the moment the run's workflow completes.
         """
+        run_id = self._rid(run_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         hold = max(1.0, min(WAIT_HOLD_S, self._http.timeout.read - 5 if self._http.timeout.read else WAIT_HOLD_S))
         while True:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -96,6 +97,35 @@ class ModelSpec(_Strict):
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("api_base must be an http:// or https:// URL")
         return v
+
+
+MODEL_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}/[A-Za-z0-9_.:@+-]{1,200}(?:/[A-Za-z0-9_.:@+-]{1,200})*")
+"""``provider/model`` as LiteLLM routes it (``openai/gpt-4o-mini``, ``openrouter/meta-llama/llama-3-8b``,
+``bedrock/anthropic.claude-v2:1``): a provider, then one or more path-free segments of a conservative alphabet."""
+
+
+def model_identifier_problem(identifier: str) -> str | None:
+    """Why a launch's model identifier is refused (None: it is well formed). Checked where a launch, fork, replay or
+    sweep is accepted (``api/routes``), so an identifier without a provider never reaches the credential proxy."""
+    shown = json.dumps(identifier[:60])[1:-1] + ("…" if len(identifier) > 60 else "")
+    if not identifier.strip():
+        return "the model identifier is empty: write provider/model, e.g. openai/gpt-4o-mini"
+    if "/" not in identifier:
+        return (f"model '{shown}' names no provider: a model identifier is provider/model, e.g. openai/{shown} for "
+                "an OpenAI-compatible endpoint at api_base (LiteLLM's naming)")
+    if not MODEL_IDENTIFIER.fullmatch(identifier) or any(p in (".", "..") for p in identifier.split("/")):
+        return (f"model '{shown}' is not a model identifier: provider/model, made of letters, digits and "
+                "_ . : @ + - (no spaces, control characters or '..' segments)")
+    return None
+
+
+def check_model_identifier(identifier: str) -> None:
+    """Raise InvalidInput (400 ``invalid_model``) naming the expected form when the identifier is refused."""
+    from benchwright.errors import InvalidInput
+
+    problem = model_identifier_problem(identifier)
+    if problem is not None:
+        raise InvalidInput(problem, code="invalid_model")
 
 
 class LaunchRequest(_Strict):

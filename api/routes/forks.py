@@ -50,6 +50,7 @@ from benchwright.schemas import (
     RunView,
     SweepRequest,
     SweepResult,
+    check_model_identifier,
 )
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 from benchwright.store.accounts import get_account
@@ -84,6 +85,8 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
             or neither rewind point, overrides nor instructions.
     """
     engine, settings = state.engine, state.settings
+    if req.overrides.model is not None:
+        check_model_identifier(req.overrides.model.identifier)
     parent = await run_in_threadpool(readable_run, engine, run_id=parent_id, account_id=account.id)
     names = req.overrides.given()
     rewind = "materialize" if kind == "replay" else req.rewind_to or (default_rewind(names) if names else None)
@@ -187,6 +190,8 @@ async def replay_launch(body: LaunchRequest, account: AccountDep, state: StateDe
              responses=responses(*BODY, 402, 404, 503))
 async def sweep_run(run_id: RunId, body: SweepRequest, account: AccountDep, state: StateDep) -> SweepResult:
     """One replay of the run per model, all running at once; the replays in the order of ``models``."""
+    for m in body.models:  # every model is checked before any replay starts: a sweep starts whole or not at all
+        check_model_identifier(m.identifier)
     await run_in_threadpool(readable_run, state.engine, run_id=run_id, account_id=account.id)
     runs = await asyncio.gather(*(replay(state, account, reference=run_id, model=ReplayRequest(model=m))
                                   for m in body.models))

@@ -41,6 +41,7 @@ from benchwright.schemas import (
     TaskDetail,
     TaskList,
     Visibility,
+    check_model_identifier,
 )
 from benchwright.store.accounts import get_account
 from benchwright.store.events import read_events
@@ -49,6 +50,7 @@ from benchwright.store.policy import saved_compute, secret_value
 from benchwright.store.results import fill_references
 from benchwright.store.runs import (
     CURSOR_PATTERN,
+    ID_PREFIX_PATTERN,
     create_run,
     finish_run,
     get_run,
@@ -76,6 +78,7 @@ a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 
 async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
     """Launch a run: records RunLaunched (seq 0) and starts its workflow. ``{"replay_of", "model"}`` launches a
     replay of that run (``POST /v1/runs/{id}/replay``)."""
+    check_model_identifier(body.model.identifier)
     if body.replay_of is not None:
         from api.routes.forks import replay_launch
 
@@ -141,9 +144,13 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
 def get_runs(account: AccountDep, state: StateDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
              cursor: Annotated[str | None, Query(max_length=64, json_schema_extra={"pattern": CURSOR_PATTERN},
                                                  description="A ``next_cursor`` from the previous page.")] = None,
+             id_prefix: Annotated[str | None, Query(
+                 pattern=ID_PREFIX_PATTERN, description="Only the caller's runs whose id starts with this (at least 4 "
+                 "characters): how the CLI and SDK resolve the 8-character ids tables show. Other accounts' runs "
+                 "never match, public ones included.")] = None,
              ) -> RunList:
     """The caller's runs as summaries (no launch body), newest first; follow ``next_cursor`` for older ones."""
-    return list_runs(state.engine, account_id=account.id, limit=limit, cursor=cursor)
+    return list_runs(state.engine, account_id=account.id, limit=limit, cursor=cursor, id_prefix=id_prefix)
 
 
 WAIT_HALT_CHECK_S = 0.25

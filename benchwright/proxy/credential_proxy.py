@@ -91,7 +91,10 @@ class Route:
 
     @property
     def upstream_model(self) -> str:
-        return self.identifier.split("/", 1)[1]
+        """The provider's own name of the model (``openai/gpt-4o`` → ``gpt-4o``); an identifier without a provider
+        (the API refuses those, an older run may hold one) is its own name, never an exception."""
+        _, slash, name = self.identifier.partition("/")
+        return name if slash and name else self.identifier
 
     def accepts(self, model: object) -> bool:
         return model is None or model in (self.model_name, self.upstream_model)

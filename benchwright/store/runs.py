@@ -184,18 +184,23 @@ def _latest_invocation(session: Session, run_id: str) -> int:
 
 
 CURSOR_PATTERN = r"^[0-9]{1,17}\.[0-9a-f-]{1,36}$"
+ID_PREFIX_PATTERN = r"^[0-9a-f-]{4,36}$"
+"""A run id prefix ``GET /v1/runs?id_prefix=`` accepts: at least 4 characters of a (lowercase) run id."""
 """``<created_at in µs since the epoch>.<run id>``: every string of this shape is a position in the list, so the
 schema says exactly which cursors are accepted (17 digits reach the year 5138, inside ``datetime``'s range)."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str | None = None) -> RunList:
+def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str | None = None,
+              id_prefix: str | None = None) -> RunList:
     """The account's runs as summaries, newest first, keyset-paginated by (created_at, id).
 
     The launch body is not loaded: a page of 200 runs would otherwise read every run's task_impl and metadata
     (up to ~0.6 MiB each) to return none of it.
     """
     query = select(Run).options(defer(Run.launch)).where(Run.account_id == account_id)
+    if id_prefix:  # the API admits only [0-9a-f-], so LIKE has nothing to escape
+        query = query.where(Run.id.startswith(id_prefix))
     if cursor:
         created_at, run_id = _decode_cursor(cursor)
         query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))
