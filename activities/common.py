@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from benchwright.sandbox.factory import blob_store
 from benchwright.settings import Settings
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.traces import format_trace
 
 T = TypeVar("T")
 
@@ -71,7 +71,8 @@ class PhaseScope:
 
 def failure(exc: BaseException) -> ApplicationError:
     """A permanent failure as Temporal should carry it: our error type's name, message and stack trace."""
-    return ApplicationError(str(exc), {"stack_trace": traceback.format_exc()[-8000:]}, type=type(exc).__name__,
+    # Relative paths, no local values (benchwright.traces): the trace reaches the run's owner as PhaseFailed.
+    return ApplicationError(str(exc), {"stack_trace": format_trace(exc)}, type=type(exc).__name__,
                             non_retryable=True)
 
 

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
@@ -113,10 +114,20 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body("validation_error", message, details=details), status_code=422)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's own 405 names only the first route's)."""
+    routes = request.app.router.routes
+    return [method for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)]
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
-    return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # RFC 9110 §15.5.6: a 405 carries Allow, listing what the path serves
+        headers["Allow"] = ", ".join(allowed_methods(request)) or headers.get("Allow", "")
+    return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
 
 async def _already_started(_: Request, exc: Exception) -> JSONResponse:

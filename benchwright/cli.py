@@ -169,6 +169,45 @@ def admin_halt(run_id: str, reason: Annotated[str, typer.Option(help="Why (recor
     _control("admin_halt", run_id, data_dir, api_url, api_key, reason=reason)
 
 
+@admin_app.command("audit")
+def admin_audit(limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many entries, newest first.")
+                                 ] = 50,
+                action: Annotated[str | None, typer.Option(help="Only this action, e.g. run.admin_halt, "
+                                                           "impl.promote, account.credit.")] = None,
+                json_out: Annotated[bool, typer.Option("--json", help="Print the entries as a JSON array.")] = False,
+                data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """The audit trail of admin and operator actions: when, who, what, on what (needs an admin account's key)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from benchwright.client import ApiError
+
+    entries: list[dict[str, Any]] = []
+    cursor: str | None = None
+    try:
+        with _client(data_dir, api_url, api_key) as client:
+            while len(entries) < limit:
+                page = client.admin_audit(limit=min(200, limit - len(entries)), cursor=cursor, action=action)
+                entries += page["entries"]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+    except (ApiError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if json_out:
+        out.print(json.dumps(entries, indent=2), highlight=False, markup=False)
+        return
+    if not entries:
+        console.print("no audit entries")
+        return
+    table = Table("when (UTC)", "who", "action", "target", "detail")
+    for e in entries:
+        table.add_row(e["at"][:19].replace("T", " "), escape(e["actor"]), e["action"], escape(e["target"]),
+                      escape(", ".join(f"{k}={v}" for k, v in e["detail"].items())))
+    out.print(table)
+
+
 @app.command()
 def pause(run_id: str, data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Pause a run (operator_pause)."""

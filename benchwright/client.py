@@ -282,6 +282,16 @@ class Client:
         caller's own runs only, and an admin halts other accounts' runs)."""
         return self._call("POST", f"/v1/admin/runs/{quote(run_id, safe='')}/halt", json={"reason": reason})  # type: ignore[no-any-return]
 
+    def admin_audit(self, *, limit: int = 50, cursor: str | None = None,
+                    action: str | None = None) -> dict[str, Any]:
+        """One page of the audit trail, newest first (admins only; a non-admin key gets 404)."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        if action is not None:
+            params["action"] = action
+        return self._call("GET", "/v1/admin/audit", params=params)  # type: ignore[no-any-return]
+
     def pause(self, run_id: str) -> dict[str, Any]:
         run_id = self._rid(run_id)
         return self._call("POST", f"/v1/runs/{run_id}/pause")  # type: ignore[no-any-return]

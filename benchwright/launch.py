@@ -10,6 +10,7 @@ from benchwright.drivers.llm import LlmDriverSpec
 from benchwright.errors import InvalidInput
 from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
 from benchwright.limits import RunLimits, resolve_limits
+from benchwright.prices import check_priced
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
@@ -47,7 +48,8 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
 
     Raises:
         InvalidInput: unknown driver, an unknown or unsupported harness or a bad harness_config, bad trials config,
-            an unenforceable limit, an unknown or unconfigured compute backend, or a local dataset path where the
+            an unenforceable limit, a cost limit on a model with no known price (``unpriced_model``), an unknown or
+            unconfigured compute backend, or a local dataset path where the
             deployment or the account does not allow them.
         DatasetError: a local dataset path inside a protected place or outside the dataset roots
             (``dataset_blocked``). Whether the file exists is Fetch's to find out: the API and the worker need
@@ -69,6 +71,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
         check_local_path(launch.dataset, local_paths, must_exist=False)
     trials = resolve_trials(launch.trials, subset_default_trials)
     limits = resolve_limits(limits=launch.limits, constraints=launch.constraints, metadata=launch.metadata)
+    check_priced(launch.model, limits)  # a cost limit on a model nobody can price would never fire
     if harness is not None:
         trials = bridge_trials(harness, trials, given=launch.trials is not None)
         check_bridge_limits(limits)

@@ -32,13 +32,14 @@ The LLM driver is never unbounded either (``DriverBudgets``): a launch without `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from benchwright.errors import InvalidInput
-from benchwright.schemas import PHASES
+from benchwright.schemas import MAX_DURATION_S, NUMBER_RANGES, PHASES, number_problem
 
 if TYPE_CHECKING:
     from benchwright.settings import Settings
@@ -154,12 +155,22 @@ def _allowed() -> str:
 
 
 def _number(path: str, value: Any, *, integer: bool) -> float:
+    where = path if path.startswith(("constraints.", "metadata.")) else f"limits.{path}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInput(f"limits.{path} must be a number, got {value!r}", code="invalid_limit")
+        raise InvalidInput(f"{where} must be a number, got {value!r}", code="invalid_limit")
+    if not math.isfinite(value):
+        raise InvalidInput(f"{where} must be a finite number, got {value!r}", code="invalid_limit")
     if integer and (float(value) != int(value) or value < 1):
-        raise InvalidInput(f"limits.{path} must be a whole number >= 1, got {value!r}", code="invalid_limit")
+        raise InvalidInput(f"{where} must be a whole number >= 1, got {value!r}", code="invalid_limit")
     if value <= 0:
-        raise InvalidInput(f"limits.{path} must be greater than 0, got {value!r}", code="invalid_limit")
+        raise InvalidInput(f"{where} must be greater than 0, got {value!r}", code="invalid_limit")
+    # The API refuses out-of-range values with 422 first (``benchwright.schemas.check_numbers``); a launch made
+    # another way (a schedule's firing, a fork's resolution) meets the same table here.
+    quantity = "max_tasks" if path == "metadata.limit" else path.rsplit(".", 1)[-1]
+    low, high, low_exclusive, unit = NUMBER_RANGES.get(quantity, (0.0, float(2**53), True, ""))
+    problem = number_problem(value, path=where, low=low, high=high, low_exclusive=low_exclusive, unit=unit)
+    if problem:
+        raise InvalidInput(problem, code="invalid_limit")
     return float(value)
 
 
@@ -212,6 +223,25 @@ def resolve_limits(*, limits: dict[str, Any] | None, constraints: dict[str, Any]
         phase_driver_steps_by={p.split(":", 1)[1].split(".")[0]: int(v) for p, v in flat.items()
                                if p.startswith("phase:") and p.endswith(".driver_steps")},
     )
+
+
+def unusable(limits: RunLimits) -> str | None:
+    """Why the workflow could not act on ``limits`` (a value no launch check let through, or one that slipped past
+    them: a workflow started some other way), or None. Pure and deterministic: the workflow calls it first and
+    ends the run ``error`` with this reason rather than fail its task on a timer it cannot build."""
+    seconds = {"run.duration": limits.run_duration_s, "phase.duration": limits.phase_duration_s,
+               "task.duration": limits.task.duration_s, "attempt.duration": limits.task.attempt_duration_s,
+               **{f"phase:{p}.duration": v for p, v in limits.phase_durations_s.items()}}
+    for path, value in seconds.items():
+        if value is not None and (problem := number_problem(value, path=f"limits.{path}", low=0.0,
+                                                            high=MAX_DURATION_S, low_exclusive=True,
+                                                            unit="seconds")):
+            return problem
+    for path, value in {"run.cost": limits.run_cost_usd, "task.cost": limits.task.cost_usd}.items():
+        if value is not None and (problem := number_problem(value, path=f"limits.{path}", low=0.0,
+                                                            high=NUMBER_RANGES["cost"][1], low_exclusive=True)):
+            return problem
+    return None
 
 
 def _narrow(flat: dict[str, float], path: str, value: float) -> None:

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         PipelineStarted,
     )
     from benchwright.harness.config import is_bridge
+    from benchwright.limits import unusable
     from benchwright.pipeline import (
         RESTART_CAP,
         RESUMABLE_PREFIXES,
@@ -247,6 +248,15 @@ class RunWorkflow:
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
         clock: asyncio.Task[None] | None = None
+        if workflow.patched("unusable-input-ends-run"):
+            # No user input may fail a workflow task (issue 23): a number the API should have refused but did not
+            # (a launch made another way, an older API) ends the run ``error`` with the reason, before any timer
+            # is built from it.
+            problem = unusable(inp.limits)
+            if problem is not None:
+                refused = await self._unusable("launch", problem)
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return refused
         try:
             if inp.fork is not None and workflow.patched("fork-phase"):
                 # A forked launch: the Fork phase seeds the run from its parent before the pipeline starts, so the
@@ -267,6 +277,12 @@ class RunWorkflow:
             result = await self._teardown()
         except ActivityError as err:
             result = await self._fail(err)
+        except (ArithmeticError, ValueError, TypeError) as exc:
+            # What the workflow could not act on (a value it could not turn into a timer or a batch plan) ends the
+            # run with the reason instead of failing the task forever; histories from before never reached here.
+            if not workflow.patched("unusable-input-ends-run"):
+                raise
+            result = await self._unusable(self._phase or "launch", f"{type(exc).__name__}: {exc}")
         else:
             await self._finish("ok")
             result = RunResult(run_id=inp.run_id, status="ok")
@@ -545,6 +561,15 @@ class RunWorkflow:
         await self._record([(f"{phase}:{invocation}:failed", PhaseFailed(
             phase=phase, error_type=error_type, detail=detail, stack_trace=trace))])
         error = f"{phase} failed: {error_type}: {detail}"
+        await self._finish("error", error)
+        return RunResult(run_id=self._inp.run_id, status="error", error=error)
+
+    async def _unusable(self, phase: str, reason: str) -> RunResult:
+        """End the run ``error`` because the workflow cannot act on its input (PhaseFailed says why)."""
+        invocation = self._invocations.get(phase, 1)
+        await self._record([(f"{phase}:{invocation}:failed", PhaseFailed(
+            phase=phase, error_type="UnusableInput", detail=reason, stack_trace=""))])
+        error = f"the run cannot proceed: {reason}"
         await self._finish("error", error)
         return RunResult(run_id=self._inp.run_id, status="error", error=error)
 

@@ -10,11 +10,13 @@ the run ends its route is revoked: the per-run key is refused from then on (401)
 Two ways upstream, chosen per route:
 
 * ``openai`` (model strings LiteLLM routes as OpenAI-compatible, ``openai/<name>``): the request body is forwarded
-  as it came, model name swapped, over ``benchwright.httpclient``'s keep-alive pool, and priced from LiteLLM's cost
-  map (the prices Attach read from it, or the launch's own). ~0.15 ms of proxy CPU per call (see docs/performance.md,
-  keyed runs), against 4-12 ms for LiteLLM's proxy, whose per-call CPU made a keyed run 14x slower.
-* ``litellm`` (every other provider): ``litellm.acompletion`` inside this process with the route's key, priced by
-  ``litellm.completion_cost``. litellm is imported on the first such route only (~2 s, ~150 MB once per worker).
+  as it came, model name swapped, over ``benchwright.httpclient``'s keep-alive pool. ~0.15 ms of proxy CPU per call
+  (see docs/performance.md, keyed runs), against 4-12 ms for LiteLLM's proxy, whose per-call CPU made a keyed run 14x slower.
+* ``litellm`` (every other provider): ``litellm.acompletion`` inside this process with the route's key. litellm is
+  imported on the first such route only (~2 s, ~150 MB once per worker).
+
+Both price each call the same way (``benchwright.prices``): its reported usage at the route's per-token prices,
+which Attach took from the launch or from LiteLLM's cost map for the launch's model string.
 
 Served by uvicorn (httptools) on loopback for the model calls; controlled by JSON lines on a Unix socket in a
 0700 directory that only this uid may use (checked with ``SO_PEERCRED``): ``hello``, ``register``, ``revoke``. The
@@ -44,6 +46,7 @@ from typing import Any
 import uvicorn
 
 from benchwright.httpclient import HttpClientError, HttpConnectError, HttpPool
+from benchwright.prices import Prices
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -100,12 +103,8 @@ class Route:
         return model is None or model in (self.model_name, self.upstream_model)
 
     def price(self, usage: object) -> float:
-        if not isinstance(usage, dict):
-            return 0.0
-        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-        if not isinstance(prompt, int) or not isinstance(completion, int):
-            return 0.0
-        return prompt * self.input_cost_per_token + completion * self.output_cost_per_token
+        """The call's cost: its reported usage at the route's prices (``benchwright.prices``), every provider."""
+        return Prices(self.input_cost_per_token, self.output_cost_per_token).cost(usage)
 
 
 @dataclass
@@ -270,15 +269,11 @@ class CredentialProxy:
                                     failure=error.kind)
             return error_answer(error.status or 400, error.detail, code="upstream_error")
         data = resp.model_dump()
-        cost = route.price(data.get("usage")) if route.launch_prices else self._litellm_cost(resp, route, data)
+        # The route's prices (the launch's, else LiteLLM's cost map's for the launch's model string), not
+        # completion_cost on the reply: the reply's ``model`` is the provider's word, and an unlisted one priced $0.
+        cost = route.price(data.get("usage"))
         route.cost_usd += cost
         return Answer(200, json.dumps(data).encode(), [(COST_HEADER.encode(), repr(cost).encode())])
-
-    def _litellm_cost(self, resp: Any, route: Route, data: dict[str, Any]) -> float:
-        try:
-            return float(self._litellm.completion_cost(completion_response=resp))
-        except Exception:  # noqa: BLE001 - a model LiteLLM does not price: the prices Attach found (or zero)
-            return route.price(data.get("usage"))
 
     def _import_litellm(self) -> Any:
         if self._litellm is None:

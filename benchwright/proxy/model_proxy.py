@@ -46,6 +46,9 @@ from benchwright.schemas import ModelSpec
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 30.0
+REGISTER_LITELLM_TIMEOUT_S = 180.0
+"""Bound on registering a LiteLLM-routed run: the proxy imports litellm first (~2 s idle, 40 s measured on a host
+at load 11), and a timed-out registration started another proxy that imported it again."""
 _LIFELINE = Path(__file__).with_name("_lifeline.py")
 _SERVER = Path(__file__).with_name("credential_proxy.py")
 _CONTROL_PREFIX = "bw-cp-"
@@ -246,7 +249,9 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | Non
         for _ in range(3):
             proxy = _PROXIES.get(registry=registry, linger_s=linger_s)
             try:
-                answer = control_call(proxy.control, command)
+                # A LiteLLM-routed route imports litellm in the proxy first: seconds, more on a loaded host.
+                answer = control_call(proxy.control, command, timeout_s=CONTROL_TIMEOUT_S if spec.identifier
+                                      .startswith("openai/") else REGISTER_LITELLM_TIMEOUT_S)
             except ProxyGone:
                 answer = {"ok": False, "error": "gone"}
             if answer.get("ok"):

@@ -16,6 +16,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from benchwright import audit
 from benchwright.drivers.catalog import REGISTRY_SOURCE as _REGISTRY_SOURCE
 from benchwright.errors import Conflict, InvalidInput, NotFound
 from benchwright.fingerprint import impl_id as make_impl_id
@@ -227,6 +228,8 @@ def promote(engine: Engine, *, account: Account, impl_id: str) -> ImplView:
             raise NotFound(f"impl {impl_id} not found")
         impl.official = True
         impl.promoted_at = utcnow()
+        audit.record(session, actor=audit.account_actor(account), actor_account_id=account.id,
+                     action="impl.promote", target=f"impl:{impl_id}", detail={"benchmark_id": impl.benchmark_id})
         return _impl_view(impl)
 
 

@@ -291,3 +291,21 @@ class RunFork(SQLModel, table=True):
     kind: str = Field(default="fork", max_length=16)
     """``fork`` or ``replay``."""
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class AuditEntry(SQLModel, table=True):
+    """One admin or operator action (issue 23): who, when, what, on what (``benchwright.audit``). Append-only."""
+
+    __tablename__ = "audit_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, index=True)
+    actor: str = Field(max_length=300)
+    """``account:<name>`` for an admin account over the API, ``cli:<os user>`` for the operator's command line."""
+    actor_account_id: str | None = Field(default=None, max_length=36)
+    action: str = Field(max_length=64, index=True)
+    """``run.admin_halt``, ``impl.promote``, ``account.create``, ``account.credit``, ``account.key_create``..."""
+    target: str = Field(max_length=300)
+    """``<kind>:<id or name>``, e.g. ``run:<id>``, ``impl:<id>``, ``account:<name>``."""
+    detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    """What was done (a reason, an amount, a flag); never a secret or a key."""

@@ -201,7 +201,7 @@ def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str |
     query = select(Run).options(defer(Run.launch)).where(Run.account_id == account_id)
     if id_prefix:  # the API admits only [0-9a-f-], so LIKE has nothing to escape
         query = query.where(Run.id.startswith(id_prefix))
-    if cursor:
+    if cursor is not None:  # an empty cursor= is refused (invalid_cursor), not taken as absent
         created_at, run_id = _decode_cursor(cursor)
         query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))
     with Session(engine) as session:

@@ -10,6 +10,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   (``patched("fork-phase")``) before PipelineStarted, then Atomize and Materialize.
 - ``run_resweep_materialize_v2.json``: a run whose first sweep asks Atomize for a new impl
   (``patched("materialize-restart")``): Atomize v2, then Materialize v2.
+- ``run_unusable_limits.json``: a run started directly with ``phase.duration`` = 1e14 s (past ``timedelta``), which
+  ``patched("unusable-input-ends-run")`` ends ``error`` with the reason (issue 23) instead of failing its task.
 """
 
 from __future__ import annotations
