@@ -65,7 +65,8 @@ class StackConfig:
     def child_env(self) -> dict[str, str]:
         return {**os.environ, "BENCHWRIGHT_DATA_DIR": str(self.data_dir),
                 "BENCHWRIGHT_TEMPORAL_ADDRESS": self.temporal_address,
-                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url,
+                "BENCHWRIGHT_SIGNIN_KEY_FILE": str(self.data_dir / "dev.json"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 # one machine, one user: the embedded stack may read datasets from local paths
                 "BENCHWRIGHT_ALLOW_LOCAL_PATHS": os.environ.get("BENCHWRIGHT_ALLOW_LOCAL_PATHS", "true")}
 
@@ -104,6 +105,26 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def stack_holder(data_dir: Path) -> str | None:
+    """The PID of the ``benchwright up`` running on ``data_dir`` (it holds ``DIR/stack.lock``), else None."""
+    path = data_dir / "stack.lock"
+    if not path.exists():
+        return None
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            return lock.read().strip() or "?"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return None
+
+
+def dashboard_url(api_url: str) -> str:
+    """Where the web dashboard is served (``api.routes.ui``: the API's ``/ui/``)."""
+    return f"{api_url.rstrip('/')}/ui/"
 
 
 def _ensure_dev_key(data_dir: Path) -> str:
@@ -287,7 +308,8 @@ def run_up(cfg: StackConfig, *, say: Any = print) -> int:
     stack = Stack(cfg, say=say)
     try:
         dev = stack.start()
-        say(f"Benchwright is up. API {dev['api_url']}  Temporal UI {dev['temporal_ui_url']}\n"
+        say(f"Benchwright is up. Dashboard {dashboard_url(dev['api_url'])}  API {dev['api_url']}  "
+            f"Temporal UI {dev['temporal_ui_url']}\n"
             f"dev account key and addresses: {stack.dev_json}  (Ctrl-C stops everything)")
         return stack.supervise(lambda: stopping)
     except Unavailable as exc:
