@@ -451,6 +451,9 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         with _client(data_dir, api_url, api_key) as client:
             launched = client.launch(dataset=dataset, model=model_spec, driver=driver, **body)
             console.print(f"launched run [bold]{launched['id']}[/bold]")
+            if benchmark and launched.get("off_leaderboard"):  # a pinned launch: say plainly if it is not listed
+                console.print(f"note: this run will not appear on a leaderboard: {launched['off_leaderboard']}",
+                              highlight=False, markup=False)
             if watch and prompt and not (dataset or benchmark or harness):  # Find resolves it: say to what, and why
                 from benchwright.cli_find import find_resolution, resolution_lines
 
@@ -470,6 +473,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         out.print(json.dumps(final, indent=2), highlight=False, markup=False)
     else:
         out.print(_summary(final, first_error), highlight=False, markup=False)
+        if final.get("benchmark_id") and final.get("off_leaderboard"):  # filed under a benchmark, yet not listed
+            out.print(f"  not on a leaderboard: {final['off_leaderboard']}", highlight=False, markup=False)
     raise typer.Exit(0 if _run_succeeded(final) else 1)
 
 

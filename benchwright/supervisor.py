@@ -138,6 +138,7 @@ def _ensure_dev_key(data_dir: Path) -> str:
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
     key_file = data_dir / "dev-account.json"
+    _make_curator(engine)  # a stack made before self-curation existed: its own account gets it at the next start
     if key_file.exists():
         key = json.loads(key_file.read_text())["api_key"]
         try:
@@ -146,14 +147,28 @@ def _ensure_dev_key(data_dir: Path) -> str:
         except Unauthorized:
             pass
     try:
-        # The embedded stack's own account may read local datasets (accounts added later may not by default).
-        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd, local_paths=True)
+        # The embedded stack's own account may read local datasets (accounts added later may not by default), and
+        # curate its own private benchmarks (promote their impls official): one user needs no second admin account.
+        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd, local_paths=True,
+                                curator=True)
     except Conflict:
         key = create_key(engine, account_name=DEV_ACCOUNT)
     key_file.write_text(json.dumps({"account": DEV_ACCOUNT, "api_key": key}))
     key_file.chmod(0o600)
     engine.dispose()
     return key
+
+
+def _make_curator(engine: Any) -> None:
+    """The stack's own account curates its own private benchmarks (``Account.curator``)."""
+    from sqlalchemy import update
+    from sqlmodel import Session
+
+    from benchwright.store.models import Account
+
+    with Session(engine) as session:
+        session.execute(update(Account).where(Account.name == DEV_ACCOUNT).values(curator=True))  # type: ignore[arg-type]
+        session.commit()
 
 
 def _wait_for(what: str, check: Any, child: Child, timeout: float = READY_TIMEOUT_S) -> None:
