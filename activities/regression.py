@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.common import Deps, failure, in_thread
+from activities.common import Deps, in_thread
 from benchwright.errors import BenchwrightError
 from benchwright.events import RegressionDetected
 from benchwright.proxy.addresses import parse_endpoints
@@ -33,8 +33,9 @@ class RegressionActivities:
     async def start_replay(self, inp: PrepareInput) -> PreparedReplay:
         try:
             return await in_thread(start_replay, self.deps.settings, self.deps.engine, inp)
-        except BenchwrightError as exc:
-            raise failure(exc) from exc
+        except BenchwrightError as exc:  # the firing's recorded reason: the refusal's words and code
+            raise ApplicationError(f"{exc.message} ({exc.code})", type=type(exc).__name__,
+                                   non_retryable=True) from exc
 
     @activity.defn(name="check_replay")
     async def check_replay(self, inp: CheckInput) -> CheckResult:
@@ -55,4 +56,5 @@ class RegressionActivities:
                 on_refused=lambda host: record_blocked(self.deps.engine, run_id=inp.run_id,
                                                        account_id=reg.account_id, host=host))
         except BenchwrightError as exc:
-            raise ApplicationError(exc.message, type=type(exc).__name__, non_retryable=True) from exc
+            raise ApplicationError(f"{exc.message} ({exc.code})", type=type(exc).__name__,
+                                   non_retryable=True) from exc

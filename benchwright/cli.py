@@ -508,6 +508,15 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
         with _client(data_dir, api_url, api_key) as client:
             launched = client.launch(dataset=dataset, model=model_spec, driver=driver, **body)
             console.print(f"launched run [bold]{launched['id']}[/bold]")
+            if benchmark and launched.get("off_leaderboard"):  # a pinned launch: say plainly if it is not listed
+                console.print(f"note: this run will not appear on a leaderboard: {launched['off_leaderboard']}",
+                              highlight=False, markup=False)
+            if watch and prompt and not (dataset or benchmark or harness):  # Find resolves it: say to what, and why
+                from benchwright.cli_find import find_resolution, resolution_lines
+
+                found = find_resolution(client, launched["id"])
+                for line in resolution_lines(found) if found else []:
+                    console.print(line, highlight=False, markup=False)
             if not watch:
                 out.print(json.dumps(launched, indent=2) if json_out else launched["id"], highlight=False,
                           markup=False)
@@ -521,44 +530,89 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
         out.print(json.dumps(final, indent=2), highlight=False, markup=False)
     else:
         out.print(_summary(final, first_error), highlight=False, markup=False)
+        if final.get("benchmark_id") and final.get("off_leaderboard"):  # filed under a benchmark, yet not listed
+            out.print(f"  not on a leaderboard: {final['off_leaderboard']}", highlight=False, markup=False)
     raise typer.Exit(0 if _run_succeeded(final) else 1)
+
+
+class _Signalled(Exception):
+    """SIGTERM (or SIGINT) reached the demo: it stops what it started before it exits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _demo_dir(data_dir: Path | None, keep_running: bool) -> tuple[Path, bool]:
+    """Where the demo's stack keeps its data, and whether that is a temporary directory the demo removes.
+
+    ``--data-dir`` wins. A kept-running demo uses the default data directory (``$BENCHWRIGHT_DATA_DIR`` or
+    ``~/.benchwright``), so every other command finds its stack, unless a ``benchwright up`` already runs there;
+    a demo that stops at the end uses a temporary directory and removes it."""
+    from benchwright.supervisor import stack_holder
+
+    if data_dir is not None:
+        return _data_dir(data_dir), False
+    default = _data_dir(None)
+    if keep_running and stack_holder(default) is None:
+        return default, False
+    if keep_running:
+        console.print(f"[yellow]note:[/yellow] a stack already runs on {default}; this demo uses its own data "
+                      "directory")
+    return Path(tempfile.mkdtemp(prefix="benchwright-demo-")), True
 
 
 @app.command()
 def demo(data_dir: DataDir = None,
          accuracy: Annotated[float, typer.Option(min=0.0, max=1.0, help="Dev model accuracy.")] = 0.85,
-         keep_running: Annotated[bool, typer.Option(help="Leave the stack up after the run (Ctrl-C stops).")] = False,
+         keep_running: Annotated[bool, typer.Option(
+             help="Leave the stack up after the run (Ctrl-C stops it), on the default data directory so the other "
+                  "commands (runs, show, events...) find it.")] = False,
          ) -> None:
-    """Bring up the stack and a dev model, run the bundled 60-row sample end to end, print the score."""
-    from benchwright.client import Client
-    from benchwright.devstack import free_port
+    """Bring up the stack and a dev model, run the bundled 60-row sample end to end, print the score. SIGTERM or
+    Ctrl-C stops everything it started; a demo without --keep-running removes its data when it ends."""
+    import shutil
+    import signal
 
-    directory = _data_dir(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="benchwright-demo-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
-    logs = directory / "logs"
-    logs.mkdir(exist_ok=True)
-    console.print(f"[bold]Benchwright demo[/bold] (data in {directory})")
-    unisolated = []
-    if os.geteuid() != 0:
-        # Namespaced sandboxes need root; the demo's bundled scorer is known code, so on a laptop it runs without
-        # them rather than not at all, and says so. `benchwright up` never does this unless asked.
-        console.print("[yellow]note:[/yellow] not running as root, so the demo's sandboxes run without namespace "
-                      "isolation (recorded on the run as isolation 'none')")
-        unisolated = ["--allow-unisolated"]
-    stack = subprocess.Popen(
-        [sys.executable, "-m", "benchwright.cli", "up", "--data-dir", str(directory), "--api-port", str(ports["api"]),
-         "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"]), *unisolated],
-        stdin=subprocess.DEVNULL, start_new_session=True)
-    ready = directory / "dev-model.json"
-    ready.unlink(missing_ok=True)
-    model_proc = subprocess.Popen(
-        [sys.executable, "-m", "benchwright.cli", "dev-model", "--answers", str(SAMPLE), "--accuracy", str(accuracy),
-         "--latency-ms", "20", "--port", "0", "--ready-file", str(ready)],
-        stdin=subprocess.DEVNULL, stdout=(logs / "dev-model.log").open("ab"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+    from benchwright.client import Client
+    from benchwright.devmodel import rows_answered_correctly
+    from benchwright.devstack import free_port
+    from benchwright.supervisor import dashboard_url, stack_holder
+    from benchwright.teardown import reap_stack
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        raise _Signalled(signum)
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    procs: list[subprocess.Popen[bytes]] = []
+    directory, temporary = _demo_dir(data_dir, keep_running)
     code = 1
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
+        logs = directory / "logs"
+        logs.mkdir(exist_ok=True)
+        console.print(f"[bold]Benchwright demo[/bold] (data in {directory}"
+                      + (", removed when the demo ends)" if temporary else ")"))
+        unisolated = []
+        if os.geteuid() != 0:
+            # Namespaced sandboxes need root; the demo's bundled scorer is known code, so on a laptop it runs
+            # without them rather than not at all, and says so. `benchwright up` never does this unless asked.
+            console.print("[yellow]note:[/yellow] not running as root, so the demo's sandboxes run without namespace "
+                          "isolation (recorded on the run as isolation 'none')")
+            unisolated = ["--allow-unisolated"]
+        ready = directory / "dev-model.json"
+        ready.unlink(missing_ok=True)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "benchwright.cli", "dev-model", "--answers", str(SAMPLE), "--accuracy",
+             str(accuracy), "--latency-ms", "20", "--port", "0", "--ready-file", str(ready)],
+            stdin=subprocess.DEVNULL, stdout=(logs / "dev-model.log").open("ab"), stderr=subprocess.STDOUT,
+            start_new_session=True))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "benchwright.cli", "up", "--data-dir", str(directory), "--api-port",
+             str(ports["api"]), "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"]),
+             *unisolated], stdin=subprocess.DEVNULL, start_new_session=True))
+        model_proc, stack = procs
         dev = _await_file(directory / "dev.json", stack, "the stack")
         model_url = _await_file(ready, model_proc, "the dev model")["url"]
         with Client(dev["api_url"], dev["api_key"]) as client:
@@ -566,27 +620,47 @@ def demo(data_dir: DataDir = None,
             console.print(f"launched run {launched['id']} against the dev model (test double, accuracy {accuracy})")
             final = watch_run(client, launched["id"])
         out.print(_summary(final), highlight=False)
-        out.print(f"run:         {dev['api_url']}/v1/runs/{final['id']}  (Authorization: Bearer <api_key in "
-                  f"{directory / 'dev.json'}>)", highlight=False)
-        out.print(f"Temporal UI: {dev['temporal_ui_url']}/namespaces/default/workflows/{final['id']}", highlight=False)
+        right, rows = rows_answered_correctly(SAMPLE, accuracy)
+        out.print(f"the dev model answers exactly {right} of these {rows} questions right at --accuracy {accuracy} "
+                  f"({right / rows:.1%}): it picks which ones by a hash of each question, so on a small sample the "
+                  "count is not accuracy x rows", highlight=False)
         code = 0 if final["status"] == "ok" else 1
         if keep_running:
-            console.print("stack left running; Ctrl-C stops it")
+            env = "" if directory == _data_dir(None) else f"export BENCHWRIGHT_DATA_DIR={directory}; "
+            out.print(f"dashboard:   {dashboard_url(dev['api_url'])}  (sign in with the api_key in "
+                      f"{directory / 'dev.json'})\n"
+                      f"run:         {dev['api_url']}/v1/runs/{final['id']}\n"
+                      f"Temporal UI: {dev['temporal_ui_url']}/namespaces/default/workflows/{final['id']}\n"
+                      f"CLI:         {env}benchwright runs; {env}benchwright show {final['id']}", highlight=False)
+            console.print("stack left running; Ctrl-C (or SIGTERM) stops it")
             stack.wait()
-    except KeyboardInterrupt:
-        code = 130
+        else:
+            out.print(f"the stack stops now (its addresses go with it); `benchwright demo --keep-running` leaves it "
+                      f"up to explore run {final['id']} in the dashboard and the CLI", highlight=False)
+    except (KeyboardInterrupt, _Signalled) as exc:
+        code = 128 + (exc.signum if isinstance(exc, _Signalled) else signal.SIGINT)
     except Exception as exc:  # noqa: BLE001 - the demo reports any failure plainly and still cleans up
         console.print(f"[red]demo failed:[/red] {exc}")
     finally:
-        for proc in (model_proc, stack):
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-                try:  # `up` stops its children within its shutdown timeout (30 s), then sweeps
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        console.print("stopped the stack and the dev model")
+        for proc in reversed(procs):  # `up` stops its children within its shutdown timeout (30 s), then sweeps
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # what a killed `up` could not stop (its children live in their own sessions) is found by the registry
+        if procs and stack_holder(directory) is None:  # never another `up`'s stack on a given --data-dir
+            reap_stack(data_dir=directory, workers_timeout_s=10, others_timeout_s=5)
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+        console.print("stopped the stack and the dev model" + (f"; removed {directory}" if temporary else ""))
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     raise typer.Exit(code)
 
 

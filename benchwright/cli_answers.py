@@ -182,10 +182,13 @@ def schedule_show(schedule_id: str, json_out: JsonOut = False, data_dir: DataDir
         _print(json.dumps(s, indent=2))
         return
     _print(_schedule_line(s))
-    for f in s["firings"]:
-        r = f["result"]
-        _print(f"  {f['started_at']}  {f['status']}" + (f"  {r['status']}  run {r['run_id']}  {r['verdict']}" if r
-                                                         else ""))
+    for f in s["firings"]:  # each firing's outcome and why (a refused launch, a failure, the webhook's delivery)
+        r = f["result"] or {}
+        run = f"  run {r['run_id']}" if r.get("run_id") else ""
+        _print(f"  {f['started_at']}  {f.get('outcome', f['status'])}{run}"
+               + (f"  {f['reason']}" if f.get("reason") else f"  {r['verdict']}" if r else ""))
+    if s.get("skipped"):
+        _print(f"  {s['skipped']} firings skipped: the previous one was still running")
 
 
 @schedule_app.command("pause")

@@ -72,10 +72,18 @@ def benchmarks(json_out: JsonOut = False, data_dir: DataDir = None, api_url: Api
 
 
 @registry_app.command("leaderboard")
-def leaderboard(subset_id: str, json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
+def leaderboard(subset: Annotated[str, typer.Argument(
+                    metavar="SUBSET", help="A subset id, BENCHMARK/SUBSET names, a subset name, or a benchmark name "
+                    "(when it has one subset); an ambiguous name lists the matches.")],
+                json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
                 api_key: ApiKey = None) -> None:
     """Best score per model over the subset's public runs."""
-    out = _call("GET", f"/v1/registry/subsets/{subset_id}/leaderboard", data_dir, api_url, api_key)
+    from urllib.parse import quote
+
+    bench, _, name = subset.rpartition("/") if "/" in subset else ("", "", subset)
+    query = f"?benchmark={quote(bench, safe='')}" if bench else ""
+    out = _call("GET", f"/v1/registry/subsets/{quote(name, safe='')}/leaderboard{query}", data_dir, api_url,
+                api_key)
     if json_out:
         print(json.dumps(out, indent=2))
         return

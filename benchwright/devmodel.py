@@ -285,6 +285,19 @@ def is_answered_correctly(question: str, accuracy: float, seed: str = "") -> boo
     return int.from_bytes(digest[:8], "big") / 2.0**64 < accuracy
 
 
+def rows_answered_correctly(path: str | Path, accuracy: float, seed: str = "") -> tuple[int, int]:
+    """How many rows of a JSONL dataset a dev model with this ``accuracy`` answers correctly, and how many rows
+    there are: :func:`is_answered_correctly` applied to each row's question (the hash decides per question, so on
+    a small set the count differs from ``accuracy`` x rows; the demo prints it beside the score)."""
+    right = total = 0
+    with Path(path).open(encoding="utf-8-sig") as fh:
+        for line in fh:
+            if line.strip():
+                total += 1
+                right += is_answered_correctly(str(json.loads(line)["question"]).strip(), accuracy, seed)
+    return right, total
+
+
 def wrong_answer(answer: str) -> str:
     """Return a deterministic, plausible wrong answer for ``answer``.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from benchwright.compute import resolve_compute
 from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
@@ -13,6 +14,12 @@ from benchwright.limits import RunLimits, resolve_limits
 from benchwright.prices import check_priced
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from benchwright.settings import Settings
+    from benchwright.store.models import Account
 
 DRIVERS = ("builtin",)
 """Drivers named by a word. ``builtin`` is the offline template driver; besides these, any ``<provider>://<model>``
@@ -78,3 +85,31 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
     backend = resolve_compute(requested=launch.compute, saved=saved_compute, default=default_compute,
                               configured=configured_backends)
     return ResolvedLaunch(driver=driver, trials=trials, limits=limits, backend=backend)
+
+
+def admit_launch(settings: Settings, engine: Engine, *, account: Account, launch: LaunchRequest,
+                 subset_default_trials: TrialsConfig | None = None) -> ResolvedLaunch:
+    """Every check a launch body passes before a run of it exists, for whoever launches it: ``POST /v1/runs``,
+    forks and replays, and a regression schedule (at create, and again at each firing, where the schedule's
+    account launches the reference's body). :func:`resolve_launch` under the deployment's and the account's rules
+    (local paths, drivers, trials, limits, compute), then the model's named secret and the LLM driver's secret
+    must exist in the account. Blocking (store reads): call it from a thread.
+
+    Raises:
+        InvalidInput, DatasetError: as :func:`resolve_launch`; the model's secret or the driver's provider secret is
+            not in the account.
+    """
+    from benchwright.drivers.llm import check_driver_secret
+    from benchwright.store.policy import saved_compute, secret_value
+
+    resolved = resolve_launch(launch, default_driver=settings.default_driver,
+                              local_paths=LocalPathRules.from_settings(settings,
+                                                                       account_local_paths=account.local_paths),
+                              default_compute=settings.default_compute,
+                              configured_backends=settings.configured_backends(),
+                              saved_compute=saved_compute(engine, account_id=account.id),
+                              subset_default_trials=subset_default_trials)
+    if launch.model.secret is not None:
+        secret_value(engine, account_id=account.id, name=launch.model.secret)
+    check_driver_secret(engine, account_id=account.id, driver=resolved.driver)
+    return resolved

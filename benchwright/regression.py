@@ -36,22 +36,20 @@ from benchwright.compare import (
     run_shape,
 )
 from benchwright.compute import materialize_mode
-from benchwright.dataset_access import LocalPathRules
 from benchwright.errors import BenchwrightError, InvalidInput, PaymentRequired
 from benchwright.events import RegressionDetected
-from benchwright.launch import resolve_launch
+from benchwright.launch import ResolvedLaunch, admit_launch
 from benchwright.pipeline import MaterializeOptions, RunInput
 from benchwright.schemas import LaunchRequest
 from benchwright.settings import Settings
 from benchwright.status import display_status
 from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.models import Run
-from benchwright.store.policy import saved_compute
+from benchwright.store.models import Account, Run
 from benchwright.store.runs import create_run
 
 __all__ = ["AlertRule", "Cadence", "CheckInput", "CheckResult", "PrepareInput", "RegressionInput", "RegressionResult",
-           "ScheduleCreate", "check_replay", "parse_cadence", "replay_launch", "start_replay"]
+           "ScheduleCreate", "admit_replay", "check_replay", "parse_cadence", "replay_launch", "start_replay"]
 
 _EVERY = re.compile(r"^([1-9][0-9]{0,5})(s|m|h|d)$")
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
@@ -123,13 +121,14 @@ class RegressionInput(BaseModel):
     task_queue: str
 
 
-Status = Literal["ok", "detected", "ongoing", "replay_failed", "incomparable"]
+Status = Literal["ok", "detected", "ongoing", "replay_failed", "incomparable", "launch_refused"]
 
 
 class RegressionResult(BaseModel):
     """One firing's outcome; the next firing reads it back (Temporal's last completion result)."""
 
-    run_id: str
+    run_id: str | None
+    """The replay run; None when the firing's launch was refused (``launch_refused``: no run was made)."""
     status: Status
     regressed: bool
     """The replay is significantly below the reference (detected or ongoing); carried over by failed firings."""
@@ -138,6 +137,8 @@ class RegressionResult(BaseModel):
     verdict: str
     difference: float | None = None
     p_value: float | None = None
+    webhook: str | None = None
+    """The alert's delivery: ``sent``, or ``failed: <reason>`` (None: no alert, or no webhook)."""
 
 
 class PrepareInput(BaseModel):
@@ -181,6 +182,24 @@ def replay_launch(settings: Settings, engine: Engine, reference: Run) -> LaunchR
     return launch
 
 
+def admit_replay(settings: Settings, engine: Engine, *, account: Account, reference_run_id: str,
+                 schedule_id: str) -> tuple[Run, LaunchRequest, ResolvedLaunch]:
+    """The launch a firing of the schedule makes, admitted exactly as any launch is (``admit_launch``: the checks
+    of ``POST /v1/runs``, ``/replay`` and ``/fork``, under the schedule account's rules). Called when the schedule is
+    created and again by each firing, so a schedule can never launch what its account could not launch by hand.
+
+    Raises:
+        NotFound: the reference is not readable by the account.
+        InvalidInput, DatasetError: the launch is refused (a local dataset path the account may not read, a
+            missing secret, a backend unconfigured since ...).
+    """
+    reference = readable_run(engine, run_id=reference_run_id, account_id=account.id)
+    launch = replay_launch(settings, engine, reference)
+    launch = launch.model_copy(update={"metadata": {**launch.metadata, "replay_of": reference.id,
+                                                    "schedule": schedule_id}})
+    return reference, launch, admit_launch(settings, engine, account=account, launch=launch)
+
+
 def start_replay(settings: Settings, engine: Engine, inp: PrepareInput) -> PreparedReplay:
     """Record the replay run (row + RunLaunched) and build its workflow input, as ``POST /v1/runs`` does.
 
@@ -189,20 +208,12 @@ def start_replay(settings: Settings, engine: Engine, inp: PrepareInput) -> Prepa
     Raises:
         NotFound: the reference is gone or no longer readable by the schedule's account.
         PaymentRequired: the account's balance is exhausted.
-        InvalidInput: the reference's launch no longer resolves (a backend unconfigured since, say).
+        InvalidInput: the reference's launch is refused now (``admit_replay``).
     """
     reg = inp.regression
-    reference = readable_run(engine, run_id=reg.reference_run_id, account_id=reg.account_id)
     account = get_account(engine, account_id=reg.account_id)
-    launch = replay_launch(settings, engine, reference)
-    launch = launch.model_copy(update={"metadata": {**launch.metadata, "replay_of": reference.id,
-                                                    "schedule": reg.schedule_id}})
-    resolved = resolve_launch(launch, default_driver=settings.default_driver,
-                              local_paths=LocalPathRules.from_settings(settings,
-                                                                       account_local_paths=account.local_paths),
-                              default_compute=settings.default_compute,
-                              configured_backends=settings.configured_backends(),
-                              saved_compute=saved_compute(engine, account_id=account.id))
+    _, launch, resolved = admit_replay(settings, engine, account=account, reference_run_id=reg.reference_run_id,
+                                       schedule_id=reg.schedule_id)
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
     run_input = RunInput(run_id=inp.run_id, account_id=account.id, launch=launch, driver=resolved.driver,
                          trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,

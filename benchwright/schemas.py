@@ -402,6 +402,9 @@ class RunView(BaseModel):
     """The run shape (§7): set at terminal status for pinned runs, at publication for dataset runs."""
     subset_id: str | None = None
     impl_id: str | None = None
+    off_leaderboard: str | None = None
+    """Why the run will not appear on a leaderboard (private run, private benchmark, on no benchmark...); None
+    when it will, once it finishes ok (``benchwright.registry.pinned.leaderboard_note``)."""
     terminal: bool = False
     """The run is over: its log is closed by PipelineFinished (the SSE stream ends there, and polling the events
     says ``terminal`` at the same moment). A torn-down run keeps its ``status`` (§1: a halt is a flag, not a

@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     with err rows rather than being retried by Temporal); it also bounds the scorer sandbox's CPU and wall time."""
 
     temporal_ui_url: str | None = None
+    signin_key_file: str | None = None
+    """Where the dashboard's sign-in page says the embedded stack's API key is (``benchwright up`` sets its
+    ``DIR/dev.json``); unset on a shared deployment, whose sign-in page names no server path."""
 
     default_compute: str = "local"
     """The deployment's compute backend (§4 level 3). The embedded stack has only ``local``."""

@@ -65,7 +65,8 @@ class StackConfig:
     def child_env(self) -> dict[str, str]:
         return {**os.environ, "BENCHWRIGHT_DATA_DIR": str(self.data_dir),
                 "BENCHWRIGHT_TEMPORAL_ADDRESS": self.temporal_address,
-                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url,
+                "BENCHWRIGHT_SIGNIN_KEY_FILE": str(self.data_dir / "dev.json"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 # one machine, one user: the embedded stack may read datasets from local paths
                 "BENCHWRIGHT_ALLOW_LOCAL_PATHS": os.environ.get("BENCHWRIGHT_ALLOW_LOCAL_PATHS", "true")}
 
@@ -106,6 +107,26 @@ class Child:
             self.proc.wait()
 
 
+def stack_holder(data_dir: Path) -> str | None:
+    """The PID of the ``benchwright up`` running on ``data_dir`` (it holds ``DIR/stack.lock``), else None."""
+    path = data_dir / "stack.lock"
+    if not path.exists():
+        return None
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            return lock.read().strip() or "?"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return None
+
+
+def dashboard_url(api_url: str) -> str:
+    """Where the web dashboard is served (``api.routes.ui``: the API's ``/ui/``)."""
+    return f"{api_url.rstrip('/')}/ui/"
+
+
 def _ensure_dev_key(data_dir: Path) -> str:
     """The dev account's API key, created on first start and kept (0600) for later starts."""
     from benchwright.errors import Conflict, Unauthorized
@@ -117,6 +138,7 @@ def _ensure_dev_key(data_dir: Path) -> str:
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
     key_file = data_dir / "dev-account.json"
+    _make_curator(engine)  # a stack made before self-curation existed: its own account gets it at the next start
     if key_file.exists():
         key = json.loads(key_file.read_text())["api_key"]
         try:
@@ -125,14 +147,28 @@ def _ensure_dev_key(data_dir: Path) -> str:
         except Unauthorized:
             pass
     try:
-        # The embedded stack's own account may read local datasets (accounts added later may not by default).
-        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd, local_paths=True)
+        # The embedded stack's own account may read local datasets (accounts added later may not by default), and
+        # curate its own private benchmarks (promote their impls official): one user needs no second admin account.
+        _, key = create_account(engine, name=DEV_ACCOUNT, balance_usd=settings.initial_balance_usd, local_paths=True,
+                                curator=True)
     except Conflict:
         key = create_key(engine, account_name=DEV_ACCOUNT)
     key_file.write_text(json.dumps({"account": DEV_ACCOUNT, "api_key": key}))
     key_file.chmod(0o600)
     engine.dispose()
     return key
+
+
+def _make_curator(engine: Any) -> None:
+    """The stack's own account curates its own private benchmarks (``Account.curator``)."""
+    from sqlalchemy import update
+    from sqlmodel import Session
+
+    from benchwright.store.models import Account
+
+    with Session(engine) as session:
+        session.execute(update(Account).where(Account.name == DEV_ACCOUNT).values(curator=True))  # type: ignore[arg-type]
+        session.commit()
 
 
 def _wait_for(what: str, check: Any, child: Child, timeout: float = READY_TIMEOUT_S) -> None:
@@ -287,7 +323,8 @@ def run_up(cfg: StackConfig, *, say: Any = print) -> int:
     stack = Stack(cfg, say=say)
     try:
         dev = stack.start()
-        say(f"Benchwright is up. API {dev['api_url']}  Temporal UI {dev['temporal_ui_url']}\n"
+        say(f"Benchwright is up. Dashboard {dashboard_url(dev['api_url'])}  API {dev['api_url']}  "
+            f"Temporal UI {dev['temporal_ui_url']}\n"
             f"dev account key and addresses: {stack.dev_json}  (Ctrl-C stops everything)")
         return stack.supervise(lambda: stopping)
     except Unavailable as exc:

@@ -22,7 +22,7 @@ from benchwright.errors import InvalidInput
 from benchwright.proxy.addresses import Endpoint, endpoint_allowed, internal_reason
 from benchwright.proxy.policy import HostPolicy, decide, normalize_host
 
-__all__ = ["BLOCKED", "check_webhook_url", "post_webhook"]
+__all__ = ["BLOCKED", "check_webhook", "check_webhook_url", "post_webhook"]
 
 BLOCKED = "webhook_blocked"
 TIMEOUT_S = 10.0
@@ -45,13 +45,15 @@ def check_webhook_url(url: str) -> tuple[str, int]:
     return host, parsed.port or (443 if parsed.scheme == "https" else 80)
 
 
-async def post_webhook(*, url: str, payload: dict[str, Any], policy: HostPolicy, internal_allowed: frozenset[Endpoint],
-                       on_refused: Callable[[str], None] = lambda host: None) -> int:
-    """POST ``payload`` as JSON to ``url`` under the rules above; returns the status.
+async def check_webhook(*, url: str, policy: HostPolicy, internal_allowed: frozenset[Endpoint],
+                        on_refused: Callable[[str], None] = lambda host: None) -> str:
+    """Every rule delivery applies to ``url`` before it sends (the one home of them: a schedule's create calls it
+    too, so a webhook that can never be delivered is refused up front); returns the checked address to send to.
 
     Raises:
-        InvalidInput: ``webhook_blocked`` (policy or internal address; permanent), or ``invalid_webhook``.
-        httpx.HTTPError: a network fault or an error status (transient: the caller retries).
+        InvalidInput: ``webhook_blocked`` (the host policy, or an internal address: permanent), naming the rule;
+            ``invalid_webhook`` (not http(s), no valid host).
+        OSError: the name does not resolve (``socket.gaierror``): transient for delivery.
     """
     host, port = check_webhook_url(url)
     allowed, reason = decide(policy, host, port)
@@ -67,7 +69,20 @@ async def post_webhook(*, url: str, payload: dict[str, Any], policy: HostPolicy,
             if why is not None:
                 on_refused(host)
                 raise InvalidInput(f"the webhook host {host} resolves to an internal address ({info[4][0]}: {why}); "
-                                   "alerts are never sent into the platform's own network", code=BLOCKED)
+                                   "alerts are never sent into the platform's own network (unless the operator "
+                                   "lists the endpoint in egress_internal_allowed)", code=BLOCKED)
+    return address
+
+
+async def post_webhook(*, url: str, payload: dict[str, Any], policy: HostPolicy, internal_allowed: frozenset[Endpoint],
+                       on_refused: Callable[[str], None] = lambda host: None) -> int:
+    """POST ``payload`` as JSON to ``url`` under the rules above (:func:`check_webhook`); returns the status.
+
+    Raises:
+        InvalidInput: ``webhook_blocked`` (policy or internal address; permanent), or ``invalid_webhook``.
+        httpx.HTTPError: a network fault or an error status (transient: the caller retries).
+    """
+    address = await check_webhook(url=url, policy=policy, internal_allowed=internal_allowed, on_refused=on_refused)
     parsed = httpx.URL(url)
     async with httpx.AsyncClient(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False) as client:
         request = client.build_request("POST", parsed.copy_with(host=address, fragment=None), json=payload,

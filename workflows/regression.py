@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -43,6 +43,15 @@ STEP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_i
                          maximum_attempts=4)
 WEBHOOK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                             maximum_attempts=5)
+OUTCOMES_PATCH = "regression-outcomes"
+"""Issue 22/23: a refused launch or an undeliverable alert is the firing's recorded outcome (its result, shown by
+``GET /v1/schedules/{id}``), not a failed workflow whose reason only Temporal's history holds."""
+
+
+def _reason(exc: ActivityError) -> str:
+    """What went wrong, in the activity's own words (its ApplicationError), not the wrapper's."""
+    cause = exc.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
 
 
 @workflow.defn
@@ -52,9 +61,17 @@ class RegressionWorkflow:
         previous = workflow.get_last_completion_result(RegressionResult) if workflow.has_last_completion_result() \
             else None
         run_id = str(workflow.uuid4())
-        prepared: PreparedReplay = await workflow.execute_activity(
-            "start_replay", PrepareInput(regression=inp, run_id=run_id), result_type=PreparedReplay,
-            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="record the replay run")
+        outcomes = workflow.patched(OUTCOMES_PATCH)
+        try:
+            prepared: PreparedReplay = await workflow.execute_activity(
+                "start_replay", PrepareInput(regression=inp, run_id=run_id), result_type=PreparedReplay,
+                start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="record the replay run")
+        except ActivityError as exc:
+            if not outcomes:
+                raise
+            return self._finish(RegressionResult(
+                run_id=None, status="launch_refused", regressed=bool(previous and previous.regressed), alerted=False,
+                verdict=f"the scheduled replay was not launched: {_reason(exc)}"))
         model, dataset = prepared.run.launch.model.identifier, prepared.run.launch.dataset or ""
         try:
             await workflow.execute_child_workflow(
@@ -75,9 +92,22 @@ class RegressionWorkflow:
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="compare with the reference")
         result, event = checked.result, checked.event
         if event is not None and inp.webhook:
-            await workflow.execute_activity(
-                "post_alert", AlertInput(**check.model_dump(), event=event), start_to_close_timeout=STEP_TIMEOUT,
-                retry_policy=WEBHOOK_RETRY, summary="post the alert to the webhook")
+            try:
+                await workflow.execute_activity(
+                    "post_alert", AlertInput(**check.model_dump(), event=event), start_to_close_timeout=STEP_TIMEOUT,
+                    retry_policy=WEBHOOK_RETRY, summary="post the alert to the webhook")
+                if outcomes:
+                    result = result.model_copy(update={"webhook": "sent"})
+            except ActivityError as exc:
+                if not outcomes:
+                    raise
+                result = result.model_copy(update={"webhook": f"failed: {_reason(exc)}"})
+        return self._finish(result)
+
+    @staticmethod
+    def _finish(result: RegressionResult) -> RegressionResult:
         workflow.upsert_search_attributes([REGRESSION.value_set(result.status)])
-        workflow.set_current_details(f"**{result.status}** — replay `{run_id}`  \n{result.verdict}")
+        replay = f"replay `{result.run_id}`" if result.run_id else "no replay"
+        webhook = f"  \nwebhook: {result.webhook}" if result.webhook else ""
+        workflow.set_current_details(f"**{result.status}** — {replay}  \n{result.verdict}{webhook}")
         return result

@@ -21,8 +21,6 @@ from temporalio.common import (
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from benchwright.compute import materialize_mode
-from benchwright.dataset_access import LocalPathRules
-from benchwright.drivers.llm import check_driver_secret
 from benchwright.errors import (
     InvalidInput,
     PayloadTooLarge,
@@ -36,7 +34,7 @@ from benchwright.forks import (
     cut_point,
     default_rewind,
 )
-from benchwright.launch import resolve_launch
+from benchwright.launch import admit_launch
 from benchwright.pipeline import ForkSpec, MaterializeOptions, RunInput
 from benchwright.registry.shape import READABLE_BY_ID, readable_run, set_pin
 from benchwright.schemas import (
@@ -56,7 +54,6 @@ from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 from benchwright.store.accounts import get_account
 from benchwright.store.forks import lineage_rows, read_until_phase
 from benchwright.store.models import EventRow, Run
-from benchwright.store.policy import saved_compute, secret_value
 from benchwright.store.runs import create_run, finish_run, run_view
 from benchwright.temporal_ui import (
     RUN_ACCOUNT,
@@ -97,18 +94,10 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
         log = await run_in_threadpool(read_until_phase, engine, parent.id, phase=rewind)
         cut_point(log, rewind)  # refuses a rewind point the parent never reached, before anything is written
     launch = apply_overrides(LaunchRequest.model_validate(parent.launch), req.overrides)
-    saved = await run_in_threadpool(saved_compute, engine, account_id=account.id)
-    resolved = resolve_launch(launch, default_driver=settings.default_driver,
-                              local_paths=LocalPathRules.from_settings(
-                                  settings, account_local_paths=account.local_paths),
-                              default_compute=settings.default_compute,
-                              configured_backends=settings.configured_backends(), saved_compute=saved)
+    resolved = await run_in_threadpool(admit_launch, settings, engine, account=account, launch=launch)
     # The parent's frozen trials config is pinned (§6: keep trials constant across a sweep) unless overridden.
     trials = validate_trials(req.overrides.trials) if req.overrides.trials else \
         TrialsConfig.model_validate(parent.trials_config or {})
-    if launch.model.secret is not None:
-        await run_in_threadpool(secret_value, engine, account_id=account.id, name=launch.model.secret)
-    await run_in_threadpool(check_driver_secret, engine, account_id=account.id, driver=resolved.driver)
     current = await run_in_threadpool(get_account, engine, account_id=account.id)
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -14,6 +14,7 @@ from benchwright.fingerprint import FingerprintView, derive
 from benchwright.registry import catalog
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.identicon import identicon_svg
+from benchwright.registry.pinned import resolve_subset
 from benchwright.registry.shape import family, readable_run, run_events
 from benchwright.registry.views import (
     BenchmarkList,
@@ -79,10 +80,15 @@ def subset(subset_id: Ident, account: AccountDep, state: StateDep) -> SubsetView
     return catalog.subset_detail(state.engine, account_id=account.id, subset_id=subset_id)
 
 
-@router.get("/registry/subsets/{subset_id}/leaderboard", response_model=Leaderboard, responses=responses(404))
-def leaderboard(subset_id: Ident, account: AccountDep, state: StateDep) -> Leaderboard:
-    """Best score per model over the subset's public runs on any impl; a private benchmark has none (404)."""
-    return catalog.leaderboard(state.engine, account_id=account.id, subset_id=subset_id)
+@router.get("/registry/subsets/{subset_id}/leaderboard", response_model=Leaderboard, responses=responses(400, 404))
+def leaderboard(subset_id: Ident, account: AccountDep, state: StateDep,
+                benchmark: Annotated[str | None, Query(max_length=200, description=(
+                    "The benchmark (id or name) whose subset ``subset_id`` names by name."))] = None) -> Leaderboard:
+    """Best score per model over the subset's public runs on any impl; a private benchmark has none (404).
+    ``subset_id`` may be a subset's name (with ``benchmark``, or unique among what you can see) or a benchmark's
+    name when it has one subset; an ambiguous name is refused (400) listing the matches."""
+    resolved = resolve_subset(state.engine, account_id=account.id, ref=subset_id, benchmark=benchmark)
+    return catalog.leaderboard(state.engine, account_id=account.id, subset_id=resolved)
 
 
 @router.get("/registry/impls/{impl_id}", response_model=ImplView, responses=responses(404))

@@ -22,11 +22,9 @@ from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from api.sse import resume_point
 from benchwright.compute import materialize_mode
-from benchwright.dataset_access import LocalPathRules
-from benchwright.drivers.llm import check_driver_secret
 from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, PaymentRequired, Unavailable
 from benchwright.harness.config import check_harness
-from benchwright.launch import resolve_launch
+from benchwright.launch import admit_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.pinned import resolve_pin
@@ -46,7 +44,6 @@ from benchwright.schemas import (
 from benchwright.store.accounts import get_account
 from benchwright.store.events import read_events
 from benchwright.store.models import EventRow
-from benchwright.store.policy import saved_compute, secret_value
 from benchwright.store.results import fill_references
 from benchwright.store.runs import (
     CURSOR_PATTERN,
@@ -89,15 +86,8 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
                                                        account_id=account.id, launch=body)
     if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
         body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
-    saved = await run_in_threadpool(saved_compute, state.engine, account_id=account.id)
-    local_paths = LocalPathRules.from_settings(settings, account_local_paths=account.local_paths)
-    resolved = resolve_launch(body, default_driver=settings.default_driver,
-                              local_paths=local_paths, default_compute=settings.default_compute,
-                              configured_backends=settings.configured_backends(), saved_compute=saved,
-                              subset_default_trials=pin.default_trials if pin else None)
-    if body.model.secret is not None:
-        await run_in_threadpool(secret_value, state.engine, account_id=account.id, name=body.model.secret)
-    await run_in_threadpool(check_driver_secret, state.engine, account_id=account.id, driver=resolved.driver)
+    resolved = await run_in_threadpool(admit_launch, settings, state.engine, account=account, launch=body,
+                                       subset_default_trials=pin.default_trials if pin else None)
     current = await run_in_threadpool(get_account, state.engine, account_id=account.id)
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")

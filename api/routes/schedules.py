@@ -27,24 +27,27 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
     ScheduleState,
+    WorkflowFailureError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
-from benchwright.compare import readable_run
 from benchwright.errors import InvalidInput, NotFound
+from benchwright.proxy.addresses import parse_endpoints
 from benchwright.regression import (
     AlertRule,
     RegressionInput,
     RegressionResult,
     ScheduleCreate,
+    admit_replay,
     parse_cadence,
 )
 from benchwright.store.models import Account
+from benchwright.store.policy import get_policy
 from benchwright.temporal_ui import RUN_ACCOUNT
-from benchwright.webhook import check_webhook_url
+from benchwright.webhook import check_webhook
 from workflows.regression import RegressionWorkflow
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
@@ -59,8 +62,13 @@ class Firing(BaseModel):
     started_at: datetime
     status: str
     """The RegressionWorkflow's status: RUNNING, COMPLETED, FAILED, ..."""
+    outcome: str
+    """``running``; once completed the result's status (ok, detected, ongoing, replay_failed, incomparable,
+    launch_refused); ``failed`` when the firing itself failed (``reason`` says why)."""
+    reason: str | None = None
+    """Why, in words: the verdict, the refusal of the launch, or the failure (the alert's delivery is appended)."""
     result: RegressionResult | None = None
-    """Once completed: the replay run, ok / detected / ongoing / replay_failed / incomparable, and the verdict."""
+    """Once completed: the replay run, its outcome and verdict, and the webhook's delivery."""
 
 
 class ScheduleView(BaseModel):
@@ -74,6 +82,8 @@ class ScheduleView(BaseModel):
     """None in the list (Temporal's listing does not carry it)."""
     next_runs: list[datetime]
     firings: list[Firing] = []
+    skipped: int = 0
+    """Firings skipped because the previous one was still running (the overlap policy), over the schedule's life."""
 
 
 class ScheduleList(BaseModel):
@@ -89,10 +99,10 @@ class SchedulePatch(BaseModel):
 
 def _view(schedule_id: str, memo: dict[str, Any], *, paused: bool, created_at: datetime | None,
           next_runs: list[datetime],
-          firings: list[Firing] | None = None) -> ScheduleView:
+          firings: list[Firing] | None = None, skipped: int = 0) -> ScheduleView:
     return ScheduleView(id=schedule_id, replay_of=memo["replay_of"], every=memo["every"],
                         alert=AlertRule.model_validate(memo["alert"]), webhook=memo.get("webhook"), paused=paused,
-                        created_at=created_at, next_runs=next_runs[:3], firings=firings or [])
+                        created_at=created_at, next_runs=next_runs[:3], firings=firings or [], skipped=skipped)
 
 
 async def _owned(client: Client, schedule_id: str, account: Account) -> tuple[ScheduleHandle, ScheduleDescription,
@@ -118,19 +128,52 @@ async def _firings(client: Client, desc: ScheduleDescription) -> list[Firing]:
                                             run_id=getattr(action.action, "first_execution_run_id", None))
         info = await handle.describe()
         status = info.status.name if info.status else "UNKNOWN"
-        result = await handle.result() if status == "COMPLETED" else None
-        out.append(Firing(workflow_id=workflow_id, started_at=action.started_at, status=status, result=result))
+        result, reason = None, None
+        if status == "COMPLETED":
+            result = await handle.result()
+            reason = result.verdict + (f"; webhook {result.webhook}" if result.webhook else "")
+            outcome = result.status
+        elif status == "RUNNING":
+            outcome = "running"
+        else:  # failed, timed out, terminated: the reason Temporal holds, in the failure's own words
+            outcome = "failed"
+            try:
+                await handle.result()
+            except WorkflowFailureError as exc:
+                reason = _failure_words(exc)
+        out.append(Firing(workflow_id=workflow_id, started_at=action.started_at, status=status, outcome=outcome,
+                          reason=reason, result=result))
     return out
+
+
+def _failure_words(exc: BaseException) -> str:
+    """The innermost failure's message (an activity's ApplicationError under the workflow's), else the outermost."""
+    words = str(exc)
+    cause: BaseException | None = exc
+    while cause is not None:
+        message = getattr(cause, "message", None) or str(cause)
+        if message:
+            words = message
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    return words
 
 
 @router.post("", status_code=201, response_model=ScheduleView, responses=responses(*BODY, 404, 409, 503))
 async def create_schedule(body: ScheduleCreate, account: AccountDep, state: StateDep) -> ScheduleView:
     """Replay a finished run on a cadence (``every``: ``30s``/``1d`` or cron) and alert on a significant drop."""
-    reference = await run_in_threadpool(readable_run, state.engine, run_id=body.replay_of, account_id=account.id)
     cadence = parse_cadence(body.every)
-    if body.webhook is not None:
-        check_webhook_url(body.webhook)
     schedule_id = f"{PREFIX}{uuid.uuid4()}"
+    # exactly the launch each firing will make, admitted as each firing admits it (and as POST /replay would)
+    reference, _, _ = await run_in_threadpool(admit_replay, state.settings, state.engine, account=account,
+                                              reference_run_id=body.replay_of, schedule_id=schedule_id)
+    if body.webhook is not None:  # exactly the rules delivery applies: a webhook it would refuse is refused now
+        policy = await run_in_threadpool(get_policy, state.engine, account_id=account.id)
+        try:
+            await check_webhook(url=body.webhook, policy=policy,
+                                internal_allowed=parse_endpoints(state.settings.egress_internal_allowed))
+        except OSError as exc:
+            raise InvalidInput(f"the webhook host of {body.webhook} does not resolve ({exc}); alerts could not be "
+                               "delivered", code="invalid_webhook") from None
     inp = RegressionInput(schedule_id=schedule_id, account_id=account.id, reference_run_id=reference.id,
                           alert=body.alert, webhook=body.webhook, task_queue=state.settings.task_queue)
     spec = ScheduleSpec(intervals=[ScheduleIntervalSpec(every=cadence.interval)] if cadence.interval else [],
@@ -179,7 +222,8 @@ async def get_schedule(schedule_id: ScheduleId, account: AccountDep, state: Stat
     client = await state.temporal()
     _, desc, memo = await _owned(client, schedule_id, account)
     return _view(schedule_id, memo, paused=desc.schedule.state.paused, created_at=desc.info.created_at,
-                 next_runs=list(desc.info.next_action_times), firings=await _firings(client, desc))
+                 next_runs=list(desc.info.next_action_times), firings=await _firings(client, desc),
+                 skipped=desc.info.num_actions_skipped_overlap)
 
 
 @router.patch("/{schedule_id}", response_model=ScheduleView, responses=responses(*BODY, 404, 503))

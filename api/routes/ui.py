@@ -39,6 +39,11 @@ class UiConfig(BaseModel):
     temporal_namespace: str
 
 
+class SignIn(BaseModel):
+    key_file: str | None
+    """Where the embedded stack's API key is (its ``dev.json``); null on a deployment that names none."""
+
+
 class DashboardRun(RunSummary):
     dataset: str
     """What the run was launched on (a URL or a path), as the launch gave it."""
@@ -55,6 +60,12 @@ def ui_config(account: AccountDep, state: StateDep) -> UiConfig:
     url = state.settings.temporal_ui_url
     return UiConfig(temporal_ui_url=url.rstrip("/") if url else None,
                     temporal_namespace=state.settings.temporal_namespace)
+
+
+@router.get("/signin", response_model=SignIn)
+def ui_signin(state: StateDep) -> SignIn:
+    """What the sign-in page tells a person who has no key yet (no key needed): the embedded stack's key file."""
+    return SignIn(key_file=state.settings.signin_key_file)
 
 
 @router.get("/runs", response_model=DashboardRunList, responses=responses(400))

@@ -16,11 +16,15 @@ function signInView(root) {
   const input = h("input", { type: "password", id: "api-key", name: "api-key", autocomplete: "off",
                              placeholder: "bw_…", required: true, size: 48 });
   const error = h("p", { class: "error", role: "alert" });
+  // Where this stack keeps its own key (the server says: the embedded stack's dev.json, wherever its data dir is).
+  const keyFile = h("span", { id: "key-file" });
+  fetch("/v1/ui/signin").then((r) => (r.ok ? r.json() : null)).then((info) => {
+    if (info && info.key_file) keyFile.append("; this stack's is in ", h("code", {}, info.key_file));
+  }).catch(() => {});
   const form = h("form", { class: "signin", id: "signin-form" },
     h("h1", {}, "Sign in"),
-    h("p", {}, "Paste an API key (", h("code", {}, "benchwright accounts create NAME"),
-      " prints one; the embedded stack's is in ", h("code", {}, "~/.benchwright/dev.json"),
-      "). It is kept in this tab's session storage only."),
+    h("p", {}, "Paste an API key (", h("code", {}, "benchwright accounts create NAME"), " prints one",
+      keyFile, "). It is kept in this tab's session storage only."),
     h("label", { for: "api-key" }, "API key"), input,
     h("button", { type: "submit" }, "Sign in"), error);
   form.addEventListener("submit", async (e) => {

@@ -52,6 +52,23 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def stem(word: str) -> str:
+    """A plural folded to its singular ("capitals" -> "capital", "cities" -> "city", "boxes" -> "box"), so a
+    prompt's keyword meets a description's in either number."""
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 4 and word.endswith(("ches", "shes", "sses", "xes", "zes")):
+        return word[:-2]
+    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def keyword_stems(text: str) -> set[str]:
+    """The words of ``text`` that count as keywords (no stopword, in either number), folded by :func:`stem`."""
+    return {stem(w) for w in words(text) if w not in _STOPWORDS and stem(w) not in _STOPWORDS}
+
+
 @dataclass(frozen=True)
 class RegistryRef:
     """What a registry entry stands for: a subset snapshot of a benchmark, and the impl it would score with."""
@@ -101,10 +118,10 @@ class CatalogEntry:
 
     def keywords(self) -> set[str]:
         # A registry entry's description is generated ("registered benchmark ..."): only its names count.
-        out = set(words(self.name)) | (set(words(self.description)) if self.registry is None else set())
+        out = keyword_stems(self.name) | (keyword_stems(self.description) if self.registry is None else set())
         for alias in self.aliases:
-            out |= set(words(alias))
-        return out - _STOPWORDS
+            out |= keyword_stems(alias)
+        return out
 
 
 @dataclass(frozen=True)
@@ -154,7 +171,7 @@ class Catalog:
         "gsm8k"); otherwise each description keyword the prompt shares scores 1. Ties keep catalog order.
         """
         text = " " + " ".join(words(prompt)) + " "
-        said = set(words(prompt)) - _STOPWORDS
+        said = keyword_stems(prompt)
         out: list[Match] = []
         for entry in self.entries:
             best: tuple[float, str] = (0.0, "")
@@ -176,8 +193,10 @@ class Catalog:
                             f"subset '{ref.subset_name}' snapshot v{ref.subset_version} ({ref.tasks} tasks)")
                 best = (best[0], said_why)
             if best[0] == 0.0:
-                similarity = max(difflib.SequenceMatcher(None, w, label.lower()).ratio()
-                                 for label in (entry.name, *entry.aliases) for w in [*said, ""])
+                # near misses: the prompt's words against the names and, word by word, the description
+                labels = [entry.name.lower(), *(a.lower() for a in entry.aliases), *entry.keywords()]
+                similarity = max(difflib.SequenceMatcher(None, w, label).ratio() for label in labels
+                                 for w in [*said, ""])
                 best = (similarity / 2, "")  # < 0.5: only ever a 'nearest' hint, never a match
             out.append(Match(entry=entry, score=best[0], why=best[1]))
         return sorted(out, key=lambda m: -m.score)

@@ -28,6 +28,10 @@ _EACH = re.compile(r"\bone\s+(?:[\w-]+\s+){0,3}?(?:from\s+each|per|for\s+each|of
                    re.IGNORECASE)
 _FIRST = re.compile(r"\bfirst\s+(\d{1,7})\b", re.IGNORECASE)
 SPLIT_COLUMN = "split"
+MAX_LISTED_VALUES = 50
+"""A column with more distinct values than this (or a value longer than ``MAX_VALUE_CHARS``) is free text, not a
+category: an unmatched "only the <value>" lists the values of the category columns only."""
+MAX_VALUE_CHARS = 40
 
 
 @dataclass
@@ -97,7 +101,12 @@ def select_rows(scope: Scope, *, columns: list[str], rows: Iterable[dict[str, An
     seen_values: set[str] = set()
     split_values: set[str] = set()
     only_columns: set[str] = set()
+    categories: dict[str, set[str] | None] = {}  # column -> its distinct values (None: free text)
+    scanned = 0
     for index, row in enumerate(rows):
+        if only is not None:
+            scanned += 1
+            _tally(categories, row)
         if split_col is not None:
             split_values.add(str(row.get(split_col)))
             if _norm(row.get(split_col, "")) != scope.split:
@@ -119,11 +128,39 @@ def select_rows(scope: Scope, *, columns: list[str], rows: Iterable[dict[str, An
         picked = picked[:scope.first]
     if not picked:
         where = f" (its splits: {sorted(split_values)})" if split_col is not None else ""
+        if only is not None and not only_columns:
+            where += _values_listed(scope.only or "", categories, scanned)
         raise DriverFailed(f"no row matches the prompt's scope ({'; '.join(scope.said)}){where}",
                            code="scope_unmatched")
     return SubsetChoice(name=_name(scope), indices=picked, recipe=_recipe(scope, each_col, only_columns),
                         synthetic=not (scope.split and scope.only is None and scope.each is None
                                        and scope.first is None))
+
+
+def _tally(categories: dict[str, set[str] | None], row: dict[str, Any]) -> None:
+    """Add ``row``'s short string/int values to each column's distinct values (bounded per column)."""
+    for column, value in row.items():
+        if categories.get(column, set()) is None:
+            continue
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or len(str(value)) > MAX_VALUE_CHARS:
+            categories[column] = None
+            continue
+        seen = categories.setdefault(column, set())
+        assert seen is not None
+        seen.add(str(value))
+        if len(seen) > MAX_LISTED_VALUES:
+            categories[column] = None
+
+
+def _values_listed(asked: str, categories: dict[str, set[str] | None], rows: int) -> str:
+    """``; no column has the value 'x'; the values that exist: col: a, b, ...`` over the category columns (those
+    whose values repeat: a column of all-distinct values is an id or the question itself; numbers are answer keys,
+    not categories a prompt names)."""
+    listed = [f"{column}: {', '.join(sorted(values))}" for column, values in sorted(categories.items())
+              if values and len(values) < rows and not all(v.lstrip("-").isdigit() for v in values)]
+    if not listed:
+        return f"; no column has the value '{asked}', and no column holds a few repeated values to choose from"
+    return f"; no column has the value '{asked}'; the values that exist: {'; '.join(listed)}"
 
 
 def _name(scope: Scope) -> str:

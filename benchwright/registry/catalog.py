@@ -217,17 +217,29 @@ def _impl_for(session: Session, bench: Benchmark, impl_sha: str) -> Impl:
 
 
 def promote(engine: Engine, *, account: Account, impl_id: str) -> ImplView:
-    """Mark an impl official (admins only; everyone else gets "not found", as for the admin halt).
+    """Mark an impl official. An admin may promote any impl. A ``curator`` account (the embedded stack's own) may
+    promote impls of its OWN private benchmarks: that changes only what its own ``latest:official`` launches score
+    with, and the impl stops being official if the benchmark goes public (``set_benchmark_visibility``). Nobody
+    else may: an impl the caller cannot see is "not found", as for the admin halt.
 
     Raises:
-        NotFound: no such impl, or the caller is not an admin.
+        NotFound: no such impl, or the caller is neither an admin nor the curating owner of its benchmark.
+        InvalidInput: ``promotion_refused``: a curator's own benchmark that is public (only an admin curates it).
     """
     with session_scope(engine) as session:
         impl = session.get(Impl, impl_id)
-        if impl is None or not account.admin:
+        bench = session.get(Benchmark, impl.benchmark_id) if impl is not None else None
+        if impl is None or bench is None:
             raise NotFound(f"impl {impl_id} not found")
+        if not account.admin:
+            if not account.curator or bench.account_id != account.id:
+                raise NotFound(f"impl {impl_id} not found")
+            if bench.visibility == "public":
+                raise InvalidInput(f"benchmark '{bench.name}' ({bench.id}) is public: only an admin makes its impls "
+                                   "official (you curate your own private benchmarks)", code="promotion_refused")
         impl.official = True
         impl.promoted_at = utcnow()
+        impl.self_curated = not account.admin
         audit.record(session, actor=audit.account_actor(account), actor_account_id=account.id,
                      action="impl.promote", target=f"impl:{impl_id}", detail={"benchmark_id": impl.benchmark_id})
         return _impl_view(impl)
@@ -403,6 +415,11 @@ def set_benchmark_visibility(engine: Engine, *, account_id: str, benchmark_id: s
         bench = session.get(Benchmark, benchmark_id)
         if bench is None or bench.account_id != account_id:
             raise NotFound(f"benchmark {benchmark_id} not found")
+        if visibility == "public" and bench.visibility != "public":
+            # the owner's own promotions were for its private use: for everyone, only an admin makes impls official
+            for impl in session.execute(select(Impl).where(Impl.benchmark_id == bench.id,
+                                                           col(Impl.self_curated).is_(True))).scalars():
+                impl.official, impl.self_curated, impl.promoted_at = False, False, None
         bench.visibility = visibility
         if visibility == "private":
             for run in session.execute(select(Run).where(

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.errors import DatasetError, InvalidInput
+from benchwright.errors import DatasetError, InvalidInput, NotFound
 from benchwright.registry.blobs import BlobStore
-from benchwright.registry.catalog import REGISTRY_SOURCE, Pin, resolve_pinned
+from benchwright.registry.catalog import REGISTRY_SOURCE, Pin, _visible, benchmark_of_run, resolve_pinned
 from benchwright.schemas import LaunchRequest
-from benchwright.store.models import SubsetSnapshot
+from benchwright.store.models import Benchmark, Run, Subset, SubsetSnapshot
 
 
 def resolve_pin(engine: Engine, blobs: BlobStore, *, account_id: str, launch: LaunchRequest) -> Pin | None:
@@ -64,3 +65,61 @@ def fetch_pinned(engine: Engine, blobs: BlobStore, *, source: str, dest_dir: Pat
     dest_dir.mkdir(parents=True, exist_ok=True)
     blobs.copy_to(snap.tasks_sha256, dest)
     return dest, snap.tasks_sha256, dest.stat().st_size
+
+
+def leaderboard_note(session: Session, run: Run) -> str | None:
+    """Why ``run`` will not appear on a leaderboard, in words a person can act on; None when it will (a public run
+    on a public benchmark, once it finishes ok). Leaderboards list the public ok runs of public benchmarks only."""
+    fresh = session.get(Run, run.id) or run  # a pin is set after the row is made: read what is stored now
+    bench = benchmark_of_run(session, fresh)
+    if bench is None:
+        return ("it is on no benchmark (a dataset or prompt launch): file it with 'benchwright registry publish "
+                f"{fresh.id} --benchmark B --subset S --visibility public', or launch with --benchmark/--subset")
+    if bench.visibility != "public":
+        return (f"its benchmark '{bench.name}' ({bench.id}) is private, and private benchmarks have no leaderboard "
+                f"(make it public: PATCH /v1/registry/benchmarks/{bench.id} {{\"visibility\": \"public\"}})")
+    if fresh.visibility != "public":
+        return (f"the run is {fresh.visibility}: leaderboards list public runs only (launch with --visibility "
+                "public)")
+    if fresh.finished_at is not None and (fresh.status != "ok" or fresh.halted):
+        return "it did not finish ok (leaderboards list runs that did)"
+    return None
+
+
+def resolve_subset(engine: Engine, *, account_id: str, ref: str, benchmark: str | None = None) -> str:
+    """The id of the subset ``ref`` names among those the caller can see: a subset id; a subset name (on
+    ``benchmark``, an id or name, when given, or written ``benchmark/subset``); or a benchmark's id or name when
+    that benchmark has one subset.
+
+    Raises:
+        NotFound: nothing visible is called that.
+        InvalidInput: ``ambiguous_subset``: several are, listed as ``benchmark/subset (subset id)``.
+    """
+    with Session(engine) as session:
+        exact = session.get(Subset, ref)
+        if exact is not None and benchmark is None:
+            owner = session.get(Benchmark, exact.benchmark_id)
+            if owner is not None and (owner.account_id == account_id or owner.visibility == "public"):
+                return exact.id
+        if benchmark is None and "/" in ref:  # "benchmark/subset", as the errors below list them
+            benchmark, _, ref = ref.partition("/")
+        benches = list(session.execute(select(Benchmark).where(_visible(account_id))).scalars())
+        if benchmark is not None:
+            benches = [b for b in benches if benchmark in (b.id, b.name)]
+        by_id = {b.id: b for b in benches}
+        subsets = list(session.execute(select(Subset).where(Subset.benchmark_id.in_(by_id))).scalars()) \
+            if by_id else []  # type: ignore[attr-defined]
+        found = [s for s in subsets if ref in (s.id, s.name)]
+        if not found and benchmark is None:  # a benchmark named alone stands for its only subset
+            found = [s for s in subsets if ref in (by_id[s.benchmark_id].id, by_id[s.benchmark_id].name)]
+            if len({s.benchmark_id for s in found}) == 1 and len(found) > 1:
+                raise InvalidInput(f"benchmark '{ref}' has {len(found)} subsets; name one: " + ", ".join(
+                    f"{by_id[s.benchmark_id].name}/{s.name} ({s.id})" for s in found), code="ambiguous_subset")
+        if not found:
+            on = f" on benchmark '{benchmark}'" if benchmark else ""
+            raise NotFound(f"no subset or benchmark called '{ref}'{on} that you can see", code="subset_not_found")
+        if len(found) > 1:
+            raise InvalidInput(f"'{ref}' names {len(found)} subsets; give one of them as benchmark/subset or by id: "
+                               + ", ".join(f"{by_id[s.benchmark_id].name}/{s.name} ({s.id})" for s in found),
+                               code="ambiguous_subset")
+        return found[0].id

@@ -24,19 +24,21 @@ def _digest(key: str) -> str:
 
 
 def create_account(engine: Engine, *, name: str, balance_usd: float = 0.0,
-                   local_paths: bool = False, admin: bool = False, actor: str | None = None) -> tuple[Account, str]:
+                   local_paths: bool = False, admin: bool = False, curator: bool = False,
+                   actor: str | None = None) -> tuple[Account, str]:
     """Create an account with one API key; returns the account and the key (the only time it is visible).
 
     ``local_paths`` lets the account name dataset files on the worker's host (where the deployment allows local
     paths at all). Off unless the operator says so: an account added to a running stack must not read its files.
     ``admin`` makes a platform administrator, who may halt any account's run (the §9 ``admin`` halt).
+    ``curator`` lets the account promote impls on its own private benchmarks (the embedded stack's own account).
     ``actor`` names who did it in the audit trail (default: the OS user, ``benchwright.audit.cli_actor``).
 
     Raises:
         Conflict: an account with this name exists.
     """
     account = Account(id=str(uuid.uuid4()), name=name, balance_usd=balance_usd, local_paths=local_paths,
-                      admin=admin)
+                      admin=admin, curator=curator)
     try:
         with session_scope(engine) as session:
             session.add(account)

@@ -31,6 +31,10 @@ class Account(SQLModel, table=True):
     admin: bool = False
     """A platform administrator (``accounts create --admin``): may halt any account's run (§9 ``admin`` halt,
     ``POST /v1/admin/runs/{id}/halt``). Set only from the operator's command line, never through the API."""
+    curator: bool = False
+    """May promote impls official on its OWN private benchmarks (never another account's, never a public one):
+    ``benchwright up`` gives it to the embedded stack's own account, so a solo user needs no second admin account
+    for ``--impl latest:official``. Set only by the operator, never through the API."""
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -244,6 +248,9 @@ class Impl(SQLModel, table=True):
     """The full sha256 of task_impl.py; the source is the blob of that digest."""
     official: bool = False
     promoted_at: datetime | None = None
+    self_curated: bool = False
+    """Made official by its benchmark's owner (a ``curator`` account, on a private benchmark), not by an admin: it
+    stops being official when the benchmark goes public."""
     created_at: datetime = Field(default_factory=utcnow)
 
 

@@ -121,6 +121,9 @@ def run_view(engine: Engine, run: Run) -> RunView:
         boot = terminal_intervals(session, run_id=run.id, invocation=_latest_invocation(session, run.id),
                                   finished_at=run.finished_at, k=_trials_k(run), per_task=per_task) \
             if run.finished_at is not None else None
+        from benchwright.registry.pinned import leaderboard_note
+
+        off_leaderboard = leaderboard_note(session, run)
     passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
     se, ci = pass_rate_interval(passed=passed, failed=failed)
     settled = passed + failed + errored
@@ -146,6 +149,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
         backend=run.backend, materialize_mode=run.materialize_mode, isolation=run.isolation, cost=cost,
         tasks=TasksBlock(summary=summary), error=run.error, created_at=run.created_at, finished_at=run.finished_at,
         terminal=run.finished_at is not None, fingerprint=run.fingerprint, benchmark_id=run.benchmark_id,
+        off_leaderboard=off_leaderboard,
         subset_id=run.subset_id, impl_id=run.impl_id,
     )
 

@@ -110,6 +110,7 @@ async def test_a_drop_between_firings_alerts_once(stack: Stack, dev_models: DevM
             results = _completed(view)
             detected = [r for r in results if r["status"] == "detected"]
             assert len(detected) == 1 and detected[0]["alerted"], results
+            assert detected[0]["webhook"] == "sent"  # the alert's delivery is part of the firing's record
             assert detected[0]["difference"] <= -0.1 and detected[0]["p_value"] <= 0.01
             assert sum(r["alerted"] for r in results) == 1
             alerts = 0
@@ -155,3 +156,93 @@ async def test_schedules_list_per_account(stack: Stack, tmp_path: Path) -> None:
             assert resumed.status_code == 200 and resumed.json()["paused"] is False
         finally:
             await http.delete(f"/v1/schedules/{created['id']}")
+
+
+async def _outcome(http: httpx.AsyncClient, schedule_id: str) -> dict[str, Any]:
+    view = await _until(http, schedule_id, lambda v: any(f["outcome"] != "running" for f in v["firings"]),
+                        "a finished firing")
+    return next(f for f in view["firings"] if f["outcome"] != "running")
+
+
+async def test_an_undeliverable_webhook_is_refused_at_create_by_the_delivery_rules(stack: Stack,
+                                                                                   tmp_path: Path) -> None:
+    """Issues 22/23: loopback, link-local (the metadata address) and private webhooks, which delivery would always
+    refuse, are refused when the schedule is created, with delivery's own words; the operator's allow-list, which
+    delivery honours, is honoured here too."""
+    (tmp_path / "one.jsonl").write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": str(tmp_path / "one.jsonl"),
+                                  "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        await wait_terminal(http, run["id"])
+        for url, rule in (("http://127.0.0.1:9/hook", "loopback"), ("http://169.254.169.254/latest", "link-local"),
+                          ("http://10.1.2.3/hook", "private"), ("http://[::1]:8080/hook", "loopback")):
+            resp = await http.post("/v1/schedules", json={"replay_of": run["id"], "every": "1h", "webhook": url})
+            assert resp.status_code == 400, (url, resp.text)
+            error = resp.json()["error"]
+            assert error["code"] == "webhook_blocked" and "internal address" in error["message"], error
+            assert rule in error["message"], error
+        port = free_port()
+        stack.settings.egress_internal_allowed.append(f"127.0.0.1:{port}")
+        try:
+            allowed = await http.post("/v1/schedules", json={"replay_of": run["id"], "every": "1h",
+                                                             "webhook": f"http://127.0.0.1:{port}/hook"})
+            assert allowed.status_code == 201, allowed.text
+            await http.delete(f"/v1/schedules/{allowed.json()['id']}")
+        finally:
+            stack.settings.egress_internal_allowed.remove(f"127.0.0.1:{port}")
+
+
+async def test_a_schedule_is_refused_what_a_replay_is_refused_at_create_and_at_each_firing(
+        stack: Stack, tmp_path: Path) -> None:
+    """Issue 23: another account's unlisted run on a local dataset: POST /replay and /fork answer 400
+    local_paths_disabled to an account without local paths, and so does POST /v1/schedules (the same admission).
+    At firing time the same check runs again: an account that loses its local paths after creating a schedule gets
+    a firing recorded as launch_refused with the reason, in the API and in `schedule show`."""
+    from sqlmodel import Session
+
+    from benchwright.store.accounts import create_account
+    from benchwright.store.db import make_engine
+    from benchwright.store.models import Account
+    from tests.cli.test_cli_launch import bw
+
+    engine = make_engine(stack.settings.resolved_database_url())
+    (tmp_path / "one.jsonl").write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    _, no_local_key = create_account(engine, name=f"no-local-{free_port()}", balance_usd=10, local_paths=False)
+    keeper, keeper_key = create_account(engine, name=f"keeper-{free_port()}", balance_usd=10, local_paths=True)
+    async with stack.http() as http, stack.http(no_local_key) as outsider, stack.http(keeper_key) as own:
+        run = await launch(http, {"dataset": str(tmp_path / "one.jsonl"), "visibility": "unlisted",
+                                  "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        await wait_terminal(http, run["id"])
+        by_hand = await outsider.post(f"/v1/runs/{run['id']}/replay", json={"model": {
+            "identifier": "openai/dev", "api_base": stack.dev_url}})
+        assert by_hand.status_code == 400 and by_hand.json()["error"]["code"] == "local_paths_disabled"
+        scheduled = await outsider.post("/v1/schedules", json={"replay_of": run["id"], "every": "1h"})
+        assert scheduled.status_code == 400, scheduled.text
+        assert scheduled.json()["error"] == by_hand.json()["error"]
+
+        # the same account may schedule its own run while it may read local paths; then it loses them
+        mine = await launch(own, {"dataset": str(tmp_path / "one.jsonl"),
+                                  "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        await wait_terminal(own, mine["id"])
+        made = await own.post("/v1/schedules", json={"replay_of": mine["id"], "every": "1h"})
+        assert made.status_code == 201, made.text
+        schedule_id = made.json()["id"]
+        try:
+            with Session(engine) as session:
+                account = session.get(Account, keeper.id)
+                assert account is not None
+                account.local_paths = False
+                session.add(account)
+                session.commit()
+            await stack.client.get_schedule_handle(schedule_id).trigger()
+            firing = await _outcome(own, schedule_id)
+            assert firing["status"] == "COMPLETED" and firing["outcome"] == "launch_refused", firing
+            assert firing["result"]["run_id"] is None
+            assert "may not read datasets from local paths" in firing["reason"], firing
+            assert "(local_paths_disabled)" in firing["reason"]
+            shown = await bw("schedule", "show", schedule_id, env={"BENCHWRIGHT_API_URL": stack.api_url,
+                                                                    "BENCHWRIGHT_API_KEY": keeper_key})
+            assert shown.rc == 0, shown.err
+            assert "launch_refused" in shown.out and "(local_paths_disabled)" in shown.out, shown.out
+        finally:
+            await own.delete(f"/v1/schedules/{schedule_id}")

@@ -110,8 +110,26 @@ def test_no_scoping_phrase_means_every_row() -> None:
 @pytest.mark.parametrize(("prompt", "message"), [
     ("one per category", "no column is called that"),
     ("the validation split", r"its splits: \['test', 'train'\]"),
-    ("only the astronomy questions", "no row matches"),
+    ("only the astronomy questions", "no column has the value 'astronomy'; the values that exist: split: test, "
+                                     "train; subject: abstract_algebra, algebra, anatomy$"),
 ])
 def test_a_scope_the_dataset_cannot_meet_is_an_error(prompt: str, message: str) -> None:
     with pytest.raises(DriverFailed, match=message):
         select_rows(parse_scope(prompt), columns=COLUMNS, rows=iter(ROWS))
+
+
+def test_near_misses_match_descriptions_in_either_number() -> None:
+    """"capital cities quiz" names no entry, but the trivia set's description says "capitals": it leads the
+    nearest entries Find lists (issue 22), and no entry is picked on one shared keyword."""
+    ranked = load_catalog(BUNDLED_CATALOG).rank("capital cities quiz")
+    assert ranked[0].entry.name == "trivia-mini" and "capital" in ranked[0].why
+    assert ranked[0].score < 2  # a hint, not a match
+
+
+def test_an_unmatched_only_lists_the_category_values_of_a_real_dataset() -> None:
+    rows = [json.loads(line) for line in (BUNDLED_CATALOG.parent / "mmlu-mini.jsonl").read_text().splitlines()]
+    with pytest.raises(DriverFailed) as failed:
+        select_rows(parse_scope("mmlu, only the astronomy questions"), columns=list(rows[0]), rows=iter(rows))
+    subjects = sorted({r["subject"] for r in rows})
+    assert f"the values that exist: subject: {', '.join(subjects)}" in failed.value.message
+    assert "question:" not in failed.value.message and "answer:" not in failed.value.message

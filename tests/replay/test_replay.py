@@ -12,6 +12,9 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   (``patched("materialize-restart")``): Atomize v2, then Materialize v2.
 - ``run_unusable_limits.json``: a run started directly with ``phase.duration`` = 1e14 s (past ``timedelta``), which
   ``patched("unusable-input-ends-run")`` ends ``error`` with the reason (issue 23) instead of failing its task.
+- ``regression_firing_ok.json`` and ``regression_firing_refused.json``: RegressionWorkflow firings recorded before
+  ``patched("regression-outcomes")`` (a refused launch and an undeliverable alert became recorded outcomes): one
+  that replayed and compared, one whose start_replay was refused (the balance was exhausted) and so failed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from worker import PASSTHROUGH
+from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -32,7 +36,7 @@ HISTORIES = Path(__file__).with_name("histories")
 
 
 def _replayer() -> Replayer:
-    return Replayer(workflows=[RunWorkflow], data_converter=pydantic_data_converter,
+    return Replayer(workflows=[RunWorkflow, RegressionWorkflow], data_converter=pydantic_data_converter,
                     workflow_runner=SandboxedWorkflowRunner(
                         restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
 
@@ -44,12 +48,12 @@ async def test_saved_history_replays_deterministically(name: str) -> None:
     assert result.replay_failure is None, f"{name}: {result.replay_failure}"
 
 
-async def test_a_change_without_a_patch_would_be_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", ["run_600_tasks_before_balanced_batches.json", "regression_firing_refused.json"])
+async def test_a_change_without_a_patch_would_be_caught(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """The replay above is not vacuous: with the patch check forced on, the pre-change history no longer replays."""
     from temporalio import workflow
 
     monkeypatch.setattr(workflow, "patched", lambda _id: True)
-    name = "run_600_tasks_before_balanced_batches.json"
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
