@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TASK_QUEUE = "benchwright-runs"
@@ -101,6 +101,16 @@ class Settings(BaseSettings):
     with err rows rather than being retried by Temporal); it also bounds the scorer sandbox's CPU and wall time."""
 
     temporal_ui_url: str | None = None
+
+    deployment_key: SecretStr | None = None
+    """The deployment key(s) that encrypt provider secrets and Temporal payloads (``benchwright.crypto``): base64
+    of 32 bytes, several comma-separated during a rotation (the first encrypts). Unset: ``deployment_key_file``."""
+    deployment_key_file: Path | None = None
+    """A file of deployment keys, one a line, the first encrypting. Unset: ``<data_dir>/deployment.key`` if it
+    exists (``benchwright up`` creates it, mode 0600)."""
+    temporal_ui_codec: bool = False
+    """Serve the Temporal UI's codec path (``/v1/admin/codec/ui/<token>``, the token derived from the deployment
+    key), which ``benchwright up`` hands its dev server's UI. Off elsewhere: there the codec answers admins only."""
 
     default_compute: str = "local"
     """The deployment's compute backend (§4 level 3). The embedded stack has only ``local``."""
