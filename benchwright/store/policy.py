@@ -252,7 +252,20 @@ def prepare_secrets(engine: Engine, keyring: Keyring | None) -> int:
                 f"in {KEY_ENV}) and run `benchwright keys rotate`.", code="unknown_deployment_key")
     if keyring is None or not usage.get(None):
         return 0
-    return reencrypt_secrets(engine, only_plaintext=True)
+    changed = reencrypt_secrets(engine, only_plaintext=True)
+    if changed and engine.dialect.name == "sqlite":
+        _scrub_sqlite(engine)
+    return changed
+
+
+def _scrub_sqlite(engine: Engine) -> None:
+    """Rewrite the SQLite file (and empty its WAL) so the plaintext the rows held leaves the disk, not only the
+    rows: a deleted value otherwise lingers in free pages and WAL frames. Once, when plaintext rows were encrypted."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.exec_driver_sql("VACUUM")
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def reencrypt_secrets(engine: Engine, *, only_plaintext: bool = False) -> int:
