@@ -75,9 +75,9 @@ def keys_list(data_dir: DataDir = None) -> None:
     ids = keyring.ids if keyring else []
     for i, kid in enumerate(ids):
         table.add_row(kid, "encrypts" if i == 0 else "decrypts only", str(usage.get(kid, 0)))
-    for kid, n in usage.items():
-        if kid not in ids:
-            table.add_row(kid or "(plaintext)", "[red]not configured[/red]" if kid else "-", str(n))
+    for used, n in usage.items():
+        if used not in ids:
+            table.add_row(used or "(plaintext)", "[red]not configured[/red]" if used else "-", str(n))
     out.print(table)
     console.print(f"keys from {keyring.source}" if keyring else "no deployment key is configured")
 

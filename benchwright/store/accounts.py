@@ -76,6 +76,7 @@ def _aware(value: datetime) -> datetime:
 
 
 def _account(session: Session, account_name: str | None, account_id: str | None) -> Account:
+    account: Account | None
     if account_name is not None:
         account = session.execute(select(Account).where(Account.name == account_name)).scalar_one_or_none()
         if account is None:
