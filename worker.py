@@ -24,9 +24,11 @@ from activities.materialize import MaterializeActivities
 from activities.regression import RegressionActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
+from benchwright.crypto import load_keyring
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
+from benchwright.store.policy import prepare_secrets
 from benchwright.teardown import reap_worker_leftovers, release_worker, sweep_routes
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
@@ -63,6 +65,7 @@ async def _release(sweep: asyncio.Task[None], *, settings: Settings) -> None:
 
 
 def build_worker(client: Client, *, settings: Settings, engine: Engine, task_queue: str | None = None) -> Worker:
+    prepare_secrets(engine, load_keyring(settings))  # refuses to start with encrypted secrets and no key
     deps = Deps(engine=engine, settings=settings)
     install_llm_driver(engine=engine, settings=settings)  # driver_for('<provider>://<model>') in this worker
     materialize = MaterializeActivities(deps)
@@ -117,6 +120,7 @@ async def run_worker(settings: Settings) -> None:
         loop.add_signal_handler(signum, stop.set)
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
+    prepare_secrets(engine, load_keyring(settings))  # before anything runs: no key for encrypted secrets, no start
     # What dead workers left (a SIGKILL runs no cleanup) is killed before this one polls.
     await reap_worker_leftovers(settings=settings, engine=engine)
     client = await connect(settings)

@@ -10,9 +10,11 @@ from fastapi import FastAPI
 from api import errors
 from api.body_limit import BodyLimit
 from api.deps import AppState
-from api.routes import account, admin, breakdown, compare, forks, harness, policy, registry, runs, schedules, ui
+from api.routes import account, admin, breakdown, codec, compare, forks, harness, policy, registry, runs, schedules, ui
+from benchwright.crypto import load_keyring
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
+from benchwright.store.policy import prepare_secrets
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -22,6 +24,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.resolved_database_url())
         migrate(engine)
+        prepare_secrets(engine, load_keyring(settings))  # refuses to start with encrypted secrets and no key
         app.state.bw = AppState(settings, engine)
         yield
         await app.state.bw.sse.close()  # stops the feeds' readers and ends any stream still open
@@ -38,6 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(account.router)
     app.include_router(policy.router)
     app.include_router(admin.router)
+    app.include_router(codec.router)  # the Temporal codec server (admins; the embedded stack's UI)
+    app.add_middleware(codec.CodecCors, ui_origin=settings.temporal_ui_url)
     app.include_router(registry.router)
     app.include_router(compare.router)
     app.include_router(schedules.router)

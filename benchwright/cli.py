@@ -76,10 +76,15 @@ def worker(data_dir: DataDir = None) -> None:
     if "BENCHWRIGHT_TEMPORAL_ADDRESS" not in os.environ and dev.exists():
         overrides["temporal_address"] = json.loads(dev.read_text())["temporal_address"]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from benchwright.errors import BenchwrightError
+
     try:
         asyncio.run(run_worker(Settings(**overrides)))
     except KeyboardInterrupt:
         pass
+    except BenchwrightError as exc:  # e.g. encrypted secrets and no deployment key: say why, no traceback
+        console.print(f"[red]error:[/red] {exc.message}", highlight=False)
+        raise typer.Exit(1) from None
 
 
 @accounts_app.command("create")
@@ -700,6 +705,20 @@ app.add_typer(secrets_app, name="secrets")
 from benchwright.harness.cli import harness_app  # noqa: E402
 
 app.add_typer(harness_app, name="harness")
+
+from benchwright.cli_keys import (  # noqa: E402
+    accounts_add_key,
+    accounts_keys,
+    accounts_revoke_key,
+    accounts_rotate_key,
+    keys_app,
+)
+
+app.add_typer(keys_app, name="keys")
+accounts_app.command("keys")(accounts_keys)
+accounts_app.command("add-key")(accounts_add_key)
+accounts_app.command("rotate-key")(accounts_rotate_key)
+accounts_app.command("revoke-key")(accounts_revoke_key)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TASK_QUEUE = "benchwright-runs"
@@ -104,6 +104,16 @@ class Settings(BaseSettings):
     signin_key_file: str | None = None
     """Where the dashboard's sign-in page says the embedded stack's API key is (``benchwright up`` sets its
     ``DIR/dev.json``); unset on a shared deployment, whose sign-in page names no server path."""
+
+    deployment_key: SecretStr | None = None
+    """The deployment key(s) that encrypt provider secrets and Temporal payloads (``benchwright.crypto``): base64
+    of 32 bytes, several comma-separated during a rotation (the first encrypts). Unset: ``deployment_key_file``."""
+    deployment_key_file: Path | None = None
+    """A file of deployment keys, one a line, the first encrypting. Unset: ``<data_dir>/deployment.key`` if it
+    exists (``benchwright up`` creates it, mode 0600)."""
+    temporal_ui_codec: bool = False
+    """Serve the Temporal UI's codec path (``/v1/admin/codec/ui/<token>``, the token derived from the deployment
+    key), which ``benchwright up`` hands its dev server's UI. Off elsewhere: there the codec answers admins only."""
 
     default_compute: str = "local"
     """The deployment's compute backend (§4 level 3). The embedded stack has only ``local``."""

@@ -31,6 +31,7 @@ import httpx
 
 from benchwright.devstack import port_open, temporal_binary
 from benchwright.errors import Unavailable
+from benchwright.payload_codec import embedded_stack_codec
 from benchwright.procreg import Kind, ProcEntry, ProcessRegistry
 from benchwright.teardown import reap_stack
 from benchwright.temporal_ui import dev_server_args
@@ -68,7 +69,8 @@ class StackConfig:
                 "BENCHWRIGHT_TEMPORAL_UI_URL": self.ui_url,
                 "BENCHWRIGHT_SIGNIN_KEY_FILE": str(self.data_dir / "dev.json"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 # one machine, one user: the embedded stack may read datasets from local paths
-                "BENCHWRIGHT_ALLOW_LOCAL_PATHS": os.environ.get("BENCHWRIGHT_ALLOW_LOCAL_PATHS", "true")}
+                "BENCHWRIGHT_ALLOW_LOCAL_PATHS": os.environ.get("BENCHWRIGHT_ALLOW_LOCAL_PATHS", "true"),
+                "BENCHWRIGHT_TEMPORAL_UI_CODEC": "true"}  # the UI's codec path (api/routes/codec.py)
 
 
 @dataclass
@@ -207,7 +209,9 @@ class Stack:
             # paid an fsync (~4 ms per workflow task, ~90 ms of a 0.6 s run). A crash of the machine (not of the
             # process) may lose the last transactions, as with our own store.
             "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-            *dev_server_args()], logs / "temporal.log", env, self.registry)
+            *dev_server_args(),
+            # the deployment key (made on first start) encrypts secrets and payloads; the UI decodes through the API
+            *embedded_stack_codec(cfg.data_dir, cfg.api_url)], logs / "temporal.log", env, self.registry)
         self.worker = Child("worker", [sys.executable, "-m", "benchwright.cli", "worker",
                                        "--data-dir", str(cfg.data_dir)], logs / "worker.log", env, self.registry)
         self.api = Child("api", [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",

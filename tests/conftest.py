@@ -22,15 +22,16 @@ import pytest
 import pytest_asyncio
 import uvicorn
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.main import create_app
+from benchwright.crypto import ensure_key_file, load_keyring
 from benchwright.devmodel import DevModelConfig, DevModelServer, start_server
 from benchwright.devstack import free_port, temporal_binary
+from benchwright.payload_codec import data_converter
 from benchwright.settings import Settings
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
@@ -125,9 +126,10 @@ SAMPLE = Path(__file__).resolve().parents[1] / "benchwright" / "samples"
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels) -> AsyncIterator[Stack]:
     data_dir = tmp_path_factory.mktemp("bw")
+    ensure_key_file(data_dir)  # as `benchwright up` does: secrets and Temporal payloads encrypted under it
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), search_attributes=list(SEARCH_ATTRIBUTES),
-        data_converter=pydantic_data_converter, dev_server_log_level="error",
+        data_converter=data_converter(load_keyring(Settings(data_dir=data_dir))), dev_server_log_level="error",
     )
     settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True,
                         allow_local_paths=True, proxy_linger_s=30.0,

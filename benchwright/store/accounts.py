@@ -1,12 +1,17 @@
-"""Accounts and their API keys. Keys are random, shown once, and stored only as sha256 digests."""
+"""Accounts and their API keys. Keys are random, shown once, and stored only as sha256 digests (a key is 256 random
+bits, so a fast hash is enough: there is nothing to guess). An account has up to ``MAX_KEYS_PER_ACCOUNT`` named
+keys; rotating or revoking one takes effect at the commit (every request looks its key up)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
@@ -43,35 +48,163 @@ def create_account(engine: Engine, *, name: str, balance_usd: float = 0.0,
         with session_scope(engine) as session:
             session.add(account)
             session.flush()
-            key = _add_key(session, account.id)
+            key = _add_key(session, account.id, "default")
             audit.record(session, actor=actor or audit.cli_actor(), action="account.create", target=f"account:{name}",
                          detail={"balance_usd": balance_usd, "local_paths": local_paths, "admin": admin,
-                                 "key_prefix": key[:10]})
+                                 "curator": curator, "key_prefix": key[:10]})
     except IntegrityError as exc:
         raise Conflict(f"an account named {name!r} already exists", code="account_exists") from exc
     return account, key
 
 
-def create_key(engine: Engine, *, account_name: str, actor: str | None = None) -> str:
-    """Issue another API key for an existing account (recorded in the audit trail, by its prefix only)."""
-    with session_scope(engine) as session:
+KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_KEYS_PER_ACCOUNT = 20
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+"""``last_used_at`` is written at most this often per key, so authenticating is not a write per request."""
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    """What is ever said about a key: never the key, nor its hash."""
+
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+def _info(row: ApiKey) -> ApiKeyInfo:
+    return ApiKeyInfo(name=row.name, prefix=row.prefix, created_at=_aware(row.created_at),
+                      last_used_at=_aware(row.last_used_at) if row.last_used_at else None)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _account(session: Session, account_name: str | None, account_id: str | None) -> Account:
+    account: Account | None
+    if account_name is not None:
         account = session.execute(select(Account).where(Account.name == account_name)).scalar_one_or_none()
         if account is None:
             raise NotFound(f"no account named {account_name!r}")
-        key = _add_key(session, account.id)
-        audit.record(session, actor=actor or audit.cli_actor(), action="account.key_create",
-                     target=f"account:{account_name}", detail={"key_prefix": key[:10]})
-        return key
+        return account
+    account = session.get(Account, account_id) if account_id else None
+    if account is None:
+        raise NotFound(f"account {account_id} not found")
+    return account
 
 
-def _add_key(session: Session, account_id: str) -> str:
+def _check_name(name: str) -> str:
+    if not re.fullmatch(KEY_NAME_PATTERN, name):
+        raise InvalidInput("a key name is 1-64 letters, digits, '_', '.' or '-' (starting with a letter or digit); "
+                           f"got {name[:80]!r}", code="invalid_key_name")
+    return name
+
+
+def _add_key(session: Session, account_id: str, name: str | None = None) -> str:
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    session.add(ApiKey(id=str(uuid.uuid4()), account_id=account_id, key_hash=_digest(key), prefix=key[:10]))
+    session.add(ApiKey(id=str(uuid.uuid4()), account_id=account_id, key_hash=_digest(key), prefix=key[:10],
+                       name=name or key[:10]))
     return key
 
 
+def _key_info(session: Session, key: str) -> ApiKeyInfo:
+    session.flush()
+    return _info(session.execute(select(ApiKey).where(ApiKey.key_hash == _digest(key))).scalar_one())
+
+
+def create_key(engine: Engine, *, account_name: str, actor: str | None = None) -> str:
+    """Issue another API key (named after its prefix) for an existing account; returns the key."""
+    return add_key(engine, account_name=account_name, actor=actor)[1]
+
+
+def add_key(engine: Engine, *, account_name: str | None = None, account_id: str | None = None,
+            name: str | None = None, actor: str | None = None) -> tuple[ApiKeyInfo, str]:
+    """Issue another API key for an existing account (by name or id); returns the key's description and the key
+    (the only time it is visible). Without a name the key is named after its prefix.
+
+    Raises:
+        NotFound: no such account.
+        InvalidInput: a malformed name.
+        Conflict: the account has a key of that name, or ``MAX_KEYS_PER_ACCOUNT`` keys.
+    """
+    if name is not None:
+        _check_name(name)
+    try:
+        with session_scope(engine) as session:
+            account = _account(session, account_name, account_id)
+            count = session.execute(select(func.count()).select_from(ApiKey)
+                                    .where(ApiKey.account_id == account.id)).scalar_one()
+            if count >= MAX_KEYS_PER_ACCOUNT:
+                raise Conflict(f"the account has {count} API keys, the most it may hold; revoke one first",
+                               code="too_many_keys")
+            key = _add_key(session, account.id, name)
+            info = _key_info(session, key)
+            audit.record(session, actor=actor or audit.cli_actor(), action="account.key_create",
+                         target=f"account:{account.name}", detail={"key_name": info.name, "key_prefix": key[:10]})
+    except IntegrityError as exc:
+        raise Conflict(f"the account already has a key named {name!r}", code="key_exists") from exc
+    return info, key
+
+
+def list_keys(engine: Engine, *, account_id: str | None = None, account_name: str | None = None
+              ) -> list[ApiKeyInfo]:
+    """The account's keys, oldest first."""
+    with Session(engine) as session:
+        account = _account(session, account_name, account_id)
+        rows = session.execute(select(ApiKey).where(ApiKey.account_id == account.id)
+                               .order_by(ApiKey.created_at, ApiKey.name)).scalars().all()
+        return [_info(r) for r in rows]
+
+
+def rotate_key(engine: Engine, *, name: str, account_id: str | None = None, account_name: str | None = None,
+               actor: str | None = None) -> tuple[ApiKeyInfo, str]:
+    """Replace the key named ``name`` by a fresh one of the same name, in one transaction: from the commit on, the
+    old key answers 401. Returns the new key's description and the key (shown this once).
+
+    Raises:
+        NotFound: no such account, or no key of that name.
+    """
+    with session_scope(engine) as session:
+        account = _account(session, account_name, account_id)
+        gone = session.execute(delete(ApiKey).where(ApiKey.account_id == account.id, ApiKey.name == name))
+        if gone.rowcount != 1:  # type: ignore[attr-defined]
+            raise NotFound(f"the account has no API key named {name!r}")
+        key = _add_key(session, account.id, name)
+        try:
+            info = _key_info(session, key)
+        except IntegrityError as exc:  # a concurrent rotation of the same key won
+            raise Conflict(f"the key {name!r} was rotated meanwhile; list the keys and try again",
+                           code="key_exists") from exc
+        audit.record(session, actor=actor or audit.cli_actor(), action="account.key_rotate",
+                     target=f"account:{account.name}", detail={"key_name": name, "key_prefix": key[:10]})
+    return info, key
+
+
+def revoke_key(engine: Engine, *, name: str, account_id: str | None = None, account_name: str | None = None,
+               actor: str | None = None) -> None:
+    """Delete the key named ``name``: it answers 401 from the commit on. An account keeps at least one key.
+
+    Raises:
+        NotFound: no such account, or no key of that name.
+        Conflict: it is the account's last key (issue another first).
+    """
+    with session_scope(engine) as session:
+        account = _account(session, account_name, account_id)
+        names = session.execute(select(ApiKey.name).where(ApiKey.account_id == account.id)).scalars().all()
+        if name not in names:
+            raise NotFound(f"the account has no API key named {name!r}")
+        if len(names) == 1:
+            raise Conflict(f"{name!r} is the account's only API key: create another before revoking it",
+                           code="last_key")
+        session.execute(delete(ApiKey).where(ApiKey.account_id == account.id, ApiKey.name == name))
+        audit.record(session, actor=actor or audit.cli_actor(), action="account.key_revoke",
+                     target=f"account:{account.name}", detail={"key_name": name})
+
+
 def authenticate(engine: Engine, key: str | None) -> Account:
-    """The account owning ``key``.
+    """The account owning ``key``; notes when the key was used (at most once a minute per key).
 
     Raises:
         Unauthorized: no key, or not a known key.
@@ -79,12 +212,18 @@ def authenticate(engine: Engine, key: str | None) -> Account:
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     with Session(engine) as session:
-        account: Account | None = session.execute(
-            select(Account).join(ApiKey, ApiKey.account_id == Account.id).where(ApiKey.key_hash == _digest(key))
-        ).scalar_one_or_none()
-    if account is None:
+        found = session.execute(
+            select(Account, ApiKey.id, ApiKey.last_used_at).join(ApiKey, ApiKey.account_id == Account.id)
+            .where(ApiKey.key_hash == _digest(key))
+        ).one_or_none()
+    if found is None:
         raise Unauthorized("invalid API key")
-    return account
+    account, row_id, last_used = found
+    now = datetime.now(UTC)
+    if last_used is None or now - _aware(last_used) >= LAST_USED_RESOLUTION:
+        with session_scope(engine) as session:
+            session.execute(update(ApiKey).where(ApiKey.id == row_id).values(last_used_at=now))
+    return account  # type: ignore[no-any-return]
 
 
 def credit(engine: Engine, *, account_name: str, amount_usd: float, actor: str | None = None) -> float:

@@ -40,6 +40,7 @@ class Account(SQLModel, table=True):
 
 class ApiKey(SQLModel, table=True):
     __tablename__ = "api_keys"
+    __table_args__ = (Index("uq_api_keys_account_name", "account_id", "name", unique=True),)
 
     id: str = Field(primary_key=True, max_length=36)
     account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
@@ -47,6 +48,10 @@ class ApiKey(SQLModel, table=True):
     """sha256 of the key; the key itself is shown once at creation and never stored."""
     prefix: str = Field(max_length=16)
     created_at: datetime = Field(default_factory=utcnow)
+    name: str = Field(default="default", max_length=64)
+    """Unique within the account (migration 0008): what ``rotate-key`` / ``revoke-key`` name."""
+    last_used_at: datetime | None = None
+    """When the key last authenticated a request (to the minute: written at most once a minute)."""
 
 
 class Run(SQLModel, table=True):
@@ -154,7 +159,12 @@ class Secret(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=36)
     account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
     name: str = Field(max_length=128)
-    value: str = Field(max_length=8192)
+    value: str = Field(default="", max_length=8192)
+    """Legacy plaintext (before migration 0008); emptied once the row is encrypted at the next start with a key."""
+    key_id: str | None = Field(default=None, max_length=16)
+    """The deployment key ``ciphertext`` is encrypted under (``benchwright.crypto``); None: still plaintext."""
+    ciphertext: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    """base64 of nonce + AES-GCM ciphertext of the value, the row id as associated data."""
     host_pattern: str | None = Field(default=None, max_length=300)
     created_at: datetime = Field(default_factory=utcnow)
 

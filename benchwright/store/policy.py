@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from benchwright.crypto import KEY_ENV, KEY_FILE_ENV, DeploymentKeyError, Keyring, bind, keyring_of
 from benchwright.errors import InvalidInput, NotFound
 from benchwright.proxy.policy import HostPolicy, HostRule
 from benchwright.store.db import session_scope
@@ -133,19 +135,38 @@ def _aware(value: datetime) -> datetime:
 # -- secrets ---------------------------------------------------------------------------------------------------
 
 
+def _encrypt(engine: Engine, row_id: str, value: str) -> tuple[str, str]:
+    keyring = keyring_of(engine)
+    if keyring is None:
+        raise DeploymentKeyError("secrets cannot be stored: no deployment key is configured (set "
+                                 f"{KEY_ENV} or {KEY_FILE_ENV}; `benchwright up` makes one)", code="no_deployment_key")
+    kid, blob = keyring.encrypt(value.encode(), aad=_aad(row_id))
+    return kid, base64.b64encode(blob).decode()
+
+
+def _aad(row_id: str) -> bytes:
+    return f"benchwright-secret:{row_id}".encode()
+
+
 def put_secret(engine: Engine, *, account_id: str, name: str, value: str, host_pattern: str | None) -> Secret:
-    """Create or replace a secret; a host_pattern also upserts an allow rule so the proxy can reach it."""
+    """Create or replace a secret, encrypted under the deployment key; a host_pattern also upserts an allow rule so
+    the proxy can reach it.
+
+    Raises:
+        DeploymentKeyError: no deployment key is configured (a secret is never stored in clear).
+    """
     if host_pattern is not None:
         host_pattern = _rule(host_pattern, "allow").pattern
     with session_scope(engine) as session:
         row = session.execute(select(Secret).where(Secret.account_id == account_id, Secret.name == name)
                               ).scalar_one_or_none()
         if row is None:
-            row = Secret(id=str(uuid.uuid4()), account_id=account_id, name=name, value=value,
-                         host_pattern=host_pattern)
+            row = Secret(id=str(uuid.uuid4()), account_id=account_id, name=name, host_pattern=host_pattern)
             session.add(row)
         else:
-            row.value, row.host_pattern = value, host_pattern
+            row.host_pattern = host_pattern
+        row.key_id, row.ciphertext = _encrypt(engine, row.id, value)
+        row.value = ""
         session.flush()
         public = Secret(id=row.id, account_id=account_id, name=name, value="", host_pattern=host_pattern,
                         created_at=row.created_at)
@@ -172,17 +193,106 @@ def delete_secret(engine: Engine, *, account_id: str, name: str) -> None:
 
 
 def secret_value(engine: Engine, *, account_id: str, name: str) -> str:
-    """The value, for the model proxy's environment only.
+    """The value, decrypted, for the model proxy's environment only.
 
     Raises:
         InvalidInput: the account has no such secret (a launch naming it is refused).
+        DeploymentKeyError: the value is encrypted under a key this process does not hold.
     """
     with Session(engine) as session:
-        value = session.execute(select(Secret.value).where(Secret.account_id == account_id, Secret.name == name)
-                                ).scalar_one_or_none()
-    if value is None:
+        row = session.execute(select(Secret.id, Secret.value, Secret.key_id, Secret.ciphertext)
+                              .where(Secret.account_id == account_id, Secret.name == name)).one_or_none()
+    if row is None:
         raise InvalidInput(f"the model names secret {name!r}, which this account does not have", code="unknown_secret")
-    return str(value)
+    row_id, value, kid, ciphertext = row
+    if kid is None:
+        return str(value)  # a row from before migration 0008 on a deployment without a key yet
+    return _decrypt(engine, row_id, kid, ciphertext)
+
+
+def _decrypt(engine: Engine, row_id: str, kid: str, ciphertext: str) -> str:
+    keyring = keyring_of(engine)
+    if keyring is None:
+        raise DeploymentKeyError(f"secrets are encrypted under deployment key {kid}, and no key is configured "
+                                 f"(set {KEY_ENV} or {KEY_FILE_ENV})", code="no_deployment_key")
+    return keyring.decrypt(kid, base64.b64decode(ciphertext), aad=_aad(row_id)).decode()
+
+
+def secret_keys_in_use(engine: Engine) -> dict[str | None, int]:
+    """How many secrets each deployment key encrypts (``None``: rows still in plaintext)."""
+    with Session(engine) as session:
+        rows = session.execute(select(Secret.key_id, func.count()).group_by(Secret.key_id)).all()
+    return {kid: int(n) for kid, n in rows}
+
+
+def prepare_secrets(engine: Engine, keyring: Keyring | None) -> int:
+    """At the start of the API, a worker or the CLI: bind ``keyring`` to ``engine`` for the secrets code, refuse to
+    go on when stored secrets need a key this process does not hold, and encrypt rows still in plaintext (from
+    before migration 0008). Returns how many rows it encrypted.
+
+    Raises:
+        DeploymentKeyError: encrypted rows and no key, or rows under a key that is not configured.
+    """
+    bind(engine, keyring)
+    usage = secret_keys_in_use(engine)
+    encrypted = {kid: n for kid, n in usage.items() if kid is not None}
+    if encrypted and keyring is None:
+        raise DeploymentKeyError(
+            f"refusing to start: the store holds {sum(encrypted.values())} encrypted secret(s) and no deployment key "
+            f"is configured. Set {KEY_ENV} (base64) or {KEY_FILE_ENV} (a file of keys) to the key they were "
+            f"encrypted under (key id {', '.join(sorted(encrypted))}), or restore <data dir>/deployment.key.",
+            code="no_deployment_key")
+    if keyring is not None:
+        unknown = sorted(set(encrypted) - set(keyring.ids))
+        if unknown:
+            raise DeploymentKeyError(
+                f"refusing to start: {sum(encrypted[k] for k in unknown)} secret(s) are encrypted under deployment "
+                f"key(s) {', '.join(unknown)}, which are not among the configured keys ({', '.join(keyring.ids)} "
+                f"from {keyring.source}). Configure the old key too (second line of the key file, or after a comma "
+                f"in {KEY_ENV}) and run `benchwright keys rotate`.", code="unknown_deployment_key")
+    if keyring is None or not usage.get(None):
+        return 0
+    changed = reencrypt_secrets(engine, only_plaintext=True)
+    if changed and engine.dialect.name == "sqlite":
+        _scrub_sqlite(engine)
+    return changed
+
+
+def _scrub_sqlite(engine: Engine) -> None:
+    """Rewrite the SQLite file (and empty its WAL) so the plaintext the rows held leaves the disk, not only the
+    rows: a deleted value otherwise lingers in free pages and WAL frames. Once, when plaintext rows were encrypted."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.exec_driver_sql("VACUUM")
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def reencrypt_secrets(engine: Engine, *, only_plaintext: bool = False) -> int:
+    """Re-encrypt every secret not under the primary deployment key (or, with ``only_plaintext``, every plaintext
+    one); returns how many rows changed. Row by row, each update conditional on the row being unchanged since it
+    was read, so a secret replaced meanwhile (or a second process doing the same) is never overwritten."""
+    keyring = keyring_of(engine)
+    if keyring is None:
+        raise DeploymentKeyError(f"no deployment key is configured (set {KEY_ENV} or {KEY_FILE_ENV})",
+                                 code="no_deployment_key")
+    primary = keyring.primary_id
+    with Session(engine) as session:
+        stale = select(Secret.id, Secret.value, Secret.key_id, Secret.ciphertext)
+        stale = stale.where(Secret.key_id.is_(None)) if only_plaintext else stale.where(  # type: ignore[union-attr]
+            (Secret.key_id.is_(None)) | (Secret.key_id != primary))  # type: ignore[union-attr]
+        rows = session.execute(stale).all()
+    changed = 0
+    for row_id, value, kid, ciphertext in rows:
+        plain = str(value) if kid is None else _decrypt(engine, row_id, kid, ciphertext)
+        new_kid, new_blob = _encrypt(engine, row_id, plain)
+        with session_scope(engine) as session:
+            same = (Secret.key_id.is_(None) if kid is None  # type: ignore[union-attr]
+                    else (Secret.key_id == kid) & (Secret.ciphertext == ciphertext))
+            done = session.execute(update(Secret).where(Secret.id == row_id, same)
+                                   .values(key_id=new_kid, ciphertext=new_blob, value=""))
+            changed += done.rowcount  # type: ignore[attr-defined]
+    return changed
 
 
 # -- compute -------------------------------------------------------------------------------------------------
