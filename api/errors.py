@@ -23,6 +23,7 @@ from benchwright.errors import (
     NotFound,
     PayloadTooLarge,
     PaymentRequired,
+    QuotaExceeded,
     Unauthorized,
     Unavailable,
 )
@@ -34,6 +35,7 @@ STATUS: dict[type[BenchwrightError], int] = {
     NotFound: 404,
     Conflict: 409,
     PayloadTooLarge: 413,
+    QuotaExceeded: 429,
     Unavailable: 503,
 }
 
@@ -62,6 +64,8 @@ _DESCRIPTIONS = {
     409: "The resource's state refuses the call (e.g. `already_finished`, `not_paused`, `already_halted`)",
     413: "The request body is larger than the deployment's limit (`payload_too_large`)",
     422: "The request does not match the schema (`validation_error`, one detail per field)",
+    429: "The account is at one of its quotas (`quota_exceeded`: the message names the quota, the use and the "
+         "limit); `Retry-After` says when to try again",
     503: "A service Benchwright needs (Temporal, a worker) is not answering",
 }
 AUTHED = (401, 422)
@@ -93,6 +97,8 @@ def _status_for(exc: BenchwrightError) -> int:
 async def _app_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, BenchwrightError)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    if isinstance(exc, QuotaExceeded):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse(error_body(exc.code, exc.message), status_code=_status_for(exc), headers=headers)
 
 

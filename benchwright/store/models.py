@@ -287,3 +287,19 @@ class RunFork(SQLModel, table=True):
     kind: str = Field(default="fork", max_length=16)
     """``fork`` or ``replay``."""
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class AccountQuota(SQLModel, table=True):
+    """An admin's per-account overrides of the deployment's quotas (``benchwright.quotas``; migration 0008). A null
+    column means the deployment's default for that quota."""
+
+    __tablename__ = "account_quotas"
+
+    account_id: str = Field(foreign_key="accounts.id", primary_key=True, max_length=36)
+    runs: int | None = None
+    """Runs of the account running at once."""
+    model_calls: int | None = None
+    """The account's model calls in flight at once on one worker."""
+    tasks: int | None = None
+    """Tasks of the account's running runs not yet scored."""
+    updated_at: datetime = Field(default_factory=utcnow)
