@@ -3,8 +3,8 @@
 Three quotas, each a deployment default (``Settings.quota_*``) an admin may override per account
 (``account_quotas``; ``benchwright accounts quota NAME ...`` or ``PUT /v1/admin/accounts/{name}/quota``):
 
-* ``runs``: the account's runs running at once (status ``running``, paused and halted-for-review included: they
-  hold a workflow). A launch at the limit is refused 429 ``quota_exceeded``.
+* ``runs``: the account's runs running at once (not finished: paused and halted-for-review included, they hold a
+  workflow; a stopped run counts until its teardown has finished). A launch at the limit is refused 429 ``quota_exceeded``.
 * ``tasks``: tasks queued, i.e. the tasks of the account's running runs not yet scored. A launch while the account
   is at or over the limit is refused 429 (a run's task count is known once Analyze has read its dataset, so a
   launch is measured against what the running runs already hold).
@@ -130,7 +130,8 @@ def usage(engine: Engine, *, account_id: str) -> Usage:
     """What the account holds now: its running runs and their tasks not yet scored (latest sweep of each run)."""
     with Session(engine) as session:
         running = session.execute(
-            select(Run.id, Run.tasks_total).where(Run.account_id == account_id, Run.status == "running")).all()
+            select(Run.id, Run.tasks_total).where(Run.account_id == account_id, Run.status == "running",
+                                                  Run.finished_at.is_(None))).all()  # type: ignore[union-attr]
         if not running:
             return Usage(runs=0, tasks=0)
         ids = [r.id for r in running]
