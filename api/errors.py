@@ -140,3 +140,22 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(WorkflowAlreadyStartedError, _already_started)
     app.add_exception_handler(RPCError, _temporal_unavailable)
+    install_store_errors(app)
+
+
+async def _store_error(_: Request, exc: Exception) -> JSONResponse:
+    """A store that is out for a while (Postgres restarting, a full disk) answers 503, in plain words; any other
+    database error stays a 500."""
+    from benchwright.store.db import store_outage
+
+    outage = store_outage(exc)
+    if outage is None:
+        raise exc
+    return JSONResponse(error_body("store_unavailable", f"{outage}; try again shortly"), status_code=503,
+                        headers={"Retry-After": "5"})
+
+
+def install_store_errors(app: FastAPI) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    app.add_exception_handler(DBAPIError, _store_error)
