@@ -396,6 +396,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (kept anyway on FAIL)")
     args = ap.parse_args()
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM too stops the stack this script started
+
+    signal.signal(signal.SIGTERM, interrupted)
     tmp = Path(tempfile.mkdtemp(prefix="bw-soak-"))
     soak = Soak(args, tmp)
     try:
