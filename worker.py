@@ -101,7 +101,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow, RegressionWorkflow],
         activities=activities,
-        max_concurrent_activities=64,
+        max_concurrent_activities=settings.worker_max_activities,
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
     )

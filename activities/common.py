@@ -7,7 +7,6 @@ so a Temporal retry of the same invocation appends nothing twice.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from benchwright.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
 from benchwright.settings import Settings
 from benchwright.store.control import budget_halt_reason, halt_run
+from benchwright.store.db import outage_tolerant
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.traces import format_trace
 
@@ -53,8 +53,9 @@ class Deps:
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run blocking store I/O off the worker's event loop."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    """Run blocking store I/O off the worker's event loop, waiting out a store outage (a restarting Postgres, a full
+    disk) in place for up to ``STORE_OUTAGE_S`` (``benchwright.store.db.outage_tolerant``)."""
+    return await outage_tolerant(fn, *args, **kwargs)
 
 
 @dataclass

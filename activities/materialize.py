@@ -33,6 +33,7 @@ from benchwright.pipeline import (
 )
 from benchwright.prices import prices_for
 from benchwright.proxy.model_proxy import ProxyHandle
+from benchwright.quotas import GatedSut, ModelCallGates, model_call_limit
 from benchwright.sandbox import ExecLimits
 from benchwright.scoring.host import ScorerLoadError, TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.store.control import halt_run, halted_reason
@@ -75,6 +76,8 @@ class MaterializeActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
         self.ceilings = ScorerCeilings.of(deps.settings)
+        self.gates = ModelCallGates()
+        """This worker's per-account bound on model calls in flight (the ``model_calls`` quota)."""
 
     @activity.defn(name="materialize_begin")
     async def begin(self, inp: PhaseInput) -> PhaseResult:
@@ -95,13 +98,15 @@ class MaterializeActivities:
         await in_thread(append_events, self.deps.engine, inp.run_id, events)
         return PhaseResult(phase="materialize", invocation=inp.invocation, control=control)
 
-    def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None) -> SutClient:
-        """The run's model route (the one Attach probed), behind the breaker that halts the run ``sut_unavailable``
-        when its calls keep failing fatally (the halt watcher below then stops the batch)."""
+    def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None, account: tuple[str, int]) -> SutClient:
+        """The run's model route (the one Attach probed), through the account's model-call gate (its fair share of
+        this worker), behind the breaker that halts the run ``sut_unavailable`` when its calls keep failing fatally
+        (the halt watcher below then stops the batch)."""
         settings = self.deps.settings
-        sut = run_sut(inp.model, prices=prices_for(inp.model), proxy=proxy, concurrency=inp.concurrency,
-                      timeout_s=settings.sut_timeout_s, retries=settings.sut_retries,
-                      budget_s=inp.task_limits.attempt_duration_s)
+        sut: SutClient = run_sut(inp.model, prices=prices_for(inp.model), proxy=proxy, concurrency=inp.concurrency,
+                                 timeout_s=settings.sut_timeout_s, retries=settings.sut_retries,
+                                 budget_s=inp.task_limits.attempt_duration_s)
+        sut = GatedSut(sut, gate=self.gates.gate(*account), concurrency=inp.concurrency)
 
         async def halt(reason: str) -> None:
             await in_thread(halt_run, self.deps.engine, run_id=inp.run_id, reason=reason,
@@ -191,7 +196,8 @@ class MaterializeActivities:
 
         # Read once per batch; started again if it died with the worker that started it.
         proxy = await live_proxy(self.deps, run_id=inp.run_id, spec=inp.model)
-        sut = self._sut(inp, proxy)
+        account = await in_thread(model_call_limit, self.deps.engine, self.deps.settings, run_id=inp.run_id)
+        sut = self._sut(inp, proxy, account)
         # Connections to the model open while the batch's sandbox and scorer runtime start.
         warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())

@@ -24,6 +24,7 @@ from benchwright.errors import (
     NotFound,
     PayloadTooLarge,
     PaymentRequired,
+    QuotaExceeded,
     Unauthorized,
     Unavailable,
 )
@@ -35,6 +36,7 @@ STATUS: dict[type[BenchwrightError], int] = {
     NotFound: 404,
     Conflict: 409,
     PayloadTooLarge: 413,
+    QuotaExceeded: 429,
     Unavailable: 503,
 }
 
@@ -63,6 +65,8 @@ _DESCRIPTIONS = {
     409: "The resource's state refuses the call (e.g. `already_finished`, `not_paused`, `already_halted`)",
     413: "The request body is larger than the deployment's limit (`payload_too_large`)",
     422: "The request does not match the schema (`validation_error`, one detail per field)",
+    429: "The account is at one of its quotas (`quota_exceeded`: the message names the quota, the use and the "
+         "limit); `Retry-After` says when to try again",
     503: "A service Benchwright needs (Temporal, a worker) is not answering",
 }
 AUTHED = (401, 422)
@@ -94,6 +98,8 @@ def _status_for(exc: BenchwrightError) -> int:
 async def _app_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, BenchwrightError)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    if isinstance(exc, QuotaExceeded):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse(error_body(exc.code, exc.message), status_code=_status_for(exc), headers=headers)
 
 
@@ -145,3 +151,22 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(WorkflowAlreadyStartedError, _already_started)
     app.add_exception_handler(RPCError, _temporal_unavailable)
+    install_store_errors(app)
+
+
+async def _store_error(_: Request, exc: Exception) -> JSONResponse:
+    """A store that is out for a while (Postgres restarting, a full disk) answers 503, in plain words; any other
+    database error stays a 500."""
+    from benchwright.store.db import store_outage
+
+    outage = store_outage(exc)
+    if outage is None:
+        raise exc
+    return JSONResponse(error_body("store_unavailable", f"{outage}; try again shortly"), status_code=503,
+                        headers={"Retry-After": "5"})
+
+
+def install_store_errors(app: FastAPI) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    app.add_exception_handler(DBAPIError, _store_error)

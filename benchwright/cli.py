@@ -133,6 +133,51 @@ def accounts_credit(name: str, amount: Annotated[float, typer.Argument(help="USD
     out.print(f"{name}: balance ${balance:.2f}", highlight=False)
 
 
+@accounts_app.command("quota")
+def accounts_quota(name: str, data_dir: DataDir = None,
+                   runs: Annotated[int | None, typer.Option(help="Runs running at once.")] = None,
+                   model_calls: Annotated[int | None, typer.Option(
+                       help="Model calls in flight at once on one worker, across the account's runs.")] = None,
+                   tasks: Annotated[int | None, typer.Option(help="Tasks of running runs not yet scored.")] = None,
+                   reset: Annotated[list[str] | None, typer.Option(
+                       help="Put a quota back to the deployment's default (runs, model-calls, tasks); repeatable.")]
+                   = None) -> None:
+    """Show an account's quotas, or set them (an operator's command; admins also have PUT
+    /v1/admin/accounts/NAME/quota). Without options it prints the quotas in force and what the account uses."""
+    from rich.table import Table
+    from sqlmodel import Session, select
+
+    from benchwright.errors import BenchwrightError, NotFound
+    from benchwright.quotas import quotas_for, set_quotas, usage
+    from benchwright.store.db import make_engine, migrate
+    from benchwright.store.models import Account
+
+    settings = Settings(data_dir=_data_dir(data_dir))
+    engine = make_engine(settings.resolved_database_url())
+    migrate(engine)
+    values = {k: v for k, v in (("runs", runs), ("model_calls", model_calls), ("tasks", tasks)) if v is not None}
+    try:
+        if values or reset:
+            set_quotas(engine, settings, account_name=name, values=values,
+                       reset=tuple(r.replace("-", "_") for r in reset or ()))
+        with Session(engine) as session:
+            account = session.exec(select(Account).where(Account.name == name)).one_or_none()
+        if account is None:
+            raise NotFound(f"no account named {name!r}")
+        quotas = quotas_for(engine, settings, account_id=account.id)
+        used = usage(engine, account_id=account.id)
+    except BenchwrightError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    table = Table("quota", "limit", "in use", "source")
+    for quota, limit, now in (("runs", quotas.runs, str(used.runs)), ("model-calls", quotas.model_calls, "-"),
+                              ("tasks", quotas.tasks, str(used.tasks))):
+        source = "account" if quota.replace("-", "_") in quotas.overridden else "deployment default"
+        table.add_row(quota, str(limit), now, source)
+    out.print(f"account {name}")
+    out.print(table)
+
+
 def _control(command: str, run_id: str, data_dir: Path | None, api_url: str | None, api_key: str | None,
              **kwargs: Any) -> None:
     from benchwright.client import ApiError

@@ -11,6 +11,7 @@ translate them to non-retryable Temporal ``ApplicationError``s.
     ├── NotFound            404 — no such resource for this caller
     ├── Conflict            409 — the resource is in a state that refuses the call
     ├── PayloadTooLarge     413 — the request (or what it would make: a workflow input) is over a size limit
+    ├── QuotaExceeded       429 — the account is at one of its quotas (``benchwright.quotas``); carries Retry-After
     └── Unavailable         503 — a service Benchwright needs is not answering
 """
 
@@ -55,6 +56,19 @@ class Conflict(BenchwrightError):
 
 class PayloadTooLarge(BenchwrightError):
     code = "payload_too_large"
+
+
+class QuotaExceeded(BenchwrightError):
+    """The account is at one of its quotas: which, the use and the limit are in the message; come back later."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int, quota: str, used: int, limit: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.quota = quota
+        self.used = used
+        self.limit = limit
 
 
 class Unavailable(BenchwrightError):

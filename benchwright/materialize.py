@@ -27,6 +27,7 @@ from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.control import budget_halt_reason, halt_run
+from benchwright.store.db import outage_tolerant
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import TaskRow, TrialResult
 
@@ -131,7 +132,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             batch, pending = pending, []
             last_flush = time.monotonic()
             if batch:
-                await asyncio.to_thread(append_events, engine, inp.run_id, batch)
+                await outage_tolerant(append_events, engine, inp.run_id, batch)  # a store outage is waited out
                 written += sum(1 for e in batch if e.type == "MaterializeTaskResult")
             progress({"start": inp.start, "stop": inp.stop, "trials_recorded": written})
             if batch:

@@ -196,6 +196,20 @@ class Settings(BaseSettings):
     """Largest request body the API reads (1 MiB): a larger one is refused with 413 ``payload_too_large`` before
     it is parsed. A launch's own fields are bounded tighter (metadata 64 KiB serialized, task_impl 512 KiB)."""
 
+    quota_runs: int = Field(default=100, ge=1, le=10_000_000)
+    """Runs an account may have running at once (``benchwright.quotas``); a launch over it answers 429. An admin
+    overrides it per account (``benchwright accounts quota NAME --runs N``)."""
+    quota_model_calls: int = Field(default=256, ge=1, le=10_000_000)
+    """Model calls of one account in flight at once on one worker, across all of its runs: the surplus waits for
+    the account's own calls to end, so one account cannot take the worker from the others (``--model-calls``)."""
+    quota_tasks: int = Field(default=1_000_000, ge=1, le=10_000_000)
+    """Tasks of an account's running runs not yet scored; a launch while the account holds this many answers 429
+    (``--tasks``)."""
+    quota_retry_after_s: int = Field(default=30, ge=1, le=86_400)
+    """The ``Retry-After`` a quota's 429 carries."""
+    worker_max_activities: int = Field(default=64, ge=1, le=4096)
+    """Activities one worker process runs at once (Temporal's ``max_concurrent_activities``)."""
+
     initial_balance_usd: float = 10.0
     """Balance a new account starts with (``benchwright accounts credit`` adds more)."""
     billing_markup: float = 1.0

@@ -16,12 +16,20 @@ RUN_PARENT = SearchAttributeKey.for_keyword("BenchwrightParentRun")
 SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION, RUN_PARENT)
 
 
+FAIRNESS_ARGS = ("--dynamic-config-value", "matching.enableFairness=true",
+                 "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+                 "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1")
+"""Task-queue fairness (``benchwright.quotas``): tasks are handed out in turn across the runs' fairness keys (their
+accounts), not first-in-first-out. One partition: a one-machine dev server gains nothing from four, and fairness is
+kept per partition."""
+
+
 def dev_server_args() -> list[str]:
-    """``temporal server start-dev`` flags that register our search attributes."""
+    """``temporal server start-dev`` flags that register our search attributes and turn on task-queue fairness."""
     args: list[str] = []
     for key in SEARCH_ATTRIBUTES:
         args += ["--search-attribute", f"{key.name}=Keyword"]
-    return args
+    return [*args, *FAIRNESS_ARGS]
 
 
 def workflow_summary(*, model: str, dataset: str | None) -> str:

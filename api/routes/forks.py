@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 from starlette.concurrency import run_in_threadpool
 from temporalio.common import (
+    Priority,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
@@ -36,6 +37,7 @@ from benchwright.forks import (
 )
 from benchwright.launch import admit_launch
 from benchwright.pipeline import ForkSpec, MaterializeOptions, RunInput
+from benchwright.quotas import check_launch, fairness_key
 from benchwright.registry.shape import READABLE_BY_ID, readable_run, set_pin
 from benchwright.schemas import (
     ForkOrigin,
@@ -101,6 +103,7 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
     current = await run_in_threadpool(get_account, engine, account_id=account.id)
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
+    await run_in_threadpool(check_launch, engine, settings, account_id=account.id)  # 429 quota_exceeded
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
     spec = ForkSpec(parent_run_id=parent.id, rewind_to=rewind, kind=kind, overrides=names,
                     scorer_instructions=req.overrides.scorer_instructions, instructions=req.instructions)
@@ -132,6 +135,7 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
                 SearchAttributePair(RUN_MODEL, launch.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
                 SearchAttributePair(RUN_PARENT, parent.id),
             ]),
+            priority=Priority(fairness_key=fairness_key(account.id)),
             memo={"run_id": run.id, "account": account.name, "dataset": source, "BenchwrightParentRun": parent.id,
                   "rewind_to": rewind or "decided by the Fork phase", "kind": origin.kind},
             static_summary=f"{origin.kind} of {parent.id[:8]}: " + workflow_summary(

@@ -14,7 +14,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -26,6 +26,7 @@ from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from benchwright.harness.config import check_harness
 from benchwright.launch import admit_launch
 from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
+from benchwright.quotas import check_launch, fairness_key
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.pinned import resolve_pin
 from benchwright.registry.shape import readable_run, set_pin
@@ -71,7 +72,7 @@ blob-size error limit; 4 MB is the gRPC message) after the run row would have be
 a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 2)."""
 
 
-@router.post("", status_code=201, response_model=RunView, responses=responses(*BODY, 402, 409, 503))
+@router.post("", status_code=201, response_model=RunView, responses=responses(*BODY, 402, 409, 429, 503))
 async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
     """Launch a run: records RunLaunched (seq 0) and starts its workflow. ``{"replay_of", "model"}`` launches a
     replay of that run (``POST /v1/runs/{id}/replay``)."""
@@ -91,6 +92,7 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
     current = await run_in_threadpool(get_account, state.engine, account_id=account.id)
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
+    await run_in_threadpool(check_launch, state.engine, settings, account_id=account.id)  # 429 quota_exceeded
     client = await state.temporal()
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
                             harness_bridge=bridged)
@@ -119,6 +121,7 @@ async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) 
                 SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
                 SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
             ]),
+            priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
             memo={"run_id": run.id, "account": account.name, "dataset": body.dataset},
             static_summary=workflow_summary(model=body.model.identifier, dataset=body.dataset),
             static_details=f"Benchwright run `{run.id}`  \nmodel `{body.model.identifier}`  \ndataset `{body.dataset}`",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -14,6 +17,8 @@ from sqlmodel import Session, create_engine
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _migrate_lock = threading.Lock()
+T = TypeVar("T")
+log = logging.getLogger("benchwright.store")
 
 
 def make_engine(url: str) -> Engine:
@@ -63,3 +68,61 @@ def session_scope(engine: Engine) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+STORE_OUTAGE_S = 120.0
+"""How long store I/O is retried in place while the store is out (a restarting Postgres, a full disk) before the
+failure is handed to Temporal's retry policy (``store_outage``, ``activities.common.in_thread``)."""
+_SQLITE_OUTAGES = ("disk is full", "disk i/o error", "unable to open database", "database is locked",
+                   "readonly database")
+
+
+def store_outage(exc: BaseException) -> str | None:
+    """Plain words for ``exc`` when it says the store is out for a while (a lost or refused connection, a server
+    starting up, a full disk) rather than that the statement is wrong; else None."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    if not isinstance(exc, DBAPIError):
+        return None
+    said = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+    if exc.connection_invalidated:
+        return f"the store's connection was lost ({said})"
+    if not isinstance(exc, OperationalError):
+        return None
+    if type(exc.orig).__module__.startswith("sqlite3"):
+        low = said.lower()
+        if not any(m in low for m in _SQLITE_OUTAGES):
+            return None
+        if "full" in low:
+            return f"the store's disk is full ({said}); free space in the data directory"
+        return f"the store cannot write ({said})"
+    return f"the store is unavailable ({said})"
+
+
+class StoreUnavailable(RuntimeError):
+    """The store stayed out for longer than ``STORE_OUTAGE_S``; transient (Temporal's retry policy takes over)."""
+
+
+async def outage_tolerant(fn: Callable[..., T], *args: Any, bound_s: float = STORE_OUTAGE_S, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in a thread, tried again in place while the store is out (``store_outage``).
+
+    Store writes are keyed (idempotent) and a failed transaction rolled back, so a second try is what a retry of
+    the whole activity would do, without spending its attempts in the first second of a Postgres restart.
+
+    Raises:
+        StoreUnavailable: still out after ``bound_s``, in plain words.
+    """
+    deadline = time.monotonic() + bound_s
+    wait = 0.1
+    while True:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except Exception as exc:
+            outage = store_outage(exc)
+            if outage is None:
+                raise
+            if time.monotonic() + wait > deadline:
+                raise StoreUnavailable(f"{outage}; still failing after {bound_s:g} s") from exc
+            log.warning("%s; trying again in %.1f s", outage, wait)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 2.0)

@@ -326,3 +326,19 @@ class AuditEntry(SQLModel, table=True):
     """``<kind>:<id or name>``, e.g. ``run:<id>``, ``impl:<id>``, ``account:<name>``."""
     detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     """What was done (a reason, an amount, a flag); never a secret or a key."""
+
+
+class AccountQuota(SQLModel, table=True):
+    """An admin's per-account overrides of the deployment's quotas (``benchwright.quotas``; migration 0008). A null
+    column means the deployment's default for that quota."""
+
+    __tablename__ = "account_quotas"
+
+    account_id: str = Field(foreign_key="accounts.id", primary_key=True, max_length=36)
+    runs: int | None = None
+    """Runs of the account running at once."""
+    model_calls: int | None = None
+    """The account's model calls in flight at once on one worker."""
+    tasks: int | None = None
+    """Tasks of the account's running runs not yet scored."""
+    updated_at: datetime = Field(default_factory=utcnow)
