@@ -49,7 +49,7 @@ class ApiKey(SQLModel, table=True):
     prefix: str = Field(max_length=16)
     created_at: datetime = Field(default_factory=utcnow)
     name: str = Field(default="default", max_length=64)
-    """Unique within the account (migration 0008): what ``rotate-key`` / ``revoke-key`` name."""
+    """Unique within the account (migration 0011): what ``rotate-key`` / ``revoke-key`` name."""
     last_used_at: datetime | None = None
     """When the key last authenticated a request (to the minute: written at most once a minute)."""
 
@@ -160,7 +160,7 @@ class Secret(SQLModel, table=True):
     account_id: str = Field(foreign_key="accounts.id", index=True, max_length=36)
     name: str = Field(max_length=128)
     value: str = Field(default="", max_length=8192)
-    """Legacy plaintext (before migration 0008); emptied once the row is encrypted at the next start with a key."""
+    """Legacy plaintext (before migration 0011); emptied once the row is encrypted at the next start with a key."""
     key_id: str | None = Field(default=None, max_length=16)
     """The deployment key ``ciphertext`` is encrypted under (``benchwright.crypto``); None: still plaintext."""
     ciphertext: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -329,7 +329,7 @@ class AuditEntry(SQLModel, table=True):
 
 
 class AccountQuota(SQLModel, table=True):
-    """An admin's per-account overrides of the deployment's quotas (``benchwright.quotas``; migration 0008). A null
+    """An admin's per-account overrides of the deployment's quotas (``benchwright.quotas``; migration 0012). A null
     column means the deployment's default for that quota."""
 
     __tablename__ = "account_quotas"

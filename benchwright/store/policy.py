@@ -206,7 +206,7 @@ def secret_value(engine: Engine, *, account_id: str, name: str) -> str:
         raise InvalidInput(f"the model names secret {name!r}, which this account does not have", code="unknown_secret")
     row_id, value, kid, ciphertext = row
     if kid is None:
-        return str(value)  # a row from before migration 0008 on a deployment without a key yet
+        return str(value)  # a row from before migration 0011 on a deployment without a key yet
     return _decrypt(engine, row_id, kid, ciphertext)
 
 
@@ -228,7 +228,7 @@ def secret_keys_in_use(engine: Engine) -> dict[str | None, int]:
 def prepare_secrets(engine: Engine, keyring: Keyring | None) -> int:
     """At the start of the API, a worker or the CLI: bind ``keyring`` to ``engine`` for the secrets code, refuse to
     go on when stored secrets need a key this process does not hold, and encrypt rows still in plaintext (from
-    before migration 0008). Returns how many rows it encrypted.
+    before migration 0011). Returns how many rows it encrypted.
 
     Raises:
         DeploymentKeyError: encrypted rows and no key, or rows under a key that is not configured.

@@ -1,5 +1,5 @@
 """Provider secrets rest encrypted under the deployment key, on SQLite and Postgres (issue 23): a dump of the store
-holds no secret value; plaintext rows from before migration 0008 are encrypted at the first start with a key; a
+holds no secret value; plaintext rows from before migration 0011 are encrypted at the first start with a key; a
 start without the key they need is refused; a rotation re-encrypts every row under the new key."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_plaintext_rows_are_encrypted_at_the_first_start_with_a_key(db_url: str)
     migrate(engine)
     account, _ = create_account(engine, name="a")
     value = _secret()
-    with engine.begin() as conn:  # a row as it was stored before migration 0008
+    with engine.begin() as conn:  # a row as it was stored before migration 0011
         conn.execute(insert(Secret).values(id=str(uuid.uuid4()), account_id=account.id, name="OLD", value=value))
     prepare_secrets(engine, None)  # no key yet: the legacy row stays readable, nothing refuses
     assert secret_value(engine, account_id=account.id, name="OLD") == value

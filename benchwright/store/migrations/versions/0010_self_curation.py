@@ -3,8 +3,8 @@ private benchmarks (``benchwright up`` gives it to the stack's own account), and
 self_curated`` marks an impl made official that way, so it stops being official when its benchmark goes public
 (only an admin makes an impl official for everyone).
 
-Revision ID: 0008_self_curation
-Revises: 0007
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-01
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_self_curation"
-down_revision = "0007"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,7 @@
 """The audit trail: audit_log records admin and operator actions, who, when, what and on what (issue 23).
 
-Revision ID: 0008_audit
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-01
 """
 
@@ -11,8 +11,8 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = "0008_audit"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

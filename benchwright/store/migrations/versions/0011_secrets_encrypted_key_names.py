@@ -7,8 +7,8 @@ cannot do it, since the key never lives in the store.
 
 ``api_keys`` gains ``name`` (unique per account; existing keys are named after their prefix) and ``last_used_at``.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-01
 """
 
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

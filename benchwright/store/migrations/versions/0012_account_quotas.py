@@ -1,7 +1,7 @@
 """Per-account quota overrides: account_quotas (issue 23, fair sharing; ``benchwright.quotas``).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-01
 """
 
@@ -11,8 +11,8 @@ import sqlalchemy as sa
 import sqlmodel.sql.sqltypes
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
