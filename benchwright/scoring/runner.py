@@ -69,8 +69,9 @@ def output_of(response: Any) -> str | None:
     reasoning = getattr(response, "reasoning", "") if isinstance(response, SutText) else ""
     if not reasoning:
         return text[:MAX_OUTPUT_CHARS]
-    room = max(MAX_OUTPUT_CHARS - len(text) - 40, 0)
-    if len(reasoning) > room:
+    wrapper = len("<think>\n\n</think>\n\n")
+    if len(reasoning) + len(text) + wrapper > MAX_OUTPUT_CHARS:
+        room = max(MAX_OUTPUT_CHARS - len(text) - wrapper - len(f" [... {len(reasoning)} characters cut]"), 0)
         reasoning = reasoning[:room] + f" [... {len(reasoning) - room} characters cut]"
     return f"<think>\n{reasoning}\n</think>\n\n{text}"[:MAX_OUTPUT_CHARS]
 

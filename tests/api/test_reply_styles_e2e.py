@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 
 from benchwright.devmodel import DevModelConfig
+from benchwright.prices import Prices
+from benchwright.schemas import ModelSpec
+from benchwright.sut import make_sut
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 
@@ -102,3 +105,17 @@ async def test_choice_and_code_styles_through_a_run(stack: Stack, dev_models: De
     assert choice_tasks[5]["outcome"] == "fail" and choice_tasks[5]["trials"][0]["meta"]["extracted"] is False
     assert code_final["tasks"]["summary"]["passed"] == 3, [t["trials"][0]["meta"] for t in code_tasks]
     assert [t["trials"][0]["meta"]["rule"] for t in code_tasks] == ["text", "text", "fence"]
+
+
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
+async def test_the_sut_reads_the_reasoning_field_as_each_provider_names_it(dev_models: DevModels, key: str) -> None:
+    question = "What is 6 times 7?"
+    url = await dev_models.start(DevModelConfig(answers={question: "42"}, reasoning={question: "6 x 7 = 42, surely."},
+                                                reasoning_key=key))
+    sut = make_sut(ModelSpec(identifier="openai/dev", api_base=url), prices=Prices(), api_key=None, concurrency=1,
+                   timeout_s=10.0, retries=0)
+    try:
+        reply = await sut.complete([{"role": "user", "content": question}], {})
+    finally:
+        await sut.aclose()
+    assert reply.text == "42" and reply.reasoning == "6 x 7 = 42, surely."

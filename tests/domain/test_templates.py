@@ -4,6 +4,7 @@ scorer called on tricky replies; and template selection from columns and sample 
 from __future__ import annotations
 
 import json
+import re
 import time
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -11,7 +12,8 @@ from typing import Any, ClassVar
 import pytest
 
 from benchwright.drivers import DriverFailed, ScorerPlan
-from benchwright.drivers.templates import render_plan, select_template
+from benchwright.drivers.templates import TEMPLATE_FILES, render_plan, select_template
+from benchwright.scoring.runner import MAX_OUTPUT_CHARS, SutText, output_of
 
 
 def _load(plan: ScorerPlan, **kw: Any) -> dict[str, Any]:
@@ -251,3 +253,39 @@ def test_template_selection(rows: list[dict[str, Any]], template: str) -> None:
 def test_no_template_fits_names_the_columns() -> None:
     with pytest.raises(DriverFailed, match=r"\['foo', 'bar'\]"):
         select_template(columns=["foo", "bar"], rows=[{"foo": 1, "bar": 2}])
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATE_FILES))
+def test_rendered_templates_are_standalone_with_the_shared_rules_inlined(template: str) -> None:
+    fields = {"input": "q", "reference": "a", "functions": "f", "test": "t", "entry_point": "e", "choices": "c"}
+    source = render_plan(ScorerPlan(template=template, fields=fields, why=""))
+    assert not re.search(r"^\s*(?:from|import)\s+benchwright", source, re.MULTILINE)  # runs with no package beside it
+    assert source.count("# --- inlined from benchwright/drivers/templates/_reply.py by render() ---") == 1
+    assert "def answer_part(" in source
+    compile(source, "task_impl.py", "exec")
+
+
+@pytest.mark.parametrize(("reply", "answer"), [
+    ("<think>\nIs it 41? No.\n</think>\n\n42", "42"),
+    ("<THINKING>41?</THINKING>42", "42"),
+    ("Let me think: 41? no.\n</think>\n42", "42"),  # the opening tag was in the prompt (DeepSeek-R1's template)
+    ("<think>\nThe answer is 42, but let me check the", ""),  # cut off while reasoning: no answer
+    ("\n\n    return x\n", "    return x"),  # blank lines dropped, the answer's own indentation kept
+    ("The answer is 42.", "The answer is 42."),
+])
+def test_the_answer_part_of_a_reasoning_reply(reply: str, answer: str) -> None:
+    assert NUMERIC["answer_part"](reply) == answer
+
+
+def test_a_separate_reasoning_field_is_shown_in_the_output_never_scored() -> None:
+    reply = SutText("#### 41", [], "I first got 42, and 42 again.")
+    result = NUMERIC["Scorer"]().score({"question": "q", "answer": "41"}, reply)
+    assert result["score"] == 1.0 and result["rule"] == "hashes"
+    assert output_of(reply) == "<think>\nI first got 42, and 42 again.\n</think>\n\n#### 41"
+    assert output_of(SutText("#### 41", [])) == "#### 41"
+
+
+def test_the_output_cuts_a_long_reasoning_not_the_answer() -> None:
+    answer = "The answer is 7. " * 40
+    shown = output_of(SutText(answer, [], "step " * 10_000)) or ""
+    assert len(shown) <= MAX_OUTPUT_CHARS and shown.endswith(answer) and "characters cut]" in shown

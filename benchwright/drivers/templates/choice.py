@@ -137,9 +137,10 @@ def _find(text, texts):
     said = [x for x in said if x in valid]
     if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ..." (the last one said)
         return said[-1], "letter_pattern"
+    marker = r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]"
     first = next((line for line in text.splitlines() if line.strip()), "")
-    lead = re.match(r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]", first)  # "B) London", "**C.** 1/C" on line 1
-    if lead and lead.group(1) in valid:
+    lead = re.match(marker, first)  # "B) London", "**C.** 1/C" on line 1 (not a list of the options, one a line)
+    if lead and lead.group(1) in valid and set(re.findall(marker, text, re.MULTILINE)) & set(valid) == {lead.group(1)}:
         return lead.group(1), "letter_pattern"
     for pattern in (r"\(([A-Z])\)", r"\*\*([A-Z])\*\*"):  # one "(B)" or "**B**" anywhere
         found = set(re.findall(pattern, text)) & set(valid)

@@ -84,9 +84,9 @@ def _find(text):
         # "Canberra", "canberra.", "**Jane Austen**"
         bold = re.fullmatch(r"\s*\*\*(.+?)\*\*[.!]?\s*", whole)
         return (bold.group(1) if bold else whole), "whole"
-    bold = set(re.findall(r"\*\*([^*\n]+?)\*\*", text))
-    if len(bold) == 1:  # "The capital of Australia is **Canberra**, not Sydney."
-        return bold.pop(), "bold"
+    emphasised = set(re.findall(r"\*\*([^*\n]+?)\*\*", text))
+    if len(emphasised) == 1:  # "The capital of Australia is **Canberra**, not Sydney."
+        return emphasised.pop(), "bold"
     restated = _RESTATED.search(first)
     if restated and len(restated.group(1).split()) <= 6:  # "The capital of Australia is Canberra."
         return restated.group(1), "restated"

@@ -107,7 +107,8 @@ def _find(text):
     if found:  # "The answer is 18", "**Final answer:** $1,234", the last one said
         return parse_number(found[-1]), "answer_phrase"
     lead = _LEADING.match(plain)
-    if lead:  # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
+    if lead and not re.search(r"^\s*2[.)]\s", plain, re.MULTILINE):  # not "1." of a numbered list of steps
+        # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
     value = _last_number(plain)
     return (value, "last_number") if value is not None else (None, None)

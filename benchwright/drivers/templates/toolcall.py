@@ -146,7 +146,8 @@ def _call_shape(call):
     """(name, arguments) of a call in any of the shapes models write, or None when ``call`` is not a call."""
     if not isinstance(call, dict):
         return None
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    inner = call.get("function")
+    fn = inner if isinstance(inner, dict) else call
     name = fn.get("name")
     if name is None and isinstance(call.get("function"), str):
         name = call["function"]
@@ -164,7 +165,8 @@ def _call_shape(call):
 
 def _json_values(text):
     """Every JSON object or list in ``text``, left to right (one inside another counts once, as the outer)."""
-    out, i, decoder = [], 0, json.JSONDecoder()
+    out: list = []
+    i, decoder = 0, json.JSONDecoder()
     while True:
         starts = [j for j in (text.find("{", i), text.find("[", i)) if j != -1]
         if not starts:
