@@ -171,7 +171,7 @@ async def create_schedule(body: ScheduleCreate, account: AccountDep, state: Stat
         try:
             await check_webhook(url=body.webhook, policy=policy,
                                 internal_allowed=parse_endpoints(state.settings.egress_internal_allowed))
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:
             raise InvalidInput(f"the webhook host of {body.webhook} does not resolve ({exc}); alerts could not be "
                                "delivered", code="invalid_webhook") from None
     inp = RegressionInput(schedule_id=schedule_id, account_id=account.id, reference_run_id=reference.id,

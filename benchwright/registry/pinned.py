@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.errors import DatasetError, InvalidInput, NotFound
 from benchwright.registry.blobs import BlobStore
@@ -107,8 +107,8 @@ def resolve_subset(engine: Engine, *, account_id: str, ref: str, benchmark: str 
         if benchmark is not None:
             benches = [b for b in benches if benchmark in (b.id, b.name)]
         by_id = {b.id: b for b in benches}
-        subsets = list(session.execute(select(Subset).where(Subset.benchmark_id.in_(by_id))).scalars()) \
-            if by_id else []  # type: ignore[attr-defined]
+        subsets = list(session.execute(select(Subset).where(col(Subset.benchmark_id).in_(list(by_id))))
+                       .scalars()) if by_id else []
         found = [s for s in subsets if ref in (s.id, s.name)]
         if not found and benchmark is None:  # a benchmark named alone stands for its only subset
             found = [s for s in subsets if ref in (by_id[s.benchmark_id].id, by_id[s.benchmark_id].name)]
@@ -122,4 +122,4 @@ def resolve_subset(engine: Engine, *, account_id: str, ref: str, benchmark: str 
             raise InvalidInput(f"'{ref}' names {len(found)} subsets; give one of them as benchmark/subset or by id: "
                                + ", ".join(f"{by_id[s.benchmark_id].name}/{s.name} ({s.id})" for s in found),
                                code="ambiguous_subset")
-        return found[0].id
+        return str(found[0].id)

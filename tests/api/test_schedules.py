@@ -246,3 +246,42 @@ async def test_a_schedule_is_refused_what_a_replay_is_refused_at_create_and_at_e
             assert "launch_refused" in shown.out and "(local_paths_disabled)" in shown.out, shown.out
         finally:
             await own.delete(f"/v1/schedules/{schedule_id}")
+
+
+async def test_an_alert_that_cannot_be_delivered_is_the_firings_recorded_outcome(stack: Stack, dev_models: DevModels,
+                                                                                  tmp_path: Path) -> None:
+    """The webhook passed create (the operator lists its endpoint) but nothing answers there when the alert is due:
+    the firing still completes as ``detected`` and records the delivery's failure and reason (issue 22), instead
+    of a FAILED firing whose reason only Temporal's history holds."""
+    answers = {}
+    with (tmp_path / "twenty.jsonl").open("w") as f:
+        for i in range(20):
+            answers[q := f"What is {i} plus 100? (item {i})"] = str(i + 100)
+            f.write(json.dumps({"question": q, "answer": answers[q]}) + "\n")
+    model_port = free_port()
+    right = await start_server(DevModelConfig(answers=answers, accuracy=1.0), port=model_port)
+    dev_models.servers.append(right)
+    dead_port = free_port()  # allowed by the operator, but nothing listens there
+    stack.settings.egress_internal_allowed.append(f"127.0.0.1:{dead_port}")
+    try:
+        async with stack.http() as http:
+            reference = await launch(http, {"dataset": str(tmp_path / "twenty.jsonl"), "model": {
+                "identifier": "openai/dev", "api_base": right.url}})
+            await wait_terminal(http, reference["id"])
+            await right.close()
+            wrong = await start_server(DevModelConfig(answers=answers, accuracy=0.0), port=model_port)
+            dev_models.servers.append(wrong)
+            made = await http.post("/v1/schedules", json={"replay_of": reference["id"], "every": "1h",
+                                                          "webhook": f"http://127.0.0.1:{dead_port}/hook"})
+            assert made.status_code == 201, made.text
+            schedule_id = made.json()["id"]
+            try:
+                await stack.client.get_schedule_handle(schedule_id).trigger()
+                firing = await _outcome(http, schedule_id)
+            finally:
+                await http.delete(f"/v1/schedules/{schedule_id}")
+            assert firing["status"] == "COMPLETED" and firing["outcome"] == "detected", firing
+            assert firing["result"]["alerted"] and firing["result"]["webhook"].startswith("failed: "), firing
+            assert "webhook failed: " in firing["reason"], firing
+    finally:
+        stack.settings.egress_internal_allowed.remove(f"127.0.0.1:{dead_port}")

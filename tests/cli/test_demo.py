@@ -62,6 +62,7 @@ def test_kept_running_demo_is_found_by_the_cli_and_sigterm_stops_everything(tmp_
         run_id = re.search(r"launched run ([0-9a-f-]{36})", text)[1]  # type: ignore[index]
 
         dashboard = re.search(r"dashboard:\s+(http://127\.0\.0\.1:\d+/ui/)", text)[1]  # type: ignore[index]
+        assert f"Benchwright is up. Dashboard {dashboard}" in text  # `up` prints it too
         page = httpx.get(dashboard, timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
         signin = httpx.get(dashboard.replace("/ui/", "/v1/ui/signin"), timeout=10).json()

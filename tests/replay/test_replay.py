@@ -15,6 +15,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
 - ``regression_firing_ok.json`` and ``regression_firing_refused.json``: RegressionWorkflow firings recorded before
   ``patched("regression-outcomes")`` (a refused launch and an undeliverable alert became recorded outcomes): one
   that replayed and compared, one whose start_replay was refused (the balance was exhausted) and so failed.
+- ``regression_firing_ok_with_outcomes.json`` and ``regression_firing_launch_refused.json``: the same two firings
+  recorded with the patch (the second refused for local paths and completed as ``launch_refused``).
 """
 
 from __future__ import annotations
