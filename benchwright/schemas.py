@@ -512,7 +512,8 @@ class BreakdownView(BaseModel):
     """``GET /v1/runs/{id}/breakdown``: the run's results per value of one dataset column."""
 
     run_id: str
-    by: str
+    by: str | None
+    """The column grouped by; null when none was named and the data has no grouping column (then no groups)."""
     groups: list[GroupResult]
     folded: int = 0
     """Groups past the limit, folded into the ``(other)`` group (smallest first)."""

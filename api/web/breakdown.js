@@ -1,8 +1,8 @@
 // Results per group (GET /v1/runs/{id}/breakdown): one bar per group, the pass rate with its 95 % interval
-// drawn as a whisker, and a column chooser when the data has several grouping columns. The card stays hidden for
-// data without a grouping column (400) or before the dataset is analyzed (409).
+// drawn as a whisker, and a column chooser when the data has several grouping columns. The card stays hidden while
+// the data has no grouping column (the API answers by: null) or is not analyzed yet.
 
-import { api, ApiError } from "./api.js";
+import { api } from "./api.js";
 import { h, pct } from "./dom.js";
 
 const REFRESH_MS = 5000;
@@ -38,10 +38,10 @@ export class Breakdown {
       result = await api(this.by ? `${this.path}?by=${encodeURIComponent(this.by)}` : this.path,
                          { signal: this.signal });
     } catch (err) {
-      if (err instanceof ApiError && (err.status === 400 || err.status === 409)) { this.card.hidden = true; return; }
       if (!this.signal.aborted) this.note.textContent = `Could not load the breakdown: ${err.message}`;
       return;
     }
+    if (result.by === null) { this.card.hidden = true; return; }
     this.render(result);
   }
 

@@ -79,18 +79,24 @@ def breakdown(engine: Engine, blobs: BlobStore, *, run: Run, by: str | None) -> 
     """The run's latest Materialize sweep grouped by dataset column ``by`` (default: the launch's ``group_by``,
     else the first grouping column the data has).
 
+    Without ``by``, a run whose data has no grouping column (or no analyzed data yet) answers ``by: null`` and no
+    groups, so a page can ask every run without provoking an error.
+
     Raises:
-        InvalidInput: ``by`` is not a column of the run's data (the message names those that are), or none was
-            named and the data has no grouping column.
-        Conflict: the run has no analyzed dataset / task list yet.
+        InvalidInput: ``by`` is not a column of the run's data (the message names those that are).
+        Conflict: ``by`` was named and the run has no analyzed dataset / task list yet.
     """
-    columns, _reference = dataset_columns(engine, run.id)
+    try:
+        columns, _reference = dataset_columns(engine, run.id)
+    except Conflict:
+        if by is not None:
+            raise
+        columns = []
     preferred = (run.launch or {}).get("group_by")
     candidates = candidate_columns(columns, preferred)
     if by is None:
         if not candidates:
-            raise InvalidInput(f"name a column to group by (by=...); the run's data has {_names(columns)}",
-                               code="unknown_column")
+            return BreakdownView(run_id=run.id, by=None, groups=[], columns=columns[:MAX_COLUMNS], candidates=[])
         by = candidates[0]
     if by not in columns:
         raise InvalidInput(f"the run's data has no column {by[:128]!r}; it has {_names(columns)}",

@@ -186,3 +186,16 @@ async def test_task_listing_shows_input_reference_extracted_answer_and_rule(stac
             assert (task["extracted"], task["answer"], task["rule"]) == (True, "-1", "final_line")
     assert detail["trials"][0]["input"] == by_index[4]["input"]
     assert detail["reference"] == rows[4]["answer"] and detail["extracted"] is False
+
+
+async def test_data_without_a_grouping_column_answers_by_null(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": str(SAMPLE / "arithmetic.jsonl"),
+                                  "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        await wait_terminal(http, run["id"])
+        default = (await http.get(f"/v1/runs/{run['id']}/breakdown")).json()
+        by_id = (await http.get(f"/v1/runs/{run['id']}/breakdown", params={"by": "id"})).json()
+    assert (default["by"], default["groups"], default["candidates"]) == (None, [], [])
+    assert "question" in default["columns"]
+    # any column may still be named: one group per row here, each passed (the dev model answers all correctly)
+    assert len(by_id["groups"]) == 60 and all(g["passed"] == g["total"] == 1 for g in by_id["groups"])

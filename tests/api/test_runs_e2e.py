@@ -45,8 +45,8 @@ async def test_launch_reaches_ok_with_gapless_log_in_phase_order(stack: Stack) -
     low, high = summary.pop("pass_rate_ci")
     assert low == pytest.approx(60 / (60 + 1.959964**2), abs=1e-4)
     assert high == pytest.approx(1.0)
-    assert summary == {"passed": 60, "failed": 0, "errored": 0, "running": 0, "total": 60, "pass_rate": 1.0,
-                       "pass_at_k": {}, "pass_rate_se": 0.0, "mean_score": None, "pass_at_k_ci": {}}
+    assert summary == {"passed": 60, "failed": 0, "errored": 0, "no_answer": 0, "running": 0, "total": 60,
+                       "pass_rate": 1.0, "pass_at_k": {}, "pass_rate_se": 0.0, "mean_score": None, "pass_at_k_ci": {}}
     results = [e for e in events if e["type"] == "MaterializeTaskResult"]
     assert sorted(r["data"]["index"] for r in results) == list(range(60))
     assert all(r["data"]["usage"]["prompt_tokens"] > 0 for r in results)
