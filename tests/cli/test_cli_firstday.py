@@ -297,6 +297,13 @@ async def test_commands_take_a_unique_run_id_prefix_over_the_callers_own_runs(st
     assert "tasks/s" in forked.err and "ETA" in forked.err, "the same progress as run --watch"
     assert f"of {short} launched" in forked.err and "passed 4, failed 0, errored 0 of 4" in forked.out, forked.out
 
+    published = await bw("registry", "publish", short, "--benchmark", f"firstday-{uuid.uuid4().hex[:6]}",
+                         "--subset", "s1", env=env)
+    assert published.rc == 0 and f"published run {ref['id']}" in published.out, published.out + published.err
+    scheduled = await bw("schedule", "create", short, "--every", "1d", env=env)
+    assert scheduled.rc == 0 and f"replays {ref['id']}" in scheduled.out, scheduled.err
+    assert (await bw("schedule", "delete", scheduled.out.split()[0], env=env)).rc == 0
+
     # Ambiguous and cross-account prefixes, on rows made directly in the store.
     async with stack.http() as http:
         me = (await http.get("/v1/account")).json()["id"]
