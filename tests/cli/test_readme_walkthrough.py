@@ -75,6 +75,7 @@ class Tour:
     background: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     vars: dict[str, str] = field(default_factory=dict)
     printed_run: str | None = None
+    printed_fork: str | None = None
 
     def place(self, text: str) -> str:
         """The README's ports replaced by this test's free ones (only where they name a port)."""
@@ -148,12 +149,15 @@ def _check_events(tour: Tour, out: str) -> None:
     assert re.search(r"^\s*0\s+\S+\s+RunLaunched\b", out, re.M) and "PipelineFinished" in out, out
 
 
+def _check_fork_watch(tour: Tour, out: str) -> None:
+    m = re.search(rf"run ({UUID}): ok\b[^\n]*?\b(\d+(?:\.\d+)?)%", out)
+    assert m and m.group(1) != tour.vars["RUN"], f"no final line with the fork's id, ok and a score:\n{out}"
+    tour.printed_fork = m.group(1)
+
+
 def _check_fork_var(tour: Tour, out: str) -> None:
     assert re.fullmatch(UUID, out) and out != tour.vars["RUN"], out
-
-
-def _check_follow(tour: Tour, out: str) -> None:
-    assert "PipelineFinished" in out and '"status":"ok"' in out.replace(" ", ""), out
+    assert out == tour.printed_fork, f"FORK is {out}, but `fork --watch` printed {tour.printed_fork}"
 
 
 def _check_compare(tour: Tour, out: str) -> None:
@@ -193,11 +197,11 @@ CHECKS: list[tuple[str, Check]] = [
     (r"^benchwright run .*--watch", _check_watch),
     (r"^benchwright runs$", _check_runs),
     (r"^RUN=\$\(benchwright runs ", _check_run_var),
-    (r"^benchwright show \$RUN$", _check_show),
+    (r"^benchwright show \$\{RUN:0:8\}$", _check_show),
     (r"^benchwright tasks \$RUN$", _check_tasks),
     (r"^benchwright events \$RUN$", _check_events),
-    (r"^FORK=\$\(benchwright fork \$RUN ", _check_fork_var),
-    (r"^benchwright events \$FORK --follow", _check_follow),
+    (r"^benchwright fork \$RUN .*--watch", _check_fork_watch),
+    (r"^FORK=\$\(benchwright runs ", _check_fork_var),
     (r"^benchwright compare \$RUN \$FORK$", _check_compare),
     (r"^benchwright lineage \$RUN$", _check_lineage),
     (r"^DEV=", _check_dev),
