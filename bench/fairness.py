@@ -67,7 +67,7 @@ def main() -> None:
         (work / "a-only.jsonl").write_text("".join(lines[:args.a_tasks]))
         with running_stack(work, answers=work / "a.jsonl", latency_ms=args.latency_ms) as stack:
             data_dir = work / "data"
-            made = subprocess.run([*BW, "accounts", "create", "bench-b", "--data-dir", str(data_dir)],
+            made = subprocess.run([*BW, "accounts", "create", "bench-b", "--local-paths", "--data-dir", str(data_dir)],
                                   capture_output=True, text=True, check=True)
             b_key = made.stdout.strip().splitlines()[-1]
             model = {"identifier": "openai/dev", "api_base": stack.model_url}
