@@ -195,6 +195,7 @@ class _Gate:
         self.in_flight = 0
         self.peak = 0
         self._sem = asyncio.Semaphore(limit)
+        self._absorbing: set[asyncio.Task[None]] = set()
 
     def resize(self, limit: int) -> None:
         """Grow at once; shrink as calls end (the surplus permits are taken as they come back)."""
@@ -204,7 +205,9 @@ class _Gate:
             for _ in range(delta):
                 self._sem.release()
         else:
-            asyncio.get_running_loop().create_task(self._absorb(-delta))
+            task = asyncio.get_running_loop().create_task(self._absorb(-delta))
+            self._absorbing.add(task)  # held until done (the loop keeps only a weak reference)
+            task.add_done_callback(self._absorbing.discard)
 
     async def _absorb(self, n: int) -> None:
         for _ in range(n):
