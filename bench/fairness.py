@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=128, help="C of every run, A's and B's")
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--solo-repeat", type=int, default=3)
+    ap.add_argument("--a-model-calls", type=int, default=None,
+                    help="set A's model_calls quota (benchwright accounts quota) before A launches")
     ap.add_argument("--a-head-start", type=int, default=1, help="A's results recorded before B is launched")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bw-fair-") as tmp:
@@ -77,6 +79,9 @@ def main() -> None:
             timed_run(b, work / "b.jsonl", model, args.concurrency)  # warm-up: imports, first sandbox
             solo = [timed_run(b, work / "b.jsonl", model, args.concurrency)[0] for _ in range(args.solo_repeat)]
             load_solo = os.getloadavg()[0]
+            if args.a_model_calls is not None:
+                subprocess.run([*BW, "accounts", "quota", a.account()["name"], "--model-calls",
+                                str(args.a_model_calls), "--data-dir", str(data_dir)], capture_output=True, check=True)
             a_runs = [a.launch(dataset=str(work / "a-only.jsonl"), model=model, concurrency=args.concurrency)["id"]
                       for _ in range(args.a_runs)]
             while sum(a.run(r)["tasks"]["summary"]["passed"] for r in a_runs[:1]) < args.a_head_start:
@@ -92,7 +97,8 @@ def main() -> None:
     solo_s = statistics.median(solo)
     ratio = loaded / solo_s
     print(f"fair share: A {args.a_runs} runs x {args.a_tasks} tasks, B {args.b_tasks} tasks, C={args.concurrency}, "
-          f"dev model {args.latency_ms:g} ms")
+          f"dev model {args.latency_ms:g} ms"
+          + (f", A's model_calls quota {args.a_model_calls}" if args.a_model_calls is not None else ""))
     print(f"  B alone:        {solo_s:7.2f} s  (median of {len(solo)}: {', '.join(f'{s:.2f}' for s in solo)}; "
           f"load average {load_solo:.1f})")
     print(f"  B beside A:     {loaded:7.2f} s  (load average {load_loaded:.1f}); at B's end {a_live} of "
