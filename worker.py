@@ -102,6 +102,9 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         workflows=[RunWorkflow, RegressionWorkflow],
         activities=activities,
         max_concurrent_activities=settings.worker_max_activities,
+        # Eager dispatch hands a workflow's next activity to the slot its last one freed, past the task queue: one
+        # account's runs would keep the worker's slots and the queue's fairness (benchwright.quotas) never apply.
+        disable_eager_activity_execution=not settings.worker_eager_activities,
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
     )

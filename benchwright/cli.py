@@ -155,7 +155,8 @@ def accounts_quota(name: str, data_dir: DataDir = None,
     settings = Settings(data_dir=_data_dir(data_dir))
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)
-    values = {k: v for k, v in (("runs", runs), ("model_calls", model_calls), ("tasks", tasks)) if v is not None}
+    values: dict[str, int | None] = {k: v for k, v in (("runs", runs), ("model_calls", model_calls),
+                                                       ("tasks", tasks)) if v is not None}
     try:
         if values or reset:
             set_quotas(engine, settings, account_name=name, values=values,

@@ -4,7 +4,8 @@ Three quotas, each a deployment default (``Settings.quota_*``) an admin may over
 (``account_quotas``; ``benchwright accounts quota NAME ...`` or ``PUT /v1/admin/accounts/{name}/quota``):
 
 * ``runs``: the account's runs running at once (not finished: paused and halted-for-review included, they hold a
-  workflow; a stopped run counts until its teardown has finished). A launch at the limit is refused 429 ``quota_exceeded``.
+  workflow; a stopped run counts until its teardown has finished). A launch at the limit is refused 429
+  ``quota_exceeded``.
 * ``tasks``: tasks queued, i.e. the tasks of the account's running runs not yet scored. A launch while the account
   is at or over the limit is refused 429 (a run's task count is known once Analyze has read its dataset, so a
   launch is measured against what the running runs already hold).
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright import audit
 from benchwright.errors import InvalidInput, NotFound, QuotaExceeded
@@ -107,7 +108,7 @@ def set_quotas(engine: Engine, settings: Settings, *, account_name: str, values:
         if name not in QUOTAS:
             raise InvalidInput(f"unknown quota {name!r}; quotas: {', '.join(QUOTAS)}", code="invalid_quota")
     with session_scope(engine) as session:
-        account = session.execute(select(Account).where(Account.name == account_name)).scalar_one_or_none()
+        account = session.execute(select(Account).where(col(Account.name) == account_name)).scalar_one_or_none()
         if account is None:
             raise NotFound(f"no account named {account_name!r}")
         row = session.get(AccountQuota, account.id) or AccountQuota(account_id=account.id)
@@ -134,15 +135,16 @@ def usage(engine: Engine, *, account_id: str) -> Usage:
     """What the account holds now: its running runs and their tasks not yet scored (latest sweep of each run)."""
     with Session(engine) as session:
         running = session.execute(
-            select(Run.id, Run.tasks_total).where(Run.account_id == account_id, Run.status == "running",
-                                                  Run.finished_at.is_(None))).all()  # type: ignore[union-attr]
+            select(col(Run.id), col(Run.tasks_total)).where(col(Run.account_id) == account_id,
+                                                            col(Run.status) == "running",
+                                                            col(Run.finished_at).is_(None))).all()
         if not running:
             return Usage(runs=0, tasks=0)
         ids = [r.id for r in running]
         scored: dict[str, int] = {}
         for run_id, _invocation, n in session.execute(
-                select(TaskRow.run_id, TaskRow.invocation, func.count()).where(TaskRow.run_id.in_(ids))  # type: ignore[attr-defined]
-                .group_by(TaskRow.run_id, TaskRow.invocation)):
+                select(col(TaskRow.run_id), col(TaskRow.invocation), func.count())
+                .where(col(TaskRow.run_id).in_(ids)).group_by(col(TaskRow.run_id), col(TaskRow.invocation))):
             scored[run_id] = max(scored.get(run_id, 0), int(n))
     tasks = sum(max(0, total - scored.get(run_id, 0)) for run_id, total in running)
     return Usage(runs=len(running), tasks=tasks)
@@ -197,6 +199,7 @@ class _Gate:
         self.in_flight = 0
         self.peak = 0
         self._sem = asyncio.Semaphore(limit)
+        self._absorbing: set[asyncio.Task[None]] = set()
 
     def resize(self, limit: int) -> None:
         """Grow at once; shrink as calls end (the surplus permits are taken as they come back)."""
@@ -206,7 +209,9 @@ class _Gate:
             for _ in range(delta):
                 self._sem.release()
         else:
-            asyncio.get_running_loop().create_task(self._absorb(-delta))
+            task = asyncio.get_running_loop().create_task(self._absorb(-delta))
+            self._absorbing.add(task)  # held until done (the loop keeps only a weak reference)
+            task.add_done_callback(self._absorbing.discard)
 
     async def _absorb(self, n: int) -> None:
         for _ in range(n):
@@ -249,5 +254,5 @@ class GatedSut:
 def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[str, int]:
     """The run's account and its ``model_calls`` quota (read once per batch by the worker)."""
     with Session(engine) as session:
-        account_id = session.execute(select(Run.account_id).where(Run.id == run_id)).scalar_one()
+        account_id = session.execute(select(col(Run.account_id)).where(col(Run.id) == run_id)).scalar_one()
     return account_id, quotas_for(engine, settings, account_id=account_id).model_calls

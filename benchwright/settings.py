@@ -209,6 +209,10 @@ class Settings(BaseSettings):
     """The ``Retry-After`` a quota's 429 carries."""
     worker_max_activities: int = Field(default=64, ge=1, le=4096)
     """Activities one worker process runs at once (Temporal's ``max_concurrent_activities``)."""
+    worker_eager_activities: bool = False
+    """Temporal's eager activity dispatch: a workflow's next activity straight to the worker slot its last one
+    freed, skipping the task queue (a few ms sooner per activity). Off: every activity goes through the queue, where
+    the accounts' fairness keys share the slots out (``benchwright.quotas``)."""
 
     initial_balance_usd: float = 10.0
     """Balance a new account starts with (``benchwright accounts credit`` adds more)."""

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
-from sqlmodel import Session
+from sqlmodel import Session, col
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -94,7 +94,8 @@ class QuotaView(BaseModel):
 
 def _account_id(state: StateDep, name: str) -> str:
     with Session(state.engine) as session:
-        account_id = session.execute(select(Account.id).where(Account.name == name)).scalar_one_or_none()
+        account_id: str | None = session.execute(
+            select(col(Account.id)).where(col(Account.name) == name)).scalar_one_or_none()
     if account_id is None:
         raise NotFound(f"no account named {name!r}")
     return account_id

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ SIZE_MB = 96
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> AsyncIterator[Path]:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     data = tmp_path / "data"
     data.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE_MB}m", "tmpfs", str(data)],

@@ -1,8 +1,8 @@
 """The Temporal dev server restarted under 20 live runs (issue 23): every run ends, no task lost or doubled.
 
 The test owns the dev server process: it is killed by its pid (SIGKILL; a SIGTERM variant passed as well and was
-dropped to keep the suite short) while the runs are in flight, and started again on the same port with the same database file. The worker and the API reconnect on
-their own.
+dropped to keep the suite short) while the runs are in flight, and started again on the same port with the same
+database file. The worker and the API reconnect on their own.
 """
 
 from __future__ import annotations
