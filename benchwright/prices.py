@@ -73,7 +73,7 @@ def cost_map_prices(identifier: str) -> Prices | None:
         if not isinstance(known, dict):
             continue
         inp, out = known.get("input_cost_per_token"), known.get("output_cost_per_token")
-        if _price(inp) and _price(out):
+        if isinstance(inp, (int, float)) and isinstance(out, (int, float)) and _price(inp) and _price(out):
             return Prices(input_cost_per_token=float(inp), output_cost_per_token=float(out))
     return None
 
