@@ -414,6 +414,11 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
         impl: Annotated[str | None, typer.Option(help="Pinned launch: an impl id or latest:official (default).")
                         ] = None,
         api_base: Annotated[str | None, typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
+        input_cost_per_token: Annotated[float | None, typer.Option(
+            min=0, max=1, help="The model's price per input token in USD, for a model LiteLLM's cost map does not "
+            "price (needed with a cost limit).")] = None,
+        output_cost_per_token: Annotated[float | None, typer.Option(
+            min=0, max=1, help="The model's price per output token in USD.")] = None,
         driver: Annotated[str | None, typer.Option(help="The Driver (default: the deployment's).")] = None,
         trials: Annotated[int | None, typer.Option(help="Trials per task (k, 1-100).")] = None,
         aggregator: Annotated[str | None, typer.Option(
@@ -472,6 +477,10 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
+    for price, value in (("input_cost_per_token", input_cost_per_token),
+                         ("output_cost_per_token", output_cost_per_token)):
+        if value is not None:
+            model_spec[price] = value
     try:
         body: dict[str, Any] = {
             "trials": trials_block(k=trials, aggregator=aggregator, params=aggregator_param or []),

@@ -112,7 +112,8 @@ def check_priced(spec: ModelSpec, limits: RunLimits) -> None:
     raise InvalidInput(
         f"model '{spec.identifier}' has no known price (LiteLLM's cost map does not list it), so "
         f"{' and '.join(limited)} could never be reached; give its price in the launch: "
-        '"model": {"identifier": ..., "input_cost_per_token": <USD>, "output_cost_per_token": <USD>}',
+        '"model": {"identifier": ..., "input_cost_per_token": <USD>, "output_cost_per_token": <USD>} '
+        "(benchwright run: --input-cost-per-token, --output-cost-per-token)",
         code="unpriced_model")
 
 
