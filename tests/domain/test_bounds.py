@@ -42,3 +42,17 @@ def test_a_schedule_interval_is_bounded() -> None:
     assert parse_cadence("366d").interval is not None
     with pytest.raises(InvalidInput, match="longer than 366 days"):
         parse_cadence("999999d")
+
+
+def test_only_request_bodies_are_held_to_the_bounds() -> None:
+    """A launch read back from the store or a workflow's input validates as LaunchRequest: a bound tightened later
+    must not fail a stored launch (a fork of an old run) or a running workflow's task decoding its input."""
+    from pydantic import ValidationError
+
+    from benchwright.schemas import LaunchBody, LaunchRequest
+
+    stored = {"dataset": "http://x/d.jsonl", "model": {"identifier": "openai/x", "input_cost_per_token": 2.0},
+              "metadata": {"seed": 1e300}, "limits": {"phase": {"duration": 1e14}}}
+    assert LaunchRequest.model_validate(stored).metadata == {"seed": 1e300}
+    with pytest.raises(ValidationError, match=r"metadata\.seed must be a finite number"):
+        LaunchBody.model_validate(stored)
