@@ -54,5 +54,5 @@ def test_only_request_bodies_are_held_to_the_bounds() -> None:
     stored = {"dataset": "http://x/d.jsonl", "model": {"identifier": "openai/x", "input_cost_per_token": 2.0},
               "metadata": {"seed": 1e300}, "limits": {"phase": {"duration": 1e14}}}
     assert LaunchRequest.model_validate(stored).metadata == {"seed": 1e300}
-    with pytest.raises(ValidationError, match=r"metadata\.seed must be a finite number"):
+    with pytest.raises(ValidationError, match=r"must be a finite number"):
         LaunchBody.model_validate(stored)
