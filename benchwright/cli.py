@@ -477,10 +477,10 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string, e.g. open
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
-    for price, value in (("input_cost_per_token", input_cost_per_token),
-                         ("output_cost_per_token", output_cost_per_token)):
-        if value is not None:
-            model_spec[price] = value
+    for price, per_token in (("input_cost_per_token", input_cost_per_token),
+                             ("output_cost_per_token", output_cost_per_token)):
+        if per_token is not None:
+            model_spec[price] = per_token
     try:
         body: dict[str, Any] = {
             "trials": trials_block(k=trials, aggregator=aggregator, params=aggregator_param or []),
