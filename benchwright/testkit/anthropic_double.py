@@ -78,7 +78,8 @@ class AnthropicDouble:
             part.get("text", "") for part in last if isinstance(part, dict)) if isinstance(last, list) else ""
         return JSONResponse({
             "id": f"msg_double_{next(self._ids):06d}", "type": "message", "role": "assistant",
-            "model": self.config.reply_model or body.get("model"), "content": [{"type": "text", "text": self.reply_for(text)}],
+            "model": self.config.reply_model or body.get("model"),
+            "content": [{"type": "text", "text": self.reply_for(text)}],
             "stop_reason": "end_turn", "stop_sequence": None,
             "usage": {"input_tokens": self.config.input_tokens, "output_tokens": self.config.output_tokens},
         })
