@@ -120,6 +120,9 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body("validation_error", message, details=details), status_code=422)
 
 
+ADMIN_PREFIX = "/v1/admin/"
+
+
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path (Starlette's own 405 names only the first route's)."""
     routes = request.app.router.routes
@@ -131,6 +134,10 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
     headers = dict(exc.headers or {})
+    if exc.status_code == 405 and request.url.path.startswith(ADMIN_PREFIX):
+        # The admin surface does not exist for anyone who is not an admin: a wrong method there must not reveal it
+        # with a 405 naming the methods it serves (api/routes/admin.py); it answers what an unknown path answers.
+        return JSONResponse(error_body("not_found", "Not Found"), status_code=404)
     if exc.status_code == 405:  # RFC 9110 §15.5.6: a 405 carries Allow, listing what the path serves
         headers["Allow"] = ", ".join(allowed_methods(request)) or headers.get("Allow", "")
     return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)

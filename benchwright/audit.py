@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.errors import InvalidInput
 from benchwright.store.db import session_scope
@@ -92,11 +92,11 @@ def list_audit(engine: Engine, *, limit: int = 50, cursor: str | None = None, ac
         if not re.fullmatch(AUDIT_CURSOR_PATTERN, cursor):
             raise InvalidInput("cursor is not one this API issued (pass next_cursor back as it is)",
                                code="invalid_cursor")
-        query = query.where(AuditEntry.id < int(cursor))  # type: ignore[operator]
+        query = query.where(col(AuditEntry.id) < int(cursor))
     if action is not None:
-        query = query.where(AuditEntry.action == action)
+        query = query.where(col(AuditEntry.action) == action)
     with Session(engine) as session:
-        rows = list(session.execute(query.order_by(AuditEntry.id.desc()).limit(limit + 1)).scalars())  # type: ignore[union-attr]
+        rows = list(session.execute(query.order_by(col(AuditEntry.id).desc()).limit(limit + 1)).scalars())
     page, more = rows[:limit], len(rows) > limit
     return AuditPage(entries=[AuditView(id=r.id or 0, at=r.at, actor=r.actor, action=r.action, target=r.target,
                                         detail=r.detail) for r in page],

@@ -473,6 +473,11 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
         api_base: Annotated[str | None, typer.Option(help="Base URL of an OpenAI-compatible endpoint.")] = None,
         secret: Annotated[str | None, typer.Option(
             help="The name of your secret holding the model's API key ('benchwright secrets set NAME').")] = None,
+        input_cost_per_token: Annotated[float | None, typer.Option(
+            min=0, max=1, help="The model's price per input token in USD, for a model LiteLLM's cost map does not "
+            "price (needed with a cost limit).")] = None,
+        output_cost_per_token: Annotated[float | None, typer.Option(
+            min=0, max=1, help="The model's price per output token in USD.")] = None,
         driver: Annotated[str | None, typer.Option(help="The Driver (default: the deployment's).")] = None,
         trials: Annotated[int | None, typer.Option(help="Trials per task (k, 1-100).")] = None,
         aggregator: Annotated[str | None, typer.Option(
@@ -539,6 +544,10 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
         model_spec["api_base"] = api_base
     if secret:
         model_spec["secret"] = secret
+    for price, per_token in (("input_cost_per_token", input_cost_per_token),
+                             ("output_cost_per_token", output_cost_per_token)):
+        if per_token is not None:
+            model_spec[price] = per_token
     try:
         constraints_body = with_max_tasks(flat("--constraints", constraints, numbers=True) if constraints else None,
                                           max_tasks)

@@ -160,17 +160,17 @@ def _number(path: str, value: Any, *, integer: bool) -> float:
         raise InvalidInput(f"{where} must be a number, got {value!r}", code="invalid_limit")
     if not math.isfinite(value):
         raise InvalidInput(f"{where} must be a finite number, got {value!r}", code="invalid_limit")
-    if integer and (float(value) != int(value) or value < 1):
-        raise InvalidInput(f"{where} must be a whole number >= 1, got {value!r}", code="invalid_limit")
-    if value <= 0:
+    if value <= 0 and not integer:
         raise InvalidInput(f"{where} must be greater than 0, got {value!r}", code="invalid_limit")
     # The API refuses out-of-range values with 422 first (``benchwright.schemas.check_numbers``); a launch made
     # another way (a schedule's firing, a fork's resolution) meets the same table here.
     quantity = "max_tasks" if path == "metadata.limit" else path.rsplit(".", 1)[-1]
     low, high, low_exclusive, unit = NUMBER_RANGES.get(quantity, (0.0, float(2**53), True, ""))
     problem = number_problem(value, path=where, low=low, high=high, low_exclusive=low_exclusive, unit=unit)
-    if problem:
+    if problem and not (integer and value < 1):
         raise InvalidInput(problem, code="invalid_limit")
+    if integer and (float(value) != int(value) or value < 1):
+        raise InvalidInput(f"{where} must be a whole number >= 1, got {value!r}", code="invalid_limit")
     return float(value)
 
 

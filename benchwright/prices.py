@@ -73,7 +73,7 @@ def cost_map_prices(identifier: str) -> Prices | None:
         if not isinstance(known, dict):
             continue
         inp, out = known.get("input_cost_per_token"), known.get("output_cost_per_token")
-        if _price(inp) and _price(out):
+        if isinstance(inp, (int, float)) and isinstance(out, (int, float)) and _price(inp) and _price(out):
             return Prices(input_cost_per_token=float(inp), output_cost_per_token=float(out))
     return None
 
@@ -112,7 +112,8 @@ def check_priced(spec: ModelSpec, limits: RunLimits) -> None:
     raise InvalidInput(
         f"model '{spec.identifier}' has no known price (LiteLLM's cost map does not list it), so "
         f"{' and '.join(limited)} could never be reached; give its price in the launch: "
-        '"model": {"identifier": ..., "input_cost_per_token": <USD>, "output_cost_per_token": <USD>}',
+        '"model": {"identifier": ..., "input_cost_per_token": <USD>, "output_cost_per_token": <USD>} '
+        "(benchwright run: --input-cost-per-token, --output-cost-per-token)",
         code="unpriced_model")
 
 

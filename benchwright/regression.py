@@ -55,6 +55,7 @@ _EVERY = re.compile(r"^([1-9][0-9]{0,5})(s|m|h|d)$")
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 MIN_EVERY = timedelta(seconds=1)
+MAX_EVERY = timedelta(days=366)
 
 
 class AlertRule(BaseModel):
@@ -102,7 +103,11 @@ def parse_cadence(every: str) -> Cadence:
     text = every.strip()
     match = _EVERY.match(text)
     if match:
-        return Cadence(interval=timedelta(**{_UNITS[match[2]]: int(match[1])}))
+        interval = timedelta(**{_UNITS[match[2]]: int(match[1])})
+        if interval > MAX_EVERY:  # bounded like every number of a launch (issue 23): 999999d is 2,700 years
+            raise InvalidInput(f"every={every!r} is longer than {MAX_EVERY.days} days; at most '{MAX_EVERY.days}d'",
+                               code="invalid_schedule")
+        return Cadence(interval=interval)
     fields = text.split()
     if len(fields) == 5 and all(_CRON_FIELD.match(f) for f in fields):
         return Cadence(cron=text)

@@ -160,7 +160,9 @@ class _Strict(BaseModel):
 
 class _Bounded(_Strict):
     """A request body: before anything else, every number in it is finite and bounded (``check_numbers``), so
-    the 422 names the field and its range whichever field it is."""
+    the 422 names the field and its range whichever field it is. Only what arrives over the API is held to it: a
+    launch read back from the store or from a workflow's input validates as ``LaunchRequest``, so a bound tightened
+    later never fails a stored launch or a running workflow's task."""
 
     @model_validator(mode="before")
     @classmethod
@@ -178,9 +180,10 @@ class ModelSpec(_Strict):
     source: Literal["litellm"] = "litellm"
     api_base: str | None = Field(default=None, max_length=2048)
     """Base URL of an OpenAI-compatible (or other LiteLLM-supported) endpoint."""
-    input_cost_per_token: float | None = Field(default=None, ge=0, le=MAX_PRICE_PER_TOKEN, allow_inf_nan=False)
+    # The upper bound is enforced on request bodies (``_Bounded``), not here: a stored launch re-validates as is.
+    input_cost_per_token: float | None = Field(default=None, ge=0, json_schema_extra={"maximum": MAX_PRICE_PER_TOKEN})
     """USD per input token, for a model LiteLLM's cost map does not price (or to override its price)."""
-    output_cost_per_token: float | None = Field(default=None, ge=0, le=MAX_PRICE_PER_TOKEN, allow_inf_nan=False)
+    output_cost_per_token: float | None = Field(default=None, ge=0, json_schema_extra={"maximum": MAX_PRICE_PER_TOKEN})
     params: dict[str, Any] = Field(default_factory=dict)
     """Sampling parameters set once for the run (temperature, max_tokens, ...); at most 16 KiB serialized."""
     secret: str | None = Field(default=None, max_length=128)
@@ -228,7 +231,7 @@ def check_model_identifier(identifier: str) -> None:
         raise InvalidInput(problem, code="invalid_model")
 
 
-class LaunchRequest(_Bounded):
+class LaunchRequest(_Strict):
     """Body of ``POST /v1/runs``: a dataset launch (§3)."""
 
     dataset: str | None = Field(default=None, min_length=1, max_length=4096)
@@ -309,6 +312,11 @@ class LaunchRequest(_Bounded):
             if isinstance(data.get("model"), str):
                 data = {**data, "model": {"identifier": data["model"]}}
         return data
+
+
+class LaunchBody(LaunchRequest, _Bounded):
+    """What ``POST /v1/runs`` accepts: a ``LaunchRequest`` whose every number is finite and bounded (422 naming the
+    field and its range, ``check_numbers``)."""
 
 
 class TasksSummary(BaseModel):

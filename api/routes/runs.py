@@ -34,7 +34,7 @@ from benchwright.schemas import (
     MAX_INDEX,
     EventPage,
     EventView,
-    LaunchRequest,
+    LaunchBody,
     RunList,
     RunView,
     TaskDetail,
@@ -73,7 +73,7 @@ a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 
 
 
 @router.post("", status_code=201, response_model=RunView, responses=responses(*BODY, 402, 409, 429, 503))
-async def launch_run(body: LaunchRequest, account: AccountDep, state: StateDep) -> RunView:
+async def launch_run(body: LaunchBody, account: AccountDep, state: StateDep) -> RunView:
     """Launch a run: records RunLaunched (seq 0) and starts its workflow. ``{"replay_of", "model"}`` launches a
     replay of that run (``POST /v1/runs/{id}/replay``)."""
     check_model_identifier(body.model.identifier)

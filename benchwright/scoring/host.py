@@ -20,6 +20,7 @@ from typing import Any
 from benchwright.results import model_input
 from benchwright.scoring.aggregators import normalize_score, outcome_for
 from benchwright.sut import SutClient, SutError
+from benchwright.traces import relative_trace
 
 RUNNER = Path(__file__).with_name("runner.py")
 _STDERR_TAIL = 8192
@@ -441,8 +442,8 @@ class _Session:
             error, limit = f"limit_exceeded:task.cost (${cost:.6f} > ${self.limits.cost_usd:g})", "task.cost"
         if error and retry and limit not in _NO_RETRY and await self._retry(item_id, item):
             return
-        if trace:
-            meta = {**meta, "trace": trace}
+        if trace:  # shown to the run's readers: without the server's paths (benchwright.traces)
+            meta = {**meta, "trace": relative_trace(trace)}
         if limit:
             meta = {**meta, "limit_exceeded": limit}
         attempts = self.attempts[(item.index, item.trial)]

@@ -44,6 +44,9 @@ class AnthropicDoubleConfig:
     output_tokens: int = 5
     api_key: str | None = None
     """When set, the ``x-api-key`` every request must carry."""
+    reply_model: str | None = None
+    """The ``model`` every answer names (default: the request's), like a gateway that serves another model than
+    the one asked for, or an endpoint that says it is a cheap one: the reply's word is not what prices the call."""
 
 
 @dataclass
@@ -75,7 +78,8 @@ class AnthropicDouble:
             part.get("text", "") for part in last if isinstance(part, dict)) if isinstance(last, list) else ""
         return JSONResponse({
             "id": f"msg_double_{next(self._ids):06d}", "type": "message", "role": "assistant",
-            "model": body.get("model"), "content": [{"type": "text", "text": self.reply_for(text)}],
+            "model": self.config.reply_model or body.get("model"),
+            "content": [{"type": "text", "text": self.reply_for(text)}],
             "stop_reason": "end_turn", "stop_sequence": None,
             "usage": {"input_tokens": self.config.input_tokens, "output_tokens": self.config.output_tokens},
         })

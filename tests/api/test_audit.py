@@ -108,6 +108,10 @@ async def test_admin_actions_are_recorded_and_only_admins_read_them(stack: Stack
             for http in (owner, stranger, anonymous):
                 refused = await http.get("/v1/admin/audit")
                 assert refused.status_code == 404 and refused.json() == unknown.json(), refused.text
+                # a wrong method does not give the route away with a 405 and its Allow header either
+                probed = await http.delete("/v1/admin/audit")
+                assert probed.status_code == 404 and probed.json() == unknown.json(), probed.text
+                assert "allow" not in probed.headers
 
     # the CLI prints the same trail for an admin key, and refuses a non-admin one
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}

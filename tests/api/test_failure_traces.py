@@ -79,3 +79,26 @@ def test_traces_keep_frames_and_code_but_not_locals() -> None:
     shown = relative_trace(raw)
     assert 'File "temporalio/worker/_activity.py", line 9' in shown and 'File "activities/fetch.py", line 3' in shown
     assert 'File "…/deploy/x.py", line 1' in shown and "/srv" not in shown
+
+
+async def test_a_scorer_errors_trace_is_relative_too(stack: Stack) -> None:
+    impl = '''
+class Scorer:
+    def extract(self, row):
+        return row["question"]
+    def solve(self, row, call_sut):
+        raise RuntimeError("scorer bug on purpose")
+    def score(self, row, response):
+        return 1.0
+'''
+    from tests.conftest import SAMPLE
+
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": str(SAMPLE / "arithmetic.jsonl"), "metadata": {"limit": 2},
+                                  "model": {"identifier": "openai/dev", "api_base": stack.dev_url}, "task_impl": impl})
+        await wait_terminal(http, run["id"])
+        detail = (await http.get(f"/v1/runs/{run['id']}/tasks/0")).json()
+    trace = detail["trials"][0]["meta"]["trace"]
+    assert "scorer bug on purpose" in trace and "task_impl.py" in trace, trace
+    _assert_no_server_paths(trace)
+    assert str(stack.data_dir) not in trace, "nor the deployment's data directory"

@@ -104,7 +104,8 @@ async def test_hostile_numbers_in_every_launch_field_answer_422_naming_the_field
         after = (await http.get("/v1/runs", params={"limit": 200})).json()["runs"]
         assert len(after) == len(listed), "no hostile launch made a run"
         # In range, the same fields launch (the table is not refusing everything).
-        ok = await http.post("/v1/runs", json={**_launch_base(stack), "limits": {
+        priced = {**_launch_base(stack)["model"], "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}
+        ok = await http.post("/v1/runs", json={**_launch_base(stack), "model": priced, "limits": {
             "phase": {"duration": 3600}, "run": {"cost": 5.0}, "attempt": {"duration": 30}}, "concurrency": 4})
         assert ok.status_code == 201, ok.text
         await http.post(f"/v1/runs/{ok.json()['id']}/stop", json={})

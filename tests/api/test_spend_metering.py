@@ -23,13 +23,16 @@ MODEL = "anthropic/claude-sonnet-4-5"
 """Priced in LiteLLM's bundled cost map (``LITELLM_LOCAL_MODEL_COST_MAP``): the figures below are read from it."""
 REAL_KEY = "sk-ant-double-" + "7" * 20
 IN_TOKENS, OUT_TOKENS = 100_000, 20_000
+REPLY_MODEL = "claude-haiku-4-5"
+"""What the double's answers say they are: a cheaper model in the cost map. The endpoint is the launcher's (its
+``api_base``), so its word on the model must not set the price: the launch's model string does."""
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def anthropic(stack: Stack, dev_models: DevModels) -> AsyncIterator[AnthropicDouble]:
     double = await start_anthropic_double(AnthropicDoubleConfig(
         answers=load_answers(SAMPLE / "arithmetic.jsonl"), input_tokens=IN_TOKENS, output_tokens=OUT_TOKENS,
-        api_key=REAL_KEY))
+        api_key=REAL_KEY, reply_model=REPLY_MODEL))
     address = double.url.removeprefix("http://")
     dev_models.allowed.append(address)  # the operator listed it, like every loopback model endpoint of the tests
     async with stack.http() as http:
@@ -49,6 +52,8 @@ async def test_anthropic_routed_run_records_cost_model_from_the_cost_map(stack: 
                                                                          anthropic: AnthropicDouble) -> None:
     prices = cost_map_prices(MODEL)
     assert prices is not None and prices.input_cost_per_token > 0, "the cost map prices the model"
+    cheap = cost_map_prices(REPLY_MODEL)
+    assert cheap is not None and cheap.input_cost_per_token < prices.input_cost_per_token
     per_call = IN_TOKENS * prices.input_cost_per_token + OUT_TOKENS * prices.output_cost_per_token
     async with stack.http() as http:
         run = await launch(http, {"dataset": DATASET, "model": _model(anthropic), "metadata": {"limit": 5}})

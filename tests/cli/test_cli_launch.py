@@ -70,6 +70,7 @@ async def test_run_sends_every_launch_flag_and_watch_json_prints_the_final_run(s
     impl = tmp_path / "task_impl.py"
     impl.write_text(VOTING_IMPL)
     done = await bw("run", "--dataset", DATASET, "--model", "openai/dev", "--api-base", stack.dev_url,
+                    "--input-cost-per-token", "1e-7", "--output-cost-per-token", "2e-7",  # a cost limit needs a price
                     "--driver", "builtin", "--concurrency", "3", "--limit", "run.cost=5", "--limit",
                     "attempt.duration=60", "--limit", "task.attempts=2", "--constraints", "max_tasks=20",
                     "--compute", "local", "--visibility", "unlisted", "--task-impl", str(impl),
@@ -94,6 +95,7 @@ async def test_run_sends_every_launch_flag_and_watch_json_prints_the_final_run(s
     assert launched["type"] == "RunLaunched"
     body = launched["data"]["launch"]
     assert body["concurrency"] == 3 and body["compute"] == "local" and body["driver"] == "builtin"
+    assert body["model"]["input_cost_per_token"] == 1e-7 and body["model"]["output_cost_per_token"] == 2e-7
     assert body["limits"] == {"run": {"cost": 5}, "attempt": {"duration": 60}, "task": {"attempts": 2}}
     assert body["constraints"] == {"max_tasks": 20}
     assert body["task_impl"] == VOTING_IMPL
