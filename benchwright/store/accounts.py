@@ -10,6 +10,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
@@ -78,7 +79,8 @@ def _aware(value: datetime) -> datetime:
 def _account(session: Session, account_name: str | None, account_id: str | None) -> Account:
     account: Account | None
     if account_name is not None:
-        account = session.execute(select(Account).where(Account.name == account_name)).scalar_one_or_none()
+        account = cast("Account | None", session.execute(select(Account).where(Account.name == account_name))
+                       .scalar_one_or_none())
         if account is None:
             raise NotFound(f"no account named {account_name!r}")
         return account
