@@ -4,6 +4,7 @@ keys; rotating or revoking one takes effect at the commit (every request looks i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
@@ -65,6 +66,8 @@ class ApiKeyInfo:
     prefix: str
     created_at: datetime
     last_used_at: datetime | None
+    current: bool = False
+    """The key this request was made with (``GET /v1/account/keys``)."""
 
 
 def _info(row: ApiKey) -> ApiKeyInfo:
@@ -141,14 +144,15 @@ def add_key(engine: Engine, *, account_name: str | None = None, account_id: str 
     return info, key
 
 
-def list_keys(engine: Engine, *, account_id: str | None = None, account_name: str | None = None
-              ) -> list[ApiKeyInfo]:
-    """The account's keys, oldest first."""
+def list_keys(engine: Engine, *, account_id: str | None = None, account_name: str | None = None,
+              current: str | None = None) -> list[ApiKeyInfo]:
+    """The account's keys, oldest first; the one that is ``current`` (the caller's own key) says so."""
     with Session(engine) as session:
         account = _account(session, account_name, account_id)
         rows = session.execute(select(ApiKey).where(ApiKey.account_id == account.id)
                                .order_by(ApiKey.created_at, ApiKey.name)).scalars().all()
-        return [_info(r) for r in rows]
+        mine = _digest(current) if current else None
+        return [dataclasses.replace(_info(r), current=r.key_hash == mine) for r in rows]
 
 
 def rotate_key(engine: Engine, *, name: str, account_id: str | None = None, account_name: str | None = None
