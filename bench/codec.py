@@ -2,7 +2,7 @@
 run's payloads have (a control call ~200 B, a launch body with its scorer ~8 KB, a phase result ~64 KB, the 2 MB
 ceiling a payload may reach), against the pydantic converter alone; and a secret's encrypt/decrypt in the store.
 
-    python bench/codec.py                  # 2,000 payloads per size, median of 5 repeats
+    python bench/codec.py                  # 2,000 payloads per size, best of 5 rounds
     python bench/codec.py --n 500 --repeat 3
 
 Prints per size: µs per payload for the codec's encode and decode, the converter's own to_payloads for the same
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,14 +29,14 @@ SIZES = {"control 200 B": 200, "launch 8 KB": 8 * 1024, "phase result 64 KB": 64
 
 
 def _time(fn, n: int, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    """Median µs per call over ``repeat`` rounds of ``n`` calls."""
+    """µs per call: the best of ``repeat`` rounds of ``n`` calls (the least disturbed by other load)."""
     rounds = []
     for _ in range(repeat):
         start = time.perf_counter()
         for _ in range(n):
             fn()
         rounds.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(rounds)
+    return min(rounds)
 
 
 async def main() -> None:
@@ -54,9 +53,9 @@ async def main() -> None:
         [payload] = converter.to_payloads([value])
         sealed = codec.encode_one(payload)
         n = max(20, args.n * 200 // max(size, 200)) if size > 64 * 1024 else args.n
-        convert = _time(lambda v=value: converter.to_payloads([v]), n, args.repeat)
         enc = _time(lambda p=payload: codec.encode_one(p), n, args.repeat)
         dec = _time(lambda s=sealed: codec.decode_one(s), n, args.repeat)
+        convert = _time(lambda v=value: converter.to_payloads([v]), n, args.repeat)
         added = sealed.ByteSize() - payload.ByteSize()
         print(f"{label:<20} {convert:>15.1f} {enc:>10.1f} {dec:>10.1f} {added:>7}")
     kid, blob = keyring.encrypt(b"sk-" + b"k" * 48, aad=b"benchwright-secret:row")

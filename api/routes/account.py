@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -47,6 +47,8 @@ class ApiKeyView(BaseModel):
     created_at: datetime
     last_used_at: datetime | None
     """When the key last authenticated a request (to the minute); null if never."""
+    current: bool = False
+    """This request's own key (rotating or revoking it ends this key)."""
 
 
 class ApiKeyList(BaseModel):
@@ -73,9 +75,11 @@ def _new(info: keys.ApiKeyInfo, key: str) -> NewApiKey:
 
 
 @router.get("/account/keys", response_model=ApiKeyList, responses=responses())
-async def list_api_keys(account: AccountDep, state: StateDep) -> ApiKeyList:
-    """The account's API keys (never the keys themselves)."""
-    rows = await run_in_threadpool(keys.list_keys, state.engine, account_id=account.id)
+async def list_api_keys(account: AccountDep, state: StateDep, request: Request) -> ApiKeyList:
+    """The account's API keys (never the keys themselves); ``current`` marks the one this request used."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    rows = await run_in_threadpool(keys.list_keys, state.engine, account_id=account.id,
+                                   current=token.strip() if scheme.lower() == "bearer" else None)
     return ApiKeyList(keys=[ApiKeyView(**vars(r)) for r in rows])
 
 

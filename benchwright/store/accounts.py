@@ -4,12 +4,14 @@ keys; rotating or revoking one takes effect at the commit (every request looks i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
@@ -71,6 +73,8 @@ class ApiKeyInfo:
     prefix: str
     created_at: datetime
     last_used_at: datetime | None
+    current: bool = False
+    """The key this request was made with (``GET /v1/account/keys``)."""
 
 
 def _info(row: ApiKey) -> ApiKeyInfo:
@@ -85,7 +89,8 @@ def _aware(value: datetime) -> datetime:
 def _account(session: Session, account_name: str | None, account_id: str | None) -> Account:
     account: Account | None
     if account_name is not None:
-        account = session.execute(select(Account).where(Account.name == account_name)).scalar_one_or_none()
+        account = cast("Account | None", session.execute(select(Account).where(Account.name == account_name))
+                       .scalar_one_or_none())
         if account is None:
             raise NotFound(f"no account named {account_name!r}")
         return account
@@ -148,14 +153,15 @@ def add_key(engine: Engine, *, account_name: str | None = None, account_id: str 
     return info, key
 
 
-def list_keys(engine: Engine, *, account_id: str | None = None, account_name: str | None = None
-              ) -> list[ApiKeyInfo]:
-    """The account's keys, oldest first."""
+def list_keys(engine: Engine, *, account_id: str | None = None, account_name: str | None = None,
+              current: str | None = None) -> list[ApiKeyInfo]:
+    """The account's keys, oldest first; the one that is ``current`` (the caller's own key) says so."""
     with Session(engine) as session:
         account = _account(session, account_name, account_id)
         rows = session.execute(select(ApiKey).where(ApiKey.account_id == account.id)
                                .order_by(ApiKey.created_at, ApiKey.name)).scalars().all()
-        return [_info(r) for r in rows]
+        mine = _digest(current) if current else None
+        return [dataclasses.replace(_info(r), current=r.key_hash == mine) for r in rows]
 
 
 def rotate_key(engine: Engine, *, name: str, account_id: str | None = None, account_name: str | None = None,

@@ -32,7 +32,7 @@ async def test_keys_are_named_listed_rotated_and_revoked_and_the_old_key_dies_at
     async with stack.http(ci) as http:
         assert (await http.get("/v1/account")).status_code == 200
         listed = (await http.get("/v1/account/keys")).json()["keys"]
-        assert [k["name"] for k in listed] == ["default", "ci"]
+        assert [(k["name"], k["current"]) for k in listed] == [("default", False), ("ci", True)]
         assert all(k["last_used_at"] is not None for k in listed), "both keys have authenticated a request"
         assert all("key" not in k and "key_hash" not in k for k in listed)
 

@@ -10,14 +10,17 @@ import json
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
+from api.main import create_app
 from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import temporal_binary
+from benchwright.devstack import free_port, temporal_binary
+from benchwright.settings import Settings
 from benchwright.store.accounts import create_account
-from benchwright.store.db import make_engine
+from benchwright.store.db import make_engine, migrate
 from tests.api.helpers import launch, wait_terminal
-from tests.conftest import SAMPLE, DevModels, Stack
+from tests.conftest import SAMPLE, DevModels, Stack, serve_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -135,3 +138,25 @@ async def test_the_codec_endpoint_decodes_for_admins_only(stack: Stack) -> None:
             assert refused.status_code == 404 and secret_text not in refused.text
     async with stack.http(None) as http:  # the Temporal UI's path exists only where `up` turns it on
         assert (await http.post(f"/v1/admin/codec/ui/{'0' * 64}/decode", json={"payloads": [enc]})).status_code == 404
+
+
+async def test_without_a_deployment_key_no_secret_is_stored(tmp_path: Path) -> None:
+    """A deployment with no key refuses to store a secret (503 naming what to set) rather than keep it in clear."""
+    settings = Settings(data_dir=tmp_path)
+    engine = make_engine(settings.resolved_database_url())
+    migrate(engine)
+    _, key = create_account(engine, name="keyless")
+    port = free_port()
+    server, task = await serve_app(create_app(settings), port)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                     headers={"Authorization": f"Bearer {key}"}) as http:
+            refused = await http.post("/v1/secrets", json={"name": "K", "value": "sk-never-stored"})
+            listed = (await http.get("/v1/secrets")).json()["secrets"]
+    finally:
+        server.should_exit = True
+        await task
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "no_deployment_key"
+    assert "BENCHWRIGHT_DEPLOYMENT_KEY" in refused.json()["error"]["message"] and listed == []
+    assert b"sk-never-stored" not in (tmp_path / "benchwright.db").read_bytes()
+    engine.dispose()

@@ -54,7 +54,7 @@ def _env_leak():
 def _read_host_files():
     got = []
     for path in [os.path.join(DATA_DIR, "benchwright.db"), "/root/.bashrc", "/etc/shadow",
-                 os.path.join(DATA_DIR, "runs")]:
+                 os.path.join(DATA_DIR, "runs"), os.path.join(DATA_DIR, "deployment.key")]:
         try:
             if os.path.isdir(path):
                 got.append(path + ":" + ",".join(os.listdir(path)))

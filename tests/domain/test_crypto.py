@@ -61,6 +61,23 @@ def test_a_malformed_key_is_refused_with_the_reason(text: str) -> None:
     assert "the test" in caught.value.message
 
 
+def test_no_dataset_path_reads_the_deployment_key(tmp_path: Path) -> None:
+    """An account allowed local dataset paths still cannot name the key file, in the data directory or elsewhere."""
+    from benchwright.dataset_access import LocalPathRules, check_local_path
+    from benchwright.errors import DatasetError
+
+    elsewhere = tmp_path / "etc" / "bw.key"
+    elsewhere.parent.mkdir()
+    write_key_file(elsewhere, [_key()])
+    data_dir = tmp_path / "data"
+    for settings, path in ((Settings(data_dir=data_dir, deployment_key_file=elsewhere, allow_local_paths=True),
+                            elsewhere),
+                           (Settings(data_dir=data_dir, allow_local_paths=True), ensure_key_file(data_dir))):
+        with pytest.raises(DatasetError, match="secrets"):
+            check_local_path(str(path), LocalPathRules.from_settings(settings, account_local_paths=True),
+                             must_exist=True)
+
+
 def test_values_are_bound_to_their_owner_and_their_key() -> None:
     ring = Keyring([_key()], source="test")
     kid, blob = ring.encrypt(b"sk-live", aad=b"row-1")

@@ -66,7 +66,8 @@ async def _refused_within(handle: ProxyHandle, timeout_s: float) -> float:
 async def test_an_ended_runs_key_is_refused_at_every_workers_proxy(stack: Stack, tmp_path: Path) -> None:
     settings_b = stack.settings.model_copy(update={
         "data_dir": tmp_path / "host-b", "task_queue": f"bw-host-b-{uuid.uuid4()}",
-        "database_url": stack.settings.resolved_database_url()})
+        "database_url": stack.settings.resolved_database_url(),
+        "deployment_key_file": stack.data_dir / "deployment.key"})  # every host of a deployment holds its key
     # Not disposed at the end: build_worker registers this process's LLM driver with it (same database as A's).
     engine_b = make_engine(settings_b.resolved_database_url())
     worker_b = build_worker(stack.client, settings=settings_b, engine=engine_b)
