@@ -119,7 +119,8 @@ def set_quotas(engine: Engine, settings: Settings, *, account_name: str, values:
             setattr(row, name, None)
         row.updated_at = utcnow()
         session.add(row)
-        audit.record(session, actor=actor or audit.cli_actor(), action="account.quota", target=f"account:{account_name}",
+        audit.record(session, actor=actor or audit.cli_actor(), action="account.quota",
+                     target=f"account:{account_name}",
                      detail={"set": {k: v for k, v in values.items() if v is not None}, "reset": list(reset)})
         account_id = account.id
     return quotas_for(engine, settings, account_id=account_id)

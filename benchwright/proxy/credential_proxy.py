@@ -11,7 +11,8 @@ Two ways upstream, chosen per route:
 
 * ``openai`` (model strings LiteLLM routes as OpenAI-compatible, ``openai/<name>``): the request body is forwarded
   as it came, model name swapped, over ``benchwright.httpclient``'s keep-alive pool. ~0.15 ms of proxy CPU per call
-  (see docs/performance.md, keyed runs), against 4-12 ms for LiteLLM's proxy, whose per-call CPU made a keyed run 14x slower.
+  (see docs/performance.md, keyed runs), against 4-12 ms for LiteLLM's proxy, whose per-call CPU made a keyed run
+  14x slower.
 * ``litellm`` (every other provider): ``litellm.acompletion`` inside this process with the route's key. litellm is
   imported on the first such route only (~2 s, ~150 MB once per worker).
 
