@@ -11,6 +11,7 @@ from api import errors
 from api.body_limit import BodyLimit
 from api.deps import AppState
 from api.routes import account, admin, breakdown, compare, forks, harness, policy, registry, runs, schedules, ui
+from api.routes import files as report_files
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 
@@ -34,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(breakdown.router)
     app.include_router(harness.router)
+    app.include_router(report_files.router)
     app.include_router(forks.router)
     app.include_router(account.router)
     app.include_router(policy.router)
