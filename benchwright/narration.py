@@ -280,7 +280,9 @@ async def narrate(facts: NarrationFacts, config: NarratorConfig) -> Narration:
         return Narration(text=builtin, narrator=BUILTIN)
     usage: list[NarrationUsage] = []
     try:
-        text = await asyncio.wait_for(_llm_text(facts, builtin, config, usage), timeout=config.timeout_s)
+        # litellm's first import takes seconds (more on a busy worker): it is not the narrator's time to spend
+        litellm = await asyncio.to_thread(_import_litellm)
+        text = await asyncio.wait_for(_llm_text(litellm, facts, builtin, config, usage), timeout=config.timeout_s)
     except Exception as exc:  # noqa: BLE001 - whatever the narrator did, the run keeps the builtin text
         reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         return Narration(text=builtin, narrator=BUILTIN, fallback=_redact(f"{config.narrator}: {reason}", config),
@@ -288,8 +290,8 @@ async def narrate(facts: NarrationFacts, config: NarratorConfig) -> Narration:
     return Narration(text=text, narrator=config.narrator, usage=usage[0] if usage else None)
 
 
-async def _llm_text(facts: NarrationFacts, draft: str, config: NarratorConfig, usage: list[NarrationUsage]) -> str:
-    litellm = await asyncio.to_thread(_import_litellm)
+async def _llm_text(litellm: Any, facts: NarrationFacts, draft: str, config: NarratorConfig,
+                    usage: list[NarrationUsage]) -> str:
     response = await litellm.acompletion(model=config.narrator, messages=_prompt(facts, draft), api_key=config.api_key,
                                          api_base=config.api_base, timeout=config.timeout_s, num_retries=1,
                                          max_tokens=600)

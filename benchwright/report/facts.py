@@ -4,8 +4,9 @@ projections and its log (never from a worker's disk), and the numbers are the AP
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from sqlalchemy import func
@@ -31,6 +32,8 @@ from benchwright.store.runs import run_view
 __all__ = ["Decision", "ReportFacts", "TaskFact", "narration_facts", "recorded_narration", "report_facts",
            "report_files", "run_narration"]
 
+_log = logging.getLogger(__name__)
+Relation = Literal["fork", "replay", "previous"]
 TOP_REASONS = 10
 MAX_DECISIONS = 400
 """Entries of the Driver's decisions a report lists (the first ones: a Driver that talks longer is cut, said so)."""
@@ -94,13 +97,13 @@ def _top_errors(session: Session, run_id: str, invocation: int, limit: int) -> l
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
-def _comparison(session: Session, run: Run) -> tuple[Run, str] | None:
+def _comparison(session: Session, run: Run) -> tuple[Run, Relation] | None:
     """The run's parent (fork/replay), else the previous terminal run of its shape in the same account."""
     fork = session.get(RunFork, run.id)
     other: Run | None = None
-    relation = "previous"
+    relation: Relation = "previous"
     if fork is not None:
-        other, relation = session.get(Run, fork.parent_run_id), fork.kind
+        other, relation = session.get(Run, fork.parent_run_id), "replay" if fork.kind == "replay" else "fork"
     elif run.benchmark_id and run.subset_id and run.impl_id:
         other = session.exec(select(Run).where(
             col(Run.account_id) == run.account_id, col(Run.id) != run.id, col(Run.benchmark_id) == run.benchmark_id,
@@ -136,7 +139,7 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
         other, relation = found
         other_view = run_view(engine, other)
         s = other_view.tasks.summary
-        comparison = Comparison(run_id=other.id, relation=relation,  # type: ignore[arg-type] model=str(other.model.get("identifier", "")),
+        comparison = Comparison(run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
                                 passed=s.passed, failed=s.failed, pass_rate=s.pass_rate, pass_rate_ci=s.pass_rate_ci)
     duration = None
     if run.finished_at is not None:
@@ -165,7 +168,11 @@ def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:
         return recorded.text
     if run.finished_at is None:
         return None
-    return builtin_narration(narration_facts(engine, run, view))
+    try:
+        return builtin_narration(narration_facts(engine, run, view))
+    except Exception:  # noqa: BLE001 - a narration never costs the caller the run view
+        _log.exception("run %s: the builtin narration could not be computed", run.id)
+        return None
 
 
 def _tasks(session: Session, run_id: str, invocation: int) -> list[TaskFact]:
