@@ -10,6 +10,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   (``patched("fork-phase")``) before PipelineStarted, then Atomize and Materialize.
 - ``run_resweep_materialize_v2.json``: a run whose first sweep asks Atomize for a new impl
   (``patched("materialize-restart")``): Atomize v2, then Materialize v2.
+- ``run_with_report.json``: a run that writes its narration and report after its terminal event (issue 26,
+  ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ async def test_a_change_without_a_patch_would_be_caught(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(workflow, "patched", lambda _id: True)
     name = "run_600_tasks_before_balanced_batches.json"
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report history needs its patch: with ``run-report`` reported unpatched, the recorded report_run activity
+    no longer matches the commands the workflow issues."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "run-report" else real(patch_id))
+    name = "run_with_report.json"
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
