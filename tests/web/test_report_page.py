@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_results import IMPL, write_dataset
@@ -42,11 +43,12 @@ async def _open(browser: Any, url: str, body: bytes | None) -> tuple[Any, Any, l
     return context, page, requests, errors
 
 
-async def test_report_renders_offline_with_the_apis_numbers(browser: Any, stack: Stack, tmp_path: Path,
-                                                            screenshots: Path) -> None:
-    write_dataset(tmp_path / "arith_subjects.jsonl")
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def reported(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("report-page")
+    write_dataset(tmp / "arith_subjects.jsonl")
     async with stack.http() as http:
-        run = await launch(http, {"dataset": str(tmp_path / "arith_subjects.jsonl"), "task_impl": IMPL,
+        run = await launch(http, {"dataset": str(tmp / "arith_subjects.jsonl"), "task_impl": IMPL,
                                   "group_by": "subject", "model": {"identifier": "openai/dev",
                                                                    "api_base": stack.dev_url}})
         await wait_terminal(http, run["id"])
@@ -55,8 +57,14 @@ async def test_report_renders_offline_with_the_apis_numbers(browser: Any, stack:
         groups = (await http.get(f"/v1/runs/{run['id']}/breakdown")).json()["groups"]
         report = await http.get(f"/v1/runs/{run['id']}/files/report.html")
     assert report.status_code == 200, report.text
+    return {"view": view, "groups": groups, "report": report.content}
+
+
+async def test_report_renders_offline_with_the_apis_numbers(browser: Any, reported: dict[str, Any], tmp_path: Path,
+                                                            screenshots: Path) -> None:
+    view, groups = reported["view"], reported["groups"]
     path = tmp_path / "report.html"
-    path.write_bytes(report.content)
+    path.write_bytes(reported["report"])
     s = view["tasks"]["summary"]
 
     # From disk: the document is the only thing the browser asks for.
@@ -70,7 +78,7 @@ async def test_report_renders_offline_with_the_apis_numbers(browser: Any, stack:
     assert errors == [], errors
 
     # Served over HTTP with every request routed: still only the document; the script runs without an error.
-    context, page, requests, errors = await _open(browser, REPORT_URL, report.content)
+    context, page, requests, errors = await _open(browser, REPORT_URL, reported["report"])
     try:
         assert float(await page.get_attribute("#pass-rate", "data-value")) == s["pass_rate"]
         assert [float(await page.get_attribute("#pass-rate", f"data-{k}")) for k in ("low", "high")] == \
@@ -107,3 +115,10 @@ async def test_report_renders_offline_with_the_apis_numbers(browser: Any, stack:
     finally:
         await context.close()
     assert errors == [], errors
+
+
+async def test_run_page_shows_the_narration(page: Any, reported: dict[str, Any]) -> None:
+    view = reported["view"]
+    await page.goto(f"/ui/#/runs/{view['id']}")
+    await page.wait_for_selector("#narration-card:not([hidden]) #narration")
+    assert await page.inner_text("#narration") == view["narration"]
