@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
 from sqlalchemy import func
@@ -253,6 +254,18 @@ def _decisions(session: Session, run_id: str) -> tuple[list[Decision], int]:
     return out, max(int(total) - len(rows), 0)
 
 
+def _shown_source(source: Any) -> str | None:
+    """A dataset source as a report shows it: a URL without its userinfo and query (a report is shared more widely
+    than the run: a signed URL's token or a password in it stays in the run's own log)."""
+    if not isinstance(source, str):
+        return None
+    parts = urlsplit(source)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, host, parts.path, "…" if parts.query else "", ""))
+    return source
+
+
 def _receipt(session: Session, run: Run, view: RunView) -> dict[str, Any]:
     atomize = session.exec(select(EventRow.data).where(
         col(EventRow.run_id) == run.id, col(EventRow.type) == AtomizeArtifact.type_name())
@@ -262,7 +275,7 @@ def _receipt(session: Session, run: Run, view: RunView) -> dict[str, Any]:
         "run_id": run.id, "fingerprint": run.fingerprint, "impl_id": run.impl_id,
         "impl_sha256": atomize.get("impl_sha256") if isinstance(atomize, dict) else None,
         "model": run.model.get("identifier"), "driver": run.driver,
-        "dataset": launch.get("dataset") or launch.get("prompt"), "benchmark_id": run.benchmark_id,
+        "dataset": _shown_source(launch.get("dataset") or launch.get("prompt")), "benchmark_id": run.benchmark_id,
         "subset_id": run.subset_id, "subset_fingerprint": run.subset_fingerprint,
         "trials_config": run.trials_config, "backend": run.backend, "status": run.status,
         "display_status": view.display_status, "halt_reason": run.halt_reason,

@@ -172,6 +172,20 @@ async def test_report_files_follow_the_runs_visibility(stack: Stack, reported: d
             await http.patch(f"/v1/runs/{run_id}", json={"visibility": "private"})
 
 
+async def test_a_run_that_failed_still_gets_its_narration_and_report(stack: Stack, tmp_path: Any) -> None:
+    async with stack.http() as http:
+        run = await run_to_the_end(stack, http, {"dataset": str(tmp_path / "missing.jsonl"),
+                                                 "model": {"identifier": "openai/dev", "api_base": stack.dev_url}})
+        view = (await http.get(f"/v1/runs/{run['id']}")).json()
+        listed = (await http.get(f"/v1/runs/{run['id']}/files")).json()["files"]
+        doc = (await http.get(f"/v1/runs/{run['id']}/files/results.json")).json()
+    assert view["status"] == "error"
+    assert "has no scored task" in view["narration"] and "The run failed in fetch" in view["narration"]
+    assert [f["name"] for f in listed] == ["report.html", "results.json"]
+    assert doc["benchwright"]["status"] == "error" and doc["benchwright"]["breakdown"] is None
+    assert doc["results"]["missing"]["acc,none"] is None
+
+
 # -- the LLM narrator ---------------------------------------------------------------------------------------------
 
 NARRATOR_KEY = "sk-narrator-" + uuid.uuid4().hex

@@ -129,3 +129,12 @@ def test_results_json_names_the_task_and_keeps_the_summary() -> None:
     assert doc["benchwright"]["summary"] == facts.view.tasks.summary.model_dump(mode="json")
     assert task_name(_report(receipt={"benchmark_id": "gsm8k"})) == "gsm8k"
     assert task_name(_report(receipt={})) == "run"
+
+
+def test_the_receipt_shows_a_url_without_its_credentials() -> None:
+    from benchwright.report.facts import _shown_source
+
+    assert _shown_source("https://user:tok@data.test:8443/sets/a.jsonl?X-Amz-Signature=abc") == \
+        "https://data.test:8443/sets/a.jsonl?…"
+    assert _shown_source("/srv/datasets/a.jsonl") == "/srv/datasets/a.jsonl"
+    assert _shown_source(None) is None
