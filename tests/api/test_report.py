@@ -149,6 +149,23 @@ async def test_a_rerun_of_the_same_shape_is_compared_with_the_previous(stack: St
     assert "moved +0.0 points" in view["narration"]
 
 
+async def test_a_fork_is_compared_with_its_parent(stack: Stack, reported: dict[str, Any]) -> None:
+    parent = reported["view"]
+    async with stack.http() as http:
+        resp = await http.post(f"/v1/runs/{parent['id']}/fork", json={"rewind_to": "materialize"})
+        assert resp.status_code == 201, resp.text
+        fork = resp.json()
+        await wait_terminal(http, fork["id"])
+        await stack.client.get_workflow_handle(fork["id"]).result()
+        view = (await http.get(f"/v1/runs/{fork['id']}")).json()
+        events = await poll_all(http, fork["id"], page=1000)
+    narrated = next(e["data"] for e in events if e["type"] == "RunNarrated")
+    assert narrated["compared_with"] == parent["id"]
+    rate = parent["tasks"]["summary"]["pass_rate"] * 100
+    assert f"Against its parent run {parent['id']} (openai/dev, {rate:.1f} %)" in view["narration"]
+    assert [e["data"]["name"] for e in events if e["type"] == "ReportFile"] == ["report.html", "results.json"]
+
+
 async def test_report_files_follow_the_runs_visibility(stack: Stack, reported: dict[str, Any]) -> None:
     run_id = reported["view"]["id"]
     async with stack.http(stack.other_key) as other:
