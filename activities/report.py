@@ -4,6 +4,8 @@ report never blocks or fails the run (``workflows/run.py``, ``patched("run-repor
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import activity
 
 from activities.common import Deps
@@ -18,5 +20,21 @@ class ReportActivities:
 
     @activity.defn(name="report_run")
     async def report(self, inp: ReportInput) -> ReportResult:
-        return await write_run_report(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id,
-                                      narrator=self.narrator)
+        beat = asyncio.create_task(_heartbeat())
+        try:
+            return await write_run_report(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id,
+                                          narrator=self.narrator)
+        finally:
+            beat.cancel()
+
+
+HEARTBEAT_EVERY_S = 2.0
+
+
+async def _heartbeat() -> None:
+    """Beat while the report is written, so a worker killed mid-report is noticed within the workflow's
+    heartbeat timeout (10 s) and another worker takes it over, instead of the run waiting out the attempt's
+    10-minute bound (measured in tests/cli/test_stack.py: a SIGKILL right after the terminal event)."""
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(HEARTBEAT_EVERY_S)

@@ -87,6 +87,8 @@ BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_
 LOG_TIMEOUT = timedelta(minutes=2)
 REPORT_TIMEOUT = timedelta(minutes=10)
 """Bound on one attempt of the run's report (the LLM narrator inside it has its own, ``narrator_timeout_s``)."""
+REPORT_HEARTBEAT = timedelta(seconds=10)
+"""How long a killed worker's report waits before another worker retries it."""
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
                            maximum_attempts=3)
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
@@ -292,7 +294,7 @@ class RunWorkflow:
         try:
             await workflow.execute_activity_method(
                 ReportActivities.report, ReportInput(run_id=self._inp.run_id), start_to_close_timeout=REPORT_TIMEOUT,
-                retry_policy=REPORT_RETRY, summary="narration and report")
+                heartbeat_timeout=REPORT_HEARTBEAT, retry_policy=REPORT_RETRY, summary="narration and report")
         except ActivityError:
             workflow.logger.warning("run %s: its report could not be written", self._inp.run_id)
 
