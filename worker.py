@@ -22,6 +22,7 @@ from activities.find import FindActivities
 from activities.fork import ForkActivities
 from activities.materialize import MaterializeActivities
 from activities.regression import RegressionActivities
+from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
 from benchwright.crypto import load_keyring
@@ -93,6 +94,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         regression.start_replay,
         regression.check_replay,
         regression.post_alert,
+        ReportActivities(deps).report,
     ]
     return StackWorker(
         client,

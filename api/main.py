@@ -12,6 +12,7 @@ from api.body_limit import BodyLimit
 from api.deps import AppState
 from api.routes import account, admin, breakdown, codec, compare, forks, harness, policy, registry, runs, schedules, ui
 from benchwright.crypto import load_keyring
+from api.routes import files as report_files
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.policy import prepare_secrets
@@ -37,6 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(breakdown.router)
     app.include_router(harness.router)
+    app.include_router(report_files.router)
     app.include_router(forks.router)
     app.include_router(account.router)
     app.include_router(policy.router)

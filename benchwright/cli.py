@@ -750,6 +750,9 @@ app.command("lineage")(lineage_cmd)
 app.add_typer(schedule_app, name="schedule")
 
 from benchwright.cli_registry import registry_app  # noqa: E402
+from benchwright.cli_report import report_cmd  # noqa: E402
+
+app.command("report")(report_cmd)
 
 app.add_typer(registry_app, name="registry")
 

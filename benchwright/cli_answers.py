@@ -94,6 +94,8 @@ def show_cmd(run_id: str, json_out: JsonOut = False,
         _print(json.dumps({**run, "breakdown": result} if result else run, indent=2, default=str))
         return
     _print("\n".join(summary_lines(run)))
+    if run.get("narration"):
+        _print("\n" + run["narration"])
     if result:
         _print(breakdown_table(result))
         if result["folded"]:

@@ -239,6 +239,19 @@ class Client:
         params = {"by": by} if by is not None else {}
         return self._call("GET", f"/v1/runs/{run_id}/breakdown", params=params)  # type: ignore[no-any-return]
 
+    def files(self, run_id: str) -> dict[str, Any]:
+        """The files the run's report wrote (``report.html``, ``results.json``): name, media type, digest, size."""
+        return self._call("GET", f"/v1/runs/{run_id}/files")  # type: ignore[no-any-return]
+
+    def file(self, run_id: str, name: str) -> bytes:
+        """The bytes of one of the run's report files (raises ApiError 404 when the run has no such file)."""
+        try:
+            resp = self._http.get(f"/v1/runs/{run_id}/files/{name}")
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"cannot reach the API at {self._http.base_url}: {exc}") from exc
+        _raise_for(resp)
+        return resp.content
+
     def task(self, run_id: str, index: int) -> dict[str, Any]:
         run_id = self._rid(run_id)
         return self._call("GET", f"/v1/runs/{run_id}/tasks/{index}")  # type: ignore[no-any-return]

@@ -172,6 +172,9 @@ class MaterializeTaskResult(Event):
     cost_usd: float = 0.0
     input: str | None = None
     """What the model saw on the scorer's last model call, bounded (``benchwright.results.model_input``)."""
+    duration_ms: int | None = None
+    """The trial's latency: from the scorer runtime taking it up to its settling, retries included (None where
+    the runtime does not time trials: a harness bridge, results recorded before it was kept)."""
 
 
 class MaterializeTaskAggregated(Event):
@@ -381,3 +384,42 @@ class WorkFilesRecorded(Event):
 
 
 EVENT_TYPES[WorkFilesRecorded.type_name()] = WorkFilesRecorded
+
+
+class RunNarrated(Event):
+    """The run's narration (issue 26, ``benchwright.narration``): a short prose summary written once the run is
+    over. An output event: it follows PipelineFinished and never feeds the fingerprint."""
+
+    text: str
+    narrator: str
+    """``builtin``, or the LiteLLM model that wrote it."""
+    fallback: str | None = None
+    """Why the configured LLM narrator's text is not the one recorded (its error): the builtin text stands in."""
+    compared_with: str | None = None
+    """The run the narration compares against (the parent of a fork/replay, else the previous run of its shape)."""
+
+
+class NarrationUsage(Event):
+    """Tokens the LLM narrator spent on the run's narration; the cost trigger adds ``cost_usd`` to cost.narration
+    (billed, with the markup) and the call and token counts beside it (migration 0009)."""
+
+    model: str
+    calls: int = 1
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+class ReportFile(Event):
+    """A file the run's report wrote (issue 26, ``benchwright.report``): its bytes are a blob in the deployment's
+    blob store under ``digest``; ``GET /v1/runs/{id}/files/{name}`` downloads it. An output event (§6): never a
+    fingerprint input."""
+
+    name: str
+    media_type: str
+    digest: str
+    """sha256 of the bytes, hex (the blob id)."""
+    size: int
+
+
+EVENT_TYPES.update({cls.__name__: cls for cls in (RunNarrated, NarrationUsage, ReportFile)})

@@ -164,7 +164,8 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             event_key(inp.run_id, "materialize", inp.invocation, rec.index, rec.trial, "result"),
             MaterializeTaskResult(invocation=inp.invocation, index=rec.index, trial=rec.trial, score=rec.score,
                                   outcome=rec.outcome, output=rec.output, meta=rec.meta, error=rec.error,
-                                  usage=rec.usage, cost_usd=rec.cost_usd, input=rec.input),
+                                  usage=rec.usage, cost_usd=rec.cost_usd, input=rec.input,
+                                  duration_ms=rec.duration_ms),
         ))
         if len(by_task[rec.index]) == k:
             aggregate_task(rec.index)

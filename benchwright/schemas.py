@@ -363,6 +363,14 @@ class ProxyLinger(BaseModel):
     """Exact: a linger is routinely sub-cent."""
 
 
+class NarrationCounts(BaseModel):
+    """Beside cost.narration: the LLM narrator's calls and tokens (0 with the builtin narrator)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class CostView(BaseModel):
     """Spend by source, in USD (§9), maintained on the run row by a database trigger as events land."""
 
@@ -372,6 +380,8 @@ class CostView(BaseModel):
     """Tokens the SUT spent during Materialize."""
     sandbox: float = 0.0
     narration: float = 0.0
+    """The run-summary LLM's spend (``benchwright.narration``); its calls and tokens are in ``narration_usage``."""
+    narration_usage: NarrationCounts = Field(default_factory=NarrationCounts)
     incurred: float = 0.0
     """driver + model + sandbox + narration."""
     billed: float = 0.0
@@ -413,6 +423,9 @@ class RunView(BaseModel):
     off_leaderboard: str | None = None
     """Why the run will not appear on a leaderboard (private run, private benchmark, on no benchmark...); None
     when it will, once it finishes ok (``benchwright.registry.pinned.leaderboard_note``)."""
+    narration: str | None = None
+    """A short prose summary of the terminal run (``benchwright.narration``); null while it runs. On
+    ``GET /v1/runs/{id}`` only (listings leave it out)."""
     terminal: bool = False
     """The run is over: its log is closed by PipelineFinished (the SSE stream ends there, and polling the events
     says ``terminal`` at the same moment). A torn-down run keeps its ``status`` (§1: a halt is a flag, not a

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TASK_QUEUE = "benchwright-runs"
@@ -53,6 +53,28 @@ class Settings(BaseSettings):
     """Bound on one LLM-driver model call (LiteLLM retries transient faults twice within it)."""
     driver_sample_tasks: int = Field(default=10, ge=1)
     """Most sample tasks one runScorer tool call may run in the work sandbox."""
+
+    narrator: str = "builtin"
+    """Who writes each terminal run's narration (``benchwright.narration``): ``builtin`` (deterministic, free) or a
+    LiteLLM model string (``openai/gpt-4o-mini``), whose spend is the run's cost.narration (billed). A failing or
+    slow LLM narrator falls back to the builtin text; narration never blocks or fails a run."""
+    narrator_api_base: str | None = None
+    """Where the LLM narrator's calls go instead of the provider's own endpoint (a gateway; the scripted-LLM double
+    in tests). A deployment setting: the narrator's key goes wherever this points."""
+    narrator_api_key: SecretStr | None = None
+    """The LLM narrator's provider key (``BENCHWRIGHT_NARRATOR_API_KEY``); never logged or echoed."""
+    narrator_input_cost_per_token: float | None = Field(default=None, ge=0, le=1)
+    narrator_output_cost_per_token: float | None = Field(default=None, ge=0, le=1)
+    """USD per token for narrator calls; unset, LiteLLM's price map for the narrator's model (else 0)."""
+    narrator_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Bound on the LLM narrator's call; past it the builtin text is recorded (the report still follows)."""
+
+    @field_validator("narrator")
+    @classmethod
+    def _narrator_shape(cls, v: str) -> str:
+        from benchwright.narration import check_narrator  # one rule, beside the narrator
+
+        return check_narrator(v)
 
     allow_local_paths: bool = False
     """Whether Fetch may read a dataset from a path on the worker's host. Off by default, so a shared server never

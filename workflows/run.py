@@ -39,6 +39,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from activities.report import ReportActivities
     from benchwright.events import (
         ControlRefused,
         Event,
@@ -73,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
     )
+    from benchwright.report import ReportInput
     from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
 PHASE_TIMEOUT = timedelta(minutes=30)
@@ -84,6 +86,12 @@ BATCH_HEARTBEAT = timedelta(seconds=5)
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=20, non_retryable_error_types=["RunHalted"])
 LOG_TIMEOUT = timedelta(minutes=2)
+REPORT_TIMEOUT = timedelta(minutes=10)
+"""Bound on one attempt of the run's report (the LLM narrator inside it has its own, ``narrator_timeout_s``)."""
+REPORT_HEARTBEAT = timedelta(seconds=10)
+"""How long a killed worker's report waits before another worker retries it."""
+REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
+                           maximum_attempts=3)
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 
 
@@ -289,10 +297,22 @@ class RunWorkflow:
         finally:
             if clock is not None:
                 clock.cancel()
+        if workflow.patched("run-report"):
+            await self._report()
         await self._linger_then_stop_proxy()
         # Signal handlers may still be writing (a refusal's event); let them land before the workflow closes.
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
+
+    async def _report(self) -> None:
+        """The run's narration and report (issue 26), once its terminal event is in: output events only. It never
+        blocks or fails the run: a report that cannot be written (its attempts spent) leaves the result as it is."""
+        try:
+            await workflow.execute_activity_method(
+                ReportActivities.report, ReportInput(run_id=self._inp.run_id), start_to_close_timeout=REPORT_TIMEOUT,
+                heartbeat_timeout=REPORT_HEARTBEAT, retry_policy=REPORT_RETRY, summary="narration and report")
+        except ActivityError:
+            workflow.logger.warning("run %s: its report could not be written", self._inp.run_id)
 
     async def _linger_then_stop_proxy(self) -> None:
         """The model proxy stays up for the linger window after the run ends (metered apart), then stops."""

@@ -30,6 +30,7 @@ from benchwright.quotas import check_launch, fairness_key
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.pinned import resolve_pin
 from benchwright.registry.shape import readable_run, set_pin
+from benchwright.report.facts import run_narration
 from benchwright.schemas import (
     MAX_INDEX,
     EventPage,
@@ -165,7 +166,7 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
 
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
-        return view
+        return await run_in_threadpool(_narrated, state, view)
     # The workflow's completion wakes us at once (its last activity wrote the row); a halt leaves the workflow
     # running, so the row is also re-read every WAIT_HALT_CHECK_S. Without Temporal (unreachable, or the workflow
     # gone) the row alone is polled at that pace.
@@ -187,6 +188,13 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
         if finished is not None:
             finished.cancel()
             await asyncio.gather(finished, return_exceptions=True)  # a failed workflow's error is the row's to tell
+    return await run_in_threadpool(_narrated, state, view)
+
+
+def _narrated(state: StateDep, view: RunView) -> RunView:
+    """The view with the terminal run's narration (issue 26, ``benchwright.narration``)."""
+    if view.terminal:
+        view.narration = run_narration(state.engine, get_run(state.engine, run_id=view.id), view)
     return view
 
 

@@ -33,6 +33,7 @@ export function runView(root, runId) {
     stop: h("button", { id: "btn-stop", class: "danger", disabled: true }, "Stop"),
     flash: h("p", { id: "flash", class: "error", role: "alert" }),
     review: h("section", { id: "review-box", class: "card review", hidden: true }),
+    narration: h("p", { id: "narration", class: "narration" }),
     counters: h("div", { id: "counters", class: "counters" }),
     canvas: h("canvas", { id: "heatmap", role: "img", "aria-label": "task outcomes" }),
     legend: h("p", { class: "legend" }, ["pass", "fail", "err", "running", "pending"].map((k) =>
@@ -48,7 +49,9 @@ export function runView(root, runId) {
   root.append(h("section", { class: "run" },
     h("div", { class: "run-head" }, el.title, el.status, el.temporal, el.stream,
       h("div", { class: "controls" }, el.pause, el.resume, el.stop)),
-    el.flash, el.review, el.counters,
+    el.flash, el.review,
+    h("section", { id: "narration-card", class: "card", hidden: true }, h("h2", {}, "Summary"), el.narration),
+    el.counters,
     h("div", { class: "columns" },
       h("section", { class: "card wide" }, h("h2", {}, "Tasks"), h("div", { class: "heatmap-box" }, el.canvas),
         el.legend),
@@ -169,6 +172,7 @@ export function runView(root, runId) {
     if (dirty.has("heatmap")) heatmap.draw();
     if (dirty.has("counters")) renderCounters();
     if (dirty.has("head")) renderHead(run);
+    if (dirty.has("head")) renderNarration(run);
     if (dirty.has("receipt")) renderReceipt(run);
     if (dirty.has("cost")) renderCost(run.cost);
     if (dirty.has("timeline")) phases.render(el.timeline, Date.now());
@@ -208,6 +212,13 @@ export function runView(root, runId) {
     el.resume.disabled = over || run.display_status !== "paused";
     el.stop.disabled = over;
     renderReview(run, over);
+  }
+
+  // The terminal run's prose summary (issue 26): recorded after its terminal event, shown as the API gives it.
+  function renderNarration(run) {
+    const text = run.narration ?? "";
+    el.narration.textContent = text;
+    el.narration.closest("section").hidden = !text;
   }
 
   function renderReview(run, over) {

@@ -54,6 +54,8 @@ class TrialRecord:
     cost_usd: float = 0.0
     input: str | None = None
     """The messages of the trial's last model call, bounded (``benchwright.results.model_input``)."""
+    duration_ms: int | None = None
+    """From the runtime taking the trial up to its settling (retries included); None if it never started."""
 
 
 def runner_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -450,8 +452,10 @@ class _Session:
         if attempts > 1:
             meta = {**meta, "attempts": attempts}
         outcome = "err" if error else outcome_for(value)
+        started = self.trial_started.get((item.index, item.trial))
         await self.on_record(TrialRecord(
             index=item.index, trial=item.trial, outcome=outcome, score=None if error else value, output=output,
             meta=meta, error=error, usage=self.usage.pop(item_id, {}), cost_usd=self.cost.pop(item_id, 0.0),
             input=model_input(self.inputs.pop(item_id, None)),
+            duration_ms=None if started is None else round((time.monotonic() - started) * 1000),
         ))

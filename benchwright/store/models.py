@@ -84,6 +84,10 @@ class Run(SQLModel, table=True):
     cost_billed: float = 0.0
     proxy_linger_usd: float = 0.0
     billing_markup: float = 1.0
+    # Beside cost_narration: the LLM narrator's calls and tokens (migration 0013's trigger, from NarrationUsage).
+    narration_calls: int = 0
+    narration_prompt_tokens: int = 0
+    narration_completion_tokens: int = 0
     next_seq: int = 0
     """The seq the next appended event gets; only ever changed inside an append transaction."""
     created_at: datetime = Field(default_factory=utcnow)

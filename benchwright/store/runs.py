@@ -22,6 +22,7 @@ from benchwright.schemas import (
     CostView,
     ForkOrigin,
     LaunchRequest,
+    NarrationCounts,
     ProxyLinger,
     RunList,
     RunSummary,
@@ -140,6 +141,9 @@ def run_view(engine: Engine, run: Run) -> RunView:
     )
     cost = CostView(driver=run.cost_driver, model=run.cost_model, sandbox=run.cost_sandbox,
                     narration=run.cost_narration, incurred=run.cost_incurred, billed=run.cost_billed,
+                    narration_usage=NarrationCounts(calls=run.narration_calls,
+                                                    prompt_tokens=run.narration_prompt_tokens,
+                                                    completion_tokens=run.narration_completion_tokens),
                     proxy_linger=ProxyLinger(cents=round(run.proxy_linger_usd * 100), amount_usd=run.proxy_linger_usd))
     return RunView(
         id=run.id, status=run.status, halted=run.halted, halt_reason=run.halt_reason,

@@ -17,6 +17,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   that replayed and compared, one whose start_replay was refused (the balance was exhausted) and so failed.
 - ``regression_firing_ok_with_outcomes.json`` and ``regression_firing_launch_refused.json``: the same two firings
   recorded with the patch (the second refused for local paths and completed as ``launch_refused``).
+- ``run_with_report.json``: a run that writes its narration and report after its terminal event (issue 26,
+  ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,19 @@ async def test_a_change_without_a_patch_would_be_caught(monkeypatch: pytest.Monk
     from temporalio import workflow
 
     monkeypatch.setattr(workflow, "patched", lambda _id: True)
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report history needs its patch: with ``run-report`` reported unpatched, the recorded report_run activity
+    no longer matches the commands the workflow issues."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "run-report" else real(patch_id))
+    name = "run_with_report.json"
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

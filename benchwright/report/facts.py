@@ -1,0 +1,318 @@
+"""The store reads behind a run's narration and report (issue 26): everything is read from the run row, its
+projections and its log (never from a worker's disk), and the numbers are the API's own (``store.runs.run_view``,
+``store.results.breakdown``), so a report and ``results.json`` say what ``GET /v1/runs/{id}`` says."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, Field
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from benchwright.blobs import BlobStore
+from benchwright.errors import Conflict, InvalidInput
+from benchwright.events import (
+    AtomizeArtifact,
+    MaterializeTaskResult,
+    PhaseFailed,
+    ReportFile,
+    RunHalted,
+    RunNarrated,
+)
+from benchwright.narration import MAX_REASON_CHARS, Comparison, NarrationFacts, builtin_narration
+from benchwright.schemas import BreakdownView, RunView
+from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult
+from benchwright.store.results import breakdown
+from benchwright.store.runs import run_view
+
+__all__ = ["Decision", "ReportFacts", "TaskFact", "narration_facts", "recorded_narration", "report_facts",
+           "report_files", "run_narration"]
+
+_log = logging.getLogger(__name__)
+Relation = Literal["fork", "replay", "previous"]
+TOP_REASONS = 10
+MAX_DECISIONS = 400
+"""Entries of the Driver's decisions a report lists (the first ones: a Driver that talks longer is cut, said so)."""
+_EVENT_PAGE = 5_000
+
+
+class TaskFact(BaseModel):
+    """One task of the latest sweep as the report draws it."""
+
+    index: int
+    outcome: str
+    score: float | None = None
+    no_answer: bool = False
+    latency_ms: int | None = None
+    """The slowest of its trials (``MaterializeTaskResult.duration_ms``), when recorded."""
+    cost_usd: float = 0.0
+    """The SUT's spend over its trials."""
+
+
+class Decision(BaseModel):
+    """One entry of the Driver's decisions: a phase marker, the Driver's text, a tool call, a halt."""
+
+    seq: int
+    phase: str | None
+    kind: str
+    text: str
+
+
+class ReportFacts(BaseModel):
+    view: RunView
+    narration: str
+    narrator: str
+    comparison: Comparison | None = None
+    breakdown: BreakdownView | None = None
+    tasks: list[TaskFact] = Field(default_factory=list)
+    failures: list[tuple[str, int]] = Field(default_factory=list)
+    """err reasons (first line), most common first, then ``no answer found in the reply`` with its count."""
+    decisions: list[Decision] = Field(default_factory=list)
+    decisions_omitted: int = 0
+    receipt: dict[str, Any] = Field(default_factory=dict)
+    invocation: int = 1
+
+
+def _latest_invocation(session: Session, run_id: str) -> int:
+    latest = session.execute(select(func.max(TaskRow.invocation)).where(TaskRow.run_id == run_id)).scalar_one()
+    return int(latest or 1)
+
+
+def _first_line(text: str) -> str:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "") or "(no message)"
+    return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 1] + "…"
+
+
+def _top_errors(session: Session, run_id: str, invocation: int, limit: int) -> list[tuple[str, int]]:
+    counts: Counter[str] = Counter()
+    for error, n in session.execute(
+            select(TrialResult.error, func.count()).where(
+                TrialResult.run_id == run_id, TrialResult.invocation == invocation, TrialResult.outcome == "err")
+            .group_by(TrialResult.error)).all():
+        counts[_first_line(error or "")] += int(n)
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+
+
+def _comparison(session: Session, run: Run) -> tuple[Run, Relation] | None:
+    """The run's parent (fork/replay), else the previous terminal run of its shape in the same account."""
+    fork = session.get(RunFork, run.id)
+    other: Run | None = None
+    relation: Relation = "previous"
+    if fork is not None:
+        other, relation = session.get(Run, fork.parent_run_id), "replay" if fork.kind == "replay" else "fork"
+    elif run.benchmark_id and run.subset_id and run.impl_id:
+        other = session.exec(select(Run).where(
+            col(Run.account_id) == run.account_id, col(Run.id) != run.id, col(Run.benchmark_id) == run.benchmark_id,
+            col(Run.subset_id) == run.subset_id, col(Run.impl_id) == run.impl_id,
+            col(Run.finished_at).is_not(None), col(Run.created_at) < run.created_at)
+            .order_by(col(Run.created_at).desc()).limit(1)).first()
+    elif run.subset_fingerprint and run.impl_fingerprint:
+        other = session.exec(select(Run).where(
+            col(Run.account_id) == run.account_id, col(Run.id) != run.id,
+            col(Run.subset_fingerprint) == run.subset_fingerprint, col(Run.impl_fingerprint) == run.impl_fingerprint,
+            col(Run.finished_at).is_not(None), col(Run.created_at) < run.created_at)
+            .order_by(col(Run.created_at).desc()).limit(1)).first()
+    if other is None:
+        return None
+    return other, relation
+
+
+def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> NarrationFacts:
+    """What the narrator is told about ``run`` (``benchwright.narration.NarrationFacts``)."""
+    view = view or run_view(engine, run)
+    with Session(engine) as session:
+        invocation = _latest_invocation(session, run.id)
+        halts = [str(d.get("halt_reason", "")) for d in session.exec(
+            select(EventRow.data).where(col(EventRow.run_id) == run.id, col(EventRow.type) == RunHalted.type_name())
+            .order_by(col(EventRow.seq))).all()]
+        failed = session.exec(select(EventRow.data).where(
+            col(EventRow.run_id) == run.id, col(EventRow.type) == PhaseFailed.type_name())
+            .order_by(col(EventRow.seq).desc()).limit(1)).first()
+        top = _top_errors(session, run.id, invocation, 3)
+        found = _comparison(session, run)
+    comparison = None
+    if found is not None:
+        other, relation = found
+        other_view = run_view(engine, other)
+        s = other_view.tasks.summary
+        comparison = Comparison(run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
+                                passed=s.passed, failed=s.failed, pass_rate=s.pass_rate, pass_rate_ci=s.pass_rate_ci)
+    duration = None
+    if run.finished_at is not None:
+        duration = max((run.finished_at - run.created_at).total_seconds(), 0.0)
+    return NarrationFacts(
+        run_id=run.id, model=str(run.model.get("identifier", "")), status=run.status,
+        display_status=view.display_status, halted=run.halted, halt_reason=run.halt_reason, error=run.error,
+        failed_phase=str(failed.get("phase")) if isinstance(failed, dict) else None, summary=view.tasks.summary,
+        cost=view.cost, halts=halts, top_errors=top, comparison=comparison, duration_s=duration)
+
+
+def recorded_narration(engine: Engine, run_id: str) -> RunNarrated | None:
+    """The run's recorded narration (its newest RunNarrated), if any."""
+    with Session(engine) as session:
+        data = session.exec(select(EventRow.data).where(
+            col(EventRow.run_id) == run_id, col(EventRow.type) == RunNarrated.type_name())
+            .order_by(col(EventRow.seq).desc()).limit(1)).first()
+    return RunNarrated.model_validate(data) if isinstance(data, dict) else None
+
+
+def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:
+    """The narration the run view shows: the recorded one; for a terminal run without one yet (the report is
+    being written, or the run ended before narration existed) the builtin text computed now; None while running."""
+    recorded = recorded_narration(engine, run.id)
+    if recorded is not None:
+        return recorded.text
+    if run.finished_at is None:
+        return None
+    try:
+        return builtin_narration(narration_facts(engine, run, view))
+    except Exception:  # noqa: BLE001 - a narration never costs the caller the run view
+        _log.exception("run %s: the builtin narration could not be computed", run.id)
+        return None
+
+
+def _tasks(session: Session, run_id: str, invocation: int) -> list[TaskFact]:
+    rows = session.exec(select(TaskRow).where(col(TaskRow.run_id) == run_id, col(TaskRow.invocation) == invocation)
+                        .order_by(col(TaskRow.index))).all()
+    latency: dict[int, int] = {}
+    cost: dict[int, float] = {}
+    after = -1
+    while True:  # the sweep's result events, in pages (a 10,000-task run with k = 5 has 50,000)
+        page = session.execute(select(EventRow.seq, EventRow.data).where(
+            col(EventRow.run_id) == run_id, col(EventRow.type) == MaterializeTaskResult.type_name(),
+            col(EventRow.seq) > after).order_by(col(EventRow.seq)).limit(_EVENT_PAGE)).all()
+        for _seq, data in page:
+            if data.get("invocation") != invocation or not isinstance(data.get("index"), int):
+                continue
+            index = data["index"]
+            cost[index] = cost.get(index, 0.0) + float(data.get("cost_usd") or 0.0)
+            ms = data.get("duration_ms")
+            if isinstance(ms, int) and ms >= 0:
+                latency[index] = max(latency.get(index, 0), ms)
+        if len(page) < _EVENT_PAGE:
+            break
+        after = page[-1][0]
+    return [TaskFact(index=r.index, outcome=r.outcome, score=r.score, no_answer=r.no_answer,
+                     latency_ms=latency.get(r.index), cost_usd=cost.get(r.index, 0.0)) for r in rows]
+
+
+def _decision(seq: int, kind: str, data: dict[str, Any]) -> Decision | None:
+    phase = data.get("phase") if isinstance(data.get("phase"), str) else None
+    text: str | None
+    if kind == "AgentTextEvent":
+        text = str(data.get("text", ""))
+    elif kind == "PhaseStarted":
+        text = "started"
+    elif kind == "PhaseCompleted":
+        text = f"completed in {int(data.get('duration_ms') or 0) / 1000:.1f} s"
+    elif kind == "PhaseFailed":
+        text = f"failed: {data.get('error_type', '')}: {data.get('detail', '')}"
+    elif kind == "PhaseSkipped":
+        text = f"skipped: {data.get('reason', '')}"
+    elif kind == "PhaseCacheHit":
+        text = f"reused the cached work of run {data.get('source_run_id', '?')}"
+    elif kind == "PhaseRestartRequested":
+        text = f"the Driver restarted the phase: {data.get('reason', '')}"
+    elif kind == "HumanReviewRequested":
+        text = f"the Driver asked for a human review: {data.get('reason', '')}"
+    elif kind == "ToolCallEvent":
+        text = f"tool call {data.get('name', '?')}"
+    elif kind == "DatasetResolved":
+        text = f"resolved the prompt to {data.get('name', '?')}: {data.get('why', '')}"
+    elif kind == "ForkDecided":
+        text = (f"forked from {data.get('parent_run_id', '?')} at {data.get('rewind_to', '?')}; "
+                + "; ".join(str(x) for x in data.get("interpreted") or []))
+    elif kind == "RunHalted":
+        text = f"halted: {data.get('halt_reason', '')}"
+    elif kind == "RunResumed":
+        text = "resumed" + (f" with instructions: {data['review_resolution']}" if data.get("review_resolution") else "")
+    elif kind == "AtomizeArtifact":
+        text = f"scorer from {data.get('source', '?')} (task_impl.py sha256 {str(data.get('impl_sha256', ''))[:12]})"
+    else:
+        return None
+    text = " ".join(text.split())
+    return Decision(seq=seq, phase=phase, kind=kind, text=text[:2000])
+
+
+_DECISION_TYPES = ("AgentTextEvent", "PhaseStarted", "PhaseCompleted", "PhaseFailed", "PhaseSkipped", "PhaseCacheHit",
+                   "PhaseRestartRequested", "HumanReviewRequested", "ToolCallEvent", "DatasetResolved", "ForkDecided",
+                   "RunHalted", "RunResumed", "AtomizeArtifact")
+
+
+def _decisions(session: Session, run_id: str) -> tuple[list[Decision], int]:
+    rows = session.execute(select(EventRow.seq, EventRow.type, EventRow.data).where(
+        col(EventRow.run_id) == run_id, col(EventRow.type).in_(_DECISION_TYPES)).order_by(col(EventRow.seq))
+        .limit(MAX_DECISIONS)).all()
+    total = session.execute(select(func.count()).where(
+        col(EventRow.run_id) == run_id, col(EventRow.type).in_(_DECISION_TYPES))).scalar_one()
+    out = [d for seq, kind, data in rows if (d := _decision(int(seq), str(kind), dict(data))) is not None]
+    return out, max(int(total) - len(rows), 0)
+
+
+def _shown_source(source: Any) -> str | None:
+    """A dataset source as a report shows it: a URL without its userinfo and query (a report is shared more widely
+    than the run: a signed URL's token or a password in it stays in the run's own log)."""
+    if not isinstance(source, str):
+        return None
+    parts = urlsplit(source)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, host, parts.path, "…" if parts.query else "", ""))
+    return source
+
+
+def _receipt(session: Session, run: Run, view: RunView) -> dict[str, Any]:
+    atomize = session.exec(select(EventRow.data).where(
+        col(EventRow.run_id) == run.id, col(EventRow.type) == AtomizeArtifact.type_name())
+        .order_by(col(EventRow.seq).desc()).limit(1)).first()
+    launch = run.launch or {}
+    return {
+        "run_id": run.id, "fingerprint": run.fingerprint, "impl_id": run.impl_id,
+        "impl_sha256": atomize.get("impl_sha256") if isinstance(atomize, dict) else None,
+        "model": run.model.get("identifier"), "driver": run.driver,
+        "dataset": _shown_source(launch.get("dataset") or launch.get("prompt")), "benchmark_id": run.benchmark_id,
+        "subset_id": run.subset_id, "subset_fingerprint": run.subset_fingerprint,
+        "trials_config": run.trials_config, "backend": run.backend, "status": run.status,
+        "display_status": view.display_status, "halt_reason": run.halt_reason,
+        "created_at": run.created_at.isoformat(), "finished_at": run.finished_at.isoformat() if run.finished_at
+        else None,
+    }
+
+
+def report_facts(engine: Engine, blobs: BlobStore, *, run: Run, narration: str, narrator: str) -> ReportFacts:
+    """Everything the report shows, read once the run is over."""
+    view = run_view(engine, run)
+    facts = narration_facts(engine, run, view)
+    try:
+        grouped: BreakdownView | None = breakdown(engine, blobs, run=run, by=None)
+    except (InvalidInput, Conflict):
+        grouped = None  # no grouping column, or no dataset rows recorded (a run that failed early)
+    with Session(engine) as session:
+        invocation = _latest_invocation(session, run.id)
+        tasks = _tasks(session, run.id, invocation)
+        failures = _top_errors(session, run.id, invocation, TOP_REASONS)
+        decisions, omitted = _decisions(session, run.id)
+        receipt = _receipt(session, run, view)
+    if view.tasks.summary.no_answer:
+        failures.append(("no answer found in the reply (no_answer)", view.tasks.summary.no_answer))
+    return ReportFacts(view=view, narration=narration, narrator=narrator, comparison=facts.comparison,
+                       breakdown=grouped, tasks=tasks, failures=failures, decisions=decisions,
+                       decisions_omitted=omitted, receipt=receipt, invocation=invocation)
+
+
+def report_files(engine: Engine, run_id: str) -> dict[str, ReportFile]:
+    """The run's report files by name (the newest ReportFile of each name), in the order first written."""
+    with Session(engine) as session:
+        rows = session.exec(select(EventRow.data).where(
+            col(EventRow.run_id) == run_id, col(EventRow.type) == ReportFile.type_name())
+            .order_by(col(EventRow.seq))).all()
+    files: dict[str, ReportFile] = {}
+    for data in rows:
+        found = ReportFile.model_validate(data)
+        files[found.name] = found
+    return files
