@@ -11,8 +11,8 @@ from api import errors
 from api.body_limit import BodyLimit
 from api.deps import AppState
 from api.routes import account, admin, breakdown, codec, compare, forks, harness, policy, registry, runs, schedules, ui
-from benchwright.crypto import load_keyring
 from api.routes import files as report_files
+from benchwright.crypto import load_keyring
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.policy import prepare_secrets
