@@ -1,0 +1,193 @@
+"""Operator sessions end to end (issue 26): the builtin operator answers structured goals on the real stack, with
+dev models of known accuracy and price, within its budget, as its own account."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from benchwright.devmodel import DevModelConfig, is_answered_correctly
+from benchwright.operator.sizing import tasks_for_paired_halfwidth
+from benchwright.stats import mcnemar_exact
+from tests.api.helpers import launch, wait_terminal
+from tests.conftest import DevModels, Stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+N = 120
+
+
+class Fixture:
+    def __init__(self, dataset: str, questions: list[str], urls: dict[str, str]) -> None:
+        self.dataset, self.questions, self.urls = dataset, questions, urls
+
+
+MODELS = {  # name: (accuracy, hash seed)
+    "weak": (0.55, ""), "strong": (0.95, ""), "same1": (0.80, "left"), "same2": (0.80, "right"),
+    "m80": (0.80, ""), "m86": (0.86, ""), "m90": (0.90, ""),
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def fx(dev_models: DevModels, tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    path = tmp_path_factory.mktemp("operator") / "plus.jsonl"
+    questions = [f"What is {i} plus 41? (operator item {i})" for i in range(N)]
+    path.write_text("".join(json.dumps({"question": q, "answer": str(i + 41)}) + "\n"
+                            for i, q in enumerate(questions)))
+    answers = {q: str(i + 41) for i, q in enumerate(questions)}
+    urls = {name: await dev_models.start(DevModelConfig(answers=answers, accuracy=acc, seed=seed))
+            for name, (acc, seed) in MODELS.items()}
+    return Fixture(str(path), questions, urls)
+
+
+def _model(fx: Fixture, name: str, price: float | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"identifier": f"openai/{name}", "api_base": fx.urls[name]}
+    if price is not None:
+        spec["input_cost_per_token"] = price
+    return spec
+
+
+def _correct(fx: Fixture, name: str) -> set[int]:
+    acc, seed = MODELS[name]
+    return {i for i, q in enumerate(fx.questions) if is_answered_correctly(q, acc, seed)}
+
+
+async def _session(http: httpx.AsyncClient, goal: dict[str, Any], runs: int = 10,
+                   cost: float | None = None) -> dict[str, Any]:
+    session: dict[str, Any] = {"runs": runs} | ({"cost": cost} if cost is not None else {})
+    resp = await http.post("/v1/operator/sessions", json={"operator": "builtin", "goal": goal,
+                                                          "limits": {"session": session}})
+    assert resp.status_code == 201, resp.text
+    return resp.json()  # type: ignore[no-any-return]
+
+
+async def _answered(http: httpx.AsyncClient, session_id: str) -> dict[str, Any]:
+    for _ in range(20):  # long polls of up to 60 s each
+        resp = await http.get(f"/v1/operator/sessions/{session_id}", params={"wait_s": 60}, timeout=90)
+        assert resp.status_code == 200, resp.text
+        body: dict[str, Any] = resp.json()
+        if body["status"] in ("answered", "stopped", "failed"):
+            return body
+    raise AssertionError(f"session {session_id} did not end: {body}")
+
+
+async def _events(http: httpx.AsyncClient, session_id: str) -> list[dict[str, Any]]:
+    resp = await http.get(f"/v1/operator/sessions/{session_id}/events")
+    assert resp.status_code == 200, resp.text
+    page: dict[str, Any] = resp.json()
+    assert [e["seq"] for e in page["events"]] == list(range(len(page["events"])))
+    return page["events"]  # type: ignore[no-any-return]
+
+
+async def test_better_finds_the_stronger_candidate(stack: Stack, fx: Fixture) -> None:
+    async with stack.http() as http:
+        started = await _session(http, {"question": "better", "dataset": fx.dataset,
+                                        "baseline": _model(fx, "weak"), "candidate": _model(fx, "strong")})
+        assert started["status"] == "running" and started["answer"] is None
+        done = await _answered(http, started["id"])
+        events = await _events(http, started["id"])
+    answer = done["answer"]
+    assert done["status"] == "answered" and answer["outcome"] == "candidate_better", answer
+    assert answer["sentence"].startswith("Yes: the candidate (openai/strong) is better")
+    weak, strong = _correct(fx, "weak"), _correct(fx, "strong")
+    [pair] = answer["comparisons"]
+    assert pair["difference"] == pytest.approx((len(strong) - len(weak)) / N)
+    assert pair["p_value"] == pytest.approx(mcnemar_exact(b=len(weak - strong), c=len(strong - weak)))
+    rows = {e["label"]: e for e in answer["evidence"]}
+    assert rows["baseline"]["pass_rate"] == pytest.approx(len(weak) / N)
+    assert rows["candidate"]["pass_rate"] == pytest.approx(len(strong) / N)
+    assert [rows["baseline"]["run_id"], rows["candidate"]["run_id"]] == done["runs"]
+    types = [e["type"] for e in events]
+    assert types[0] == "SessionStarted" and types[-1] == "SessionAnswered"
+    assert types.count("OperatorRunLaunched") == 2 and types.count("OperatorRunRead") == 2
+    launches = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "launch"]
+    assert [d["evidence"]["label"] for d in launches] == ["baseline", "candidate"]
+    assert all(d["reason"] for d in launches)
+
+
+async def test_equal_models_are_no_significant_difference_with_the_needed_size(stack: Stack, fx: Fixture) -> None:
+    left, right = _correct(fx, "same1"), _correct(fx, "same2")
+    lost, gained = len(left - right), len(right - left)
+    assert mcnemar_exact(b=lost, c=gained) > 0.05, "fixture: the two equal models must not differ by chance"
+    async with stack.http() as http:
+        started = await _session(http, {"question": "better", "dataset": fx.dataset, "halfwidth": 0.02,
+                                        "baseline": _model(fx, "same1"), "candidate": _model(fx, "same2")})
+        done = await _answered(http, started["id"])
+    answer = done["answer"]
+    assert answer["outcome"] == "no_significant_difference", answer
+    needed = tasks_for_paired_halfwidth(lost=lost, gained=gained, n=N, halfwidth=0.02)
+    assert answer["needed_tasks"] == needed > N
+    assert answer["unestablished"] == [
+        f"the difference is not significant at {N} tasks (p = {answer['comparisons'][0]['p_value']:.3g} > 0.05); "
+        f"{needed:,} tasks would be needed for ±2 points"]
+
+
+async def test_cheapest_above_the_bar(stack: Stack, fx: Fixture) -> None:
+    rates = {name: len(_correct(fx, name)) / N for name in ("m80", "m86", "m90")}
+    assert rates["m80"] < 0.85 <= rates["m86"] <= rates["m90"], rates  # fixture: the bar splits them as intended
+    models = [_model(fx, "m80", 1e-6), _model(fx, "m86", 2e-6), _model(fx, "m90", 5e-6)]
+    async with stack.http() as http:
+        started = await _session(http, {"question": "cheapest", "dataset": fx.dataset, "models": models,
+                                        "min_score": 0.85})
+        done = await _answered(http, started["id"])
+    answer = done["answer"]
+    assert answer["outcome"] == "cheapest", answer
+    rows = {e["model"]: e for e in answer["evidence"]}
+    assert answer["chosen"] == rows["openai/m86"]["run_id"]
+    assert answer["sentence"].startswith("The cheapest model at ≥ 85 % is openai/m86")
+    assert 0 < rows["openai/m80"]["cost"] < rows["openai/m86"]["cost"] < rows["openai/m90"]["cost"]
+    assert done["cost"] == pytest.approx(sum(r["cost"] for r in rows.values()))
+    assert len(done["runs"]) == 3
+
+
+async def test_a_session_stops_at_its_run_budget(stack: Stack, fx: Fixture) -> None:
+    models = [_model(fx, "m80", 1e-6), _model(fx, "m86", 2e-6), _model(fx, "m90", 5e-6)]
+    async with stack.http() as http:
+        started = await _session(http, {"question": "cheapest", "dataset": fx.dataset, "models": models,
+                                        "min_score": 0.85}, runs=1)
+        done = await _answered(http, started["id"])
+        events = await _events(http, started["id"])
+    assert len(done["runs"]) == 1
+    answer = done["answer"]
+    assert answer["outcome"] == "budget_exhausted", answer
+    assert any("2 of 3 models were not measured" in u for u in answer["unestablished"])
+    [stop] = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "stop"]
+    assert stop["reason"] == "the session's budget allows 1 run(s) and the plan needs 3"
+
+
+async def test_regressed_replays_the_reference_with_its_own_model(stack: Stack, fx: Fixture) -> None:
+    async with stack.http() as http:
+        ref = await launch(http, {"dataset": fx.dataset, "model": _model(fx, "m86")})
+        await wait_terminal(http, ref["id"])
+        started = await _session(http, {"question": "regressed", "reference_run": ref["id"]})
+        done = await _answered(http, started["id"])
+    answer = done["answer"]
+    # the same deterministic model answers the same tasks: no flip at all, so nothing regressed
+    assert answer["outcome"] == "no_significant_difference", answer
+    [pair] = answer["comparisons"]
+    assert pair["a"] == ref["id"] and pair["b"] == done["runs"][0] and pair["difference"] == 0
+    assert [e["label"] for e in answer["evidence"]] == ["reference", "replay"]
+
+
+async def test_a_session_never_touches_another_accounts_runs(stack: Stack, fx: Fixture) -> None:
+    async with stack.http() as mine, stack.http(stack.other_key) as theirs:
+        ref = await launch(mine, {"dataset": fx.dataset, "model": _model(fx, "m90")})
+        await wait_terminal(mine, ref["id"])
+        started = await _session(theirs, {"question": "helps", "reference_run": ref["id"],
+                                          "change": {"model": _model(fx, "m80")}})
+        done = await _answered(theirs, started["id"])
+        assert (await mine.get(f"/v1/operator/sessions/{started['id']}")).status_code == 404
+        assert (await mine.get(f"/v1/operator/sessions/{started['id']}/events")).status_code == 404
+        assert (await mine.post(f"/v1/operator/sessions/{started['id']}/stop")).status_code == 404
+    assert done["status"] == "failed" and done["runs"] == [], done
+    assert "not found" in done["answer"]["sentence"]
+
+
+async def test_an_unknown_operator_is_refused(stack: Stack, fx: Fixture) -> None:
+    async with stack.http() as http:
+        resp = await http.post("/v1/operator/sessions", json={"operator": "buitlin", "goal": {
+            "question": "regressed", "reference_run": "x"}})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "unknown_operator", resp.text
