@@ -4,6 +4,7 @@ dev models of known accuracy and price, within its budget, as its own account.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -191,3 +192,20 @@ async def test_an_unknown_operator_is_refused(stack: Stack, fx: Fixture) -> None
         resp = await http.post("/v1/operator/sessions", json={"operator": "buitlin", "goal": {
             "question": "regressed", "reference_run": "x"}})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "unknown_operator", resp.text
+
+
+async def test_ask_prints_progress_and_the_answer(stack: Stack, fx: Fixture, tmp_path: Path) -> None:
+    from tests.cli.test_cli_launch import api_env, bw
+
+    goal = tmp_path / "goal.json"
+    goal.write_text(json.dumps({"question": "better", "dataset": fx.dataset, "baseline": _model(fx, "weak"),
+                                "candidate": _model(fx, "strong")}))
+    done = await bw("ask", "--goal", str(goal), "--runs", "2", env=api_env(stack), timeout_s=600)
+    assert done.rc == 0, done.err
+    assert "operator session" in done.err and f"{N}/{N} tasks" in done.err  # live progress of its runs
+    assert "Yes: the candidate (openai/strong) is better" in done.out
+    assert "openai/weak" in done.out and "paired p =" in done.out
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    refused = await bw("ask", "--goal", str(bad), env=api_env(stack))
+    assert refused.rc == 2 and "expected an object with a 'question'" in refused.err
