@@ -85,7 +85,8 @@ def read_evidence(engine: Engine, *, run_id: str, label: str) -> Evidence:
     return Evidence(label=label, run_id=run_id, model=str(view.model.get("identifier", "")),
                     status=view.display_status, pass_rate=s.pass_rate, pass_rate_ci=s.pass_rate_ci,
                     scored=s.passed + s.failed, no_answer=s.no_answer, errored=s.errored,
-                    halt_reason=view.halt_reason if view.halted else None, cost=view.cost.billed)
+                    halt_reason=view.halt_reason if view.halted else None, cost=view.cost.incurred,
+                    model_cost=view.cost.model)
 
 
 def _pct(x: float | None) -> str:
@@ -184,7 +185,7 @@ def _cheapest(goal: CheapestGoal, evidence: list[Evidence], cut_short: str | Non
         if not _usable(e):
             unestablished.append(f"{e.model} ({e.label}) ended {e.status}; it is not ranked")
     above = sorted((e for e in evidence if _usable(e) and (e.pass_rate or 0) >= goal.min_score),
-                   key=lambda e: (e.cost, e.label))
+                   key=lambda e: (e.model_cost, e.label))
     bar = f"{goal.min_score * 100:g} %"
     if not above:
         best = max((e for e in evidence if _usable(e)), key=lambda e: e.pass_rate or 0, default=None)
@@ -200,10 +201,10 @@ def _cheapest(goal: CheapestGoal, evidence: list[Evidence], cut_short: str | Non
         unestablished.append(f"{chosen.model}'s interval ({_pct(ci[0])}–{_pct(ci[1])}) reaches below the bar at "
                              f"{chosen.scored} tasks; about {needed:,} tasks would put it clear of {bar}")
     sentence = (f"The cheapest model at ≥ {bar} is {chosen.model} ({chosen.label}): {_pct(chosen.pass_rate)} "
-                f"for ${chosen.cost:.4f}")
-    others = [e for e in above[1:]]
+                f"for ${chosen.model_cost:.4f} of model tokens")
+    others = above[1:]
     if others:
         sentence += "; also above the bar but dearer: " + ", ".join(
-            f"{e.model} ({e.label}, {_pct(e.pass_rate)}, ${e.cost:.4f})" for e in others)
+            f"{e.model} ({e.label}, {_pct(e.pass_rate)}, ${e.model_cost:.4f})" for e in others)
     return Answer(outcome="cheapest", sentence=sentence + ".", evidence=evidence, unestablished=unestablished,
                   chosen=chosen.run_id)

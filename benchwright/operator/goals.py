@@ -68,7 +68,7 @@ class SessionBudget(_Strict):
     runs: int = Field(default=10, ge=1, le=MAX_SESSION_RUNS)
     """Most runs the session may launch."""
     cost: float | None = Field(default=None, gt=0, le=MAX_SESSION_COST, allow_inf_nan=False)
-    """Most USD (``cost.billed`` summed over its runs) the session may spend; checked before each launch."""
+    """Most USD (``cost.incurred`` summed over its runs) the session may spend; checked before each launch."""
     deadline: AwareDatetime | None = None
     """No launch after this instant (UTC); the session answers with what it has."""
 
@@ -99,7 +99,9 @@ class Evidence(BaseModel):
     errored: int = 0
     halt_reason: str | None = None
     cost: float = 0.0
-    """USD billed for the run."""
+    """USD the run spent in all (``cost.incurred``: the model's tokens, the Driver, sandboxes, narration)."""
+    model_cost: float = 0.0
+    """USD of the model under test's tokens (``cost.model``): what "cheapest" ranks by."""
 
 
 class PairedEvidence(BaseModel):
@@ -140,7 +142,7 @@ class SessionView(BaseModel):
     limits: dict[str, Any]
     runs: list[str]
     cost: float
-    """USD billed so far for the session's runs."""
+    """USD spent so far by the session's runs (``cost.incurred`` summed)."""
     answer: Answer | None
     created_at: datetime
     finished_at: datetime | None

@@ -110,11 +110,11 @@ def read_session_events(engine: Engine, *, session_id: str, after: int = -1, lim
 
 
 def session_cost(engine: Engine, run_ids: list[str]) -> float:
-    """USD billed so far for the session's runs."""
+    """USD spent so far by the session's runs (``cost.incurred``)."""
     if not run_ids:
         return 0.0
     with Session(engine) as session:
-        total = session.execute(select(func.coalesce(func.sum(Run.cost_billed), 0.0))
+        total = session.execute(select(func.coalesce(func.sum(Run.cost_incurred), 0.0))
                                 .where(col(Run.id).in_(run_ids))).scalar_one()
     return float(total)
 

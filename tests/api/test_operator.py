@@ -139,7 +139,7 @@ async def test_cheapest_above_the_bar(stack: Stack, fx: Fixture) -> None:
     rows = {e["model"]: e for e in answer["evidence"]}
     assert answer["chosen"] == rows["openai/m86"]["run_id"]
     assert answer["sentence"].startswith("The cheapest model at ≥ 85 % is openai/m86")
-    assert 0 < rows["openai/m80"]["cost"] < rows["openai/m86"]["cost"] < rows["openai/m90"]["cost"]
+    assert 0 < rows["openai/m80"]["model_cost"] < rows["openai/m86"]["model_cost"] < rows["openai/m90"]["model_cost"]
     assert done["cost"] == pytest.approx(sum(r["cost"] for r in rows.values()))
     assert len(done["runs"]) == 3
 
