@@ -58,7 +58,7 @@ def append_session_events(engine: Engine, session_id: str, events: list[NewEvent
     with session_scope(engine) as session:
         n = _append(session, session_id, events)
         if add_run is not None:
-            runs = session.execute(select(OperatorSession.runs)
+            runs = session.execute(select(col(OperatorSession.runs))
                                    .where(col(OperatorSession.id) == session_id)).scalar_one()
             if add_run not in runs:
                 updates["runs"] = [*runs, add_run]
@@ -73,11 +73,12 @@ def _append(session: Session, session_id: str, events: list[NewEvent]) -> int:
     if locked.rowcount == 0:  # type: ignore[attr-defined]
         raise NotFound(f"operator session {session_id} not found")
     keys = [e.key for e in events]
-    seen = set(session.execute(select(OperatorEvent.idem_key).where(col(OperatorEvent.idem_key).in_(keys))).scalars())
+    seen = set(session.execute(select(col(OperatorEvent.idem_key))
+                               .where(col(OperatorEvent.idem_key).in_(keys))).scalars())
     fresh = [e for e in events if e.key not in seen]
     if not fresh:
         return 0
-    next_seq = session.execute(select(OperatorSession.next_seq)
+    next_seq = session.execute(select(col(OperatorSession.next_seq))
                                .where(col(OperatorSession.id) == session_id)).scalar_one()
     now = utcnow()
     session.execute(insert(_EVENTS), [{"session_id": session_id, "seq": next_seq + i, "type": e.type,
