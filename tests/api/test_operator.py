@@ -3,7 +3,10 @@ dev models of known accuracy and price, within its budget, as its own account.""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +212,115 @@ async def test_ask_prints_progress_and_the_answer(stack: Stack, fx: Fixture, tmp
     bad.write_text("[1, 2]")
     refused = await bw("ask", "--goal", str(bad), env=api_env(stack))
     assert refused.rc == 2 and "expected an object with a 'question'" in refused.err
+
+
+async def _until_session(http: httpx.AsyncClient, session_id: str, check: Any, timeout_s: float = 120) -> Any:
+    """Poll the session until ``check(session)`` holds (readiness polling, bounded in time)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        session = (await http.get(f"/v1/operator/sessions/{session_id}")).json()
+        if check(session):
+            return session
+        assert asyncio.get_running_loop().time() < deadline, f"condition not reached: {session}"
+        await asyncio.sleep(0.05)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def slow(fx: Fixture, dev_models: DevModels) -> dict[str, str]:
+    """Two dev models answering slowly (a run lasts seconds), at 0.55 and 0.95."""
+    answers = {q: str(i + 41) for i, q in enumerate(fx.questions)}
+    return {name: await dev_models.start(DevModelConfig(answers=answers, accuracy=acc, latency_ms=500))
+            for name, acc in (("slow_weak", 0.55), ("slow_strong", 0.95))}
+
+
+async def test_pause_holds_the_next_launch_and_steer_and_resume_are_logged(stack: Stack, fx: Fixture,
+                                                                           slow: dict[str, str]) -> None:
+    async with stack.http() as http:
+        started = await _session(http, {
+            "question": "better", "dataset": fx.dataset,
+            "baseline": {"identifier": "openai/slow_weak", "api_base": slow["slow_weak"]},
+            "candidate": {"identifier": "openai/slow_strong", "api_base": slow["slow_strong"]}})
+        sid = started["id"]
+        first = (await _until_session(http, sid, lambda s: len(s["runs"]) == 1))["runs"][0]
+        assert (await http.post(f"/v1/operator/sessions/{sid}/pause")).status_code == 202
+        steer = await http.post(f"/v1/operator/sessions/{sid}/steer", json={"message": "mind the budget"})
+        assert steer.status_code == 202, steer.text
+        await wait_terminal(http, first)
+        await _until_session(http, sid, lambda s: s["status"] == "paused")
+        assert (await http.post(f"/v1/operator/sessions/{sid}/resume")).status_code == 202
+        done = await _answered(http, sid)
+        events = await _events(http, sid)
+        ended = await http.post(f"/v1/operator/sessions/{sid}/pause")
+    assert done["status"] == "answered" and done["answer"]["outcome"] == "candidate_better", done
+    assert ended.status_code == 409 and ended.json()["error"]["code"] == "session_ended"
+    controls = [(e["seq"], e["data"]["action"], e["data"]["message"]) for e in events if e["type"] == "OperatorControl"]
+    assert [(a, m) for _, a, m in controls] == [("pause", None), ("steer", "mind the budget"), ("resume", None)]
+    launched = [e["seq"] for e in events if e["type"] == "OperatorRunLaunched"]
+    assert len(launched) == 2 and launched[0] < controls[0][0] and controls[2][0] < launched[1]
+
+
+async def test_stop_ends_the_session_with_what_it_read(stack: Stack, fx: Fixture, slow: dict[str, str]) -> None:
+    models = [{"identifier": f"openai/{n}", "api_base": slow[n]} for n in ("slow_weak", "slow_strong")]
+    async with stack.http() as http:
+        started = await _session(http, {"question": "cheapest", "dataset": fx.dataset, "models": models,
+                                        "min_score": 0.5})
+        sid = started["id"]
+        await _until_session(http, sid, lambda s: len(s["runs"]) == 1)
+        assert (await http.post(f"/v1/operator/sessions/{sid}/stop")).status_code == 202
+        done = await _answered(http, sid)
+    assert done["status"] == "stopped" and done["answer"]["outcome"] == "stopped", done
+    assert len(done["runs"]) == 1
+
+
+async def test_a_killed_worker_loses_nothing_and_launches_no_run_twice(stack: Stack, fx: Fixture,
+                                                                       slow: dict[str, str]) -> None:
+    from temporalio.worker import Replayer
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+    from api.main import create_app
+    from benchwright.devstack import free_port
+    from tests.conftest import serve_app, start_worker_process
+    from worker import PASSTHROUGH
+    from workflows.operator import OperatorWorkflow
+
+    settings = stack.settings.model_copy(update={"task_queue": f"bw-op-kill-{uuid.uuid4()}"})
+    port = free_port()
+    server, task = await serve_app(create_app(settings), port)
+    worker = start_worker_process(settings)
+    killed = False
+    try:
+        async with stack.http() as http:
+            http.base_url = f"http://127.0.0.1:{port}"
+            started = await _session(http, {
+                "question": "better", "dataset": fx.dataset,
+                "baseline": {"identifier": "openai/kill_weak", "api_base": slow["slow_weak"]},
+                "candidate": {"identifier": "openai/kill_strong", "api_base": slow["slow_strong"]}})
+            sid = started["id"]
+            first = (await _until_session(http, sid, lambda s: len(s["runs"]) == 1))["runs"][0]
+            assert (await http.get(f"/v1/runs/{first}")).json()["status"] == "running"  # the session is mid-way
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            killed = True
+            worker = start_worker_process(settings)
+            done = await _answered(http, sid)
+            events = await _events(http, sid)
+            listed = (await http.get("/v1/runs", params={"limit": 200})).json()["runs"]
+    finally:
+        if worker.poll() is None:
+            worker.terminate()
+            worker.wait(30)
+        server.should_exit = True
+        await task
+    assert killed
+    assert done["status"] == "answered" and done["answer"]["outcome"] == "candidate_better", done
+    assert len(done["runs"]) == 2 and done["runs"][0] == first
+    assert [e["type"] for e in events].count("OperatorRunLaunched") == 2
+    mine = [r["id"] for r in listed if r["model"] in ("openai/kill_weak", "openai/kill_strong")]
+    assert sorted(mine) == sorted(done["runs"])  # exactly one run per planned launch
+    history = await stack.client.get_workflow_handle(f"operator-{sid}").fetch_history()
+    replayed = await Replayer(
+        workflows=[OperatorWorkflow], data_converter=stack.client.data_converter,
+        workflow_runner=SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
+    ).replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
