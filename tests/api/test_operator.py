@@ -324,3 +324,21 @@ async def test_a_killed_worker_loses_nothing_and_launches_no_run_twice(stack: St
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
     ).replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_helps_reruns_the_reference_with_the_change(stack: Stack, fx: Fixture) -> None:
+    gained = _correct(fx, "m90") - _correct(fx, "m80")
+    assert _correct(fx, "m80") <= _correct(fx, "m90") and mcnemar_exact(b=0, c=len(gained)) < 0.05  # fixture
+    async with stack.http() as http:
+        ref = await launch(http, {"dataset": fx.dataset, "model": _model(fx, "m80")})
+        await wait_terminal(http, ref["id"])
+        started = await _session(http, {"question": "helps", "reference_run": ref["id"],
+                                        "change": {"model": _model(fx, "m90")}})
+        done = await _answered(http, started["id"])
+        changed = (await http.get(f"/v1/runs/{done['runs'][0]}")).json()
+    answer = done["answer"]
+    assert answer["outcome"] == "helps", answer
+    assert answer["sentence"].startswith("Yes: the change helps by +")
+    [pair] = answer["comparisons"]
+    assert pair["difference"] == pytest.approx(len(gained) / N)
+    assert changed["model"]["identifier"] == "openai/m90"
