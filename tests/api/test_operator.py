@@ -342,3 +342,31 @@ async def test_helps_reruns_the_reference_with_the_change(stack: Stack, fx: Fixt
     [pair] = answer["comparisons"]
     assert pair["difference"] == pytest.approx(len(gained) / N)
     assert changed["model"]["identifier"] == "openai/m90"
+
+
+async def test_start_run_is_idempotent_on_the_run_id(stack: Stack, fx: Fixture) -> None:
+    """The Operator's launch activity may run twice (a retry, a killed worker): one run, one workflow, one log."""
+    from benchwright.errors import Conflict
+    from benchwright.launch import start_run
+    from benchwright.schemas import LaunchRequest
+    from benchwright.store.accounts import authenticate
+    from benchwright.store.db import make_engine
+
+    engine = make_engine(stack.settings.resolved_database_url())
+    account = authenticate(engine, stack.api_key)
+    body = LaunchRequest.model_validate({"dataset": fx.dataset, "model": _model(fx, "m90")})
+    run_id = str(uuid.uuid4())
+    first = await start_run(stack.settings, engine, stack.client, account=account, launch=body, run_id=run_id)
+    again = await start_run(stack.settings, engine, stack.client, account=account, launch=body, run_id=run_id)
+    assert first.id == again.id == run_id
+    async with stack.http() as http:
+        await wait_terminal(http, run_id)
+        after = await start_run(stack.settings, engine, stack.client, account=account, launch=body, run_id=run_id)
+        final = (await http.get(f"/v1/runs/{run_id}")).json()
+        events = (await http.get(f"/v1/runs/{run_id}/events")).json()["events"]
+    assert after.status == "ok" and final["status"] == "ok"  # a finished run is not started again
+    assert [e["type"] for e in events].count("RunLaunched") == 1
+    assert [e["type"] for e in events].count("PipelineStarted") == 1
+    other = authenticate(engine, stack.other_key)
+    with pytest.raises(Conflict):  # another account's run id is refused, never touched
+        await start_run(stack.settings, engine, stack.client, account=other, launch=body, run_id=run_id)
