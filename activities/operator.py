@@ -62,7 +62,7 @@ class OperatorActivities:
         try:
             account = await in_thread(get_account, deps.engine, account_id=step.account_id)
             run = await start_run(deps.settings, deps.engine, self.client, account=account, launch=planned.launch,
-                                  run_id=step.run_id)
+                                  run_id=step.run_id, memo={"operator_session": step.session_id})
         except BenchwrightError as exc:
             await in_thread(append_session_events, deps.engine, step.session_id, [NewEvent.of(
                 session_key(step.session_id, "launch", step.index, "refused"),

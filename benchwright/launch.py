@@ -128,7 +128,8 @@ a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 
 
 
 async def start_run(settings: Settings, engine: Engine, client: Client | Callable[[], Awaitable[Client]], *,
-                    account: Account, launch: LaunchRequest, run_id: str | None = None) -> Run:
+                    account: Account, launch: LaunchRequest, run_id: str | None = None,
+                    memo: dict[str, str] | None = None) -> Run:
     """The one start path of a run (DESIGN invariant 10): resolve a registry pin, admit the launch
     (:func:`admit_launch`), check the balance and the quota, build and size-check the workflow input, record the
     run (row + RunLaunched) and start its ``RunWorkflow``. ``POST /v1/runs`` and the Operator call it.
@@ -136,6 +137,8 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     ``run_id`` makes the call idempotent (the Operator passes ``workflow.uuid4()``): when the account already has
     a run of that id, nothing is recorded or checked again; its workflow is started only if it is not already
     running or finished (Temporal's id, never reused), so a retried launch never starts a run twice.
+
+    ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI).
 
     ``client`` may be a coroutine function returning the client (the API's lazy connection): it is then only
     reached once the launch is admitted, so a refused launch is refused even while Temporal is down.
@@ -220,7 +223,7 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
                 SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
             ]),
             priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
-            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset},
+            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset, **(memo or {})},
             static_summary=workflow_summary(model=body.model.identifier, dataset=body.dataset),
             static_details=f"Benchwright run `{run.id}`  \nmodel `{body.model.identifier}`  \ndataset `{body.dataset}`",
         )

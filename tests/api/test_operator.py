@@ -110,6 +110,9 @@ async def test_better_finds_the_stronger_candidate(stack: Stack, fx: Fixture) ->
     launches = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "launch"]
     assert [d["evidence"]["label"] for d in launches] == ["baseline", "candidate"]
     assert all(d["reason"] for d in launches)
+    for run_id in done["runs"]:  # the Temporal UI names the session on each of its runs
+        desc = await stack.client.get_workflow_handle(run_id).describe()
+        assert await desc.memo_value("operator_session") == started["id"]
 
 
 async def test_equal_models_are_no_significant_difference_with_the_needed_size(stack: Stack, fx: Fixture) -> None:
