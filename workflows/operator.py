@@ -33,7 +33,8 @@ STEP_TIMEOUT = timedelta(minutes=5)
 STEP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                          maximum_attempts=5)
 WAIT_TIMEOUT = timedelta(days=7)
-WAIT_HEARTBEAT = timedelta(seconds=60)
+WAIT_HEARTBEAT = timedelta(seconds=10)
+"""The waiting activity heartbeats every ``POLL_S``; a dead worker's wait is taken over after this."""
 WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
 

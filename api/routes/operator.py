@@ -27,7 +27,7 @@ from benchwright.operator.store import (
     session_view,
     set_status,
 )
-from benchwright.schemas import MAX_INDEX, EventPage, EventView, suggest
+from benchwright.schemas import MAX_INDEX, EventPage, EventView, check_model_identifier, suggest
 from benchwright.temporal_ui import RUN_ACCOUNT
 
 router = APIRouter(prefix="/v1/operator/sessions", tags=["operator"])
@@ -44,7 +44,7 @@ class SteerRequest(BaseModel):
     message: str = Field(min_length=1, max_length=2000)
 
 
-@router.post("", status_code=201, response_model=SessionView, responses=responses(*BODY, 503))
+@router.post("", status_code=201, response_model=SessionView, responses=responses(*BODY, 404, 409, 503))
 async def create(body: SessionCreate, account: AccountDep, state: StateDep) -> SessionView:
     """Start a session: the operator plans the runs that answer the goal, launches them as the caller (within
     ``limits.session`` and the account's balance), reads them and answers."""
@@ -53,6 +53,7 @@ async def create(body: SessionCreate, account: AccountDep, state: StateDep) -> S
                            f"{', '.join(OPERATORS)} (the LLM operator is not available yet)", code="unknown_operator")
     import uuid
 
+    await run_in_threadpool(_admit, state, account, body)
     session_id = str(uuid.uuid4())
     client = await state.temporal()
     row = await run_in_threadpool(create_session, state.engine, session_id=session_id, account_id=account.id,
@@ -70,6 +71,18 @@ async def create(body: SessionCreate, account: AccountDep, state: StateDep) -> S
         await run_in_threadpool(set_status, state.engine, session_id=session_id, status="failed")
         raise Unavailable(f"session {session_id} was recorded but its workflow could not be started: {exc}") from exc
     return await run_in_threadpool(session_view, state.engine, row)
+
+
+def _admit(state: StateDep, account: AccountDep, body: SessionCreate) -> None:
+    """Refuse at once (400/404/409) a goal whose plan could not be launched: the reference is not readable or not
+    finished, or a planned launch fails the checks of ``POST /v1/runs`` (``admit_launch``). Each launch is checked
+    again when the session makes it (the balance, the quota and the account's rules may change meanwhile)."""
+    from benchwright.launch import admit_launch
+    from benchwright.operator.builtin import plan
+
+    for planned in plan(state.settings, state.engine, account_id=account.id, goal=body.goal):
+        check_model_identifier(planned.launch.model.identifier)
+        admit_launch(state.settings, state.engine, account=account, launch=planned.launch)
 
 
 @router.get("/{session_id}", response_model=SessionView, responses=responses(404))

@@ -183,14 +183,28 @@ async def test_a_session_never_touches_another_accounts_runs(stack: Stack, fx: F
     async with stack.http() as mine, stack.http(stack.other_key) as theirs:
         ref = await launch(mine, {"dataset": fx.dataset, "model": _model(fx, "m90")})
         await wait_terminal(mine, ref["id"])
-        started = await _session(theirs, {"question": "helps", "reference_run": ref["id"],
-                                          "change": {"model": _model(fx, "m80")}})
-        done = await _answered(theirs, started["id"])
-        assert (await mine.get(f"/v1/operator/sessions/{started['id']}")).status_code == 404
-        assert (await mine.get(f"/v1/operator/sessions/{started['id']}/events")).status_code == 404
-        assert (await mine.post(f"/v1/operator/sessions/{started['id']}/stop")).status_code == 404
-    assert done["status"] == "failed" and done["runs"] == [], done
-    assert "not found" in done["answer"]["sentence"]
+        refused = await theirs.post("/v1/operator/sessions", json={"goal": {
+            "question": "helps", "reference_run": ref["id"], "change": {"model": _model(fx, "m80")}}})
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found", refused.text
+        started = await _session(mine, {"question": "regressed", "reference_run": ref["id"]})
+        sid = started["id"]
+        assert (await theirs.get(f"/v1/operator/sessions/{sid}")).status_code == 404
+        assert (await theirs.get(f"/v1/operator/sessions/{sid}/events")).status_code == 404
+        assert (await theirs.post(f"/v1/operator/sessions/{sid}/stop")).status_code == 404
+        done = await _answered(mine, sid)
+        theirs_runs = (await theirs.get("/v1/runs", params={"limit": 200})).json()["runs"]
+    assert done["status"] == "answered" and len(done["runs"]) == 1
+    assert not {r["id"] for r in theirs_runs} & {ref["id"], *done["runs"]}
+
+
+async def test_a_goal_that_cannot_be_launched_is_refused_before_a_session_exists(stack: Stack, fx: Fixture) -> None:
+    async with stack.http() as http:
+        resp = await http.post("/v1/operator/sessions", json={"goal": {
+            "question": "better", "dataset": "ftp://example.com/data.jsonl", "baseline": _model(fx, "m80"),
+            "candidate": _model(fx, "m90")}})
+        listed = await http.get("/v1/runs", params={"limit": 200})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_dataset", resp.text
+    assert all("ftp://" not in str(r) for r in listed.json()["runs"])
 
 
 async def test_an_unknown_operator_is_refused(stack: Stack, fx: Fixture) -> None:
@@ -230,9 +244,9 @@ async def _until_session(http: httpx.AsyncClient, session_id: str, check: Any, t
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def slow(fx: Fixture, dev_models: DevModels) -> dict[str, str]:
-    """Two dev models answering slowly (a run lasts seconds), at 0.55 and 0.95."""
+    """Two dev models answering slowly (Materialize lasts seconds), at 0.55 and 0.95."""
     answers = {q: str(i + 41) for i, q in enumerate(fx.questions)}
-    return {name: await dev_models.start(DevModelConfig(answers=answers, accuracy=acc, latency_ms=500))
+    return {name: await dev_models.start(DevModelConfig(answers=answers, accuracy=acc, latency_ms=2500))
             for name, acc in (("slow_weak", 0.55), ("slow_strong", 0.95))}
 
 
@@ -300,7 +314,13 @@ async def test_a_killed_worker_loses_nothing_and_launches_no_run_twice(stack: St
                 "candidate": {"identifier": "openai/kill_strong", "api_base": slow["slow_strong"]}})
             sid = started["id"]
             first = (await _until_session(http, sid, lambda s: len(s["runs"]) == 1))["runs"][0]
-            assert (await http.get(f"/v1/runs/{first}")).json()["status"] == "running"  # the session is mid-way
+            # kill during the first run's Materialize (its batches heartbeat, so the new worker takes them over at
+            # once; a kill inside an earlier phase would wait out that phase's start-to-close timeout)
+            deadline = asyncio.get_running_loop().time() + 120
+            while (run := (await http.get(f"/v1/runs/{first}")).json())["phase"] != "materialize":
+                assert run["status"] == "running", f"the run ended before the kill: {run['display_status']}"
+                assert asyncio.get_running_loop().time() < deadline, run
+                await asyncio.sleep(0.05)
             worker.send_signal(signal.SIGKILL)
             worker.wait()
             killed = True
