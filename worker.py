@@ -21,6 +21,7 @@ from activities.fetch import FetchActivities
 from activities.find import FindActivities
 from activities.fork import ForkActivities
 from activities.materialize import MaterializeActivities
+from activities.operator import OperatorActivities
 from activities.regression import RegressionActivities
 from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
@@ -31,6 +32,7 @@ from benchwright.procreg import ProcessRegistry
 from benchwright.settings import Settings
 from benchwright.store.policy import prepare_secrets
 from benchwright.teardown import reap_worker_leftovers, release_worker, sweep_routes
+from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
@@ -96,12 +98,14 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         regression.post_alert,
         ReportActivities(deps).report,
     ]
+    operator = OperatorActivities(deps, client)
+    activities += [operator.plan, operator.launch, operator.wait, operator.record, operator.answer]
     return StackWorker(
         client,
         settings=settings,
         engine=engine,
         task_queue=task_queue or settings.task_queue,
-        workflows=[RunWorkflow, RegressionWorkflow],
+        workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
         activities=activities,
         max_concurrent_activities=settings.worker_max_activities,
         # Eager dispatch hands a workflow's next activity to the slot its last one freed, past the task queue: one

@@ -10,7 +10,21 @@ from fastapi import FastAPI
 from api import errors
 from api.body_limit import BodyLimit
 from api.deps import AppState
-from api.routes import account, admin, breakdown, codec, compare, forks, harness, policy, registry, runs, schedules, ui
+from api.routes import (
+    account,
+    admin,
+    breakdown,
+    codec,
+    compare,
+    forks,
+    harness,
+    operator,
+    policy,
+    registry,
+    runs,
+    schedules,
+    ui,
+)
 from api.routes import files as report_files
 from benchwright.crypto import load_keyring
 from benchwright.settings import Settings
@@ -48,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(registry.router)
     app.include_router(compare.router)
     app.include_router(schedules.router)
+    app.include_router(operator.router)
     ui.install(app)  # the dashboard: /ui/ and /v1/ui
 
     @app.get("/healthz", tags=["meta"])

@@ -756,6 +756,10 @@ app.command("report")(report_cmd)
 
 app.add_typer(registry_app, name="registry")
 
+from benchwright.cli_operator import ask_cmd  # noqa: E402
+
+app.command("ask")(ask_cmd)
+
 from benchwright.cli_secrets import secrets_app  # noqa: E402
 
 app.add_typer(secrets_app, name="secrets")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from pydantic_core import to_json
 
 from benchwright.compute import resolve_compute
 from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
@@ -17,9 +22,10 @@ from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+    from temporalio.client import Client
 
     from benchwright.settings import Settings
-    from benchwright.store.models import Account
+    from benchwright.store.models import Account, Run
 
 DRIVERS = ("builtin",)
 """Drivers named by a word. ``builtin`` is the offline template driver; besides these, any ``<provider>://<model>``
@@ -113,3 +119,137 @@ def admit_launch(settings: Settings, engine: Engine, *, account: Account, launch
         secret_value(engine, account_id=account.id, name=launch.model.secret)
     check_driver_secret(engine, account_id=account.id, driver=resolved.driver)
     return resolved
+
+
+MAX_RUN_INPUT_BYTES = 1024 * 1024
+"""Largest serialized RunInput a launch may start a workflow with. Temporal refuses payloads over 2 MB (its
+blob-size error limit; 4 MB is the gRPC message) after the run row would have been written; checking first means
+a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 2)."""
+
+
+async def start_run(settings: Settings, engine: Engine, client: Client | Callable[[], Awaitable[Client]], *,
+                    account: Account, launch: LaunchRequest, run_id: str | None = None,
+                    memo: dict[str, str] | None = None) -> Run:
+    """The one start path of a run (DESIGN invariant 10): resolve a registry pin, admit the launch
+    (:func:`admit_launch`), check the balance and the quota, build and size-check the workflow input, record the
+    run (row + RunLaunched) and start its ``RunWorkflow``. ``POST /v1/runs`` and the Operator call it.
+
+    ``run_id`` makes the call idempotent (the Operator passes ``workflow.uuid4()``): when the account already has
+    a run of that id, nothing is recorded or checked again; its workflow is started only if it is not already
+    running or finished (Temporal's id, never reused), so a retried launch never starts a run twice.
+
+    ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI).
+
+    ``client`` may be a coroutine function returning the client (the API's lazy connection): it is then only
+    reached once the launch is admitted, so a refused launch is refused even while Temporal is down.
+
+    Raises:
+        InvalidInput, DatasetError, NotFound: the launch is refused (``admit_launch``, the pin).
+        PaymentRequired: the account's balance is exhausted.
+        QuotaExceeded: the account's quota (``check_launch``).
+        PayloadTooLarge: the workflow input would not fit.
+        Unavailable: the run was recorded but its workflow could not be started.
+    """
+    from temporalio.client import Client as TemporalClient
+    from temporalio.common import (
+        Priority,
+        SearchAttributePair,
+        TypedSearchAttributes,
+        WorkflowIDConflictPolicy,
+        WorkflowIDReusePolicy,
+    )
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from benchwright.compute import materialize_mode
+    from benchwright.errors import PayloadTooLarge, PaymentRequired, Unavailable
+    from benchwright.pipeline import MaterializeOptions, RunInput
+    from benchwright.quotas import check_launch, fairness_key
+    from benchwright.registry.blobs import BlobStore
+    from benchwright.registry.pinned import resolve_pin
+    from benchwright.registry.shape import set_pin
+    from benchwright.store.accounts import get_account
+    from benchwright.store.runs import create_run, finish_run
+    from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
+
+    existing = await asyncio.to_thread(_own_run, engine, run_id, account.id) if run_id is not None else None
+    if existing is not None and existing.status != "running":
+        return existing  # recorded and already over (or refused at start): nothing to start again
+    body = launch
+    bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
+    pin = None if bridged else await asyncio.to_thread(resolve_pin, engine, BlobStore.from_settings(settings),
+                                                       account_id=account.id, launch=body)
+    if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
+        body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
+    resolved = await asyncio.to_thread(admit_launch, settings, engine, account=account, launch=body,
+                                       subset_default_trials=pin.default_trials if pin else None)
+    if existing is None:
+        current = await asyncio.to_thread(get_account, engine, account_id=account.id)
+        if current.balance_usd <= 0:
+            raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
+        await asyncio.to_thread(check_launch, engine, settings, account_id=account.id)  # 429 quota_exceeded
+    if not isinstance(client, TemporalClient):
+        client = await client()
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
+                            harness_bridge=bridged)
+    inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
+                   trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
+                   proxy_linger_s=settings.proxy_linger_s,
+                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
+                                                  batch_tasks=settings.materialize_batch_tasks,
+                                                  parallel_batches=settings.materialize_parallel_batches))
+    size = len(to_json(inp))  # bytes, as the pydantic data converter encodes the payload
+    if size > MAX_RUN_INPUT_BYTES:
+        raise PayloadTooLarge(f"the launch is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit "
+                              "(send less metadata or a smaller task_impl)")
+    if existing is None:
+        run = await asyncio.to_thread(create_run, engine, account_id=account.id, launch=body,
+                                      driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
+                                      limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
+                                      billing_markup=settings.billing_markup, backend=resolved.backend,
+                                      materialize_mode=mode, run_id=inp.run_id)
+        if pin is not None:
+            await asyncio.to_thread(set_pin, engine, run_id=run.id, pinned=pin.record())
+    else:
+        run = existing
+    try:
+        await client.start_workflow(
+            "RunWorkflow", inp, id=run.id, task_queue=settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            # a repeated start (existing row) must not start a finished run's workflow again
+            id_reuse_policy=(WorkflowIDReusePolicy.REJECT_DUPLICATE if existing is not None
+                             else WorkflowIDReusePolicy.ALLOW_DUPLICATE),
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
+                SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
+            ]),
+            priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
+            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset, **(memo or {})},
+            static_summary=workflow_summary(model=body.model.identifier, dataset=body.dataset),
+            static_details=f"Benchwright run `{run.id}`  \nmodel `{body.model.identifier}`  \ndataset `{body.dataset}`",
+        )
+    except WorkflowAlreadyStartedError:
+        if existing is None:
+            raise
+    except Exception as exc:
+        await asyncio.to_thread(finish_run, engine, run_id=run.id, status="error",
+                                error=f"the workflow could not be started: {exc}")
+        raise Unavailable(f"run {run.id} was recorded but its workflow could not be started: {exc}") from exc
+    return run
+
+
+def _own_run(engine: Engine, run_id: str, account_id: str) -> Run | None:
+    """The account's run of this id, or None when there is none.
+
+    Raises:
+        Conflict: the id belongs to another account's run (never touched, never revealed beyond this refusal).
+    """
+    from sqlmodel import Session
+
+    from benchwright.errors import Conflict
+    from benchwright.store.models import Run
+
+    with Session(engine) as session:
+        run = session.get(Run, run_id)
+    if run is not None and run.account_id != account_id:
+        raise Conflict(f"run id {run_id} is taken", code="run_id_taken")
+    return run

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -11,25 +10,18 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
-from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
-from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from api.sse import resume_point
-from benchwright.compute import materialize_mode
-from benchwright.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, PaymentRequired, Unavailable
-from benchwright.harness.config import check_harness
-from benchwright.launch import admit_launch
-from benchwright.pipeline import MaterializeOptions, ReviewResolution, RunInput, StopRequest
-from benchwright.quotas import check_launch, fairness_key
-from benchwright.registry.blobs import BlobStore
-from benchwright.registry.pinned import resolve_pin
-from benchwright.registry.shape import readable_run, set_pin
+from benchwright.errors import Conflict, InvalidInput, NotFound, Unavailable
+from benchwright.launch import start_run
+from benchwright.pipeline import ReviewResolution, StopRequest
+from benchwright.registry.shape import readable_run
 from benchwright.report.facts import run_narration
 from benchwright.schemas import (
     MAX_INDEX,
@@ -43,15 +35,12 @@ from benchwright.schemas import (
     Visibility,
     check_model_identifier,
 )
-from benchwright.store.accounts import get_account
 from benchwright.store.events import read_events
 from benchwright.store.models import EventRow
 from benchwright.store.results import fill_references
 from benchwright.store.runs import (
     CURSOR_PATTERN,
     ID_PREFIX_PATTERN,
-    create_run,
-    finish_run,
     get_run,
     list_runs,
     list_tasks,
@@ -59,18 +48,12 @@ from benchwright.store.runs import (
     set_visibility,
     task_detail,
 )
-from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
-from workflows.run import RunWorkflow
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 RunId = Annotated[str, Path(max_length=64)]
 TaskIndex = Annotated[int, Path(ge=0, le=MAX_INDEX)]
 After = Annotated[int, Query(ge=-1, le=MAX_INDEX,
                              description="Return what follows this seq/index (-1: from the start).")]
-MAX_RUN_INPUT_BYTES = 1024 * 1024
-"""Largest serialized RunInput a launch may start a workflow with. Temporal refuses payloads over 2 MB (its
-blob-size error limit; 4 MB is the gRPC message) after the run row would have been written; checking first means
-a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 2)."""
 
 
 @router.post("", status_code=201, response_model=RunView, responses=responses(*BODY, 402, 409, 429, 503))
@@ -82,55 +65,7 @@ async def launch_run(body: LaunchBody, account: AccountDep, state: StateDep) -> 
         from api.routes.forks import replay_launch
 
         return await replay_launch(body, account, state)
-    settings = state.settings
-    bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
-    pin = None if bridged else await run_in_threadpool(resolve_pin, state.engine, BlobStore.from_settings(settings),
-                                                       account_id=account.id, launch=body)
-    if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
-        body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
-    resolved = await run_in_threadpool(admit_launch, settings, state.engine, account=account, launch=body,
-                                       subset_default_trials=pin.default_trials if pin else None)
-    current = await run_in_threadpool(get_account, state.engine, account_id=account.id)
-    if current.balance_usd <= 0:
-        raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
-    await run_in_threadpool(check_launch, state.engine, settings, account_id=account.id)  # 429 quota_exceeded
-    client = await state.temporal()
-    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
-                            harness_bridge=bridged)
-    inp = RunInput(run_id=str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
-                   trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
-                   proxy_linger_s=settings.proxy_linger_s,
-                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
-                                                  batch_tasks=settings.materialize_batch_tasks,
-                                                  parallel_batches=settings.materialize_parallel_batches))
-    size = len(to_json(inp))  # bytes, as the pydantic data converter encodes the payload
-    if size > MAX_RUN_INPUT_BYTES:
-        raise PayloadTooLarge(f"the launch is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit "
-                              "(send less metadata or a smaller task_impl)")
-    run = await run_in_threadpool(create_run, state.engine, account_id=account.id, launch=body,
-                                  driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
-                                  limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
-                                  billing_markup=settings.billing_markup, backend=resolved.backend,
-                                  materialize_mode=mode, run_id=inp.run_id)
-    if pin is not None:
-        await run_in_threadpool(set_pin, state.engine, run_id=run.id, pinned=pin.record())
-    try:
-        await client.start_workflow(
-            RunWorkflow.run, inp, id=run.id, task_queue=settings.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes([
-                SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
-                SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
-            ]),
-            priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
-            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset},
-            static_summary=workflow_summary(model=body.model.identifier, dataset=body.dataset),
-            static_details=f"Benchwright run `{run.id}`  \nmodel `{body.model.identifier}`  \ndataset `{body.dataset}`",
-        )
-    except Exception as exc:
-        await run_in_threadpool(finish_run, state.engine, run_id=run.id, status="error",
-                                error=f"the workflow could not be started: {exc}")
-        raise Unavailable(f"run {run.id} was recorded but its workflow could not be started: {exc}") from exc
+    run = await start_run(state.settings, state.engine, state.temporal, account=account, launch=body)
     return await run_in_threadpool(run_view, state.engine, run)
 
 

@@ -346,3 +346,39 @@ class AccountQuota(SQLModel, table=True):
     tasks: int | None = None
     """Tasks of the account's running runs not yet scored."""
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+class OperatorSession(SQLModel, table=True):
+    """One Operator session (issue 26, ``benchwright.operator``; migration 0014): its goal, budget, state and
+    answer. Its log is ``operator_events``; ``next_seq`` is that log's counter, as ``runs.next_seq`` is a run's."""
+
+    __tablename__ = "operator_sessions"
+    __table_args__ = (Index("ix_operator_sessions_account_created", "account_id", "created_at"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    account_id: str = Field(foreign_key="accounts.id", max_length=36)
+    operator: str = Field(max_length=64)
+    status: str = Field(default="running", max_length=16)
+    goal: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    limits: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    runs: list[str] = Field(sa_column=Column(JSON, nullable=False))
+    """Ids of the runs the session launched, in launch order."""
+    answer: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    next_seq: int = 0
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class OperatorEvent(SQLModel, table=True):
+    """An Operator session's append-only log: the run log's shape (seq, type, data, idempotency key)."""
+
+    __tablename__ = "operator_events"
+    __table_args__ = (UniqueConstraint("session_id", "seq", name="uq_operator_events_session_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="operator_sessions.id", max_length=36)
+    seq: int
+    type: str = Field(max_length=64)
+    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    idem_key: str = Field(unique=True, max_length=300)
+    created_at: datetime = Field(default_factory=utcnow)

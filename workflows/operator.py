@@ -1,0 +1,167 @@
+"""OperatorWorkflow: one Operator session (issue 26). Orchestration only: the builtin operator's plan, each launch
+(through ``benchwright.launch.start_run``, with a run id drawn from the workflow so a retry or a replay never
+launches a run twice), each wait, the budget checks and the answer. The session's log is written by the activities.
+
+Signals: ``pause``, ``resume``, ``stop``, ``steer(message)``. A pause holds the next launch (a run already going
+keeps going); a stop ends the session at once with an answer from what it read (its runs are the account's and
+keep going: stop them through their own ids); a steer is recorded (the builtin operator follows its plan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from benchwright.operator.goals import Answer, Evidence
+    from benchwright.operator.steps import (
+        AnswerStep,
+        LaunchResult,
+        LaunchStep,
+        OperatorInput,
+        PlanResult,
+        PlanStep,
+        RecordStep,
+        WaitStep,
+    )
+
+STEP_TIMEOUT = timedelta(minutes=5)
+STEP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
+                         maximum_attempts=5)
+WAIT_TIMEOUT = timedelta(days=7)
+WAIT_HEARTBEAT = timedelta(seconds=10)
+"""The waiting activity heartbeats every ``POLL_S``; a dead worker's wait is taken over after this."""
+WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+
+
+@workflow.defn(name="OperatorWorkflow")
+class OperatorWorkflow:
+    def __init__(self) -> None:
+        self._paused = False
+        self._stopped = False
+        self._controls: list[tuple[str, str | None]] = []
+        self._recorded = 0
+
+    @workflow.signal
+    def pause(self) -> None:
+        self._paused = True
+        self._controls.append(("pause", None))
+
+    @workflow.signal
+    def resume(self) -> None:
+        self._paused = False
+        self._controls.append(("resume", None))
+
+    @workflow.signal
+    def stop(self) -> None:
+        self._stopped = True
+        self._controls.append(("stop", None))
+
+    @workflow.signal
+    def steer(self, message: str) -> None:
+        self._controls.append(("steer", message[:2000]))
+
+    @workflow.run
+    async def run(self, inp: OperatorInput) -> Answer:
+        sid = inp.session_id
+        planned: PlanResult = await workflow.execute_activity(
+            "operator_plan", PlanStep(session_id=sid, account_id=inp.account_id, goal=inp.goal),
+            result_type=PlanResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+            summary="plan the runs")
+        budget = inp.limits.session
+        evidence: list[Evidence] = []
+        cut_short = planned.refused
+        spent = 0.0
+        for i, step in enumerate(planned.launches):
+            await self._flush(sid)
+            await workflow.wait_condition(lambda: not self._paused or self._stopped)
+            await self._flush(sid)
+            if self._stopped:
+                cut_short = "the session was stopped"
+                break
+            over = self._over_budget(i, spent, len(planned.launches), inp)
+            if over is not None:
+                cut_short = f"budget: {over}"
+                await self._decide(sid, f"stop:{i}", "stop", over, {"runs_launched": i, "spent": spent})
+                break
+            await self._decide(sid, f"launch:{i}", "launch", step.reason, {
+                "label": step.label, "model": step.launch.model.identifier, "runs_launched": i, "spent": spent,
+                "budget": budget.model_dump(mode="json", exclude_none=True)})
+            launched: LaunchResult = await workflow.execute_activity(
+                "operator_launch", LaunchStep(session_id=sid, account_id=inp.account_id, index=i, planned=step,
+                                              run_id=str(workflow.uuid4())),
+                result_type=LaunchResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+                summary=f"launch the {step.label} run")
+            if launched.run_id is None:
+                cut_short = f"the {step.label} run was refused: {launched.refused}"
+                break
+            waiting = workflow.start_activity(
+                "operator_wait", WaitStep(session_id=sid, run_id=launched.run_id, label=step.label),
+                result_type=Evidence, start_to_close_timeout=WAIT_TIMEOUT, heartbeat_timeout=WAIT_HEARTBEAT,
+                retry_policy=WAIT_RETRY, summary=f"wait for the {step.label} run")
+            if not await self._settled(sid, waiting):
+                cut_short = "the session was stopped"
+                break
+            read = await waiting
+            evidence.append(read)
+            spent += read.cost
+        await self._flush(sid)
+        result: Answer = await workflow.execute_activity(
+            "operator_answer", AnswerStep(session_id=sid, account_id=inp.account_id, goal=inp.goal, evidence=evidence,
+                                          reference=planned.reference, cut_short=cut_short, stopped=self._stopped),
+            result_type=Answer, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
+        workflow.set_current_details(f"**{result.outcome}**  \n{result.sentence}")
+        return result
+
+    async def _settled(self, sid: str, waiting: workflow.ActivityHandle[Evidence]) -> bool:
+        """Wait for the run while recording the signals that arrive; False when a stop came first (the wait is
+        cancelled; the run itself goes on)."""
+        def woken() -> bool:
+            return waiting.done() or self._stopped or bool(self._controls)
+
+        await workflow.wait_condition(woken)
+        while not waiting.done() and not self._stopped:
+            await self._flush(sid)
+            await workflow.wait_condition(woken)
+        if waiting.done():
+            return True
+        waiting.cancel()
+        try:
+            await waiting
+        except (ActivityError, asyncio.CancelledError):
+            pass
+        return False
+
+    @staticmethod
+    def _over_budget(i: int, spent: float, planned: int, inp: OperatorInput) -> str | None:
+        budget = inp.limits.session
+        if i >= budget.runs:
+            return f"the session's budget allows {budget.runs} run(s) and the plan needs {planned}"
+        if budget.cost is not None and spent >= budget.cost:
+            return f"the session has spent ${spent:.4f} of its ${budget.cost:.4f} budget"
+        if budget.deadline is not None and workflow.now() >= budget.deadline:
+            return f"the session's deadline ({budget.deadline.isoformat()}) has passed"
+        return None
+
+    async def _decide(self, sid: str, key: str, action: str, reason: str, evidence: dict[str, object]) -> None:
+        await self._record(sid, f"op:{sid}:decision:{key}", "OperatorDecision",
+                           {"action": action, "reason": reason, "evidence": evidence})
+
+    async def _flush(self, sid: str) -> None:
+        """Record the signals received since the last flush, in order (each once: keyed by its position)."""
+        while self._controls:
+            action, message = self._controls.pop(0)
+            self._recorded += 1
+            status = {"pause": "paused", "resume": "running"}.get(action)
+            await self._record(sid, f"op:{sid}:control:{self._recorded}", "OperatorControl",
+                               {"action": action, "message": message}, status=status)
+
+    @staticmethod
+    async def _record(sid: str, key: str, type_: str, data: dict[str, object], status: str | None = None) -> None:
+        await workflow.execute_activity(
+            "operator_record", RecordStep(session_id=sid, key=key, type=type_, data=data, status=status),
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary=f"record {type_}")
