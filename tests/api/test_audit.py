@@ -86,7 +86,8 @@ async def test_admin_actions_are_recorded_and_only_admins_read_them(stack: Stack
         assert by_action["account.credit"]["target"] == f"account:customer-{suffix}"
         assert by_action["account.credit"]["detail"] == {"amount_usd": 12.5, "balance_usd": 17.5}
         assert by_action["account.key_create"]["actor"].startswith("cli:")  # the OS user running the command
-        assert by_action["account.key_create"]["detail"] == {"key_prefix": new_key[:10]}
+            # a key issued without a name is named after its prefix (named keys, docs/security.md)
+        assert by_action["account.key_create"]["detail"] == {"key_name": new_key[:10], "key_prefix": new_key[:10]}
         assert by_action["impl.promote"]["actor"] == f"account:{admin_account.name}"
         assert by_action["impl.promote"]["target"] == f"impl:{impl_id}"
         assert by_action["run.admin_halt"]["actor"] == f"account:{admin_account.name}"
