@@ -30,8 +30,8 @@ from benchwright.store.db import session_scope
 from benchwright.store.models import Account, AuditEntry
 
 ACTIONS = ("run.admin_halt", "impl.promote", "account.create", "account.credit", "account.key_create",
-           "account.key_rotate", "account.key_revoke", "policy.change")
-"""What the trail records (``action``); the last three are for the admin actions other changes add."""
+           "account.key_rotate", "account.key_revoke", "account.quota", "policy.change")
+"""What the trail records (``action``). ``policy.change`` is reserved: no admin operation changes a policy yet."""
 AUDIT_CURSOR_PATTERN = r"^[0-9]{1,18}$"
 """``next_cursor`` of ``GET /v1/admin/audit``: the id of the last entry of the page."""
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -171,7 +170,8 @@ async def test_a_number_past_timedelta_that_slips_past_validation_ends_the_run_e
         stop = await http.post(f"/v1/runs/{run_id}/stop", json={})
     assert stop.status_code == 409, stop.text
     history = await handle.fetch_history()
-    replayer = Replayer(workflows=[RunWorkflow], data_converter=pydantic_data_converter,
+    # the stack's converter: its payloads are encrypted by the deployment key's codec (docs/security.md)
+    replayer = Replayer(workflows=[RunWorkflow], data_converter=stack.client.data_converter,
                         workflow_runner=SandboxedWorkflowRunner(
                             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
     replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
