@@ -401,7 +401,7 @@ class RunNarrated(Event):
 
 class NarrationUsage(Event):
     """Tokens the LLM narrator spent on the run's narration; the cost trigger adds ``cost_usd`` to cost.narration
-    (billed, with the markup) and the call and token counts beside it (migration 0009)."""
+    (billed, with the markup) and the call and token counts beside it (migration 0013)."""
 
     model: str
     calls: int = 1
@@ -423,3 +423,7 @@ class ReportFile(Event):
 
 
 EVENT_TYPES.update({cls.__name__: cls for cls in (RunNarrated, NarrationUsage, ReportFile)})
+AFTER_TERMINAL: frozenset[str] = frozenset(cls.__name__ for cls in (RunNarrated, NarrationUsage, ReportFile))
+"""The output events a run's log may hold after its terminal PipelineFinished (its narration and report, written
+once the run is over). An SSE stream closes at the terminal event; polling (or a stream resumed with
+``Last-Event-ID``) reads these."""

@@ -291,7 +291,9 @@ def report_facts(engine: Engine, blobs: BlobStore, *, run: Run, narration: str, 
     try:
         grouped: BreakdownView | None = breakdown(engine, blobs, run=run, by=None)
     except (InvalidInput, Conflict):
-        grouped = None  # no grouping column, or no dataset rows recorded (a run that failed early)
+        grouped = None  # no dataset rows recorded (a run that failed early)
+    if grouped is not None and grouped.by is None:
+        grouped = None  # the data has no grouping column: nothing to split the score by
     with Session(engine) as session:
         invocation = _latest_invocation(session, run.id)
         tasks = _tasks(session, run.id, invocation)

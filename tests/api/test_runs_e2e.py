@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchwright.devmodel import DevModelConfig, load_answers
+from benchwright.events import AFTER_TERMINAL
 from benchwright.schemas import PHASES
 from tests.api.helpers import launch, poll_all, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
@@ -30,7 +31,10 @@ async def test_launch_reaches_ok_with_gapless_log_in_phase_order(stack: Stack) -
 
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert events[0]["type"] == "RunLaunched"
-    assert events == polled, "SSE and polling must return identical records"
+    # The stream closes at the terminal event; the narration and report land after it (output events only).
+    assert events == polled[:len(events)], "SSE and polling must return identical records"
+    assert events[-1]["type"] == "PipelineFinished"
+    assert {e["type"] for e in polled[len(events):]} <= AFTER_TERMINAL
 
     started = [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"]
     completed = [e["data"]["phase"] for e in events if e["type"] == "PhaseCompleted"]
@@ -91,8 +95,12 @@ async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> Non
     history = await handle.fetch_history()
     summaries = [e.user_metadata.summary for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")]
-    assert any(s.data and b"fetch v1" in s.data for s in summaries)
-    assert any(s.data and b"materialize v1: tasks 0..59" in s.data for s in summaries)
+    # Summaries are payloads, encrypted by the deployment key's codec like every other (docs/security.md)
+    codec = stack.client.data_converter.payload_codec
+    assert codec is not None
+    summaries = await codec.decode([s for s in summaries if s.data])
+    assert any(b"fetch v1" in s.data for s in summaries)
+    assert any(b"materialize v1: tasks 0..59" in s.data for s in summaries)
 
 
 async def test_non_openai_model_strings_go_through_litellm(stack: Stack) -> None:

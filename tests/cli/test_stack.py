@@ -18,6 +18,7 @@ import pytest
 
 from benchwright.client import Client
 from benchwright.devstack import free_port, pid_alive
+from benchwright.events import AFTER_TERMINAL
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"
@@ -112,7 +113,7 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
             events = client.events(run_id)["events"]
             types = [e["type"] for e in events]
             # Only output events (the report, issue 26) may follow the terminal event.
-            assert set(types[types.index("PipelineFinished") + 1:]) <= {"RunNarrated", "NarrationUsage", "ReportFile"}
+            assert set(types[types.index("PipelineFinished") + 1:]) <= AFTER_TERMINAL
         # ... and so do its work-sandbox snapshots: the post-Atomize one restores the same scorer.
         from benchwright.sandbox import LocalBackend
 
