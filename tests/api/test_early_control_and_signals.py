@@ -106,7 +106,9 @@ async def test_signals_pause_resume_and_stop_with_the_updates_bookkeeping(
     assert halts == ["operator_pause", "operator_kill: seen enough"]
     assert [e["data"]["previous_reason"] for e in events if e["type"] == "RunResumed"] == ["operator_pause"]
     refused = [(r["control"], r["code"]) for r in _refusals(events)]
-    assert refused == [("review_resolution", "not_waiting"), ("pause", "already_halted"), ("resume", "not_paused")]
+    # Each refusal is recorded by its own handler; two signals in one workflow activation may land in either order.
+    assert sorted(refused) == sorted([("review_resolution", "not_waiting"), ("pause", "already_halted"),
+                                      ("resume", "not_paused")])
 
 
 async def test_a_signal_on_a_closed_run_is_refused_by_temporal(stack: Stack) -> None:
