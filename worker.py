@@ -17,6 +17,7 @@ from activities.analyze import AnalyzeActivities
 from activities.atomize import AtomizeActivities
 from activities.attach import AttachActivities
 from activities.common import Deps
+from activities.fair_share import FairShareInterceptor
 from activities.fetch import FetchActivities
 from activities.find import FindActivities
 from activities.fork import ForkActivities
@@ -29,6 +30,7 @@ from activities.setup import SetupActivities
 from benchwright.crypto import load_keyring
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.procreg import ProcessRegistry
+from benchwright.quotas import FairShare
 from benchwright.settings import Settings
 from benchwright.store.policy import prepare_secrets
 from benchwright.teardown import reap_worker_leftovers, release_worker, sweep_routes
@@ -47,17 +49,22 @@ class StackWorker(Worker):
     kills the sandboxes and stops the model proxies its process started: a worker leaves nothing running behind it,
     in-process (tests) or not."""
 
-    def __init__(self, client: Client, *, settings: Settings, engine: Engine, **kwargs: Any) -> None:
+    def __init__(self, client: Client, *, settings: Settings, engine: Engine, share: FairShare | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self._settings = settings
         self._engine = engine
+        self._share = share
 
     async def run(self) -> None:
         stop_sweep = asyncio.Event()
         sweep = asyncio.create_task(sweep_routes(settings=self._settings, engine=self._engine, stop=stop_sweep))
+        lag = asyncio.create_task(self._share.watch()) if self._share else None  # the fair share's load probe
         try:
             await super().run()
         finally:
+            if lag:
+                lag.cancel()
             stop_sweep.set()
             await asyncio.shield(_release(sweep, settings=self._settings))
 
@@ -71,7 +78,8 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     prepare_secrets(engine, load_keyring(settings))  # refuses to start with encrypted secrets and no key
     deps = Deps(engine=engine, settings=settings)
     install_llm_driver(engine=engine, settings=settings)  # driver_for('<provider>://<model>') in this worker
-    materialize = MaterializeActivities(deps)
+    share = FairShare(phase_slots=settings.fair_phase_slots, lag_target_s=settings.fair_lag_target_ms / 1000)
+    materialize = MaterializeActivities(deps, share)
     attach = AttachActivities(deps)
     run_log = RunLogActivities(deps)
     control = ControlActivities(deps)
@@ -104,6 +112,8 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         client,
         settings=settings,
         engine=engine,
+        share=share,
+        interceptors=[FairShareInterceptor(share)],  # each account's share of this worker (benchwright.quotas)
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
         activities=activities,

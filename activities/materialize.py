@@ -33,7 +33,7 @@ from benchwright.pipeline import (
 )
 from benchwright.prices import prices_for
 from benchwright.proxy.model_proxy import ProxyHandle
-from benchwright.quotas import GatedSut, ModelCallGates, model_call_limit
+from benchwright.quotas import FairShare, GatedSut, model_call_limit
 from benchwright.sandbox import ExecLimits
 from benchwright.scoring.host import ScorerLoadError, TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.store.control import halt_run, halted_reason
@@ -73,11 +73,12 @@ def resweep_request(deps: Deps, metadata: dict[str, Any], invocation: int) -> Ph
 
 
 class MaterializeActivities:
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: Deps, share: FairShare | None = None) -> None:
         self.deps = deps
         self.ceilings = ScorerCeilings.of(deps.settings)
-        self.gates = ModelCallGates()
-        """This worker's per-account bound on model calls in flight (the ``model_calls`` quota)."""
+        self.share = share or FairShare()
+        """This worker's fair share between accounts: each account's model calls in flight (its ``model_calls``
+        quota, and its share of the worker while other accounts have work on it)."""
 
     @activity.defn(name="materialize_begin")
     async def begin(self, inp: PhaseInput) -> PhaseResult:
@@ -106,7 +107,9 @@ class MaterializeActivities:
         sut: SutClient = run_sut(inp.model, prices=prices_for(inp.model), proxy=proxy, concurrency=inp.concurrency,
                                  timeout_s=settings.sut_timeout_s, retries=settings.sut_retries,
                                  budget_s=inp.task_limits.attempt_duration_s)
-        sut = GatedSut(sut, gate=self.gates.gate(*account), concurrency=inp.concurrency)
+        account_id, quota = account
+        self.share.set_quota(account_id, quota)
+        sut = GatedSut(sut, share=self.share, account=account_id, concurrency=inp.concurrency)
 
         async def halt(reason: str) -> None:
             await in_thread(halt_run, self.deps.engine, run_id=inp.run_id, reason=reason,

@@ -50,6 +50,21 @@ def timed_run(client: Client, dataset: Path, model: dict, c: int) -> tuple[float
     return wall, run["id"]
 
 
+def timeline(client: Client, run_id: str) -> str:
+    """B's run as its events tell it: when each phase started and ended, from the launch (where B waited)."""
+    from datetime import datetime
+
+    events = client.events(run_id, limit=1000)["events"]
+    t0 = datetime.fromisoformat(events[0]["created_at"])
+    marks = []
+    for e in events:
+        if e["type"] in ("PhaseStarted", "PhaseCompleted", "PhaseSkipped", "PipelineStarted", "PipelineFinished"):
+            at = (datetime.fromisoformat(e["created_at"]) - t0).total_seconds()
+            what = e["data"].get("phase", "") + (" done" if e["type"] == "PhaseCompleted" else "")
+            marks.append(f"{what or e['type']} {at:.2f}")
+    return ", ".join(marks)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a-runs", type=int, default=20)
@@ -86,7 +101,8 @@ def main() -> None:
                       for _ in range(args.a_runs)]
             while sum(a.run(r)["tasks"]["summary"]["passed"] for r in a_runs[:1]) < args.a_head_start:
                 time.sleep(0.2)
-            loaded, _ = timed_run(b, work / "b.jsonl", model, args.concurrency)
+            loaded, b_run = timed_run(b, work / "b.jsonl", model, args.concurrency)
+            b_timeline = timeline(b, b_run)
             load_loaded = os.getloadavg()[0]
             a_live = sum(1 for r in a_runs if a.run(r)["finished_at"] is None)
             a_left = sum(max(0, args.a_tasks - (s := a.run(r)["tasks"]["summary"])["passed"] - s["failed"]
@@ -103,6 +119,7 @@ def main() -> None:
           f"load average {load_solo:.1f})")
     print(f"  B beside A:     {loaded:7.2f} s  (load average {load_loaded:.1f}); at B's end {a_live} of "
           f"{args.a_runs} A runs in flight, {a_left} A tasks unscored")
+    print(f"  B's timeline beside A (s from launch): {b_timeline}")
     print(f"  ratio:          {ratio:7.2f}x  (goal <= 2x: {'met' if ratio <= 2 else 'NOT met'})")
 
 

@@ -10,9 +10,10 @@ Three quotas, each a deployment default (``Settings.quota_*``) an admin may over
   is at or over the limit is refused 429 (a run's task count is known once Analyze has read its dataset, so a
   launch is measured against what the running runs already hold).
 * ``model_calls``: the account's model calls in flight at once on one worker, across all of its runs and batches.
-  Enforced by ``ModelCallGates`` in the worker: a call over it waits for one of the account's own calls to end (no
-  error: the run is slowed, never failed), so one account's 20 runs at C=128 cannot take every call slot, every
-  scorer thread and every CPU second of the worker from another account's run.
+  Enforced by ``FairShare`` in the worker: a call over it waits for one of the account's own calls to end (no
+  error: the run is slowed, never failed). While other accounts have work on the same worker, ``FairShare`` also
+  holds each account to an equal share of what the worker can serve (its model calls, and its pipeline phases),
+  so one account's 20 runs at C=128 cannot take the worker's event loop and cores from another account's run.
 
 The other half of the fair share is Temporal's: every run's workflow is started with the account as its
 ``fairness_key`` (``fairness_key``), which its activities inherit, so a task queue holding thousands of one
@@ -26,6 +27,10 @@ with ``Retry-After`` (``Settings.quota_retry_after_s``): runs end on their own s
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -173,80 +178,213 @@ def check_launch(engine: Engine, settings: Settings, *, account_id: str) -> None
         raise _exceeded("tasks", used.tasks, quotas.tasks, settings, "wait for its runs to score them")
 
 
-class ModelCallGates:
-    """The worker's per-account bound on model calls in flight (the ``model_calls`` quota), one gate per account
-    shared by every batch of that account's runs this worker process executes.
+class _Share:
+    """One account's admissions of one kind (model calls, or phases): how many hold one, who waits (first come,
+    first served within the account)."""
 
-    A gate is made on the account's first batch with the account's quota at that moment, and resized when a later
-    batch reads a different one. One ``asyncio.Semaphore`` acquire per call (~1 µs); calls are admitted in the order
-    they asked.
-    """
-
-    def __init__(self) -> None:
-        self._gates: dict[str, _Gate] = {}
-
-    def gate(self, account_id: str, limit: int) -> _Gate:
-        gate = self._gates.get(account_id)
-        if gate is None:
-            gate = self._gates[account_id] = _Gate(limit)
-        elif gate.limit != limit:
-            gate.resize(limit)
-        return gate
-
-
-class _Gate:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self, account: str, kind: str) -> None:
+        self.account = account
+        self.kind = kind
         self.in_flight = 0
         self.peak = 0
-        self._sem = asyncio.Semaphore(limit)
-        self._absorbing: set[asyncio.Task[None]] = set()
+        self.waiters: deque[asyncio.Future[None]] = deque()
 
-    def resize(self, limit: int) -> None:
-        """Grow at once; shrink as calls end (the surplus permits are taken as they come back)."""
-        delta = limit - self.limit
-        self.limit = limit
-        if delta > 0:
-            for _ in range(delta):
-                self._sem.release()
-        else:
-            task = asyncio.get_running_loop().create_task(self._absorb(-delta))
-            self._absorbing.add(task)  # held until done (the loop keeps only a weak reference)
-            task.add_done_callback(self._absorbing.discard)
-
-    async def _absorb(self, n: int) -> None:
-        for _ in range(n):
-            await self._sem.acquire()
-
-    async def __aenter__(self) -> None:
-        await self._sem.acquire()
+    def take(self) -> None:
         self.in_flight += 1
-        if self.in_flight > self.peak:
-            self.peak = self.in_flight
+        self.peak = max(self.peak, self.in_flight)
 
-    async def __aexit__(self, *exc: object) -> None:
-        self.in_flight -= 1
-        self._sem.release()
+
+class FairShare:
+    """One worker's fair share between accounts (issue 23): while several accounts have work on this worker, none
+    may take it from the others.
+
+    The scarce thing on a busy worker is its one event loop (and the cores under it): an account's twenty runs at
+    C=128 against a fast model keep it busy enough that another account's every phase, workflow task and store write
+    waits behind theirs. Two bounds share it out, each only while more than one account is *active* (has an
+    activity running on this worker, or had one within ``linger_s``; ``enter``/``leave``, called for every
+    activity by ``activities.fair_share``):
+
+    * **Model calls.** Each account's calls in flight are held to ``capacity // accounts`` (at least
+      ``min_calls``), under its own ``model_calls`` quota. ``capacity`` adapts to the worker (``observe_lag``,
+      fed every ``LAG_PROBE_S`` by ``watch``): halved while the event loop answers later than ``lag_target_s``,
+      grown by one call per account while it answers within half of it. So against a slow model (real providers:
+      seconds per call) the loop stays idle and the shares grow to the quotas; against a fast one, the heavy
+      account is cut back until the light one's work goes through at its own pace.
+    * **Phases.** Each account runs at most ``phase_slots // accounts`` (at least one) of its pipeline phases at
+      once; its others wait for its own (an account's twenty runs starting at once no longer run twenty sandboxes'
+      set-up beside the other account's one).
+
+    Alone, an account is bounded only by its quota: a single-account deployment runs as before. Waiters are
+    admitted first come, first served within their account, and an account's waiters never wait for another
+    account's calls or phases: each account's bound is its own.
+    """
+
+    LAG_PROBE_S = 0.1
+
+    def __init__(self, *, phase_slots: int = 4, lag_target_s: float = 0.05, min_calls: int = 16,
+                 linger_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.phase_slots = phase_slots
+        self.lag_target_s = lag_target_s
+        self.min_calls = min_calls
+        self.linger_s = linger_s
+        self._clock = clock
+        self._live: dict[str, int] = {}
+        self._left_at: dict[str, float] = {}
+        self._quota: dict[str, int] = {}
+        self._calls: dict[str, _Share] = {}
+        self._phases: dict[str, _Share] = {}
+        self.capacity: int | None = None
+        """Model calls in flight across the active accounts while more than one is active; None while one is."""
+
+    # -- who is active
+    def active(self) -> set[str]:
+        now = self._clock()
+        live = {a for a, n in self._live.items() if n > 0 or now - self._left_at.get(a, -1e18) < self.linger_s}
+        calling = {a for a, c in self._calls.items() if c.in_flight or c.waiters}
+        return live | calling
+
+    def enter(self, account: str) -> None:
+        """An activity of ``account`` started on this worker."""
+        self._live[account] = self._live.get(account, 0) + 1
+        self._rebalance()
+
+    def leave(self, account: str) -> None:
+        """An activity of ``account`` ended."""
+        self._live[account] = max(0, self._live.get(account, 0) - 1)
+        self._left_at[account] = self._clock()
+        self._rebalance()
+
+    # -- bounds
+    def set_quota(self, account: str, model_calls: int) -> None:
+        """The account's ``model_calls`` quota as last read from the store (an admin's change applies at once)."""
+        if self._quota.get(account) != model_calls:
+            self._quota[account] = model_calls
+            self._rebalance()
+
+    def call_limit(self, account: str) -> int:
+        quota = self._quota.get(account, MAX_QUOTA)
+        n = len(self.active() | {account})
+        if n <= 1 or self.capacity is None:
+            return quota
+        return min(quota, max(self.min_calls, self.capacity // n))
+
+    def phase_limit(self, account: str) -> int:
+        n = len(self.active() | {account})
+        return MAX_QUOTA if n <= 1 else max(1, self.phase_slots // n)
+
+    def observe_lag(self, lag_s: float) -> None:
+        """The event loop answered ``lag_s`` late: cut the shared capacity back, or let it grow (see the class)."""
+        active = self.active()
+        n = len(active)
+        if n <= 1:
+            self.capacity = None
+        else:
+            in_flight = sum(self._calls[a].in_flight for a in active if a in self._calls)
+            ceiling = sum(self._quota.get(a, MAX_QUOTA) for a in active)
+            floor = n * self.min_calls
+            if self.capacity is None:
+                self.capacity = max(floor, in_flight)
+            if lag_s > self.lag_target_s:
+                if in_flight <= self.capacity:  # cut again once the last cut has taken effect
+                    self.capacity = max(floor, self.capacity // 2)
+            elif lag_s < self.lag_target_s / 2:
+                self.capacity = min(ceiling, self.capacity + n)
+        self._rebalance()
+
+    async def watch(self) -> None:
+        """Measure the event loop's lateness every ``LAG_PROBE_S`` and feed ``observe_lag``, until cancelled."""
+        while True:
+            asked = time.monotonic()
+            await asyncio.sleep(self.LAG_PROBE_S)
+            self.observe_lag(time.monotonic() - asked - self.LAG_PROBE_S)
+
+    # -- admission
+    def _limit(self, share: _Share) -> int:
+        return self.call_limit(share.account) if share.kind == "calls" else self.phase_limit(share.account)
+
+    def _wake(self, share: _Share) -> None:
+        limit = self._limit(share)
+        while share.waiters and share.in_flight < limit:
+            waiter = share.waiters.popleft()
+            if not waiter.done():
+                share.take()
+                waiter.set_result(None)
+
+    def _rebalance(self) -> None:
+        for share in (*self._calls.values(), *self._phases.values()):
+            if share.waiters:
+                self._wake(share)
+
+    async def _acquire(self, share: _Share) -> None:
+        if not share.waiters and share.in_flight < self._limit(share):
+            share.take()
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        share.waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # admitted, then cancelled before it could go
+                self._release(share)
+            elif waiter in share.waiters:
+                share.waiters.remove(waiter)
+            raise
+
+    def _release(self, share: _Share) -> None:
+        share.in_flight -= 1
+        self._wake(share)
+
+    def _share(self, table: dict[str, _Share], account: str, kind: str) -> _Share:
+        share = table.get(account)
+        if share is None:
+            share = table[account] = _Share(account, kind)
+        return share
+
+    @asynccontextmanager
+    async def call(self, account: str) -> AsyncIterator[None]:
+        """Hold one of ``account``'s model-call admissions for the call's duration."""
+        share = self._share(self._calls, account, "calls")
+        await self._acquire(share)
+        try:
+            yield
+        finally:
+            self._release(share)
+
+    async def enter_phase(self, account: str) -> None:
+        """Wait for one of ``account``'s phase admissions (give it back with ``leave_phase``)."""
+        await self._acquire(self._share(self._phases, account, "phases"))
+
+    def leave_phase(self, account: str) -> None:
+        self._release(self._phases[account])
+
+    def in_flight(self, account: str, kind: str = "calls") -> int:
+        share = (self._calls if kind == "calls" else self._phases).get(account)
+        return share.in_flight if share else 0
+
+    def peak(self, account: str, kind: str = "calls") -> int:
+        share = (self._calls if kind == "calls" else self._phases).get(account)
+        return share.peak if share else 0
 
 
 class GatedSut:
-    """A batch's ``SutClient`` whose calls also pass the account's gate (``ModelCallGates``).
+    """A batch's ``SutClient`` whose calls also pass the account's share of the worker (``FairShare.call``).
 
     The batch's own bound (``concurrency``) is taken first, then the account's: a call waiting for its batch's slot
-    holds none of the account's, so the account's permits all go to calls that can be sent.
+    holds none of the account's, so the account's admissions all go to calls that can be sent.
     """
 
-    def __init__(self, inner: SutClient, *, gate: _Gate, concurrency: int) -> None:
+    def __init__(self, inner: SutClient, *, share: FairShare, account: str, concurrency: int) -> None:
         self._inner = inner
-        self._gate = gate
+        self._share = share
+        self._account = account
         self._batch = asyncio.Semaphore(max(1, concurrency))
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
-        async with self._batch, self._gate:
+        async with self._batch, self._share.call(self._account):
             return await self._inner.complete(messages, params)
 
     async def warm(self, calls: int) -> None:
-        await self._inner.warm(min(calls, self._gate.limit))
+        await self._inner.warm(min(calls, self._share.call_limit(self._account)))
 
     async def aclose(self) -> None:
         await self._inner.aclose()

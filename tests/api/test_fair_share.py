@@ -9,7 +9,6 @@ turn: B's run ends while both of A's are still in flight. Ordering is read from 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import httpx
 import pytest
 
 from benchwright.devmodel import DevModelConfig
-from benchwright.quotas import ModelCallGates
 from benchwright.store.accounts import create_account
 from tests.conftest import DevModels
 from tests.faults.kit import FaultStack, start_stack, wait_for, write_dataset
@@ -61,27 +59,3 @@ async def test_account_b_run_finishes_while_account_a_saturates_the_worker(
     assert all(left > 0 for left in a_left.values()), a_left  # A still had tasks to score when B was done
     await wait_for(lambda: stack.finished(a_runs), "A's runs finished", 300, every_s=0.2)
     assert all(stack.runs()[r].status == "ok" for r in a_runs)
-
-
-async def test_model_call_gate_bounds_each_account_and_never_blocks_another() -> None:
-    """The worker's per-account gate: an account's calls beyond its quota wait for its own, another account's
-    call goes straight through while the first is at its limit, and a new quota applies to later calls."""
-    gates = ModelCallGates()
-    release = asyncio.Event()
-    entered: list[str] = []
-
-    async def call(account: str, limit: int) -> None:
-        async with gates.gate(account, limit):
-            entered.append(account)
-            await release.wait()
-
-    a_calls = [asyncio.create_task(call("a", 3)) for _ in range(10)]
-    await wait_for(lambda: entered.count("a") == 3, "three of A's calls in flight", 10, every_s=0.01)
-    b_call = asyncio.create_task(call("b", 3))
-    await wait_for(lambda: "b" in entered, "B's call admitted while A is at its limit", 10, every_s=0.01)
-    assert entered.count("a") == 3 and gates.gate("a", 3).peak == 3
-    gates.gate("a", 5)  # an admin raised A's quota: two more of its waiting calls go in at once
-    await wait_for(lambda: entered.count("a") == 5, "A's raised quota applied", 10, every_s=0.01)
-    release.set()
-    await asyncio.gather(*a_calls, b_call)
-    assert entered.count("a") == 10 and gates.gate("a", 5).peak == 5
