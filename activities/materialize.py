@@ -36,7 +36,7 @@ from benchwright.proxy.model_proxy import ProxyHandle
 from benchwright.quotas import FairShare, GatedSut, model_call_limit
 from benchwright.sandbox import ExecLimits
 from benchwright.scoring.host import ScorerLoadError, TrialItem, TrialLimits, TrialRecord, run_trials
-from benchwright.store.control import halt_run, halted_reason
+from benchwright.store.control import halt_run, halted_reasons
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.sut import SutClient, run_sut
 
@@ -60,6 +60,49 @@ def _limits(threads: int, ceilings: ScorerCeilings) -> ExecLimits:
 HALT_POLL_S = 0.2
 
 
+class HaltWatch:
+    """The halted flag of every batch this worker runs, polled in one read per ``HALT_POLL_S`` (one read per batch
+    per interval was a worker's largest store load beside twenty batches, and held its event loop up for every other
+    account's work: ``benchwright.quotas``)."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        self._waiting: dict[str, list[asyncio.Future[str]]] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    async def wait(self, run_id: str) -> str:
+        """The run's halt reason, once it is halted."""
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(run_id, []).append(waiter)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+        try:
+            return await waiter
+        finally:
+            waiters = self._waiting.get(run_id, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters:
+                self._waiting.pop(run_id, None)
+
+    async def _poll(self) -> None:
+        try:
+            while self._waiting:
+                await asyncio.sleep(HALT_POLL_S)
+                if not self._waiting:
+                    break
+                halted = await in_thread(halted_reasons, self.deps.engine, run_ids=list(self._waiting))
+                for run_id, reason in halted.items():
+                    for waiter in self._waiting.get(run_id, []):
+                        if not waiter.done():
+                            waiter.set_result(reason)
+        except Exception as exc:  # noqa: BLE001 - the store stayed out: every batch's watcher raises it, as its own poll did
+            for waiters in self._waiting.values():
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+
+
 def resweep_request(deps: Deps, metadata: dict[str, Any], invocation: int) -> PhaseControl | None:
     """The Driver asking, at the end of a sweep, for Atomize to write a new impl (§2 "Materialize v2"). The
     builtin driver never does; tests ask through ``metadata.test_hooks`` (only with ``allow_fault_injection``):
@@ -76,6 +119,7 @@ class MaterializeActivities:
     def __init__(self, deps: Deps, share: FairShare | None = None) -> None:
         self.deps = deps
         self.ceilings = ScorerCeilings.of(deps.settings)
+        self.halts = HaltWatch(deps)
         self.share = share or FairShare()
         """This worker's fair share between accounts: each account's model calls in flight (its ``model_calls``
         quota, and its share of the worker while other accounts have work on it)."""
@@ -191,11 +235,7 @@ class MaterializeActivities:
         async def watch_halt() -> str:
             # §9: the pipeline polls the run's halted flag. Temporal's cancellation rides on (throttled)
             # heartbeats; the flag is quicker, so a stop lands within a poll interval.
-            while True:
-                await asyncio.sleep(HALT_POLL_S)
-                reason = await in_thread(halted_reason, self.deps.engine, run_id=inp.run_id)
-                if reason is not None:
-                    return reason
+            return await self.halts.wait(inp.run_id)
 
         # Read once per batch; started again if it died with the worker that started it.
         proxy = await live_proxy(self.deps, run_id=inp.run_id, spec=inp.model)

@@ -6,6 +6,7 @@ import uuid
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
+from sqlmodel import col
 
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
 from benchwright.registry.shape import stamp_terminal
@@ -70,6 +71,14 @@ def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | Non
     if billed > 0 and balance <= 0:
         return "balance_exhausted"
     return None
+
+
+def halted_reasons(engine: Engine, *, run_ids: list[str]) -> dict[str, str]:
+    """``halted_reason`` of many runs in one read: the halted ones among ``run_ids`` and why."""
+    with session_scope(engine) as session:
+        rows = session.execute(select(Run.id, Run.halt_reason).where(col(Run.id).in_(run_ids),
+                                                                     col(Run.halted).is_(True))).all()
+    return {row.id: row.halt_reason or "halted" for row in rows}
 
 
 def halted_reason(engine: Engine, *, run_id: str) -> str | None:

@@ -8,7 +8,7 @@ from sqlmodel import Session
 from benchwright.events import Event, MaterializeTaskResult
 from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account, credit, get_account
-from benchwright.store.control import budget_halt_reason, clear_halt, halt_run, halted_reason
+from benchwright.store.control import budget_halt_reason, clear_halt, halt_run, halted_reason, halted_reasons
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import Run
@@ -56,9 +56,11 @@ def test_halt_and_clear_are_one_row_update_each_with_their_event(db_url: str) ->
     assert halt_run(engine, run_id=run.id, reason="agent_review: why", key="1")
     assert not halt_run(engine, run_id=run.id, reason="operator_pause", key="2"), "already halted"
     assert halted_reason(engine, run_id=run.id) == "agent_review: why"
+    assert halted_reasons(engine, run_ids=[run.id, "no-such-run"]) == {run.id: "agent_review: why"}
     assert clear_halt(engine, run_id=run.id, key="3", resolution="go")
     with Session(engine) as session:
         row = session.get(Run, run.id)
         assert row is not None and row.halted is False and row.halt_reason is None
     assert halted_reason(engine, run_id=run.id) is None
+    assert halted_reasons(engine, run_ids=[run.id]) == {}
     engine.dispose()
