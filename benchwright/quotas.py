@@ -204,12 +204,14 @@ class FairShare:
     activity running on this worker, or had one within ``linger_s``; ``enter``/``leave``, called for every
     activity by ``activities.fair_share``):
 
-    * **Model calls.** Each account's calls in flight are held to ``capacity // accounts`` (at least
-      ``min_calls``), under its own ``model_calls`` quota. ``capacity`` adapts to the worker (``observe_lag``,
-      fed every ``LAG_PROBE_S`` by ``watch``): halved while the event loop answers later than ``lag_target_s``,
-      grown by one call per account while it answers within half of it. So against a slow model (real providers:
-      seconds per call) the loop stays idle and the shares grow to the quotas; against a fast one, the heavy
-      account is cut back until the light one's work goes through at its own pace.
+    * **Model calls.** While the event loop answers later than ``lag_target_s`` (``observe_lag``, fed every
+      ``LAG_PROBE_S`` by ``watch``), the active account that has used the worker most lately (model calls admitted,
+      decayed with a ``half_life_s`` half-life) has its calls in flight cut back: to half of what it has in
+      flight, then halved again once that took effect, down to ``min_calls``. While the loop answers within half
+      of the target, every cut account's bound grows again (by an eighth, at least one call). An account that
+      has used little (a 200-task run beside another's twenty) is never the one cut: its calls go at once, up to
+      its quota. If it comes to use more than the other, it becomes the one cut, so two heavy accounts end near
+      equal shares. Against a slow model (real providers: seconds per call) the loop keeps up and nothing is cut.
     * **Phases.** Each account runs at most ``phase_slots // accounts`` (at least one) of its pipeline phases at
       once; its others wait for its own (an account's twenty runs starting at once no longer run twenty sandboxes'
       set-up beside the other account's one).
@@ -221,20 +223,24 @@ class FairShare:
 
     LAG_PROBE_S = 0.1
 
-    def __init__(self, *, phase_slots: int = 4, lag_target_s: float = 0.05, min_calls: int = 16,
-                 linger_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, phase_slots: int = 2, lag_target_s: float = 0.05, min_calls: int = 4,
+                 linger_s: float = 2.0, half_life_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.phase_slots = phase_slots
         self.lag_target_s = lag_target_s
         self.min_calls = min_calls
         self.linger_s = linger_s
+        self.half_life_s = half_life_s
         self._clock = clock
         self._live: dict[str, int] = {}
         self._left_at: dict[str, float] = {}
         self._quota: dict[str, int] = {}
         self._calls: dict[str, _Share] = {}
         self._phases: dict[str, _Share] = {}
-        self.capacity: int | None = None
-        """Model calls in flight across the active accounts while more than one is active; None while one is."""
+        self.caps: dict[str, int] = {}
+        """The accounts whose model calls are cut back, and to how many in flight (only while several are active)."""
+        self._used: dict[str, tuple[float, float]] = {}
+        """account -> (model calls admitted, decayed; when last updated)."""
 
     # -- who is active
     def active(self) -> set[str]:
@@ -263,32 +269,39 @@ class FairShare:
 
     def call_limit(self, account: str) -> int:
         quota = self._quota.get(account, MAX_QUOTA)
-        n = len(self.active() | {account})
-        if n <= 1 or self.capacity is None:
-            return quota
-        return min(quota, max(self.min_calls, self.capacity // n))
+        cap = self.caps.get(account)
+        return quota if cap is None else min(quota, cap)
 
     def phase_limit(self, account: str) -> int:
         n = len(self.active() | {account})
         return MAX_QUOTA if n <= 1 else max(1, self.phase_slots // n)
 
+    def used(self, account: str) -> float:
+        """The account's model calls admitted lately (each counts for less as ``half_life_s`` passes)."""
+        value, at = self._used.get(account, (0.0, 0.0))
+        return value * 0.5 ** ((self._clock() - at) / self.half_life_s)
+
     def observe_lag(self, lag_s: float) -> None:
-        """The event loop answered ``lag_s`` late: cut the shared capacity back, or let it grow (see the class)."""
+        """The event loop answered ``lag_s`` late: cut the heaviest account back, or let the cut ones grow."""
         active = self.active()
-        n = len(active)
-        if n <= 1:
-            self.capacity = None
-        else:
-            in_flight = sum(self._calls[a].in_flight for a in active if a in self._calls)
-            ceiling = sum(self._quota.get(a, MAX_QUOTA) for a in active)
-            floor = n * self.min_calls
-            if self.capacity is None:
-                self.capacity = max(floor, in_flight)
-            if lag_s > self.lag_target_s:
-                if in_flight <= self.capacity:  # cut again once the last cut has taken effect
-                    self.capacity = max(floor, self.capacity // 2)
-            elif lag_s < self.lag_target_s / 2:
-                self.capacity = min(ceiling, self.capacity + n)
+        if len(active) <= 1:
+            self.caps.clear()
+        elif lag_s > self.lag_target_s:
+            heaviest = max(sorted(active), key=self.used)
+            calls = self._calls.get(heaviest)
+            in_flight = calls.in_flight if calls else 0
+            cap = self.caps.get(heaviest)
+            if cap is None:
+                self.caps[heaviest] = max(self.min_calls, in_flight // 2)
+            elif in_flight <= cap:  # cut again once the last cut has taken effect
+                self.caps[heaviest] = max(self.min_calls, cap // 2)
+        elif lag_s < self.lag_target_s / 2:
+            for account, cap in list(self.caps.items()):
+                grown = cap + max(1, cap // 8)
+                if grown >= self._quota.get(account, MAX_QUOTA):
+                    del self.caps[account]
+                else:
+                    self.caps[account] = grown
         self._rebalance()
 
     async def watch(self) -> None:
@@ -302,12 +315,17 @@ class FairShare:
     def _limit(self, share: _Share) -> int:
         return self.call_limit(share.account) if share.kind == "calls" else self.phase_limit(share.account)
 
+    def _take(self, share: _Share) -> None:
+        share.take()
+        if share.kind == "calls":
+            self._used[share.account] = (self.used(share.account) + 1, self._clock())
+
     def _wake(self, share: _Share) -> None:
         limit = self._limit(share)
         while share.waiters and share.in_flight < limit:
             waiter = share.waiters.popleft()
             if not waiter.done():
-                share.take()
+                self._take(share)
                 waiter.set_result(None)
 
     def _rebalance(self) -> None:
@@ -317,7 +335,7 @@ class FairShare:
 
     async def _acquire(self, share: _Share) -> None:
         if not share.waiters and share.in_flight < self._limit(share):
-            share.take()
+            self._take(share)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         share.waiters.append(waiter)

@@ -229,14 +229,14 @@ class Settings(BaseSettings):
     (``--tasks``)."""
     quota_retry_after_s: int = Field(default=30, ge=1, le=86_400)
     """The ``Retry-After`` a quota's 429 carries."""
-    fair_phase_slots: int = Field(default=4, ge=1, le=4096)
+    fair_phase_slots: int = Field(default=2, ge=1, le=4096)
     """While several accounts have work on a worker, the pipeline phases (fetch, analyze, setup, attach, atomize,
     ...) it runs at once are shared out: each account runs at most ``fair_phase_slots // accounts`` (at least one),
     the rest of its phases wait for its own. Alone, an account is not bounded (``benchwright.quotas.FairShare``)."""
     fair_lag_target_ms: float = Field(default=50.0, gt=0, le=10_000)
-    """While several accounts have work on a worker, their model calls in flight are cut back whenever the worker's
-    event loop answers later than this (and let grow again when it answers within half of it), each account held to
-    an equal share (``benchwright.quotas.FairShare``)."""
+    """While several accounts have work on a worker and its event loop answers later than this, the account that has
+    used the worker most lately has its model calls in flight cut back (and let grow again while the loop answers
+    within half of it); ``benchwright.quotas.FairShare``."""
     worker_max_activities: int = Field(default=64, ge=1, le=4096)
     """Activities one worker process runs at once (Temporal's ``max_concurrent_activities``)."""
     worker_eager_activities: bool = False

@@ -50,74 +50,92 @@ class Calls:
         await settle()
 
 
-async def test_a_flooding_account_is_held_to_its_share_and_the_other_is_admitted_at_once() -> None:
+async def test_a_flooding_account_is_cut_back_and_the_light_one_is_admitted_at_once() -> None:
     clock = Clock()
-    share = FairShare(phase_slots=4, lag_target_s=0.05, min_calls=2, clock=clock)
+    share = FairShare(lag_target_s=0.05, min_calls=4, clock=clock)
     share.set_quota("a", 100)
     share.set_quota("b", 100)
     calls = Calls(share)
 
     calls.ask("a", 40)  # alone, A is bounded by its quota only: all 40 go
     await settle()
-    assert share.in_flight("a") == 40 and share.capacity is None
+    assert share.in_flight("a") == 40
     share.observe_lag(1.0)  # a late loop with one account active changes nothing
-    assert share.capacity is None and share.call_limit("a") == 100
+    assert share.caps == {} and share.call_limit("a") == 100
 
     share.enter("b")  # B's run starts on this worker (its first phase)
-    share.observe_lag(1.0)  # the loop is late: the shared capacity is cut from what is in flight
-    assert share.capacity == 20 and share.call_limit("a") == 10 and share.call_limit("b") == 10
+    share.observe_lag(1.0)  # the loop is late: the account that used it most is cut to half its calls in flight
+    assert share.caps == {"a": 20} and share.call_limit("b") == 100
     share.observe_lag(1.0)  # not cut again before the last cut took effect (A still has 40 in flight)
-    assert share.capacity == 20
+    assert share.caps == {"a": 20}
     calls.ask("a", 30)  # A keeps asking: its calls wait for its own
     await settle()
     assert share.in_flight("a") == 40
 
-    calls.ask("b", 15)  # B's calls go at once up to its share, past A's 30 waiting ones
+    calls.ask("b", 15)  # B's calls all go at once, past A's 30 waiting ones
     await settle()
-    assert share.in_flight("b") == 10 and calls.admitted[40:] == ["b"] * 10
+    assert share.in_flight("b") == 15 and calls.admitted[40:] == ["b"] * 15
+    share.observe_lag(1.0)  # still late: A has used the worker most (40 calls against 15), B is not the one cut
+    assert share.caps == {"a": 20}
 
-    await calls.end("a", 35)  # A's calls end: its waiting ones go only while it is under its share
-    assert share.in_flight("a") == 10 and share.in_flight("b") == 10
-    await calls.end("b", 3)  # B's own waiting calls take B's freed admissions, not A's
-    assert share.in_flight("b") == 10 and calls.admitted.count("b") == 13
+    await calls.end("a", 25)  # A's calls end: its waiting ones go only while it is under its cut
+    assert share.in_flight("a") == 20 and calls.admitted.count("a") == 45
+    share.observe_lag(1.0)  # the cut took effect and the loop is still late: halved again
+    assert share.caps == {"a": 10}
+    await calls.end("a", 10)
+    share.observe_lag(1.0)
+    await calls.end("a", 5)
+    share.observe_lag(1.0)
+    assert share.caps == {"a": 4}  # never under the floor
+    assert share.in_flight("a") == 5 and calls.admitted.count("a") == 45
+    await calls.end("b", 15)
+    share.observe_lag(0.0)  # the loop answers in time: the cut grows back (by an eighth, at least one call)
+    assert share.caps == {"a": 5} and share.call_limit("a") == 5
 
-    share.observe_lag(1.0)  # still late, and the last cut took effect: cut again, down to the floor at most
-    assert share.capacity == 10 and share.call_limit("a") == 5
-    share.observe_lag(0.0)  # the loop answers in time: the capacity grows by one call per active account
-    assert share.capacity == 12 and share.call_limit("a") == 6
-
-    await calls.end("b", 10)
-    await calls.end("b", 2)
     share.leave("b")
-    clock.now += share.linger_s  # B has nothing left on the worker: A is alone again
+    clock.now += share.linger_s  # B has nothing left on the worker: A is alone again, its waiting calls go
     share.observe_lag(1.0)
     await settle()
-    assert share.capacity is None and share.call_limit("a") == 100
-    assert share.in_flight("a") == 10 + 25  # A's 25 waiting calls all went at once
-    assert share.peak("b") == 10
-    await calls.end("a", 35)
+    assert share.caps == {} and share.call_limit("a") == 100
+    assert calls.admitted.count("a") == 70
+    await calls.end("a", share.in_flight("a"))
     await asyncio.gather(*calls.tasks)
-    assert calls.admitted.count("a") == 70 and calls.admitted.count("b") == 15
+    assert share.peak("b") == 15
 
 
-async def test_shares_grow_to_the_quotas_when_the_loop_keeps_up() -> None:
-    """Against a slow model the loop is idle: two accounts' shares grow back to their own quotas."""
+async def test_two_heavy_accounts_are_cut_in_turn_and_grow_back_to_their_quotas() -> None:
+    """Whoever used the worker most lately is the one cut (used calls fade with a half-life); against a slow
+    model the loop keeps up and both grow back to their own quotas."""
     clock = Clock()
-    share = FairShare(min_calls=2, clock=clock)
-    share.set_quota("a", 8)
-    share.set_quota("b", 6)
-    share.enter("a")
-    share.enter("b")
+    share = FairShare(min_calls=2, half_life_s=10.0, clock=clock)
+    share.set_quota("a", 64)
+    share.set_quota("b", 48)
+    calls = Calls(share)
+    calls.ask("a", 64)
+    calls.ask("b", 48)
+    await settle()
     share.observe_lag(1.0)
-    assert share.capacity == 4  # nothing in flight: the floor, two per account
-    for _ in range(10):
+    assert share.caps == {"a": 32}
+    await calls.end("a", 32)  # A is at its cut; B has now used less than A: A is cut again
+    share.observe_lag(1.0)
+    assert share.caps == {"a": 16}
+    clock.now += 10.0  # a half-life later A's 64 calls count for 32, B's 48 for 24
+    calls.ask("b", 20)
+    await calls.end("b", 20)  # B's next 20 calls: B has used the most lately (44 against 32)
+    assert share.used("b") > share.used("a")
+    share.observe_lag(1.0)
+    assert share.caps == {"a": 16, "b": 24}
+    for _ in range(40):
         share.observe_lag(0.0)
-    assert share.capacity == 14 and share.call_limit("a") == 7 and share.call_limit("b") == 6
+    assert share.caps == {} and share.call_limit("a") == 64 and share.call_limit("b") == 48
+    await calls.end("a", 32)
+    await calls.end("b", 48)
+    await asyncio.gather(*calls.tasks)
 
 
 async def test_phases_are_shared_out_only_while_several_accounts_are_active() -> None:
     clock = Clock()
-    share = FairShare(phase_slots=4, clock=clock)
+    share = FairShare(phase_slots=4, clock=clock)  # two accounts active: two phases each
     entered: list[str] = []
 
     async def phase(account: str) -> None:
