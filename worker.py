@@ -30,8 +30,9 @@ from activities.setup import SetupActivities
 from benchwright.crypto import load_keyring
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.procreg import ProcessRegistry
-from benchwright.quotas import FairShare
+from benchwright.quotas import FairShare, running_accounts
 from benchwright.settings import Settings
+from benchwright.store.db import outage_tolerant
 from benchwright.store.policy import prepare_secrets
 from benchwright.teardown import reap_worker_leftovers, release_worker, sweep_routes
 from workflows.operator import OperatorWorkflow
@@ -59,7 +60,7 @@ class StackWorker(Worker):
     async def run(self) -> None:
         stop_sweep = asyncio.Event()
         sweep = asyncio.create_task(sweep_routes(settings=self._settings, engine=self._engine, stop=stop_sweep))
-        lag = asyncio.create_task(self._share.watch()) if self._share else None  # the fair share's load probe
+        lag = asyncio.create_task(self._share.watch(self._running)) if self._share else None  # the fair share's probe
         try:
             await super().run()
         finally:
@@ -67,6 +68,10 @@ class StackWorker(Worker):
                 lag.cancel()
             stop_sweep.set()
             await asyncio.shield(_release(sweep, settings=self._settings))
+
+
+    async def _running(self) -> set[str]:
+        return await outage_tolerant(running_accounts, self._engine)
 
 
 async def _release(sweep: asyncio.Task[None], *, settings: Settings) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -200,9 +200,9 @@ class FairShare:
 
     The scarce thing on a busy worker is its one event loop (and the cores under it): an account's twenty runs at
     C=128 against a fast model keep it busy enough that another account's every phase, workflow task and store write
-    waits behind theirs. Two bounds share it out, each only while more than one account is *active* (has an
-    activity running on this worker, or had one within ``linger_s``; ``enter``/``leave``, called for every
-    activity by ``activities.fair_share``):
+    waits behind theirs. Two bounds share it out, each only while more than one account is *active* (has a run
+    running, read from the store every ``RUNNING_POLL_S``; or an activity running on this worker, or had one within
+    ``linger_s``: ``enter``/``leave``, called for every activity by ``activities.fair_share``):
 
     * **Model calls.** While the event loop answers later than ``lag_target_s`` (``observe_lag``, fed every
       ``LAG_PROBE_S`` by ``watch``), the active account that has used the worker most lately (model calls admitted,
@@ -222,6 +222,7 @@ class FairShare:
     """
 
     LAG_PROBE_S = 0.1
+    RUNNING_POLL_S = 0.5
 
     def __init__(self, *, phase_slots: int = 2, lag_target_s: float = 0.05, min_calls: int = 4,
                  linger_s: float = 2.0, half_life_s: float = 10.0,
@@ -234,6 +235,7 @@ class FairShare:
         self._clock = clock
         self._live: dict[str, int] = {}
         self._left_at: dict[str, float] = {}
+        self._running: set[str] = set()
         self._quota: dict[str, int] = {}
         self._calls: dict[str, _Share] = {}
         self._phases: dict[str, _Share] = {}
@@ -247,7 +249,13 @@ class FairShare:
         now = self._clock()
         live = {a for a, n in self._live.items() if n > 0 or now - self._left_at.get(a, -1e18) < self.linger_s}
         calling = {a for a, c in self._calls.items() if c.in_flight or c.waiters}
-        return live | calling
+        return live | calling | self._running
+
+    def set_running(self, accounts: set[str]) -> None:
+        """The accounts with runs running (read from the store by ``watch``): active from their launch, before
+        their workflow's first activity reaches a worker."""
+        self._running = set(accounts)
+        self._rebalance()
 
     def enter(self, account: str) -> None:
         """An activity of ``account`` started on this worker."""
@@ -304,12 +312,29 @@ class FairShare:
                     self.caps[account] = grown
         self._rebalance()
 
-    async def watch(self) -> None:
-        """Measure the event loop's lateness every ``LAG_PROBE_S`` and feed ``observe_lag``, until cancelled."""
-        while True:
-            asked = time.monotonic()
-            await asyncio.sleep(self.LAG_PROBE_S)
-            self.observe_lag(time.monotonic() - asked - self.LAG_PROBE_S)
+    async def watch(self, running: Callable[[], Awaitable[set[str]]] | None = None) -> None:
+        """Measure the event loop's lateness every ``LAG_PROBE_S`` and feed ``observe_lag``; read the accounts with
+        runs running (``running``, e.g. ``running_accounts`` in a thread) every ``RUNNING_POLL_S``; until
+        cancelled."""
+        reading: asyncio.Task[set[str]] | None = None
+        read_at = 0.0
+        try:
+            while True:
+                asked = time.monotonic()
+                await asyncio.sleep(self.LAG_PROBE_S)
+                now = time.monotonic()
+                self.observe_lag(now - asked - self.LAG_PROBE_S)
+                if running is None:
+                    continue
+                if reading is not None and reading.done():
+                    if not reading.cancelled() and reading.exception() is None:  # failed: keep the last reading
+                        self.set_running(reading.result())
+                    reading = None
+                if reading is None and now - read_at >= self.RUNNING_POLL_S:
+                    reading, read_at = asyncio.create_task(running()), now  # off the probe's path
+        finally:
+            if reading is not None:
+                reading.cancel()
 
     # -- admission
     def _limit(self, share: _Share) -> int:
@@ -406,6 +431,13 @@ class GatedSut:
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def running_accounts(engine: Engine) -> set[str]:
+    """The accounts with runs running (``FairShare.watch``)."""
+    with Session(engine) as session:
+        return set(session.execute(select(col(Run.account_id)).distinct()
+                                   .where(col(Run.status) == "running", col(Run.finished_at).is_(None))).scalars())
 
 
 def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[str, int]:

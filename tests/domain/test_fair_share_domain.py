@@ -167,3 +167,24 @@ async def test_phases_are_shared_out_only_while_several_accounts_are_active() ->
     await asyncio.gather(*a_first, *a_more[:2], b_phase)
     with pytest.raises(asyncio.CancelledError):
         await a_more[2]
+
+
+async def test_an_account_with_a_run_running_is_active_before_its_first_activity() -> None:
+    """B's launch is read from the store (``set_running``): A is cut while B's workflow has not yet reached a
+    worker, and only then."""
+    share = FairShare(min_calls=2, clock=Clock())
+    share.set_quota("a", 100)
+    calls = Calls(share)
+    calls.ask("a", 40)
+    await settle()
+    share.set_running({"a"})
+    share.observe_lag(1.0)
+    assert share.caps == {}
+    share.set_running({"a", "b"})
+    share.observe_lag(1.0)
+    assert share.active() == {"a", "b"} and share.caps == {"a": 20}
+    share.set_running({"a"})
+    share.observe_lag(1.0)
+    assert share.caps == {}
+    await calls.end("a", 40)
+    await asyncio.gather(*calls.tasks)
