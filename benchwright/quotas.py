@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -287,7 +287,7 @@ class FairShare:
     def used(self, account: str) -> float:
         """The account's model calls admitted lately (each counts for less as ``half_life_s`` passes)."""
         value, at = self._used.get(account, (0.0, 0.0))
-        return value * 0.5 ** ((self._clock() - at) / self.half_life_s)
+        return float(value * 0.5 ** ((self._clock() - at) / self.half_life_s))
 
     def observe_lag(self, lag_s: float) -> None:
         """The event loop answered ``lag_s`` late: cut the heaviest account back, or let the cut ones grow."""
@@ -312,7 +312,7 @@ class FairShare:
                     self.caps[account] = grown
         self._rebalance()
 
-    async def watch(self, running: Callable[[], Awaitable[set[str]]] | None = None) -> None:
+    async def watch(self, running: Callable[[], Coroutine[Any, Any, set[str]]] | None = None) -> None:
         """Measure the event loop's lateness every ``LAG_PROBE_S`` and feed ``observe_lag``; read the accounts with
         runs running (``running``, e.g. ``running_accounts`` in a thread) every ``RUNNING_POLL_S``; until
         cancelled."""
