@@ -41,7 +41,7 @@ and Postgres's parameters stay far from 2^63, which answered 500 before (issue 1
 COMPUTE_VALUES = ("local", "sandbox0", "e2b", "default", "auto")
 """What ``compute`` may say; ``benchwright.compute.COMPUTE_CHOICES`` (a test keeps the two equal)."""
 DRIVER_VALUES = ("builtin",)
-HARNESS_VALUES = ("benchwright", "inspect", "lmeval")
+HARNESS_VALUES = ("benchwright", "inspect", "lmeval", "lighteval", "harbor")
 """What ``harness`` may say; ``benchwright.harness.config.HARNESSES`` (a test keeps the two equal)."""
 MAX_HARNESS_CONFIG_BYTES = 512 * 1024
 """The drivers a launch may name; ``benchwright.launch.DRIVERS`` (a test keeps the two equal)."""
@@ -279,7 +279,8 @@ class LaunchRequest(_Strict):
     """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
     harness: str | None = Field(default=None, max_length=32, json_schema_extra={"enum": [*HARNESS_VALUES, None]})
     """How the evaluation runs (§4): ``benchwright`` (default: a Driver-written scorer), or a harness bridge,
-    ``inspect`` or ``lmeval`` (the harness brings dataset and scorer; ``harness_config`` names its task)."""
+    ``inspect``, ``lmeval``, ``lighteval`` or ``harbor`` (the harness brings dataset and scorer; ``harness_config``
+    names its task)."""
     group_by: str | None = Field(default=None, min_length=1, max_length=128)
     """The dataset column results are grouped by by default (``GET /v1/runs/{id}/breakdown``, ``show --by``);
     unset: the first of ``benchwright.results.GROUP_COLUMNS`` the data has."""
