@@ -140,9 +140,9 @@ def python_candidates(minimum: tuple[int, int]) -> list[Path]:
     """Base interpreters at least ``minimum``, best first (see ``find_python``)."""
     found: list[tuple[tuple[int, int], Path]] = []
     for minor in range(minimum[1], 20):
-        exe = shutil.which(f"python{minimum[0]}.{minor}")
-        if exe is not None:
-            found.append(((minimum[0], minor), Path(exe)))
+        on_path = shutil.which(f"python{minimum[0]}.{minor}")
+        if on_path is not None:
+            found.append(((minimum[0], minor), Path(on_path)))
     if PYENV_VERSIONS.is_dir():
         for version in PYENV_VERSIONS.iterdir():
             parts = version.name.split(".")

@@ -65,7 +65,7 @@ class BenchwrightEnvironment(BaseEnvironment):
         reply = await self._call("/start", {"environment_dir": str(Path(self.environment_dir).resolve()),
                                             "name": self.environment_name, "session": self.session_id,
                                             "env": self._startup_env()})
-        self._env_id = str(reply.json()["id"])
+        self._env_id: str | None = str(reply.json()["id"])
 
     async def stop(self, delete: bool) -> None:
         env_id = getattr(self, "_env_id", None)
