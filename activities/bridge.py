@@ -158,7 +158,8 @@ async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: Harne
     def open_env(session: str, plan: EnvPlan) -> AbstractAsyncContextManager[Sandbox]:
         return sandbox(deps, run_id=inp.run_id, role="harbor_task_env",
                        key=("materialize", inp.invocation, "harbor", session), restore=None,
-                       metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links})
+                       metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
+                       backend_options={ROOT_LINKS_KEY: plan.root_links})
 
     broker = TaskEnvBroker(plans, open_env, tasks_root=TASKS_DIR)
     async with broker as (url, key, port), sandbox(

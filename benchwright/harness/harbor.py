@@ -310,7 +310,7 @@ class TaskEnvBroker:
         stack = AsyncExitStack()
         try:
             box = await stack.enter_async_context(self.open_env(session, plan))
-            if box.info.metadata.get("isolation") != "namespaces":
+            if box.backend.name != "local" or box.info.metadata.get("isolation") != "namespaces":
                 raise InvalidInput("harbor task environments need the local backend's namespaces isolation (its "
                                    "fixed /logs, /tests paths are links in a private root)")
             dirs = " ".join(shlex.quote(f"{box.home}/{name}") for name in plan.root_links)
