@@ -6,8 +6,14 @@ sandboxes already mount). Sandboxes then mount the venv read-only at the same pa
 run never pip-installs a harness. A ``.complete`` stamp written last marks a finished install, so an install killed
 half-way is redone, and a finished one is reused (tests cache these under ``~/.cache/benchwright-harness``).
 
-lm-eval pulls in torch: ``torch==2.13.0`` is pinned and installed first, so pip takes the CPU wheel (a plain
-``torch`` requirement resolves to a multi-GB CUDA build).
+lm-eval and lighteval pull in torch: ``torch==2.13.0`` is pinned and installed first, so pip takes the CPU wheel (a
+plain ``torch`` requirement resolves to a multi-GB CUDA build). lighteval 0.13.0 builds LiteLLM's disk cache at
+import (``LiteLLMCacheType.DISK``, gone from litellm 1.109), so litellm is pinned to 1.108.0, and hashes ``str``
+with xxhash (refused by xxhash 4), so xxhash is pinned to 3.8.2. lighteval also imports every built-in task module
+on every run, and ``tiny_benchmarks`` downloads ``tinyBenchmarks.pkl`` from raw.githubusercontent.com at import
+unless the file exists beside it: the install leaves an empty one there (``offline_stubs``), so the harness starts
+offline; lighteval's tinyBenchmarks tasks read their weights from another (relative) path anyway. harbor needs
+Python >= 3.12: its venv is made from such an interpreter found on the machine (``find_python``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ class HarnessRuntime:
     steps: tuple[tuple[str, ...], ...]
     entry: str
     """The console script that runs the harness (``bin/<entry>`` in the venv)."""
+    offline_stubs: tuple[str, ...] = ()
+    """Files (relative to the venv's site-packages) created empty after the install when missing: data a harness
+    downloads at import time, which an offline sandbox cannot (see the module docstring)."""
     min_python: tuple[int, int] | None = None
     """The oldest interpreter the harness supports; when the worker's own is older, the install looks for one on
     the machine (``find_python``)."""
@@ -44,7 +53,9 @@ RUNTIMES: dict[str, HarnessRuntime] = {
     "lmeval": HarnessRuntime(name="lmeval", version="0.4.13",
                              steps=(("torch==2.13.0",), ("lm-eval[api]==0.4.13",)), entry="lm_eval"),
     "lighteval": HarnessRuntime(name="lighteval", version="0.13.0",
-                                steps=(("torch==2.13.0",), ("lighteval[litellm]==0.13.0",)), entry="lighteval"),
+                                steps=(("torch==2.13.0",),
+                                       ("lighteval[litellm]==0.13.0", "litellm==1.108.0", "xxhash==3.8.2")),
+                                entry="lighteval", offline_stubs=("lighteval/tasks/tasks/tinyBenchmarks.pkl",)),
     "harbor": HarnessRuntime(name="harbor", version="0.26.0", steps=(("harbor==0.26.0",),), entry="harbor",
                              min_python=(3, 12)),
 }
@@ -112,6 +123,12 @@ def install(harness_dir: Path, name: str, *, log: Path | None = None) -> tuple[P
         if proc.returncode != 0:
             raise Unavailable(f"installing {' '.join(step)} for the {name} harness failed "
                               f"(exit {proc.returncode}): {(proc.stderr or proc.stdout)[-1500:]}")
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+    for stub in runtime.offline_stubs:
+        target = Path(site) / stub
+        if not target.exists():
+            target.touch()
     version = subprocess.run([str(python), "-c", "import sys; print(sys.version.split()[0])"], check=True,
                              capture_output=True, text=True, timeout=60).stdout.strip()
     (path / STAMP).write_text(f"{name} {runtime.version} python {version}\n")
