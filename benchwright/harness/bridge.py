@@ -116,7 +116,7 @@ def plan_bridge(*, harness: str, config: HarnessConfig, model: str, endpoint: Br
             custom = f"{home}/bw_task.py"
         settings = {"task": lighteval_task_spec(config), "custom_tasks": custom, "limit": limit, "done": done,
                     "model": name, "base_url": endpoint.base_url, "api_key": endpoint.key, "metric": config.metric,
-                    "concurrency": min(concurrency, 64), "output_dir": f"{home}/{LIGHTEVAL_OUTPUT}",
+                    "output_dir": f"{home}/{LIGHTEVAL_OUTPUT}",
                     "cache_dir": f"{home}/.bw_cache/lighteval"}
         env = {"OPENAI_API_KEY": endpoint.key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOME": home, **offline}
         log_dir = LIGHTEVAL_OUTPUT

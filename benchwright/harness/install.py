@@ -8,12 +8,13 @@ half-way is redone, and a finished one is reused (tests cache these under ``~/.c
 
 lm-eval and lighteval pull in torch: ``torch==2.13.0`` is pinned and installed first, so pip takes the CPU wheel (a
 plain ``torch`` requirement resolves to a multi-GB CUDA build). lighteval 0.13.0 builds LiteLLM's disk cache at
-import (``LiteLLMCacheType.DISK``, gone from litellm 1.109), so litellm is pinned to 1.108.0, and hashes ``str``
-with xxhash (refused by xxhash 4), so xxhash is pinned to 3.8.2. lighteval also imports every built-in task module
-on every run, and ``tiny_benchmarks`` downloads ``tinyBenchmarks.pkl`` from raw.githubusercontent.com at import
-unless the file exists beside it: the install leaves an empty one there (``offline_stubs``), so the harness starts
-offline; lighteval's tinyBenchmarks tasks read their weights from another (relative) path anyway. harbor needs
-Python >= 3.12: its venv is made from such an interpreter found on the machine (``find_python``).
+import (``LiteLLMCacheType.DISK``, gone from litellm 1.109), so litellm is pinned to 1.108.0 (with ``orjson`` and
+``soundfile``, which its cache and cache hits import without declaring them); it hashes ``str`` with xxhash
+(refused by xxhash 4), so xxhash is pinned to 3.8.2. lighteval also imports every built-in task module on every
+run, and ``tiny_benchmarks`` downloads ``tinyBenchmarks.pkl`` from raw.githubusercontent.com at import unless the
+file exists beside it: the install leaves an empty one there (``offline_stubs``), so the harness starts offline
+(its tinyBenchmarks tasks read their weights from another, relative, path anyway). harbor needs Python >= 3.12:
+its venv is made from such an interpreter found on the machine (``find_python``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ RUNTIMES: dict[str, HarnessRuntime] = {
                              steps=(("torch==2.13.0",), ("lm-eval[api]==0.4.13",)), entry="lm_eval"),
     "lighteval": HarnessRuntime(name="lighteval", version="0.13.0",
                                 steps=(("torch==2.13.0",),
-                                       ("lighteval[litellm]==0.13.0", "litellm==1.108.0", "xxhash==3.8.2")),
+                                       ("lighteval[litellm]==0.13.0", "litellm==1.108.0", "xxhash==3.8.2",
+                                        "orjson==3.13.0", "soundfile==0.14.0")),
                                 entry="lighteval", offline_stubs=("lighteval/tasks/tasks/tinyBenchmarks.pkl",)),
     "harbor": HarnessRuntime(name="harbor", version="0.26.0", steps=(("harbor==0.26.0",),), entry="harbor",
                              min_python=(3, 12)),

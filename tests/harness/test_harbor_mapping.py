@@ -74,7 +74,7 @@ def test_what_needs_a_container_engine_is_refused_naming_it(tmp_path: Path, dock
 def test_a_compose_environment_is_refused(tmp_path: Path) -> None:
     task = _task(tmp_path, "t", "FROM ubuntu\n")
     (task / "environment" / "docker-compose.yaml").write_text("services: {}\n")
-    with pytest.raises(Unmappable, match="docker-compose.yaml cannot be mapped"):
+    with pytest.raises(Unmappable, match=r"docker-compose\.yaml cannot be mapped"):
         map_environment(task)
 
 
@@ -104,7 +104,7 @@ def test_harbor_needs_a_newer_python_and_says_so_when_none_is_found(monkeypatch:
     with pytest.raises(InvalidInput) as caught:
         install.find_python((3, 12), name="harbor")
     assert caught.value.code == "harness_needs_python" and "needs Python >= 3.12" in str(caught.value)
-    with pytest.raises(InvalidInput, match="needs Python >= 3.12"):
-        install.install(tmp_path / "h", "harbor") if install.sys.version_info < (3, 12) else \
-            install.find_python((3, 12), name="harbor")
+    if install.sys.version_info < (3, 12):  # the worker's own interpreter is too old: the install refuses too
+        with pytest.raises(InvalidInput, match=r"needs Python >= 3\.12"):
+            install.install(tmp_path / "h", "harbor")
     assert not (tmp_path / "h" / "harbor-0.26.0" / install.STAMP).exists()

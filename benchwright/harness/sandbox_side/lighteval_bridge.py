@@ -2,11 +2,12 @@
 line protocol as ``inspect_bridge.py`` (``dataset``, ``sample``, ``done``).
 
 The model is lighteval's LiteLLM backend (``openai/<model>`` at the bridge's relay: ``base_url``, the relay's key as
-``api_key``, ``max_model_length`` given so it never asks openrouter.ai for a context length); its prediction caches
-live in the sandbox's working directory. The pipeline is lighteval's own (``Pipeline`` with the task's docs as
-``get_docs`` drew them: shuffled with its seed 42, cut to ``max_samples``); its model calls and metrics run chunk by
-chunk over those docs (``_run_model``/``_compute_metrics`` on a slice of its ``sampling_docs``), so samples stream and
-a resumed batch runs only the docs not yet recorded. A doc's few-shot examples are drawn when the docs are built, so
+``api_key``, ``max_model_length`` given so it never asks openrouter.ai for a context length), one request at a time
+(``concurrent_requests=1``); its prediction caches live in the sandbox's working directory. The pipeline is
+lighteval's own (``Pipeline`` with the task's docs as ``get_docs`` drew them: shuffled with its seed 42, cut to
+``max_samples``); its model calls and metrics run chunk by chunk over those docs (``_run_model``/``_compute_metrics``
+on a slice of its ``sampling_docs``), so samples stream and a resumed batch runs only the docs not yet recorded.
+A doc's few-shot examples are drawn when the docs are built, so
 chunking does not change them. At the end lighteval aggregates and saves its results and details (the native log
 is its results JSON). A doc's index is its position in the task's evaluation split (lighteval's ``doc.id``); its
 score is its first metric (or ``metric``), clamped to [0, 1].
@@ -38,7 +39,7 @@ params = PipelineParameters(launcher_type=ParallelismManager.NONE, custom_tasks_
                             max_samples=CONFIG.get("limit"))
 model_config = LiteLLMModelConfig(model_name=f"openai/{CONFIG['model']}", base_url=CONFIG["base_url"],
                                   api_key=CONFIG["api_key"], max_model_length=CONFIG.get("max_model_length") or 8192,
-                                  concurrent_requests=CONFIG.get("concurrency") or 10, cache_dir=CONFIG["cache_dir"])
+                                  concurrent_requests=1, cache_dir=CONFIG["cache_dir"])
 pipeline = Pipeline(tasks=CONFIG["task"], pipeline_parameters=params, evaluation_tracker=tracker,
                     model_config=model_config)
 if len(pipeline.documents_dict) != 1:
