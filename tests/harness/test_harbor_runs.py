@@ -27,27 +27,31 @@ async def _run(http: Any, body: dict[str, Any]) -> tuple[dict[str, Any], list[di
     return (await http.get(f"/v1/runs/{run['id']}")).json(), events
 
 
-@pytest.mark.parametrize(("agent", "expected"), [("oracle", 1.0), ("nop", 0.0)])
-async def test_harbor_run_scores_as_harbor_does_directly(stack: Stack, tmp_path: Path, agent: str,
-                                                         expected: float) -> None:
+@pytest.mark.parametrize(("agent", "expected", "attempts"), [("oracle", 1.0, 1), ("nop", 0.0, 2)])
+async def test_harbor_run_scores_as_harbor_does_directly(stack: Stack, tmp_path: Path, agent: str, expected: float,
+                                                         attempts: int) -> None:
     took = await asyncio.to_thread(harbor_runtime, stack.data_dir)
     print(f"harbor install (0 = cached): {took:.0f} s")
     model = stack.dev_url  # harbor's oracle and nop agents call no model; a launch still names one
     async with stack.http() as http:
         run, events = await _run(http, {"harness": "harbor", "model": {"identifier": "openai/dev", "api_base": model},
-                                        "harness_config": {"path": "bundled/demo", "agent": agent}})
+                                        "harness_config": {"path": "bundled/demo", "agent": agent,
+                                                           "epochs": attempts}})
         log = await http.get(f"/v1/runs/{run['id']}/harness-log")
-    direct = await run_harbor_directly(tmp_path, agent=agent)
+    direct = await run_harbor_directly(tmp_path, agent=agent, attempts=attempts)
 
     assert run["status"] == "ok", run["error"]
     summary = run["tasks"]["summary"]
     assert summary["total"] == len(TASKS) and summary["pass_rate"] == expected
-    results = {e["data"]["index"]: e["data"] for e in events if e["type"] == "MaterializeTaskResult"}
-    assert [results[i]["meta"]["sample_id"] for i in range(len(TASKS))] == TASKS
-    assert {TASKS[i]: [r["score"]] for i, r in results.items()} == direct == {t: [expected] for t in TASKS}
+    results = {(e["data"]["index"], e["data"]["trial"]): e["data"] for e in events
+               if e["type"] == "MaterializeTaskResult"}
+    assert sorted(results) == [(i, t) for i in range(len(TASKS)) for t in range(attempts)]  # attempts are trials
+    assert [results[i, 0]["meta"]["sample_id"] for i in range(len(TASKS))] == TASKS
+    ours = {task: [results[i, t]["score"] for t in range(attempts)] for i, task in enumerate(TASKS)}
+    assert ours == direct == {t: [expected] * attempts for t in TASKS}, "each trial's reward is harbor's own"
     created = [e["data"] for e in events if e["type"] == "SandboxCreated"]
     roles = sorted(c.get("role") for c in created)
-    assert roles.count("harbor_task_env") == len(TASKS) and roles.count("harbor_orchestrator") == 1, roles
+    assert roles.count("harbor_task_env") == len(TASKS) * attempts and roles.count("harbor_orchestrator") == 1, roles
     killed = [e for e in events if e["type"] == "SandboxKilled"]
     assert len(killed) == len(created)
     assert log.status_code == 200 and b'"n_total_trials"' in log.content  # harbor's own job result.json
