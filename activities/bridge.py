@@ -161,7 +161,8 @@ async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: Harne
                        metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
                        backend_options={ROOT_LINKS_KEY: plan.root_links})
 
-    broker = TaskEnvBroker(plans, open_env, tasks_root=TASKS_DIR)
+    broker = TaskEnvBroker(plans, open_env, tasks_root=TASKS_DIR,
+                           max_opened=2 * len(tasks.tasks) * inp.trials.plan.k)
     async with broker as (url, key, port), sandbox(
             deps, run_id=inp.run_id, role="harbor_orchestrator", key=("materialize", inp.invocation, "harbor"),
             restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset({("127.0.0.1", port)}),

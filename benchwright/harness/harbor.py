@@ -55,6 +55,8 @@ MAX_BYTES = 64 * 1024 * 1024
 HARBOR_PATHS = ("logs", "tests", "solution")
 """harbor's fixed top-level paths in a task environment (``EnvironmentPaths``)."""
 EXEC_TIMEOUT_S = 3600
+MAX_LIVE_ENVS = 8
+"""Task sandboxes open at once per batch (harbor runs at most 4 trials at a time here, a verifier may need its own)."""
 TASK_ENV_LIMITS = ExecLimits(cpu_seconds=3600, memory_mb=2048, wall_seconds=EXEC_TIMEOUT_S, max_processes=256,
                              cpu_cores=1.0)
 _WORKDIR = re.compile(r"^/([a-z][a-z0-9_-]{0,31})/?$")
@@ -283,7 +285,7 @@ class TaskEnvBroker:
     """
 
     def __init__(self, plans: dict[str, EnvPlan], open_env: OpenEnv, *, tasks_root: str,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 max_opened: int | None = None) -> None:
         self.plans = plans
         self.open_env = open_env
         self.tasks_root = tasks_root.rstrip("/")
@@ -291,7 +293,8 @@ class TaskEnvBroker:
         self.key = "bw-harbor-" + secrets.token_urlsafe(24)
         self.live: dict[str, _Live] = {}
         self.opened = 0
-        self.on_event = on_event
+        self.max_opened = max_opened
+        """At most this many task sandboxes over the batch (two per trial: its environment and a verifier's)."""
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
 
@@ -306,6 +309,10 @@ class TaskEnvBroker:
 
     async def _start(self, body: dict[str, Any]) -> dict[str, Any]:
         plan = self._plan_for(str(body.get("environment_dir", "")))
+        if len(self.live) >= MAX_LIVE_ENVS or (self.max_opened is not None and self.opened >= self.max_opened):
+            raise InvalidInput(f"too many task environments (at most {MAX_LIVE_ENVS} at once, {self.max_opened} "
+                               "in all for this batch)")
+        self.opened += 1
         session = str(body.get("session", ""))[:200]
         stack = AsyncExitStack()
         try:
@@ -321,7 +328,6 @@ class TaskEnvBroker:
             raise
         env_id = secrets.token_hex(8)
         self.live[env_id] = _Live(box=box, plan=plan, stack=stack)
-        self.opened += 1
         return {"id": env_id, "workdir": plan.workdir}
 
     async def _run(self, box: Sandbox, command: str, *, plan: EnvPlan, cwd: str | None = None,

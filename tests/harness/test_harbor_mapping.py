@@ -108,3 +108,55 @@ def test_harbor_needs_a_newer_python_and_says_so_when_none_is_found(monkeypatch:
         with pytest.raises(InvalidInput, match=r"needs Python >= 3\.12"):
             install.install(tmp_path / "h", "harbor")
     assert not (tmp_path / "h" / "harbor-0.26.0" / install.STAMP).exists()
+
+
+async def test_the_broker_takes_only_its_key_this_runs_tasks_and_harbor_paths(tmp_path: Path) -> None:
+    import contextlib
+    import sys
+    from collections.abc import AsyncIterator
+
+    import httpx
+
+    from benchwright.harness.harbor import TaskEnvBroker, bundled_root
+    from benchwright.sandbox.lifecycle import Sandbox
+    from benchwright.sandbox.local import ROOT_LINKS_KEY, WORK_INSIDE, LocalBackend
+
+    backend = LocalBackend(tmp_path / "sandboxes")
+
+    @contextlib.asynccontextmanager
+    async def open_env(session: str, plan: EnvPlan) -> AsyncIterator[Sandbox]:
+        info = await backend.create(role="harbor_task_env", run_id="broker-test",
+                                    metadata={ROOT_LINKS_KEY: plan.root_links})
+        try:
+            yield Sandbox(backend=backend, info=info, home=WORK_INSIDE, python=sys.executable)
+        finally:
+            await backend.kill(info.sandbox_id)
+
+    tasks = resolve_task_set("bundled/demo", harness_dir=tmp_path)
+    root = str(bundled_root() / "demo")
+    broker = TaskEnvBroker(environment_plans(tasks), open_env, tasks_root=root, max_opened=1)
+    try:
+        async with broker as (url, key, _port), httpx.AsyncClient(base_url=url, timeout=60) as http:
+            auth = {"authorization": f"Bearer {key}"}
+            assert (await http.post("/start", json={"environment_dir": f"{root}/hello-file/environment"})
+                    ).status_code == 401
+            other = await http.post("/start", json={"environment_dir": "/etc/environment"}, headers=auth)
+            assert other.status_code == 400 and "not the environment of a task of this run" in other.text
+            started = await http.post("/start", json={"environment_dir": f"{root}/hello-file/environment"},
+                                      headers=auth)
+            env_id = started.json()["id"]
+            done = await http.post("/exec", json={"id": env_id, "command": "echo hi > /logs/verifier/x && pwd"},
+                                   headers=auth)
+            assert done.json() == {"stdout": "/app\n", "stderr": "", "return_code": 0}
+            for source in ("/etc/passwd", "/sandbox/../etc", "/logs/../etc/passwd"):
+                refused = await http.post("/download", json={"id": env_id, "source": source}, headers=auth)
+                assert refused.status_code == 400, source
+            tar = await http.post("/download", json={"id": env_id, "source": "/logs/verifier"}, headers=auth)
+            assert tar.status_code == 200 and b"hi\n" in tar.content
+            again = await http.post("/start", json={"environment_dir": f"{root}/json-config/environment"},
+                                    headers=auth)
+            assert again.status_code == 400 and "too many task environments" in again.text
+            assert len(await backend.list_alive()) == 1
+        assert await backend.list_alive() == []  # leaving the broker kills what harbor left open
+    finally:
+        await backend.close()

@@ -73,8 +73,14 @@ class BenchwrightEnvironment(BaseEnvironment):
             await self._call("/stop", {"id": env_id})
             self._env_id = None
 
+    def _id(self) -> str:
+        env_id = getattr(self, "_env_id", None)
+        if env_id is None:
+            raise RuntimeError("benchwright environment: not started")
+        return str(env_id)
+
     async def _put_tar(self, data: bytes, target_dir: str) -> None:
-        await self._call("/upload", params={"id": self._env_id, "target": target_dir}, content=data)
+        await self._call("/upload", params={"id": self._id(), "target": target_dir}, content=data)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         buf = io.BytesIO()
@@ -90,7 +96,7 @@ class BenchwrightEnvironment(BaseEnvironment):
         await self._put_tar(buf.getvalue(), target_dir)
 
     async def _get_tar(self, source: str) -> tarfile.TarFile:
-        reply = await self._call("/download", {"id": self._env_id, "source": source})
+        reply = await self._call("/download", {"id": self._id(), "source": source})
         return tarfile.open(fileobj=io.BytesIO(reply.content), mode="r")
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
@@ -110,7 +116,7 @@ class BenchwrightEnvironment(BaseEnvironment):
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
-        reply = await self._call("/exec", {"id": self._env_id, "command": command, "cwd": cwd,
+        reply = await self._call("/exec", {"id": self._id(), "command": command, "cwd": cwd,
                                            "env": self._merge_env(env) or {}, "timeout_sec": timeout_sec})
         data = reply.json()
         return ExecResult(stdout=data.get("stdout"), stderr=data.get("stderr"), return_code=int(data["return_code"]))
