@@ -13,7 +13,10 @@ REGRESSION = SearchAttributeKey.for_keyword("BenchwrightRegression")
 RUN_PARENT = SearchAttributeKey.for_keyword("BenchwrightParentRun")
 """A fork's parent run id (§10; ``ParentRunId`` is a reserved Temporal name): list a run's forks with
 ``BenchwrightParentRun = '<run id>'``."""
-SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION, RUN_PARENT)
+OPERATOR_SESSION = SearchAttributeKey.for_keyword("BenchwrightOperatorSession")
+"""The Operator session (issue 26) on its own workflow and on every run it launched: list a session and its runs
+with ``BenchwrightOperatorSession = '<session id>'``."""
+SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION, RUN_PARENT, OPERATOR_SESSION)
 
 
 FAIRNESS_ARGS = ("--dynamic-config-value", "matching.enableFairness=true",

@@ -208,7 +208,7 @@ async def test_a_stalled_stream_neither_grows_memory_nor_holds_up_the_others(
     async with _api(stack) as (app, http):
         hub = app.state.bw.sse = SseHub(app.state.bw.engine, buffer_bytes=16 << 10, block_bytes=2 << 10)
         run_id = await _live_run(stack, dev_models, http, tmp_path, tasks=600)
-        stalled = hub.stream(run_id=run_id, after=-1, finished=False)
+        stalled = hub.stream(log_id=run_id, after=-1, finished=False)
         received = [await anext(stalled)]  # joined the run's feed, then stalls
         others = [asyncio.create_task(_read_stream(http, run_id)) for _ in range(10)]
         peak = 0
@@ -242,5 +242,5 @@ async def test_a_failing_store_read_ends_the_streams_and_drops_the_feed(tmp_path
     hub = SseHub(make_engine(f"sqlite:///{tmp_path / 'empty.db'}"), poll_s=0.01)
     for _ in range(2):
         with pytest.raises(Unavailable, match="the event feed of run r1 failed"):
-            await anext(hub.stream(run_id="r1", after=-1, finished=False))
+            await anext(hub.stream(log_id="r1", after=-1, finished=False))
         assert hub.feed("r1") is None
