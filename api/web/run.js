@@ -97,7 +97,6 @@ export function runView(root, runId) {
         case "RunHalted": s.halted = true; s.dirty.add("head"); break;
         case "RunResumed": s.halted = false; s.dirty.add("head"); break;
         case "PipelineFinished": s.terminal = true; s.dirty.add("head"); break;
-        case "ReportFile": s.files[d.name] = d; s.dirty.add("files"); break;
         default: break;
       }
       s.lastSeq = ev.seq;
@@ -150,13 +149,16 @@ export function runView(root, runId) {
     }
   }
 
-  // The report's files (ReportFile) and the narration are written after the terminal event, where the stream
-  // closes: read what follows it by polling, until the report is there.
+  // The report's files (ReportFile events) are written after the terminal event, where the stream closes: read
+  // what follows it by polling until the report is there, and offer its files for download.
   async function followOutputs() {
+    let after = s.lastSeq;
     for (let i = 0; i < OUTPUT_POLLS && !abort.signal.aborted && !s.files["report.html"]; i += 1) {
-      const page = await api(`${path}/events?after=${s.lastSeq}`, { signal: abort.signal });
-      if (page.events.length) onEvents(page.events);
-      else await new Promise((resolve) => setTimeout(resolve, OUTPUT_POLL_MS));
+      const page = await api(`${path}/events?after=${after}`, { signal: abort.signal });
+      for (const ev of page.events) if (ev.type === "ReportFile") s.files[ev.data.name] = ev.data;
+      after = page.next_after;
+      mark("files");
+      if (!page.events.length) await new Promise((resolve) => setTimeout(resolve, OUTPUT_POLL_MS));
     }
   }
 

@@ -136,7 +136,8 @@ export function sessionView(root, sessionId) {
     const budget = ss.limits?.session ?? {};
     el.budget.replaceChildren(...[
       ["Runs", `${ss.runs.length} of ${budget.runs ?? 10}`, "runs"],
-      ["Cost", `${usd(ss.cost)} of ${budget.cost ? usd(budget.cost) : "no cost limit (the balance)"}`, "cost"],
+      ["Cost", budget.cost ? `${usd(ss.cost)} of ${usd(budget.cost)}` : `${usd(ss.cost)} (no cost limit: the balance)`,
+        "cost"],
       ["Deadline", budget.deadline ? when(budget.deadline) : "none", "deadline"],
     ].flatMap(([k, v, f]) => [h("dt", {}, k), h("dd", { dataset: { field: f } }, v)]));
     el.runs.replaceChildren(...ss.runs.map((runId) => {
