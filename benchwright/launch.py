@@ -139,8 +139,8 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     running or finished (Temporal's id, never reused), so a retried launch never starts a run twice.
 
     ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI); its
-    ``operator_session`` is also set as the ``BenchwrightOperatorSession`` search attribute, so the Temporal UI
-    lists a session's runs with it.
+    ``operator_session`` is also set as the ``BenchwrightOperatorSession`` search attribute
+    (``temporal_ui.session_attributes``), so the Temporal UI lists a session's runs with it.
 
     ``client`` may be a coroutine function returning the client (the API's lazy connection): it is then only
     reached once the launch is admitted, so a refused launch is refused even while Temporal is down.
@@ -172,11 +172,11 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     from benchwright.store.accounts import get_account
     from benchwright.store.runs import create_run, finish_run
     from benchwright.temporal_ui import (
-        OPERATOR_SESSION,
         RUN_ACCOUNT,
         RUN_MODEL,
         RUN_PHASE,
         RUN_STATUS,
+        session_attributes,
         workflow_summary,
     )
 
@@ -230,8 +230,7 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
             search_attributes=TypedSearchAttributes([
                 SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
                 SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
-                *([SearchAttributePair(OPERATOR_SESSION, memo["operator_session"])]
-                  if memo and "operator_session" in memo else []),
+                *session_attributes(memo),
             ]),
             priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
             memo={"run_id": run.id, "account": account.name, "dataset": body.dataset, **(memo or {})},

@@ -97,7 +97,7 @@ class SessionList(BaseModel):
 
 @router.get("", response_model=SessionList, responses=responses(400))
 def list_all(account: AccountDep, state: StateDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-             cursor: Annotated[str | None, Query(max_length=64, description=(
+             cursor: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z-]+$", description=(
                  "The ``next_cursor`` of the previous page (a session id of this account)."))] = None,
              ) -> SessionList:
     """The account's sessions, newest first."""
