@@ -101,7 +101,9 @@ export async function download(path, name) {
   return blob.size;
 }
 
-async function followLog(path, terminalType, { onEvents, onState, signal }) {
+/** `over()` (optional) is asked when a stream closes before the terminal event: true ends the follow (a session
+ * that failed before it could answer has no terminal event). */
+async function followLog(path, terminalType, { onEvents, onState, signal, over }) {
   let last = -1;
   let backoff = 500;
   while (!signal.aborted) {
@@ -137,7 +139,7 @@ async function followLog(path, terminalType, { onEvents, onState, signal }) {
         buffer = buffer.slice(start);
         if (batch.length) onEvents(batch);
       }
-      if (terminal) { onState("done"); return; }
+      if (terminal || (over && await over())) { onState("done"); return; }
     } catch (err) {
       if (signal.aborted) return;
       if (err instanceof ApiError && err.status === 404) throw err;

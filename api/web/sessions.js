@@ -219,7 +219,8 @@ export function sessionView(root, sessionId) {
       s.config = await api("/v1/ui/config", { signal: abort.signal });
       await refresh();
       await followSession(sessionId, { signal: abort.signal, onEvents,
-        onState: (state) => { s.stream = state; render(); } });
+        onState: (state) => { s.stream = state; render(); },
+        over: async () => ENDED.includes((await api(path, { signal: abort.signal })).status) });
       if (!abort.signal.aborted) await refresh();
     } catch (err) {
       if (!abort.signal.aborted) el.flash.textContent = `Could not load the session: ${err.message}`;
