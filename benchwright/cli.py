@@ -760,6 +760,10 @@ from benchwright.cli_operator import ask_cmd  # noqa: E402
 
 app.command("ask")(ask_cmd)
 
+from benchwright.cli_sessions import session_app  # noqa: E402
+
+app.add_typer(session_app, name="session")
+
 from benchwright.cli_secrets import secrets_app  # noqa: E402
 
 app.add_typer(secrets_app, name="secrets")

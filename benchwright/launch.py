@@ -138,7 +138,9 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     a run of that id, nothing is recorded or checked again; its workflow is started only if it is not already
     running or finished (Temporal's id, never reused), so a retried launch never starts a run twice.
 
-    ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI).
+    ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI); its
+    ``operator_session`` is also set as the ``BenchwrightOperatorSession`` search attribute
+    (``temporal_ui.session_attributes``), so the Temporal UI lists a session's runs with it.
 
     ``client`` may be a coroutine function returning the client (the API's lazy connection): it is then only
     reached once the launch is admitted, so a refused launch is refused even while Temporal is down.
@@ -169,7 +171,14 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     from benchwright.registry.shape import set_pin
     from benchwright.store.accounts import get_account
     from benchwright.store.runs import create_run, finish_run
-    from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
+    from benchwright.temporal_ui import (
+        RUN_ACCOUNT,
+        RUN_MODEL,
+        RUN_PHASE,
+        RUN_STATUS,
+        session_attributes,
+        workflow_summary,
+    )
 
     existing = await asyncio.to_thread(_own_run, engine, run_id, account.id) if run_id is not None else None
     if existing is not None and existing.status != "running":
@@ -221,6 +230,7 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
             search_attributes=TypedSearchAttributes([
                 SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
                 SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
+                *session_attributes(memo),
             ]),
             priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
             memo={"run_id": run.id, "account": account.name, "dataset": body.dataset, **(memo or {})},
