@@ -17,8 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from temporalio import activity
-
 from activities.common import Deps, PhaseScope, in_thread
 from activities.sandboxes import SNAPSHOTS, record_snapshot, snapshot_of
 from benchwright.digests import file_digests
@@ -96,7 +94,7 @@ class PhaseCache:
             await record_snapshot(self.deps, run_id=self.inp.run_id, phase=self.inp.phase,
                                   invocation=self.inp.invocation, snapshot_id=cell.snapshot_id)
         hit = {"source_run_id": cell.origin_run_id, "phase": cell.phase, "input_hash": cell.input_hash}
-        activity.heartbeat({"cache_hit": hit})
+        scope.heartbeat.send({"cache_hit": hit})  # resent by every later beat of the phase (activities.common)
         scope.emit("cache-hit", PhaseCacheHit(phase=self.inp.phase, source_run_id=cell.origin_run_id,
                                               input_hash=cell.input_hash, snapshot_id=cell.snapshot_id))
         for i, artifact in enumerate(cell.artifacts):

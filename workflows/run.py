@@ -80,6 +80,10 @@ with workflow.unsafe.imports_passed_through():
 PHASE_TIMEOUT = timedelta(minutes=30)
 PHASE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=4)
+PHASE_HEARTBEAT = timedelta(seconds=10)
+"""How long a killed worker's phase activity waits before another worker retries it (``patched("phase-heartbeat")``;
+the phases beat every 2 s, ``activities.common.heartbeating``). It is also how a halt's cancellation reaches a phase
+mid-way: an activity learns of it only by heartbeating."""
 BATCH_TIMEOUT = timedelta(hours=12)
 BATCH_HEARTBEAT = timedelta(seconds=5)
 """How long a killed worker's batch waits before another worker retries it (it resumes from the store)."""
@@ -439,7 +443,7 @@ class RunWorkflow:
             return await self._materialize(phase_inp)
         result: PhaseResult = await workflow.execute_activity(
             phase, phase_inp, result_type=PhaseResult, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
+            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
         if result.tasks is not None:
             self._tasks_total = result.tasks
         if result.detail.get("model_proxy"):
@@ -450,6 +454,12 @@ class RunWorkflow:
             self._details()
         return result.control
 
+    @staticmethod
+    def _phase_heartbeat() -> timedelta | None:
+        """Phase activities heartbeat (issue 23: a killed worker's phase waited out its 30-minute bound); histories
+        from before scheduled them without a heartbeat timeout."""
+        return PHASE_HEARTBEAT if workflow.patched("phase-heartbeat") else None
+
     async def _fork_phase(self, invocation: int) -> None:
         inp = self._inp
         assert inp.fork is not None
@@ -457,7 +467,8 @@ class RunWorkflow:
             "fork", ForkPhaseInput(run_id=inp.run_id, invocation=invocation, launch=inp.launch, driver=inp.driver,
                                    fork=inp.fork),
             result_type=ForkDecision, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            cancellation_type=CANCEL, summary=f"fork of {inp.fork.parent_run_id} at {inp.fork.rewind_to or '?'}")
+            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL,
+            summary=f"fork of {inp.fork.parent_run_id} at {inp.fork.rewind_to or '?'}")
         self._fork, self._launch = decision, decision.launch
         if decision.tasks_total is not None:
             self._tasks_total = decision.tasks_total
