@@ -48,11 +48,11 @@ with workflow.unsafe.imports_passed_through():
         PhaseSkipped,
         PipelineStarted,
     )
+    from benchwright.halts import HALTED_ERROR, HaltKind, HaltReason, halt_kind, is_resumable, limit_exceeded
     from benchwright.harness.config import is_bridge
     from benchwright.limits import unusable
     from benchwright.pipeline import (
         RESTART_CAP,
-        RESUMABLE_PREFIXES,
         ControlResult,
         EventsInput,
         FinishInput,
@@ -84,7 +84,7 @@ BATCH_TIMEOUT = timedelta(hours=12)
 BATCH_HEARTBEAT = timedelta(seconds=5)
 """How long a killed worker's batch waits before another worker retries it (it resumes from the store)."""
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
-                          maximum_attempts=20, non_retryable_error_types=["RunHalted"])
+                          maximum_attempts=20, non_retryable_error_types=[HALTED_ERROR])
 LOG_TIMEOUT = timedelta(minutes=2)
 REPORT_TIMEOUT = timedelta(minutes=10)
 """Bound on one attempt of the run's report (the LLM narrator inside it has its own, ``narrator_timeout_s``)."""
@@ -102,10 +102,6 @@ class _Teardown(Exception):
 def _conflict(message: str, code: str) -> ApplicationError:
     # details are positional (TEMPORAL-NOTES): ApplicationError(message, {"code": ...}, type=...)
     return ApplicationError(message, {"code": code}, type="Conflict", non_retryable=True)
-
-
-def _resumable(reason: str | None) -> bool:
-    return reason is not None and reason.startswith(RESUMABLE_PREFIXES)
 
 
 @workflow.defn(name="RunWorkflow")
@@ -151,12 +147,12 @@ class RunWorkflow:
     @stop.validator
     def _validate_stop(self, req: StopRequest) -> None:
         self._refuse_if_finished()
-        if self._halt is not None and not _resumable(self._halt):
+        if self._halt is not None and not is_resumable(self._halt):
             raise _conflict(f"the run is already halted ({self._halt})", "already_halted")
 
     @workflow.update
     async def admin_halt(self, req: StopRequest) -> ControlResult:
-        await self._raise_halt(f"admin: {req.reason}", override=True)
+        await self._raise_halt(HaltReason(HaltKind.ADMIN, req.reason).wire(), override=True)
         return self._control()
 
     @admin_halt.validator
@@ -167,7 +163,7 @@ class RunWorkflow:
 
     @workflow.update
     async def pause(self) -> ControlResult:
-        await self._raise_halt("operator_pause")
+        await self._raise_halt(HaltReason(HaltKind.OPERATOR_PAUSE).wire())
         return self._control()
 
     @pause.validator
@@ -183,7 +179,7 @@ class RunWorkflow:
 
     @resume.validator
     def _validate_resume(self) -> None:
-        if self._halt is None or not self._halt.startswith("operator_pause"):
+        if halt_kind(self._halt) is not HaltKind.OPERATOR_PAUSE:
             raise _conflict("the run is not paused" + (f" (halt_reason: {self._halt})" if self._halt else ""),
                             "not_paused")
 
@@ -194,7 +190,7 @@ class RunWorkflow:
 
     @resolve_review.validator
     def _validate_review(self, req: ReviewResolution) -> None:
-        if self._halt is None or not self._halt.startswith(("agent_review", "restart_cap_exceeded")):
+        if halt_kind(self._halt) not in (HaltKind.AGENT_REVIEW, HaltKind.RESTART_CAP_EXCEEDED):
             raise _conflict("the run is not waiting for a review"
                             + (f" (halt_reason: {self._halt})" if self._halt else ""), "not_waiting")
         if not req.resolution.strip():
@@ -211,7 +207,7 @@ class RunWorkflow:
     @workflow.signal(name="pause")
     async def pause_signal(self) -> None:
         if await self._accepts("pause", self._validate_pause):
-            await self._raise_halt("operator_pause")
+            await self._raise_halt(HaltReason(HaltKind.OPERATOR_PAUSE).wire())
 
     @workflow.signal(name="resume")
     async def resume_signal(self) -> None:
@@ -237,7 +233,7 @@ class RunWorkflow:
         return True
 
     async def _do_stop(self, req: StopRequest) -> None:
-        await self._raise_halt("operator_kill" + (f": {req.reason}" if req.reason else ""), override=True)
+        await self._raise_halt(HaltReason(HaltKind.OPERATOR_KILL, req.reason or None).wire(), override=True)
 
     async def _do_resolve(self, req: ReviewResolution) -> None:
         if self._phase is not None:
@@ -330,8 +326,8 @@ class RunWorkflow:
         if limit_s is None:
             return
         await workflow.sleep(timedelta(seconds=limit_s))
-        if not self._finished and (self._halt is None or _resumable(self._halt)):
-            await self._raise_halt("limit_exceeded:run.duration", override=True)
+        if not self._finished and (self._halt is None or is_resumable(self._halt)):
+            await self._raise_halt(limit_exceeded("run.duration"), override=True)
 
     async def _run_plan(self, phases: list[str]) -> None:
         """Run the phases in order; a phase that asks for an earlier one to start over (Materialize wanting a new
@@ -364,7 +360,7 @@ class RunWorkflow:
                 if self._restarts < RESTART_CAP:
                     self._restarts += 1
                 else:
-                    await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
+                    await self._raise_halt(HaltReason(HaltKind.RESTART_CAP_EXCEEDED, control.reason).wire())
                     await self._gate()
                     if phase in self._instructions:
                         self._instructions[control.phase] = self._instructions.pop(phase)
@@ -372,18 +368,18 @@ class RunWorkflow:
             if control.kind == "restart" and self._restarts < RESTART_CAP:
                 self._restarts += 1
             elif control.kind == "restart":
-                await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
+                await self._raise_halt(HaltReason(HaltKind.RESTART_CAP_EXCEEDED, control.reason).wire())
             elif control.kind == "review":
                 await self._record([(f"{phase}:{self._invocations[phase]}:review",
                                      HumanReviewRequested(phase=phase, reason=control.reason))])
-                await self._raise_halt(f"agent_review: {control.reason}")
+                await self._raise_halt(HaltReason(HaltKind.AGENT_REVIEW, control.reason).wire())
             elif control.kind == "halt":
                 self._halt = control.reason  # the activity already wrote the row
                 self._halts += 1
 
     async def _gate(self) -> None:
         """Wait while the run is paused or waiting for a human; a non-resumable halt tears the run down."""
-        await workflow.wait_condition(lambda: self._halt is None or not _resumable(self._halt))
+        await workflow.wait_condition(lambda: self._halt is None or not is_resumable(self._halt))
         if self._halt is not None:
             raise _Teardown(self._halt)
 
@@ -400,7 +396,7 @@ class RunWorkflow:
                                           timeout=timedelta(seconds=ceiling[0]) if ceiling else None)
         except TimeoutError:
             assert ceiling is not None
-            await self._raise_halt(f"limit_exceeded:{ceiling[1]}", override=True)
+            await self._raise_halt(limit_exceeded(ceiling[1]), override=True)
         if work.done() and self._halts == halts_before:
             try:
                 return work.result()
@@ -423,7 +419,7 @@ class RunWorkflow:
     def _halt_from(err: ActivityError) -> str | None:
         """The halt reason when an activity stopped because the run was halted (its row is already written)."""
         cause = err.cause
-        if isinstance(cause, ApplicationError) and cause.type == "RunHalted":
+        if isinstance(cause, ApplicationError) and cause.type == HALTED_ERROR:
             return str(cause.details[0]) if cause.details else cause.message
         return None
 

@@ -19,6 +19,7 @@ from sqlmodel import Session, col
 from benchwright import audit
 from benchwright.drivers.catalog import REGISTRY_SOURCE as _REGISTRY_SOURCE
 from benchwright.errors import Conflict, InvalidInput, NotFound
+from benchwright.events import AtomizeArtifact
 from benchwright.fingerprint import impl_id as make_impl_id
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.views import (
@@ -165,7 +166,8 @@ def _run_contents(session: Session, blobs: BlobStore, run: Run) -> tuple[str, in
     """The run's task rows (blob digest, count) and its scorer's digest (the last Atomize invocation's)."""
     cell = session.get(PhaseCell, (run.id, "analyze"))
     tasks_sha = cell.files.get("tasks.jsonl") if cell else None
-    impl = session.execute(select(EventRow.data).where(EventRow.run_id == run.id, EventRow.type == "AtomizeArtifact")
+    impl = session.execute(select(EventRow.data)
+                           .where(EventRow.run_id == run.id, EventRow.type == AtomizeArtifact.type_name())
                            .order_by(EventRow.seq.desc())).scalars().first()  # type: ignore[attr-defined]
     impl_sha = impl.get("impl_sha256") if impl else None
     if not tasks_sha or not blobs.has(tasks_sha) or not impl_sha or not blobs.has(impl_sha):
