@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _ci, _pct
+from benchwright.cli_support import console, out
 
 session_app = typer.Typer(no_args_is_help=True, help="Operator sessions: list them, watch one live, read its answer.")
 
@@ -41,15 +42,14 @@ def session_line(event: dict[str, Any]) -> str | None:
 def watch_cmd(session_id: str, json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
               api_key: ApiKey = None) -> None:
     """Follow a session live until it answers: its decisions, the runs it launches and reads, then the answer."""
-    from benchwright import cli
     from benchwright.cli_operator import print_answer
 
     def go(client: Any) -> dict[str, Any]:
         for event in client.stream_session_events(session_id):
             if json_out:
-                cli.console.print(json.dumps(event), highlight=False, markup=False, soft_wrap=True)
+                console.print(json.dumps(event), highlight=False, markup=False, soft_wrap=True)
             elif (line := session_line(event)) is not None:
-                cli.console.print(line, highlight=False, markup=False, soft_wrap=True)
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
         return client.session(session_id)  # type: ignore[no-any-return]
 
     session = _call(go, data_dir, api_url, api_key)
@@ -67,8 +67,6 @@ def list_cmd(limit: Annotated[int, typer.Option(min=1, max=200)] = 50, json_out:
     """The account's sessions, newest first."""
     from rich.table import Table
 
-    from benchwright import cli
-
     page = _call(lambda c: c._call("GET", "/v1/operator/sessions", params={"limit": limit}), data_dir, api_url,
                  api_key)
     if json_out:
@@ -79,4 +77,4 @@ def list_cmd(limit: Annotated[int, typer.Option(min=1, max=200)] = 50, json_out:
         table.add_row(s["id"], s["status"], str(s["goal"].get("question", "")), str(len(s["runs"])),
                       f"${s['cost']:.4f}", str(s["created_at"])[:19],
                       (s["answer"] or {}).get("sentence", "")[:80])
-    cli.out.print(table)
+    out.print(table)
