@@ -43,6 +43,8 @@ LOAD_BEARING: dict[str, tuple[str, ...]] = {
     "ModelProxyArtifact": ("model_id", "litellm_config_yaml"),
     "HarnessLogArtifact": (),  # an output (the harness's own log of what happened): nothing in it is an input
     "HarnessTaskArtifact": ("harness", "version", "config_sha256"),  # the task name is inside the config digest
+    "TemplateProbeArtifact": ("os", "shells", "interpreters", "base_files"),  # the host's kernel is noise
+    "ProductRecipeArtifact": ("name", "recipe_sha256"),
 }
 """Per Artifact event type, the fields that feed the run fingerprint. A test keeps this table complete: every
 ``*Artifact`` in ``benchwright.events`` has an entry."""

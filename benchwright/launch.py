@@ -17,6 +17,7 @@ from benchwright.errors import InvalidInput
 from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
 from benchwright.limits import RunLimits, resolve_limits
 from benchwright.prices import check_priced
+from benchwright.product.recipe import check_launch as check_recipe
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
@@ -76,6 +77,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
                            "or '<provider>://<model>' for an LLM driver",
                            code="unknown_driver")
     harness = check_harness(launch)  # a bridge launch names no dataset (checked there)
+    check_recipe(launch, local_paths)  # a product-sandbox launch: its recipe, alone
     # A pinned launch's ``registry:`` dataset was written by the API from the registry (benchwright.registry).
     if launch.dataset is not None and not launch.dataset.startswith("registry:") and not is_url(launch.dataset):
         if "://" in launch.dataset:
@@ -176,8 +178,9 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
         return existing  # recorded and already over (or refused at start): nothing to start again
     body = launch
     bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
-    pin = None if bridged else await asyncio.to_thread(resolve_pin, engine, BlobStore.from_settings(settings),
-                                                       account_id=account.id, launch=body)
+    unpinned = bridged or body.recipe is not None  # a product-sandbox launch names its recipe, no dataset or pin
+    pin = None if unpinned else await asyncio.to_thread(resolve_pin, engine, BlobStore.from_settings(settings),
+                                                        account_id=account.id, launch=body)
     if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
         body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
     resolved = await asyncio.to_thread(admit_launch, settings, engine, account=account, launch=body,
@@ -190,7 +193,7 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     if not isinstance(client, TemporalClient):
         client = await client()
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
-                            harness_bridge=bridged)
+                            harness_bridge=bridged, product_sandbox_snapshot=body.recipe is not None)
     inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
                    trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
                    proxy_linger_s=settings.proxy_linger_s,

@@ -1,0 +1,64 @@
+"""Product-sandbox runs end to end: the bundled recipe against the scripted agent double (loopback, OpenAI protocol)
+reaches exactly the pass rate the script decides, one task sandbox per task, the base probed, every step logged."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from benchwright.testkit import product_double
+from tests.api.helpers import launch, wait_terminal
+from tests.api.test_scale import _live_sandboxes
+from tests.conftest import DevModels, Stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_models: DevModels) -> None:
+    url = await dev_models.start(product_double.config())
+    recipe = product_double.recipe()
+    expected = product_double.outcomes()
+    async with stack.http() as http:
+        run = await launch(http, {"recipe": product_double.RECIPE, "model": {"identifier": "openai/dev",
+                                                                            "api_base": url}})
+        await wait_terminal(http, run["id"])
+        run = (await http.get(f"/v1/runs/{run['id']}")).json()
+        events: list[dict[str, Any]] = (await http.get(f"/v1/runs/{run['id']}/events",
+                                                       params={"limit": 5000})).json()["events"]
+    assert run["status"] == "ok", run["error"]
+    summary = run["tasks"]["summary"]
+    assert summary["total"] == len(recipe.tasks) == 22
+    assert (summary["passed"], summary["failed"]) == (product_double.EXPECTED["pass"],
+                                                      product_double.EXPECTED["fail"])
+    results = {e["data"]["index"]: e["data"] for e in events if e["type"] == "MaterializeTaskResult"}
+    assert {recipe.tasks[i].id: r["outcome"] for i, r in results.items()} == expected
+    runaway = next(r for i, r in results.items() if recipe.tasks[i].id in product_double.RUNAWAY)
+    assert "turns" in runaway["error"] and runaway["meta"]["turns"] == recipe.limits.turns
+
+    skipped = {e["data"]["phase"] for e in events if e["type"] == "PhaseSkipped"}
+    assert skipped == {"find", "fetch", "analyze", "atomize"}
+    assert [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"] == ["setup", "attach", "materialize"]
+    created = [e["data"] for e in events if e["type"] == "SandboxCreated"]
+    roles = Counter(d["role"] for d in created)
+    assert roles["task"] == 22 and roles["template_probe"] == 1
+    task_boxes = {d["sandbox_id"]: d["metadata"]["task_index"] for d in created if d["role"] == "task"}
+    assert sorted(task_boxes.values()) == list(range(22))
+    killed = {e["data"]["sandbox_id"] for e in events if e["type"] == "SandboxKilled"}
+    assert {d["sandbox_id"] for d in created} <= killed
+    probe = next(e["data"] for e in events if e["type"] == "TemplateProbeArtifact")
+    assert "sh" in probe["shells"] and probe["base_files"] == len(recipe.base.files)
+    artifact = next(e["data"] for e in events if e["type"] == "ProductRecipeArtifact")
+    from benchwright.product.recipe import impl_id
+
+    assert artifact["impl_id"] == impl_id(recipe)
+    calls = [e["data"] for e in events if e["type"] == "ToolCallEvent"]
+    answers = [e["data"] for e in events if e["type"] == "ToolResultEvent"]
+    assert {c["index"] for c in calls} == {i for i, t in enumerate(recipe.tasks)
+                                           if t.id in {**product_double.SOLVED, **product_double.WRONG,
+                                                       **product_double.RUNAWAY}}
+    marker = recipe.tasks.index(next(t for t in recipe.tasks if t.id == "setup-marker"))
+    read = next(a for a in answers if a["index"] == marker and a["name"] == "read_file")
+    assert read["ok"] and read["content"].strip() == "setup ok"  # the task started from the post-Setup snapshot
+    assert await _live_sandboxes(stack, run["id"]) == []
