@@ -181,11 +181,11 @@ async def product_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClien
         meta = {"product": recipe.name, **ended.meta}
         await in_thread(append_events, engine, run_id, [
             NewEvent.of(event_key(run_id, "materialize", invocation, index, 0, "result"), MaterializeTaskResult(
-                invocation=invocation, index=index, trial=0, score=ended.score, outcome=ended.outcome,  # type: ignore[arg-type]
+                invocation=invocation, index=index, trial=0, score=ended.score, outcome=ended.outcome,
                 output=clip(ended.output, 4096) if ended.output else None, meta=meta, error=ended.error,
                 usage=ended.usage, cost_usd=ended.cost_usd, input=task.instruction)),
             NewEvent.of(event_key(run_id, "materialize", invocation, index, "aggregated"), MaterializeTaskAggregated(
-                invocation=invocation, index=index, score=ended.score, outcome=ended.outcome,  # type: ignore[arg-type]
+                invocation=invocation, index=index, score=ended.score, outcome=ended.outcome,
                 trial_scores=[ended.score]))])
         counts[ended.outcome] += 1
         written += 1

@@ -27,6 +27,7 @@ from benchwright.events import AgentTextEvent, Event, ToolCallEvent, ToolResultE
 from benchwright.product.recipe import AgentLimits, RecipeTask
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.base import SandboxBackend, SandboxError
+from benchwright.schemas import Outcome
 from benchwright.sut import SutClient, SutError
 
 PHASE = "materialize"
@@ -60,8 +61,7 @@ Emit = Callable[[str, Event], Awaitable[None]]
 class TaskRun:
     """How one task ended."""
 
-    outcome: str
-    """``pass``, ``fail`` or ``err``."""
+    outcome: Outcome
     score: float | None
     error: str | None = None
     output: str | None = None
@@ -171,7 +171,7 @@ async def run_task(*, sut: SutClient, ws: Workspace, task: RecipeTask, system_pr
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt or SYSTEM_PROMPT},
                                       {"role": "user", "content": task.instruction}]
 
-    def ended(outcome: str, score: float | None, error: str | None, **meta: Any) -> TaskRun:
+    def ended(outcome: Outcome, score: float | None, error: str | None, **meta: Any) -> TaskRun:
         return TaskRun(outcome=outcome, score=score, error=error, output=summary,
                        meta={"task_id": task.id, "turns": turns, "tokens": sum(usage.values()), **meta},
                        usage=dict(usage), cost_usd=cost)
@@ -201,12 +201,11 @@ async def run_task(*, sut: SutClient, ws: Workspace, task: RecipeTask, system_pr
                 for n, call in enumerate(calls):
                     fn = call.get("function") or {}
                     name, call_id = str(fn.get("name", "")), str(call.get("id") or f"call_{turns}_{n}")
+                    bad: str | None = None
                     try:
                         args = _arguments(fn.get("arguments"))
                     except ValueError as exc:
                         args, bad = {}, str(exc)
-                    else:
-                        bad = None
                     await emit(f"call:{turns}:{n}", ToolCallEvent(phase=PHASE, invocation=invocation,
                                                                   step=turns, call_id=call_id, name=name,
                                                                   arguments=_clip_args(args), index=index))

@@ -18,7 +18,8 @@ RECIPE = "terminal-basics"
 
 
 def _shell(command: str) -> list[list[dict[str, Any]]]:
-    return [[{"name": "shell", "arguments": {"command": command}}], [{"name": "finish", "arguments": {"summary": "done"}}]]
+    return [[{"name": "shell", "arguments": {"command": command}}],
+            [{"name": "finish", "arguments": {"summary": "done"}}]]
 
 
 def _write(path: str, content: str) -> list[list[dict[str, Any]]]:
@@ -51,8 +52,9 @@ WRONG: dict[str, list[list[dict[str, Any]]]] = {
     "oldest-person": _write("oldest.txt", "Alan\n"),
     "reverse-lines": _shell("cat data/numbers.txt > reversed.txt"),
 }
-GIVES_UP = {"json-config": [[]]}  # a plain reply, no tool call: the agent is done, the checker fails
-RUNAWAY = {"many-files": [[{"name": "shell", "arguments": {"command": "true"}}]]}  # repeats until the turn limit
+Script = list[list[dict[str, Any]]]
+GIVES_UP: dict[str, Script] = {"json-config": [[]]}  # a plain reply, no tool call: done, and the checker fails
+RUNAWAY: dict[str, Script] = {"many-files": [[{"name": "shell", "arguments": {"command": "true"}}]]}  # runs on
 UNSCRIPTED = ("count-errors",)
 
 EXPECTED = {"pass": len(SOLVED), "fail": len(WRONG) + len(GIVES_UP) + len(UNSCRIPTED), "err": len(RUNAWAY)}
