@@ -288,6 +288,6 @@ def resolve_ref(ref: str, local_paths: LocalPathRules, *, must_exist: bool) -> P
     """
     if is_bundled_name(ref):
         return bundled_path(ref)
-    if "://" in ref:
+    if "://" in ref or any(ord(c) < 32 for c in ref):
         raise RecipeError(f"recipe must be a bundled recipe's name or a path, got {ref!r}")
     return check_local_path(ref, local_paths, must_exist=must_exist)
