@@ -83,8 +83,9 @@ def test_a_base_dir_may_not_leave_the_recipe_or_hold_symlinks(tmp_path: Path) ->
 def test_launch_checks(tmp_path: Path) -> None:
     rules = LocalPathRules(deployment=True, account=True)
     check_launch(LaunchRequest.model_validate({"recipe": "terminal-basics", "model": MODEL}), rules)
-    with pytest.raises(RecipeError, match="unknown_recipe|no bundled recipe"):
+    with pytest.raises(RecipeError, match="no bundled recipe 'no-such-recipe'") as refused:
         check_launch(LaunchRequest.model_validate({"recipe": "no-such-recipe", "model": MODEL}), rules)
+    assert refused.value.code == "unknown_recipe"
     with pytest.raises(RecipeError, match="drop dataset"):
         check_launch(LaunchRequest.model_validate({"recipe": "terminal-basics", "dataset": "/d.jsonl",
                                                    "model": MODEL}), rules)
