@@ -219,7 +219,8 @@ def start_replay(settings: Settings, engine: Engine, inp: PrepareInput) -> Prepa
     account = get_account(engine, account_id=reg.account_id)
     _, launch, resolved = admit_replay(settings, engine, account=account, reference_run_id=reg.reference_run_id,
                                        schedule_id=reg.schedule_id)
-    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
+                            product_sandbox_snapshot=launch.recipe is not None)
     run_input = RunInput(run_id=inp.run_id, account_id=account.id, launch=launch, driver=resolved.driver,
                          trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
                          proxy_linger_s=settings.proxy_linger_s,

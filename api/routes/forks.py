@@ -104,7 +104,8 @@ async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, re
     if current.balance_usd <= 0:
         raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
     await run_in_threadpool(check_launch, engine, settings, account_id=account.id)  # 429 quota_exceeded
-    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
+                            product_sandbox_snapshot=launch.recipe is not None)
     spec = ForkSpec(parent_run_id=parent.id, rewind_to=rewind, kind=kind, overrides=names,
                     scorer_instructions=req.overrides.scorer_instructions, instructions=req.instructions)
     inp = RunInput(run_id=str(uuid.uuid4()), account_id=account.id, launch=launch, driver=resolved.driver,

@@ -61,4 +61,22 @@ async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_m
     marker = recipe.tasks.index(next(t for t in recipe.tasks if t.id == "setup-marker"))
     read = next(a for a in answers if a["index"] == marker and a["name"] == "read_file")
     assert read["ok"] and read["content"].strip() == "setup ok"  # the task started from the post-Setup snapshot
+    assert summary["pass_rate"] == pytest.approx(product_double.PASS_RATE, abs=1e-12)  # 16 / 21: err is left out
     assert await _live_sandboxes(stack, run["id"]) == []
+
+    # A fork at Materialize re-runs every task from the parent's post-Setup snapshot, without Setup or the probe.
+    async with stack.http() as http:
+        resp = await http.post(f"/v1/runs/{run['id']}/fork", json={"rewind_to": "materialize"})
+        assert resp.status_code == 201, resp.text
+        fork = resp.json()
+        await wait_terminal(http, fork["id"])
+        fork = (await http.get(f"/v1/runs/{fork['id']}")).json()
+        fork_events = (await http.get(f"/v1/runs/{fork['id']}/events", params={"limit": 5000})).json()["events"]
+    own = [e for e in fork_events if "inherited_from" not in e["data"]]
+    assert fork["status"] == "ok", fork["error"]
+    assert [e["data"]["phase"] for e in own if e["type"] == "PhaseStarted"] == ["fork", "materialize"]
+    assert Counter(e["data"]["role"] for e in own if e["type"] == "SandboxCreated") == {"task": 22}
+    assert not [e for e in own if e["type"] == "SnapshotCreated"]
+    fork_results = {e["data"]["index"]: e["data"]["outcome"] for e in own if e["type"] == "MaterializeTaskResult"}
+    assert {recipe.tasks[i].id: o for i, o in fork_results.items()} == expected
+    assert await _live_sandboxes(stack, fork["id"]) == []
