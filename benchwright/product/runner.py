@@ -97,8 +97,8 @@ class Workspace:
         text = (result.stdout + result.stderr).decode(errors="replace")
         cut = result.stdout_truncated or result.stderr_truncated
         text = clip(text, self.limits.output_bytes) + ("\n[output cut]" if cut else "")
-        if result.killed_reason:
-            text += f"\n[killed: {result.killed_reason}]"
+        if result.killed_reason:  # first, so no cut of the output hides it
+            text = f"[killed: {result.killed_reason}]\n{text}"
         return result.returncode, text
 
     def relative(self, path: str) -> str:
