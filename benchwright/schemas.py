@@ -553,8 +553,19 @@ class TaskList(BaseModel):
     next_after: int | None
 
 
+class AgentStepView(BaseModel):
+    """One logged step of a product-sandbox run's agent on this task (its latest attempt), in log order."""
+
+    seq: int
+    type: str
+    """``AgentTextEvent``, ``ToolCallEvent`` or ``ToolResultEvent``."""
+    data: dict[str, Any]
+
+
 class TaskDetail(TaskRowView):
     trials: list[TrialView]
+    agent: list[AgentStepView] = Field(default_factory=list)
+    """A product-sandbox run: the agent's steps on this task (docs/agents.md); empty for every other run."""
 
 
 def suggest(value: str, allowed: list[str] | tuple[str, ...]) -> str:

@@ -61,6 +61,11 @@ async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_m
     marker = recipe.tasks.index(next(t for t in recipe.tasks if t.id == "setup-marker"))
     read = next(a for a in answers if a["index"] == marker and a["name"] == "read_file")
     assert read["ok"] and read["content"].strip() == "setup ok"  # the task started from the post-Setup snapshot
+    async with stack.http() as http:  # the dashboard's modal shows the agent's steps on the task
+        detail = (await http.get(f"/v1/runs/{run['id']}/tasks/{marker}")).json()
+    assert [(s["type"], s["data"].get("name")) for s in detail["agent"]] == [
+        ("ToolCallEvent", "read_file"), ("ToolResultEvent", "read_file"), ("ToolCallEvent", "shell"),
+        ("ToolResultEvent", "shell"), ("ToolCallEvent", "finish"), ("ToolResultEvent", "finish")]
     assert summary["pass_rate"] == pytest.approx(product_double.PASS_RATE, abs=1e-12)  # 16 / 21: err is left out
     assert await _live_sandboxes(stack, run["id"]) == []
 
