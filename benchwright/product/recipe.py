@@ -155,12 +155,17 @@ def parse(text: str, *, where: str) -> Recipe:
         raise RecipeError(f"recipe {where} is over {MAX_RECIPE_BYTES} bytes")
     try:
         doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {where} is not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # the problem and where, never the file's text (it may not be a recipe at all)
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise RecipeError(f"recipe {where} is not valid YAML: {getattr(exc, 'problem', None) or 'unreadable'}{at}") \
+            from None
     return validate(doc, where=where)
 
 
 def validate(doc: Any, *, where: str) -> Recipe:
+    if not isinstance(doc, dict):
+        raise RecipeError(f"recipe {where} must be a YAML mapping (name, tasks, ...)")
     try:
         return Recipe.model_validate(doc)
     except ValidationError as exc:

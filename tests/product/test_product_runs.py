@@ -85,3 +85,18 @@ async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_m
     fork_results = {e["data"]["index"]: e["data"]["outcome"] for e in own if e["type"] == "MaterializeTaskResult"}
     assert {recipe.tasks[i].id: o for i, o in fork_results.items()} == expected
     assert await _live_sandboxes(stack, fork["id"]) == []
+
+
+async def test_recipe_launches_are_checked_before_a_run_exists(stack: Stack) -> None:
+    model = {"identifier": "openai/dev", "api_base": stack.dev_url}
+    async with stack.http() as http:
+        before = (await http.get("/v1/runs", params={"limit": 200})).json()
+        for body, code in [({"recipe": "no-such-recipe"}, "unknown_recipe"),
+                           ({"recipe": "terminal-basics", "dataset": "/tmp/x.jsonl"}, "invalid_recipe"),
+                           ({"recipe": "terminal-basics", "harness": "inspect",
+                             "harness_config": {"task": "x"}}, "invalid_recipe"),
+                           ({"recipe": str(stack.data_dir / "recipe.yaml")}, "dataset_blocked")]:
+            resp = await http.post("/v1/runs", json={**body, "model": model})
+            assert resp.status_code == 400 and resp.json()["error"]["code"] == code, (body, resp.text)
+        after = (await http.get("/v1/runs", params={"limit": 200})).json()
+    assert len(after["runs"]) == len(before["runs"])

@@ -68,6 +68,15 @@ def test_a_bad_recipe_is_refused_naming_the_problem(text: str, needle: str) -> N
         parse(text, where="t.yaml")
 
 
+def test_a_file_that_is_no_recipe_is_refused_without_its_text() -> None:
+    with pytest.raises(RecipeError) as refused:
+        parse("root:x:0:0:root:/root:/bin/bash\nsecret: [unclosed\n", where="/etc/passwd")
+    assert "secret" not in str(refused.value) and "root:x" not in str(refused.value)
+    with pytest.raises(RecipeError, match="mapping") as refused:
+        parse("just-a-secret-token\n", where="t")
+    assert "just-a-secret-token" not in str(refused.value)
+
+
 def test_a_base_dir_may_not_leave_the_recipe_or_hold_symlinks(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: x\nbase: {dir: ../}\ntasks: [{id: a, instruction: i, check: 'true'}]\n")
