@@ -461,6 +461,9 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
                                                 "OpenAI-compatible endpoint at --api-base: openai/<its model name>).")],
         dataset: Annotated[str | None, typer.Option(help="Dataset URL, or a local path on the stack's host.")
                            ] = None,
+        recipe: Annotated[str | None, typer.Option(
+            help="A product-sandbox run (docs/agents.md): a bundled recipe (terminal-basics) or a recipe YAML path "
+                 "on the stack's host.")] = None,
         prompt: Annotated[str | None, typer.Option(
             help="A natural-language launch: what to evaluate ('gsm8k, the first 50'); Find resolves it against the "
                  "catalog when no --dataset is given, and Analyze reads its scoping phrase.")] = None,
@@ -539,6 +542,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
             raise typer.Exit(2)
     if dataset and not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
+    if recipe and Path(recipe).is_file():  # a path: as the stack's host sees it (a bundled name stays a name)
+        recipe = str(Path(recipe).resolve())
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
@@ -559,7 +564,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
             **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt),
-                                 ("group_by", group_by)) if v is not None},
+                                 ("group_by", group_by), ("recipe", recipe)) if v is not None},
             **harness_body(harness, harness_config, harness_task, harness_file or [])}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
