@@ -373,12 +373,20 @@ def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {q
               model_name: str = "dev",
               api_key: Annotated[str | None, typer.Option(help="Demand this bearer key, like a real provider.")] = None,
               ready_file: Annotated[Path | None, typer.Option(help="Write {url, port} here once listening.")] = None,
+              agent: Annotated[bool, typer.Option(
+                  "--agent", help="Serve the scripted agent for the bundled terminal-basics recipe instead "
+                  "(docs/agents.md: it solves 16 of its 22 tasks).")] = False,
               ) -> None:
     """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
     from benchwright.devmodel import DevModelConfig, load_answers, serve
 
-    config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
-                            model_name=model_name, api_key=api_key)
+    if agent:
+        from benchwright.testkit import product_double
+
+        config = product_double.config(latency_ms=latency_ms, model_name=model_name, api_key=api_key)
+    else:
+        config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
+                                model_name=model_name, api_key=api_key)
     console.print(f"dev model (test double) on http://{host}:{port}/v1: {len(config.answers)} answers, "
                   f"accuracy {accuracy}, latency {latency_ms} ms")
     serve(config, host=host, port=port, ready_file=str(ready_file) if ready_file else None)
