@@ -60,6 +60,8 @@ class AgentLimits(BaseModel):
     """What the agent sees of one tool's output (the rest is cut, and it is told so)."""
     file_mb: int = Field(default=16, ge=1, le=1024)
     """Largest file a command may write (RLIMIT_FSIZE)."""
+    disk_mb: int = Field(default=256, ge=1, le=65536)
+    """The task's files together (checked after every shell command and file write)."""
     memory_mb: int = Field(default=512, ge=64, le=8192)
     processes: int = Field(default=64, ge=4, le=1024)
 

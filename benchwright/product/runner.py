@@ -7,8 +7,9 @@ the runner never holds a real key and the sandbox has no route to the model at a
 ``emit`` (AgentTextEvent, ToolCallEvent, ToolResultEvent, each stamped with the task index).
 
 Bounded, so a runaway agent ends its task ``err`` and never holds the run: model calls (``turns``), tokens, the
-task's wall clock (agent, tools and checker together), each command's wall clock, CPU, memory, processes and file
-size (the sandbox's ``ExecLimits``), and what the agent sees of any output (``output_bytes``). When the agent
+task's wall clock (agent, tools and checker together), the task's files together (``disk_mb``, measured after
+every command and write), each command's wall clock, CPU, memory, processes and file size (the sandbox's
+``ExecLimits``), and what the agent sees of any output (``output_bytes``). When the agent
 finishes (``finish``, or a reply with no tool call) the recipe's checker runs in the same sandbox: exit 0 passes.
 
 This file is also the body of every product impl's generated ``task_impl.py`` (``benchwright.product.recipe``).
@@ -100,6 +101,12 @@ class Workspace:
         if result.killed_reason:  # first, so no cut of the output hides it
             text = f"[killed: {result.killed_reason}]\n{text}"
         return result.returncode, text
+
+    async def disk_mb(self) -> float:
+        """What the task's working directory holds, in MB."""
+        code, text = await self.sh("du -sk . 2>/dev/null | cut -f1", 30.0)
+        first = text.strip().splitlines()[-1] if text.strip() else ""
+        return int(first) / 1024 if code == 0 and first.isdigit() else 0.0
 
     def relative(self, path: str) -> str:
         prefix = self.home.rstrip("/") + "/"
@@ -216,6 +223,9 @@ async def run_task(*, sut: SutClient, ws: Workspace, task: RecipeTask, system_pr
                         summary = str(args.get("summary", "")) or reply.text
                     else:
                         ok, content = await _tool(ws, name, args, deadline)
+                        if name in ("shell", "write_file") and (used := await ws.disk_mb()) > limits.disk_mb:
+                            raise AgentStopped(f"the task's files grew to {used:.0f} MB, over its "
+                                               f"{limits.disk_mb} MB")
                     await emit(f"result:{turns}:{n}", ToolResultEvent(
                         phase=PHASE, invocation=invocation, step=turns, call_id=call_id, name=name, ok=ok,
                         content=clip(content, limits.output_bytes), index=index))

@@ -86,3 +86,25 @@ async def test_a_hostile_agent_is_bounded_and_ends_err(backend: LocalBackend, tm
     assert "REFUSED" in reach and "CONNECTED" not in reach
     assert not results[6].ok and "cannot write" in escape
     assert not (tmp_path / "escape.txt").exists()
+
+
+async def test_an_agent_filling_the_disk_ends_err(backend: LocalBackend) -> None:
+    filler = _shell("for i in 1 2 3 4 5 6; do head -c 4000000 /dev/zero > f$i; done")
+    config = DevModelConfig(answers={}, agent_scripts={INSTRUCTION: [filler, [{"name": "finish", "arguments": {}}]]})
+    async with await start_server(config) as server:
+        info = await create_work(backend, None)  # type: ignore[arg-type]
+        limits = AgentLimits(turns=10, command_seconds=10, file_mb=4, disk_mb=16)
+        ws = Workspace(backend=backend, sandbox_id=info.sandbox_id, home=_home(info), env=runner_env(_home(info)),
+                       limits=limits)
+        sut = make_sut(ModelSpec(identifier="openai/dev", api_base=server.url), prices=Prices(), api_key=None,
+                       concurrency=1, timeout_s=10, retries=0)
+
+        async def emit(what: str, event: Event) -> None:
+            pass
+
+        try:
+            ended = await run_task(sut=sut, ws=ws, task=RecipeTask(id="t", instruction=INSTRUCTION, check="true"),
+                                   system_prompt=None, index=0, invocation=1, emit=emit)
+        finally:
+            await sut.aclose()
+    assert ended.outcome == "err" and "over its 16 MB" in str(ended.error) and ended.meta["turns"] == 1
