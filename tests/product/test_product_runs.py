@@ -3,7 +3,10 @@ reaches exactly the pass rate the script decides, one task sandbox per task, the
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +88,27 @@ async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_m
     fork_results = {e["data"]["index"]: e["data"]["outcome"] for e in own if e["type"] == "MaterializeTaskResult"}
     assert {recipe.tasks[i].id: o for i, o in fork_results.items()} == expected
     assert await _live_sandboxes(stack, fork["id"]) == []
+    if os.environ.get("BW_RECORD_HISTORIES") == "1":  # recorded once for tests/replay, committed
+        history = await stack.client.get_workflow_handle(run["id"]).fetch_history()
+        (Path(__file__).resolve().parents[1] / "replay" / "histories" / "product_run.json").write_text(
+            json.dumps(await _decrypted(stack, json.loads(history.to_json())), indent=1))
+
+
+async def _decrypted(stack: Stack, node: Any) -> Any:
+    """The history JSON with every payload decoded by the stack's codec (tests/replay replays without the key)."""
+    from google.protobuf.json_format import MessageToDict, ParseDict
+    from temporalio.api.common.v1 import Payload
+
+    if isinstance(node, list):
+        return [await _decrypted(stack, v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if isinstance(node.get("metadata"), dict) and "encryption-key-id" in node["metadata"]:
+        codec = stack.client.data_converter.payload_codec
+        assert codec is not None
+        [plain] = await codec.decode([ParseDict(node, Payload())])
+        return MessageToDict(plain)
+    return {k: await _decrypted(stack, v) for k, v in node.items()}
 
 
 async def test_recipe_launches_are_checked_before_a_run_exists(stack: Stack) -> None:
