@@ -3,6 +3,7 @@ reaches exactly the pass rate the script decides, one task sandbox per task, the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections import Counter
@@ -124,3 +125,26 @@ async def test_recipe_launches_are_checked_before_a_run_exists(stack: Stack) -> 
             assert resp.status_code == 400 and resp.json()["error"]["code"] == code, (body, resp.text)
         after = (await http.get("/v1/runs", params={"limit": 200})).json()
     assert len(after["runs"]) == len(before["runs"])
+
+
+async def test_stop_mid_materialize_kills_every_task_sandbox(stack: Stack, dev_models: DevModels) -> None:
+    slow = await dev_models.start(product_double.config(latency_ms=300))
+    async with stack.http() as http:
+        run = await launch(http, {"recipe": product_double.RECIPE,
+                                  "model": {"identifier": "openai/dev", "api_base": slow}})
+        deadline = asyncio.get_running_loop().time() + 120
+        while True:  # the agents are at work in their task sandboxes
+            events = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
+            if any(e["type"] == "ToolCallEvent" for e in events):
+                break
+            assert asyncio.get_running_loop().time() < deadline, "no agent ever called a tool"
+            await asyncio.sleep(0.05)
+        assert (await http.post(f"/v1/runs/{run['id']}/stop", json={"reason": "enough"})).status_code == 200
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    assert final["halted"] and final["halt_reason"].startswith("operator_kill")
+    assert final["tasks"]["summary"]["passed"] + final["tasks"]["summary"]["failed"] < 22, "stopped mid-sweep"
+    created = {e["data"]["sandbox_id"] for e in events if e["type"] == "SandboxCreated"}
+    killed = {e["data"]["sandbox_id"] for e in events if e["type"] == "SandboxKilled"}
+    assert created and created == killed
+    assert await _live_sandboxes(stack, run["id"]) == []
