@@ -57,6 +57,7 @@ async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_m
     from benchwright.product.recipe import impl_id
 
     assert artifact["impl_id"] == impl_id(recipe)
+    assert (run["subset_id"], run["impl_id"]) == ("terminal-basics", impl_id(recipe))  # §7: keyed on the subset
     calls = [e["data"] for e in events if e["type"] == "ToolCallEvent"]
     answers = [e["data"] for e in events if e["type"] == "ToolResultEvent"]
     assert {c["index"] for c in calls} == {i for i, t in enumerate(recipe.tasks)
@@ -84,6 +85,7 @@ async def test_bundled_recipe_reaches_the_scripted_pass_rate(stack: Stack, dev_m
     own = [e for e in fork_events if "inherited_from" not in e["data"]]
     assert fork["status"] == "ok", fork["error"]
     assert [e["data"]["phase"] for e in own if e["type"] == "PhaseStarted"] == ["fork", "materialize"]
+    assert (fork["subset_id"], fork["impl_id"]) == (run["subset_id"], run["impl_id"])  # the same impl, re-run
     assert Counter(e["data"]["role"] for e in own if e["type"] == "SandboxCreated") == {"task": 22}
     assert not [e for e in own if e["type"] == "SnapshotCreated"]
     fork_results = {e["data"]["index"]: e["data"]["outcome"] for e in own if e["type"] == "MaterializeTaskResult"}
