@@ -16,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from activities.attach import live_proxy
 from activities.bridge import bridge_batch
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
+from activities.product import is_product_run, product_batch
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright import handoff
 from benchwright.breaker import SutBreaker
@@ -205,6 +206,8 @@ class MaterializeActivities:
         watcher = asyncio.create_task(watch_halt())
         if inp.mode == "bridge":  # a harness-bridge run: the harness process is the whole batch
             work = asyncio.create_task(bridge_batch(self.deps, inp=inp, sut=sut, progress=progress))
+        elif inp.mode == "fanout" and await is_product_run(self.deps, inp.run_id):  # agents in task sandboxes
+            work = asyncio.create_task(product_batch(self.deps, inp=inp, sut=sut, progress=progress))
         else:
             execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
             work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp,

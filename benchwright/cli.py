@@ -370,12 +370,20 @@ def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {q
               model_name: str = "dev",
               api_key: Annotated[str | None, typer.Option(help="Demand this bearer key, like a real provider.")] = None,
               ready_file: Annotated[Path | None, typer.Option(help="Write {url, port} here once listening.")] = None,
+              agent: Annotated[bool, typer.Option(
+                  "--agent", help="Serve the scripted agent for the bundled terminal-basics recipe instead "
+                  "(docs/agents.md: it solves 16 of its 22 tasks).")] = False,
               ) -> None:
     """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
     from benchwright.devmodel import DevModelConfig, load_answers, serve
 
-    config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
-                            model_name=model_name, api_key=api_key)
+    if agent:
+        from benchwright.testkit import product_double
+
+        config = product_double.config(latency_ms=latency_ms, model_name=model_name, api_key=api_key)
+    else:
+        config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
+                                model_name=model_name, api_key=api_key)
     console.print(f"dev model (test double) on http://{host}:{port}/v1: {len(config.answers)} answers, "
                   f"accuracy {accuracy}, latency {latency_ms} ms")
     serve(config, host=host, port=port, ready_file=str(ready_file) if ready_file else None)
@@ -399,6 +407,9 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
                                                 "OpenAI-compatible endpoint at --api-base: openai/<its model name>).")],
         dataset: Annotated[str | None, typer.Option(help="Dataset URL, or a local path on the stack's host.")
                            ] = None,
+        recipe: Annotated[str | None, typer.Option(
+            help="A product-sandbox run (docs/agents.md): a bundled recipe (terminal-basics) or a recipe YAML path "
+                 "on the stack's host.")] = None,
         prompt: Annotated[str | None, typer.Option(
             help="A natural-language launch: what to evaluate ('gsm8k, the first 50'); Find resolves it against the "
                  "catalog when no --dataset is given, and Analyze reads its scoping phrase.")] = None,
@@ -477,6 +488,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
             raise typer.Exit(2)
     if dataset and not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
+    if recipe and Path(recipe).is_file():  # a path: as the stack's host sees it (a bundled name stays a name)
+        recipe = str(Path(recipe).resolve())
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
@@ -497,7 +510,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
             **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt),
-                                 ("group_by", group_by)) if v is not None},
+                                 ("group_by", group_by), ("recipe", recipe)) if v is not None},
             **harness_body(harness, harness_config, harness_task, harness_file or [])}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")

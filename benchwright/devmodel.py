@@ -178,6 +178,10 @@ class DevModelConfig:
             the request offers ``tools``: the reply is an assistant message with ``tool_calls`` (content null,
             finish_reason ``tool_calls``), as OpenAI sends it. Canned, so ``accuracy`` does not apply to them;
             a request without ``tools`` gets the answer table's reply.
+        agent_scripts: Question text -> the tool calls of each turn of an agent loop (the product runner's), when
+            the request offers ``tools``: turn n, counted as the assistant messages after the last user message,
+            answers with the n-th list (shaped as in ``tool_calls``); past the end the last list repeats, so a
+            script that never calls ``finish`` is a runaway agent. An empty list answers with plain text.
         reasoning: Question text -> the reasoning to send beside the reply, in the message's ``reasoning_key``
             field, as reasoning models' servers do (non-streamed replies only).
         reasoning_key: ``reasoning_content`` (DeepSeek, vLLM, Qwen) or ``reasoning`` (OpenRouter).
@@ -192,6 +196,7 @@ class DevModelConfig:
     faults: tuple[Fault, ...] = ()
     seed: str = ""
     tool_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    agent_scripts: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
     reasoning: dict[str, str] = field(default_factory=dict)
     reasoning_key: str = "reasoning_content"
 
@@ -445,18 +450,30 @@ class _Responder:
         question = self.find_question(text)
         return UNKNOWN_REPLY if question is None else self.replies[question]
 
-    def tool_calls_for(self, text: str) -> list[dict[str, Any]] | None:
-        """The canned tool calls for the question in ``text`` (exact, else contained), in OpenAI's shape."""
+    def tool_calls_for(self, text: str, turn: int = 0) -> list[dict[str, Any]] | None:
+        """The canned tool calls for the question in ``text`` (exact, else contained), in OpenAI's shape: from
+        ``tool_calls``, else turn ``turn`` of its ``agent_scripts`` entry."""
         canned = self.config.tool_calls
-        stripped = text.strip()
-        question = stripped if stripped in canned else next(
-            (q for q in sorted(canned, key=len, reverse=True) if q.strip() and q.strip() in stripped), None)
-        if question is None:
-            return None
-        return [{"id": f"call_{hashlib.sha256(f'{question}:{i}'.encode()).hexdigest()[:24]}", "type": "function",
+        question = _canned_question(canned, text)
+        if question is not None:
+            calls, salt = canned[question], question
+        else:
+            question = _canned_question(self.config.agent_scripts, text)
+            if question is None or not self.config.agent_scripts[question]:
+                return None
+            script = self.config.agent_scripts[question]
+            calls, salt = script[min(turn, len(script) - 1)], f"{question}:{turn}"
+        return [{"id": f"call_{hashlib.sha256(f'{salt}:{i}'.encode()).hexdigest()[:24]}",
+                 "type": "function",
                  "function": {"name": call["name"], "arguments": call["arguments"] if isinstance(call["arguments"], str)
                               else json.dumps(call["arguments"])}}
-                for i, call in enumerate(canned[question])]
+                for i, call in enumerate(calls)] or None
+
+
+def _canned_question(canned: dict[str, Any], text: str) -> str | None:
+    stripped = text.strip()
+    return stripped if stripped in canned else next(
+        (q for q in sorted(canned, key=len, reverse=True) if q.strip() and q.strip() in stripped), None)
 
 
 class _BadRequest(Exception):
@@ -807,12 +824,15 @@ class _Handler:
             return 400, _JSON_CONTENT_TYPE, _error_body(str(exc)), b"", 0.0
 
         user_text: str | None = None
+        turn = 0  # assistant messages since the last user message: an agent loop's turn
         for message, text in zip(reversed(messages), reversed(texts), strict=True):
             if message["role"] == "user":
                 user_text = text
                 break
+            turn += message["role"] == "assistant"
         reply = UNKNOWN_REPLY if user_text is None else self.responder.reply_for(user_text)
-        calls = self.responder.tool_calls_for(user_text) if user_text is not None and payload.get("tools") else None
+        calls = (self.responder.tool_calls_for(user_text, turn) if user_text is not None and payload.get("tools")
+                 else None)
         if calls:
             reply = json.dumps([call["function"] for call in calls])  # what the usage counts as completion
 

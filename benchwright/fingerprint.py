@@ -40,7 +40,9 @@ from benchwright.events import (
     HarnessLogArtifact,
     HarnessTaskArtifact,
     ModelProxyArtifact,
+    ProductRecipeArtifact,
     SetupArtifact,
+    TemplateProbeArtifact,
 )
 
 RECORD_SEPARATOR = "\x1e"
@@ -54,6 +56,8 @@ LOAD_BEARING: dict[str, tuple[str, ...]] = {
     ModelProxyArtifact.type_name(): ("model_id", "litellm_config_yaml"),
     HarnessLogArtifact.type_name(): (),  # an output (the harness's own log of what happened): nothing is an input
     HarnessTaskArtifact.type_name(): ("harness", "version", "config_sha256"),  # the task name is in the config digest
+    TemplateProbeArtifact.type_name(): ("os", "shells", "interpreters", "base_files"),  # the host's kernel is noise
+    ProductRecipeArtifact.type_name(): ("name", "recipe_sha256"),
 }
 """Per Artifact event type, the fields that feed the run fingerprint. A test keeps this table complete: every
 ``*Artifact`` in ``benchwright.events`` has an entry."""

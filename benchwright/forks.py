@@ -37,6 +37,7 @@ from benchwright.events import (
     PhaseSkipped,
     PhaseStarted,
     PipelineFinished,
+    ProductRecipeArtifact,
 )
 from benchwright.handoff import dataset_file
 from benchwright.schemas import (
@@ -249,7 +250,8 @@ def tasks_total(copies: list[tuple[str, str, dict[str, Any]]]) -> int | None:
 def inherited_files(*, inherited: list[str], events: list[LoggedEvent], cut: int,
                     parent_files: Mapping[str, str]) -> list[str]:
     """The parent's work files a fork carries over for the phases it inherits: the fetched dataset (Fetch), named by
-    the parent's last FetchArtifact before ``cut``, tasks.jsonl (Analyze) and task_impl.py (Atomize). Everything
+    the parent's last FetchArtifact before ``cut``, tasks.jsonl (Analyze) and task_impl.py (Atomize); of a
+    product-sandbox run, the frozen recipe and its generated task_impl.py (Setup). Everything
     else a later phase needs of them is in the inherited events (AnalyzeArtifact, SnapshotCreated...), read from
     the fork's own log, never from a file.
 
@@ -261,6 +263,9 @@ def inherited_files(*, inherited: list[str], events: list[LoggedEvent], cut: int
     Raises:
         InvalidInput: ``parent_state_missing`` when the parent's log before the cut holds no FetchArtifact.
     """
+    if any(e.type == ProductRecipeArtifact.type_name() and e.seq < cut for e in events):
+        # A product-sandbox run: Fetch/Analyze/Atomize were skipped; Setup froze the recipe and generated the impl.
+        return ["recipe.json", "task_impl.py"] if "setup" in inherited else []
     names: list[str] = []
     if "fetch" in inherited:
         fetched = next((e.data for e in reversed(events) if e.seq < cut and e.type == FetchArtifact.type_name()), None)

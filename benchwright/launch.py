@@ -18,6 +18,7 @@ from benchwright.harness.config import bridge_trials, check_bridge_limits, check
 from benchwright.limits import RunLimits, resolve_limits
 from benchwright.pipeline import ForkSpec, MaterializeOptions, RunInput
 from benchwright.prices import check_priced
+from benchwright.product.recipe import check_launch as check_recipe
 from benchwright.schemas import ForkRequest, LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
@@ -77,6 +78,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
                            "or '<provider>://<model>' for an LLM driver",
                            code="unknown_driver")
     harness = check_harness(launch)  # a bridge launch names no dataset (checked there)
+    check_recipe(launch, local_paths)  # a product-sandbox launch: its recipe, alone
     # A pinned launch's ``registry:`` dataset was written by the API from the registry (benchwright.registry).
     if launch.dataset is not None and not launch.dataset.startswith("registry:") and not is_url(launch.dataset):
         if "://" in launch.dataset:
@@ -215,9 +217,10 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
     existing = _own_run(engine, run_id, account.id) if run_id is not None else None
     body = fork.launch if fork is not None else launch
     bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
+    unpinned = bridged or body.recipe is not None  # a product-sandbox launch names its recipe, no dataset or pin
     fresh = fork is None and not from_run
     pin = resolve_pin(engine, BlobStore.from_settings(settings), account_id=account.id, launch=body) \
-        if fresh and not bridged else None
+        if fresh and not unpinned else None
     if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
         body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
     resolved = admit_launch(settings, engine, account=account, launch=body,
@@ -229,7 +232,7 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
         if check_quota:
             check_launch(engine, settings, account_id=account.id)  # 429 quota_exceeded
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
-                            harness_bridge=bridged)
+                            harness_bridge=bridged, product_sandbox_snapshot=body.recipe is not None)
     inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
                    trials=fork.trials if fork is not None else resolved.trials, limits=resolved.limits,
                    materialize_mode=mode, proxy_linger_s=settings.proxy_linger_s,

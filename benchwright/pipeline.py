@@ -22,6 +22,13 @@ BRIDGE_SKIPS = {
     "atomize": "harness-bridge run ({harness}): the harness supplies its own scorer",
 }
 """§2 hard skips by run kind; Setup (the task's requirements), Attach and Materialize run."""
+PRODUCT_SKIPS = {
+    "find": "product-sandbox run: the recipe ({recipe}) is the benchmark",
+    "fetch": "product-sandbox run: the recipe ({recipe}) brings its base and tasks",
+    "analyze": "product-sandbox run: the recipe ({recipe}) lists its tasks",
+    "atomize": "product-sandbox run: task_impl.py is generated from the recipe ({recipe}) at Setup",
+}
+"""§2 hard skips of a product-sandbox run; Setup (probe, setup commands, snapshot), Attach and Materialize run."""
 
 
 class PlannedPhase(BaseModel):
@@ -45,6 +52,8 @@ def plan_phases(launch: LaunchRequest, *, fork: ForkDecision | None = None) -> l
             reason = "dataset given at launch"
         elif phase in BRIDGE_SKIPS and is_bridge(launch):
             reason = BRIDGE_SKIPS[phase].format(harness=launch.harness)
+        elif phase in PRODUCT_SKIPS and launch.recipe is not None:
+            reason = PRODUCT_SKIPS[phase].format(recipe=launch.recipe)
         plan.append(PlannedPhase(phase=phase, skip_reason=reason))
     return plan
 

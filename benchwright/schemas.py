@@ -283,6 +283,10 @@ class LaunchRequest(_Strict):
     group_by: str | None = Field(default=None, min_length=1, max_length=128)
     """The dataset column results are grouped by by default (``GET /v1/runs/{id}/breakdown``, ``show --by``);
     unset: the first of ``benchwright.results.GROUP_COLUMNS`` the data has."""
+    recipe: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A product-sandbox run (docs/agents.md): a bundled recipe's name (``terminal-basics``) or the path of a recipe
+    YAML on the worker's host (the local-path rules of ``dataset``). Agents work the recipe's tasks in task sandboxes;
+    not with ``dataset``, ``benchmark``, ``task_impl`` or a harness."""
     harness_config: dict[str, Any] | None = None
     """A bridge's task and the harness's own arguments (``benchwright.harness.config.HarnessConfig``): ``task`` or
     ``task_file`` (+ ``files``), ``limit``, ``epochs``, generation args; at most 512 KiB serialized."""
@@ -549,8 +553,19 @@ class TaskList(BaseModel):
     next_after: int | None
 
 
+class AgentStepView(BaseModel):
+    """One logged step of a product-sandbox run's agent on this task (its latest attempt), in log order."""
+
+    seq: int
+    type: str
+    """``AgentTextEvent``, ``ToolCallEvent`` or ``ToolResultEvent``."""
+    data: dict[str, Any]
+
+
 class TaskDetail(TaskRowView):
     trials: list[TrialView]
+    agent: list[AgentStepView] = Field(default_factory=list)
+    """A product-sandbox run: the agent's steps on this task (docs/agents.md); empty for every other run."""
 
 
 def suggest(value: str, allowed: list[str] | tuple[str, ...]) -> str:

@@ -17,6 +17,9 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   that replayed and compared, one whose start_replay was refused (the balance was exhausted) and so failed.
 - ``regression_firing_ok_with_outcomes.json`` and ``regression_firing_launch_refused.json``: the same two firings
   recorded with the patch (the second refused for local paths and completed as ``launch_refused``).
+- ``product_run.json``: a product-sandbox run of the bundled recipe (issue 27): Find/Fetch/Analyze/Atomize
+  skipped by the plan, Setup (probe, setup commands, generated impl), Attach, one fanout Materialize batch of 22
+  task sandboxes. No workflow change was needed for it; it guards the shape from here on.
 - ``run_with_report.json``: a run that writes its narration and report after its terminal event (issue 26,
   ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
 - ``run_phase_heartbeat_retry.json``: phase activities scheduled with a heartbeat timeout (issue 23,
