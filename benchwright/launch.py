@@ -17,7 +17,7 @@ from benchwright.errors import InvalidInput
 from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
 from benchwright.limits import RunLimits, resolve_limits
 from benchwright.prices import check_priced
-from benchwright.schemas import LaunchRequest, suggest
+from benchwright.schemas import ForkRequest, LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
 if TYPE_CHECKING:
@@ -252,4 +252,122 @@ def _own_run(engine: Engine, run_id: str, account_id: str) -> Run | None:
         run = session.get(Run, run_id)
     if run is not None and run.account_id != account_id:
         raise Conflict(f"run id {run_id} is taken", code="run_id_taken")
+    return run
+
+
+async def start_fork(settings: Settings, engine: Engine, client: Client | Callable[[], Awaitable[Client]], *,
+                     account: Account, parent_id: str, req: ForkRequest, kind: str = "fork",
+                     run_id: str | None = None, memo: dict[str, str] | None = None) -> Run:
+    """The one start path of a fork or a replay (§10; ``POST /v1/runs/{id}/fork``, ``/replay``, ``/sweep`` and the
+    Operator): validate it against its parent, record the run (RunLaunched naming parent and rewind point, the fork
+    tree's row) and start its workflow, whose Fork phase seeds it from the parent.
+
+    ``run_id`` makes the call idempotent as in :func:`start_run` (a retried Operator step finds the run it made).
+
+    Raises:
+        NotFound: the parent is not readable by the account.
+        InvalidInput: an override the rewind point comes too late for, a rewind point the parent never reached,
+            or neither rewind point, overrides nor instructions; the launch is refused (``admit_launch``).
+        PaymentRequired, QuotaExceeded, PayloadTooLarge, Unavailable: as :func:`start_run`.
+    """
+    from temporalio.client import Client as TemporalClient
+    from temporalio.common import (
+        Priority,
+        SearchAttributePair,
+        TypedSearchAttributes,
+        WorkflowIDConflictPolicy,
+        WorkflowIDReusePolicy,
+    )
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from benchwright.compute import materialize_mode
+    from benchwright.errors import PayloadTooLarge, PaymentRequired, Unavailable
+    from benchwright.forks import apply_overrides, check_overrides, cut_point, default_rewind
+    from benchwright.pipeline import ForkSpec, MaterializeOptions, RunInput
+    from benchwright.quotas import check_launch, fairness_key
+    from benchwright.registry.shape import readable_run, set_pin
+    from benchwright.schemas import ForkOrigin, check_model_identifier
+    from benchwright.scoring.aggregators import TrialsConfig
+    from benchwright.store.accounts import get_account
+    from benchwright.store.forks import read_until_phase
+    from benchwright.store.runs import create_run, finish_run
+    from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PARENT, RUN_PHASE, RUN_STATUS, workflow_summary
+
+    existing = await asyncio.to_thread(_own_run, engine, run_id, account.id) if run_id is not None else None
+    if existing is not None and existing.status != "running":
+        return existing
+    if req.overrides.model is not None:
+        check_model_identifier(req.overrides.model.identifier)
+    parent = await asyncio.to_thread(readable_run, engine, run_id=parent_id, account_id=account.id)
+    names = req.overrides.given()
+    rewind = "materialize" if kind == "replay" else req.rewind_to or (default_rewind(names) if names else None)
+    if rewind is None and not req.instructions:
+        raise InvalidInput("a fork needs rewind_to, overrides or instructions", code="empty_fork")
+    if rewind is not None:
+        check_overrides(rewind_to=rewind, overrides=names, kind=kind)
+        log = await asyncio.to_thread(read_until_phase, engine, parent.id, phase=rewind)
+        cut_point(log, rewind)  # refuses a rewind point the parent never reached, before anything is written
+    launch = apply_overrides(LaunchRequest.model_validate(parent.launch), req.overrides)
+    resolved = await asyncio.to_thread(admit_launch, settings, engine, account=account, launch=launch)
+    # The parent's frozen trials config is pinned (§6: keep trials constant across a sweep) unless overridden.
+    trials = validate_trials(req.overrides.trials) if req.overrides.trials else \
+        TrialsConfig.model_validate(parent.trials_config or {})
+    if existing is None:
+        current = await asyncio.to_thread(get_account, engine, account_id=account.id)
+        if current.balance_usd <= 0:
+            raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
+        await asyncio.to_thread(check_launch, engine, settings, account_id=account.id)  # 429 quota_exceeded
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
+    spec = ForkSpec(parent_run_id=parent.id, rewind_to=rewind, kind=kind, overrides=names,
+                    scorer_instructions=req.overrides.scorer_instructions, instructions=req.instructions)
+    inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=launch, driver=resolved.driver,
+                   trials=trials, limits=resolved.limits, materialize_mode=mode, proxy_linger_s=settings.proxy_linger_s,
+                   materialize=MaterializeOptions(concurrency=launch.concurrency or settings.materialize_concurrency,
+                                                  batch_tasks=settings.materialize_batch_tasks,
+                                                  parallel_batches=settings.materialize_parallel_batches),
+                   fork=spec)
+    size = len(to_json(inp))
+    if size > MAX_RUN_INPUT_BYTES:
+        raise PayloadTooLarge(f"the fork is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit")
+    origin = ForkOrigin(parent_run_id=parent.id, rewind_to=rewind, kind="replay" if kind == "replay" else "fork")
+    if existing is None:
+        run = await asyncio.to_thread(create_run, engine, account_id=account.id, launch=launch,
+                                      driver=resolved.driver, trials_config=trials.model_dump(mode="json"),
+                                      limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
+                                      billing_markup=settings.billing_markup, backend=resolved.backend,
+                                      materialize_mode=mode, run_id=inp.run_id, fork=origin)
+        if kind == "replay" and parent.pinned:  # a replay of a pinned run measures the same pinned shape
+            await asyncio.to_thread(set_pin, engine, run_id=run.id, pinned=parent.pinned)
+    else:
+        run = existing
+    source = launch.dataset or "registry"
+    try:
+        if not isinstance(client, TemporalClient):
+            client = await client()
+        await client.start_workflow(
+            "RunWorkflow", inp, id=run.id, task_queue=settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=(WorkflowIDReusePolicy.REJECT_DUPLICATE if existing is not None
+                             else WorkflowIDReusePolicy.ALLOW_DUPLICATE),
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(RUN_PHASE, "fork"), SearchAttributePair(RUN_STATUS, "running"),
+                SearchAttributePair(RUN_MODEL, launch.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
+                SearchAttributePair(RUN_PARENT, parent.id),
+            ]),
+            priority=Priority(fairness_key=fairness_key(account.id)),
+            memo={"run_id": run.id, "account": account.name, "dataset": source, "BenchwrightParentRun": parent.id,
+                  "rewind_to": rewind or "decided by the Fork phase", "kind": origin.kind, **(memo or {})},
+            static_summary=f"{origin.kind} of {parent.id[:8]}: " + workflow_summary(
+                model=launch.model.identifier, dataset=source),
+            static_details=(f"Benchwright {origin.kind} `{run.id}`  \nparent `{parent.id}`  \n"
+                            f"rewind to `{rewind or 'decided by the Fork phase'}`  \n"
+                            f"model `{launch.model.identifier}`"),
+        )
+    except WorkflowAlreadyStartedError:
+        if existing is None:
+            raise
+    except Exception as exc:
+        await asyncio.to_thread(finish_run, engine, run_id=run.id, status="error",
+                                error=f"the workflow could not be started: {exc}")
+        raise Unavailable(f"run {run.id} was recorded but its workflow could not be started: {exc}") from exc
     return run

@@ -10,6 +10,7 @@ keep going: stop them through their own ids); a steer is recorded (the builtin o
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 
 from temporalio import workflow
@@ -18,14 +19,20 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from benchwright.operator.goals import Answer, Evidence
+    from benchwright.operator.llm import LAUNCHING, MAX_TURNS, NUDGE, ToolCall
     from benchwright.operator.steps import (
         AnswerStep,
         LaunchResult,
         LaunchStep,
+        LlmAnswerStep,
+        LlmTurnResult,
+        LlmTurnStep,
         OperatorInput,
         PlanResult,
         PlanStep,
         RecordStep,
+        ToolResult,
+        ToolStep,
         WaitStep,
     )
 
@@ -45,6 +52,10 @@ class OperatorWorkflow:
         self._stopped = False
         self._controls: list[tuple[str, str | None]] = []
         self._recorded = 0
+        self._labels: dict[str, str] = {}
+        """The labels an LLM operator gave the runs it launched → their ids."""
+        self._steers: list[str] = []
+        """Steer messages recorded and not yet shown to an LLM operator."""
 
     @workflow.signal
     def pause(self) -> None:
@@ -67,6 +78,8 @@ class OperatorWorkflow:
 
     @workflow.run
     async def run(self, inp: OperatorInput) -> Answer:
+        if inp.llm is not None and workflow.patched("operator-llm"):
+            return await self._run_llm(inp)
         sid = inp.session_id
         planned: PlanResult = await workflow.execute_activity(
             "operator_plan", PlanStep(session_id=sid, account_id=inp.account_id, goal=inp.goal),
@@ -157,6 +170,8 @@ class OperatorWorkflow:
             action, message = self._controls.pop(0)
             self._recorded += 1
             status = {"pause": "paused", "resume": "running"}.get(action)
+            if action == "steer" and message is not None:
+                self._steers.append(message)
             await self._record(sid, f"op:{sid}:control:{self._recorded}", "OperatorControl",
                                {"action": action, "message": message}, status=status)
 
@@ -165,3 +180,98 @@ class OperatorWorkflow:
         await workflow.execute_activity(
             "operator_record", RecordStep(session_id=sid, key=key, type=type_, data=data, status=status),
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary=f"record {type_}")
+
+    # -- the LLM operator (patched "operator-llm") ---------------------------------------------------------------
+
+    async def _run_llm(self, inp: OperatorInput) -> Answer:
+        """Model call, tool calls, model call, ... until the model answers, the budget or the turns run out, or a
+        person stops the session. The conversation lives here (each turn's input); every step is an activity."""
+        assert inp.llm is not None
+        sid = inp.session_id
+        transcript: list[dict[str, object]] = []
+        launched: list[str] = []
+        cut_short: str | None = None
+        for turn in range(MAX_TURNS):
+            await self._flush(sid)
+            await workflow.wait_condition(lambda: not self._paused or self._stopped)
+            await self._flush(sid)
+            if self._stopped:
+                cut_short = "the session was stopped"
+                break
+            transcript += [{"role": "user", "content": f"A person steers the session: {m}"} for m in self._steers]
+            self._steers.clear()
+            result: LlmTurnResult = await workflow.execute_activity(
+                "operator_llm_turn", LlmTurnStep(session_id=sid, account_id=inp.account_id, llm=inp.llm,
+                                                 goal=inp.goal, limits=inp.limits, turn=turn, transcript=transcript),
+                result_type=LlmTurnResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+                summary=f"operator turn {turn}")
+            if result.reply is None:
+                cut_short = result.over or "the operator could not be called"
+                break
+            reply = result.reply
+            transcript.append(reply.message())
+            if not reply.calls:
+                transcript.append({"role": "user", "content": NUDGE})
+                continue
+            for i, call in enumerate(reply.calls):
+                if call.name == "answer" and call.unparsed is None:
+                    await self._flush(sid)
+                    return await self._llm_answer(inp, call.arguments, None)
+                content = await self._llm_tool(inp, turn, i, call, launched)
+                transcript.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                if self._stopped:
+                    break
+        else:
+            cut_short = f"the operator did not answer within {MAX_TURNS} turns"
+        await self._flush(sid)
+        return await self._llm_answer(inp, None, cut_short, stopped=self._stopped)
+
+    async def _llm_tool(self, inp: OperatorInput, turn: int, i: int, call: ToolCall, launched: list[str]) -> str:
+        if call.name == "wait" and call.unparsed is None:
+            return await self._llm_wait(inp, call, launched)
+        count = 0
+        if call.name in LAUNCHING:
+            models = call.arguments.get("models") if call.name == "sweep" else None
+            count = min(len(models) if isinstance(models, list) else 1, inp.limits.session.runs)
+        done: ToolResult = await workflow.execute_activity(
+            "operator_tool", ToolStep(session_id=inp.session_id, account_id=inp.account_id, limits=inp.limits,
+                                      turn=turn, index=i, call=call,
+                                      run_ids=[str(workflow.uuid4()) for _ in range(count)]),
+            result_type=ToolResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+            summary=f"operator tool {call.name}")
+        launched += [r for r in done.launched if r not in launched]
+        self._labels.update(done.labels)
+        return done.content
+
+    async def _llm_wait(self, inp: OperatorInput, call: ToolCall, launched: list[str]) -> str:
+        """Wait for runs this session launched (all of them when none is named); a stop ends the wait."""
+        named = call.arguments.get("run_ids")
+        wanted = [self._labels.get(str(r), str(r)) for r in named] if isinstance(named, list) and named \
+            else list(launched)
+        unknown = [r for r in wanted if r not in launched]
+        wanted = [r for r in wanted if r in launched]
+        reads: list[dict[str, object]] = []
+        for run_id in wanted:
+            waiting = workflow.start_activity(
+                "operator_wait", WaitStep(session_id=inp.session_id, run_id=run_id, label=run_id),
+                result_type=Evidence, start_to_close_timeout=WAIT_TIMEOUT, heartbeat_timeout=WAIT_HEARTBEAT,
+                retry_policy=WAIT_RETRY, summary=f"wait for run {run_id[:8]}")
+            if not await self._settled(inp.session_id, waiting):
+                return "the session was stopped while waiting"
+            reads.append((await waiting).model_dump(mode="json"))
+        out: dict[str, object] = {"runs": reads}
+        if unknown:
+            out["not_waited"] = f"wait takes run ids this session launched, not {', '.join(unknown)}"
+        if not wanted and not unknown:
+            out["not_waited"] = "this session has launched no run yet"
+        return json.dumps(out)
+
+    @staticmethod
+    async def _llm_answer(inp: OperatorInput, arguments: dict[str, object] | None, cut_short: str | None,
+                          stopped: bool = False) -> Answer:
+        result: Answer = await workflow.execute_activity(
+            "operator_llm_answer", LlmAnswerStep(session_id=inp.session_id, account_id=inp.account_id,
+                                                 arguments=arguments, cut_short=cut_short, stopped=stopped),
+            result_type=Answer, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
+        workflow.set_current_details(f"**{result.outcome}**  \n{result.sentence}")
+        return result

@@ -13,10 +13,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.compare import SIGNIFICANCE, compare_runs, readable_run
-from benchwright.errors import BenchwrightError
+from benchwright.errors import BenchwrightError, InvalidInput
 from benchwright.forks import apply_overrides
 from benchwright.operator.goals import (
     Answer,
+    AskGoal,
     BetterGoal,
     CheapestGoal,
     Evidence,
@@ -32,7 +33,7 @@ from benchwright.settings import Settings
 from benchwright.store.models import Run
 from benchwright.store.runs import run_view
 
-__all__ = ["PlannedLaunch", "answer", "plan", "read_evidence"]
+__all__ = ["PlannedLaunch", "answer", "pair_evidence", "plan", "read_evidence"]
 
 
 class PlannedLaunch(BaseModel):
@@ -53,13 +54,17 @@ def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> 
     Raises:
         NotFound: the reference run is not the account's (nor unlisted/public).
         Conflict: the reference has not finished.
-        InvalidInput: the change does not make a valid launch.
+        InvalidInput: the change does not make a valid launch; a goal in prose (``prose_goal``).
     """
     if isinstance(goal, BetterGoal):
         return [PlannedLaunch(label="baseline", launch=_launch(goal.dataset, goal.baseline),
                               reason="measure the baseline on the dataset"),
                 PlannedLaunch(label="candidate", launch=_launch(goal.dataset, goal.candidate),
                               reason="measure the candidate on the same tasks, for a paired comparison")]
+    if isinstance(goal, AskGoal):
+        raise InvalidInput("the builtin operator answers structured goals (better, cheapest, regressed, helps); a "
+                           "goal in prose needs an LLM operator (\"operator\": \"<provider>://<model>\")",
+                           code="prose_goal")
     if isinstance(goal, CheapestGoal):
         return [PlannedLaunch(label=f"model {i + 1}", launch=_launch(goal.dataset, model),
                               reason=f"measure {model.identifier} against the bar of {goal.min_score:.0%}")
@@ -85,7 +90,8 @@ def read_evidence(engine: Engine, *, run_id: str, label: str) -> Evidence:
     return Evidence(label=label, run_id=run_id, model=str(view.model.get("identifier", "")),
                     status=view.display_status, pass_rate=s.pass_rate, pass_rate_ci=s.pass_rate_ci,
                     scored=s.passed + s.failed, no_answer=s.no_answer, errored=s.errored,
-                    halt_reason=view.halt_reason if view.halted else None, cost=view.cost.incurred,
+                    halt_reason=view.halt_reason if view.halted else None, error=view.error,
+                    cost=view.cost.incurred,
                     model_cost=view.cost.model)
 
 
@@ -93,7 +99,8 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.1f} %"
 
 
-def _pair(engine: Engine, account_id: str, a: str, b: str) -> PairedEvidence:
+def pair_evidence(engine: Engine, account_id: str, a: str, b: str) -> PairedEvidence:
+    """The paired comparison of two runs the account may read (``benchwright.compare``)."""
     ra = readable_run(engine, run_id=a, account_id=account_id)
     rb = readable_run(engine, run_id=b, account_id=account_id)
     c = compare_runs(engine, a=ra, b=rb)
@@ -111,7 +118,7 @@ def _paired_answer(engine: Engine, *, account_id: str, goal: Goal, a: Evidence, 
     better, worse, subject, what = words
     evidence = [a, b]
     try:
-        pair = _pair(engine, account_id, a.run_id, b.run_id)
+        pair = pair_evidence(engine, account_id, a.run_id, b.run_id)
     except BenchwrightError as exc:
         return Answer(outcome="failed", sentence=f"The runs could not be compared: {exc.message}",
                       evidence=evidence, unestablished=[exc.message])

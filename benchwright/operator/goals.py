@@ -6,13 +6,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from benchwright.schemas import ForkOverrides, ModelSpec
 
 OPERATORS = ("builtin",)
-"""Operators by name. ``builtin`` is deterministic and offline; the LLM operator (``<provider>://<model>``) is not
-built yet."""
+"""Operators by a word. ``builtin`` is deterministic and offline; besides it, any ``<provider>://<model>`` names an
+LLM operator (``benchwright.operator.llm``)."""
+MAX_PROSE_GOAL = 4000
 MAX_SESSION_RUNS = 50
 MAX_SESSION_COST = 1_000_000.0
 MAX_DATASET = 4096
@@ -61,7 +62,14 @@ class HelpsGoal(_Goal):
     change: ForkOverrides
 
 
-Goal = Annotated[BetterGoal | CheapestGoal | RegressedGoal | HelpsGoal, Field(discriminator="question")]
+class AskGoal(_Goal):
+    """A goal in prose (``"goal": "..."`` in the body): only an LLM operator takes it."""
+
+    question: Literal["ask"]
+    text: str = Field(min_length=1, max_length=MAX_PROSE_GOAL)
+
+
+Goal = Annotated[BetterGoal | CheapestGoal | RegressedGoal | HelpsGoal | AskGoal, Field(discriminator="question")]
 
 
 class SessionBudget(_Strict):
@@ -80,9 +88,23 @@ class SessionLimits(_Strict):
 class SessionCreate(_Strict):
     """Body of ``POST /v1/operator/sessions``."""
 
-    operator: str = Field(default="builtin", min_length=1, max_length=64)
+    operator: str = Field(default="builtin", min_length=1, max_length=250)
+    """``builtin`` or ``<provider>://<model>`` (an LLM operator, its key the account's ``<PROVIDER>_API_KEY``)."""
     goal: Goal
+    """A structured goal, or (LLM operator) a sentence: ``"goal": "..."`` is read as ``{"question": "ask", ...}``."""
     limits: SessionLimits = Field(default_factory=SessionLimits)
+    api_base: str | None = Field(default=None, min_length=1, max_length=2048)
+    """Where an LLM operator's calls go (checked like a launch's model ``api_base``); default: its provider's."""
+    input_cost_per_token: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    output_cost_per_token: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    """An LLM operator's token prices (USD) where LiteLLM's cost map does not price it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prose(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("goal"), str):
+            return {**data, "goal": {"question": "ask", "text": data["goal"]}}
+        return data
 
 
 class Evidence(BaseModel):
@@ -98,6 +120,8 @@ class Evidence(BaseModel):
     no_answer: int = 0
     errored: int = 0
     halt_reason: str | None = None
+    error: str | None = None
+    """Why the run ended ``error`` (a phase's failure: what a Driver that struggled left)."""
     cost: float = 0.0
     """USD the run spent in all (``cost.incurred``: the model's tokens, the Driver, sandboxes, narration)."""
     model_cost: float = 0.0
@@ -142,7 +166,9 @@ class SessionView(BaseModel):
     limits: dict[str, Any]
     runs: list[str]
     cost: float
-    """USD spent so far by the session's runs (``cost.incurred`` summed)."""
+    """USD spent so far: the session's runs (``cost.incurred`` summed) and the operator's own tokens."""
+    operator_cost: float = 0.0
+    """USD of the LLM operator's own tokens (never on a run's ``cost.driver``); 0 for ``builtin``."""
     answer: Answer | None
     created_at: datetime
     finished_at: datetime | None

@@ -19,6 +19,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   recorded with the patch (the second refused for local paths and completed as ``launch_refused``).
 - ``run_with_report.json``: a run that writes its narration and report after its terminal event (issue 26,
   ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
+- ``operator_llm_session.json``: an LLM operator session (issue 26, ``patched("operator-llm")``): model turns,
+  tool calls (two launches, two waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from worker import PASSTHROUGH
+from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
@@ -40,7 +43,8 @@ HISTORIES = Path(__file__).with_name("histories")
 
 
 def _replayer() -> Replayer:
-    return Replayer(workflows=[RunWorkflow, RegressionWorkflow], data_converter=pydantic_data_converter,
+    return Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
+                    data_converter=pydantic_data_converter,
                     workflow_runner=SandboxedWorkflowRunner(
                         restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
 
@@ -71,6 +75,18 @@ async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.Monke
     real = workflow.patched
     monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "run-report" else real(patch_id))
     name = "run_with_report.json"
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+async def test_the_llm_operator_is_recorded_behind_its_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``operator-llm`` the session would take the builtin path: its recorded turns no longer match."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "operator-llm" else real(patch_id))
+    name = "operator_llm_session.json"
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

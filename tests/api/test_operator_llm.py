@@ -1,0 +1,145 @@
+"""The LLM operator end to end (issue 26): ``"operator": "openai://<model>"`` with its calls going to the scripted-LLM
+test double (its own, on loopback, named by the session's ``api_base``). The operator launches a run whose LLM
+Driver struggles (its provider does not know the Driver's model: Atomize fails), reads that, re-runs it with the
+builtin Driver, and answers; its tokens are priced on the session, never on a run's ``cost.driver``.
+
+Runs on the module stack of ``tests/api/test_llm_driver.py`` (a worker whose LLM Drivers call the scripted LLM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from benchwright.devstack import free_port
+from benchwright.testkit.scripted_llm import ScriptedLlm, ScriptedLlmServer, parse_script, start_scripted_llm
+from tests.api.test_llm_driver import DATASET, DRIVER_KEY, LlmStack, llm_stack  # noqa: F401 - the fixture
+from tests.api.test_operator import _answered, _events
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+HISTORIES = Path(__file__).resolve().parents[1] / "replay" / "histories"
+INPUT_PRICE, OUTPUT_PRICE = 1e-6, 2e-6
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def operator_llm() -> AsyncIterator[tuple[ScriptedLlm, str]]:
+    llm = ScriptedLlm()
+    server: ScriptedLlmServer = await start_scripted_llm(llm, port=free_port())
+    try:
+        yield llm, server.url
+    finally:
+        await server.close()
+
+
+def _turn(name: str, content: str | None = None, **arguments: Any) -> dict[str, Any]:
+    return {"content": content, "tool_calls": [{"name": name, "arguments": arguments}], "usage": USAGE}
+
+
+async def test_llm_operator_reruns_a_struggling_run_with_another_driver(
+        stack: Stack, llm_stack: LlmStack, operator_llm: tuple[ScriptedLlm, str]) -> None:  # noqa: F811
+    llm, url = operator_llm
+    model = f"operator-{uuid.uuid4().hex[:8]}"
+    struggling = f"openai://unscripted-{uuid.uuid4().hex[:8]}"  # its provider answers 404: Atomize fails
+    body = {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": llm_stack.dev_url},
+            "constraints": {"max_tasks": 4}}
+    sentence = "openai/dev answers all 4 arithmetic tasks (builtin Driver; the LLM Driver failed at Atomize)."
+    llm.add(model, parse_script({model: [[
+        _turn("launch", "Measure the model.", reason="measure openai/dev with the LLM driver", label="first",
+              launch={**body, "driver": struggling}),
+        _turn("wait", reason="read the run when it settles"),
+        _turn("launch", reason="the first run's driver failed at Atomize: re-run it with the builtin driver",
+              label="rerun", launch={**body, "driver": "builtin"}),
+        _turn("wait", reason="read the re-run"),
+        _turn("answer", reason="the re-run measured the model", sentence=sentence, outcome="measured",
+              runs=["first", "rerun"], unestablished=["how the LLM driver would have scored it"]),
+    ]]})[model])
+    async with llm_stack.http() as http:
+        before = (await http.get("/v1/account")).json()["balance_usd"]
+        resp = await http.post("/v1/operator/sessions", json={
+            "operator": f"openai://{model}", "goal": "How well does openai/dev do on the arithmetic sample?",
+            "api_base": url, "input_cost_per_token": INPUT_PRICE, "output_cost_per_token": OUTPUT_PRICE,
+            "limits": {"session": {"runs": 3, "cost": 5}}})
+        assert resp.status_code == 201, resp.text
+        started = resp.json()
+        done = await _answered(http, started["id"])
+        events = await _events(http, started["id"])
+        runs = [(await http.get(f"/v1/runs/{r}")).json() for r in done["runs"]]
+        after = (await http.get("/v1/account")).json()["balance_usd"]
+
+    answer = done["answer"]
+    assert done["status"] == "answered" and answer["sentence"] == sentence and answer["outcome"] == "measured"
+    first, rerun = runs
+    assert (first["driver"], first["status"]) == (struggling, "error"), first
+    assert (rerun["driver"], rerun["status"]) == ("builtin", "ok"), rerun
+    assert rerun["tasks"]["summary"]["pass_rate"] == 1.0
+    rows = {e["label"]: e for e in answer["evidence"]}
+    assert rows["first"]["run_id"] == first["id"] and rows["first"]["status"] == "error" and rows["first"]["error"]
+    assert rows["rerun"]["pass_rate"] == 1.0
+    assert "how the LLM driver would have scored it" in answer["unestablished"]
+
+    # every tool call is a decision with its reason; the operator saw the failure before re-running
+    decisions = [e["data"] for e in events if e["type"] == "OperatorDecision"]
+    assert [d["action"] for d in decisions] == ["launch", "wait", "launch", "wait", "answer", "answer"]
+    assert decisions[2]["reason"].startswith("the first run's driver failed at Atomize")
+    assert decisions[2]["evidence"]["arguments"]["launch"]["driver"] == "builtin"
+    launched = [e["data"] for e in events if e["type"] == "OperatorRunLaunched"]
+    assert [(d["label"], d["run_id"]) for d in launched] == [("first", first["id"]), ("rerun", rerun["id"])]
+    requests = [r for r in llm.requests_for(model) if r.status == 200]
+    assert len(requests) == 5 and all(r.headers["authorization"] == f"Bearer {DRIVER_KEY}" for r in requests)
+    seen = json.loads(requests[2].messages[-1]["content"])  # the wait's answer, shown before the re-run
+    assert seen["runs"][0]["run_id"] == first["id"] and seen["runs"][0]["status"] == "error"
+    assert "steer" not in json.dumps(requests[-1].body)
+
+    # the operator's tokens are the session's cost (and the balance's), never a run's cost.driver
+    turns = [e["data"] for e in events if e["type"] == "OperatorLlmTurn"]
+    own = 5 * (USAGE["prompt_tokens"] * INPUT_PRICE + USAGE["completion_tokens"] * OUTPUT_PRICE)
+    assert len(turns) == 5 and sum(t["cost_usd"] for t in turns) == pytest.approx(own)
+    assert own > 0 and done["operator_cost"] == pytest.approx(own)
+    assert done["cost"] == pytest.approx(own + sum(r["cost"]["incurred"] for r in runs))
+    assert [r["cost"]["driver"] for r in runs] == [0.0, 0.0]
+    assert before - after >= own * 0.999
+    if os.environ.get("BW_RECORD_HISTORIES") == "1":  # recorded once for tests/replay, committed
+        handle = stack.client.get_workflow_handle(f"operator-{started['id']}")
+        history = json.loads((await handle.fetch_history()).to_json())
+        (HISTORIES / "operator_llm_session.json").write_text(json.dumps(_decrypted(stack, history), indent=2))
+
+
+async def test_an_llm_operator_is_checked_at_create(llm_stack: LlmStack) -> None:  # noqa: F811
+    async with llm_stack.http() as http:
+        bad = await http.post("/v1/operator/sessions", json={
+            "operator": "openai://x", "goal": "anything", "api_base": "ftp://127.0.0.1/v1"})
+        unpriced = await http.post("/v1/operator/sessions", json={
+            "operator": "openai://not-in-the-cost-map-x", "goal": "anything", "api_base": "http://127.0.0.1:9/v1",
+            "limits": {"session": {"cost": 1}}})
+        secretless = await http.post("/v1/operator/sessions", json={"operator": "nosuch://x", "goal": "anything"})
+        prose = await http.post("/v1/operator/sessions", json={"operator": "builtin", "goal": "anything"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "model_endpoint_refused", bad.text
+    assert unpriced.status_code == 400 and unpriced.json()["error"]["code"] == "unpriced_operator", unpriced.text
+    assert secretless.status_code == 400 and "NOSUCH_API_KEY" in secretless.text, secretless.text
+    assert prose.status_code == 400 and prose.json()["error"]["code"] == "prose_goal", prose.text
+
+
+def _decrypted(stack: Stack, node: Any) -> Any:
+    """A history's payloads decoded with the stack's codec (the saved histories replay with the plain converter)."""
+    from google.protobuf.json_format import MessageToDict, ParseDict
+    from temporalio.api.common.v1 import Payload
+
+    from benchwright.payload_codec import EncryptionCodec
+
+    codec = stack.client.data_converter.payload_codec
+    assert isinstance(codec, EncryptionCodec)
+    if isinstance(node, list):
+        return [_decrypted(stack, x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if set(node) == {"metadata", "data"} and isinstance(node["metadata"], dict):
+        return MessageToDict(codec.decode_one(ParseDict(node, Payload())))
+    return {k: _decrypted(stack, v) for k, v in node.items()}
