@@ -99,7 +99,8 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         ReportActivities(deps).report,
     ]
     operator = OperatorActivities(deps, client)
-    activities += [operator.plan, operator.launch, operator.wait, operator.record, operator.answer]
+    activities += [operator.plan, operator.launch, operator.wait, operator.record, operator.answer,
+                   operator.halt_runs]
     llm_operator = OperatorLlmActivities(deps, client)
     activities += [llm_operator.turn, llm_operator.tool, llm_operator.answer]
     return StackWorker(

@@ -44,6 +44,7 @@ from benchwright.operator.llm import (
 )
 from benchwright.operator.steps import (
     AnswerStep,
+    HaltRunsStep,
     LaunchResult,
     LaunchStep,
     LlmAnswerStep,
@@ -147,6 +148,20 @@ class OperatorActivities:
         updates = {"status": step.status} if step.status else {}
         await in_thread(append_session_events, self.deps.engine, step.session_id,
                         [NewEvent(key=step.key, type=step.type, data=step.data)], **updates)
+
+    @activity.defn(name="operator_halt_runs")
+    async def halt_runs(self, step: HaltRunsStep) -> None:
+        """Stop the session's runs that are still going (the run's own ``stop`` update, keyed so a retry is one
+        stop), and record it as a decision."""
+        deps, sid = self.deps, step.session_id
+        row = await in_thread(get_session, deps.engine, session_id=sid, account_id=step.account_id)
+        stopped = []
+        for run_id in row.runs:
+            if await halt_run(self.client, deps.engine, run_id=run_id, reason=f"operator session {sid} was stopped",
+                              request_id=f"op-stop-{sid}-{run_id}"):
+                stopped.append(run_id)
+        await self._decide(sid, "halt-runs", "halt", "the session was stopped: its runs that were still going are "
+                           "stopped too", {"runs": stopped})
 
     @activity.defn(name="operator_answer")
     async def answer(self, step: AnswerStep) -> Answer:
@@ -271,11 +286,9 @@ class OperatorLlmActivities:
         if run_id not in row.runs:
             return ToolResult(ok=False, content=f"halt stops only runs this session launched ({', '.join(row.runs)})")
         reason = f"operator session {step.session_id}: {step.call.arguments.get('reason') or 'halted'}"
-        try:
-            await self.client.get_workflow_handle(run_id).execute_update(
-                "stop", StopRequest(reason=reason[:500]), id=f"op-{step.session_id}-{step.turn}-{step.index}")
-        except (WorkflowUpdateFailedError, RPCError) as exc:
-            return ToolResult(ok=False, content=f"the run could not be stopped (it may have finished): {exc}")
+        if not await halt_run(self.client, self.deps.engine, run_id=run_id, reason=reason,
+                              request_id=f"op-{step.session_id}-{step.turn}-{step.index}"):
+            return ToolResult(ok=False, content=f"run {run_id} is not running (it has finished)")
         return ToolResult(ok=True, content=f"run {run_id} stopped")
 
     async def _launch(self, step: ToolStep, account: Account) -> ToolResult:
@@ -380,6 +393,29 @@ class OperatorLlmActivities:
         status = "stopped" if step.stopped else "answered" if step.arguments is not None else "failed"
         await in_thread(finish_session, deps.engine, session_id=sid, status=status, answer=result)
         return result
+
+
+async def halt_run(client: Client, engine: Engine, *, run_id: str, reason: str, request_id: str) -> bool:
+    """Send a run its ``stop`` update (the path of ``POST /v1/runs/{id}/stop``); False when it has finished."""
+    from sqlmodel import Session
+
+    def finished() -> bool:
+        with Session(engine) as session:
+            run = session.get(Run, run_id)
+        return run is None or run.finished_at is not None
+
+    if await in_thread(finished):
+        return False
+    try:
+        await client.get_workflow_handle(run_id).execute_update("stop", StopRequest(reason=reason[:500]),
+                                                                 id=request_id)
+    except WorkflowUpdateFailedError:
+        return False  # refused by the run (it finished meanwhile)
+    except RPCError:
+        if await in_thread(finished):
+            return False
+        raise
+    return True
 
 
 def _reply(data: dict[str, Any]) -> LlmReply:

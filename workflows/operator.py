@@ -3,8 +3,12 @@
 launches a run twice), each wait, the budget checks and the answer. The session's log is written by the activities.
 
 Signals: ``pause``, ``resume``, ``stop``, ``steer(message)``. A pause holds the next launch (a run already going
-keeps going); a stop ends the session at once with an answer from what it read (its runs are the account's and
-keep going: stop them through their own ids); a steer is recorded (the builtin operator follows its plan).
+keeps going); a stop stops the session's runs that are still going (``patched("operator-stop-halts-runs")``) and
+ends the session with an answer from what it read; a steer is recorded (the builtin operator follows its plan; an
+LLM operator reads it before its next model call).
+
+An LLM operator (``inp.llm``, ``patched("operator-llm")``) runs ``_run_llm`` instead of the builtin plan: model
+turns and tool calls, each an activity, the conversation held here.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from benchwright.operator.llm import LAUNCHING, MAX_TURNS, NUDGE, ToolCall
     from benchwright.operator.steps import (
         AnswerStep,
+        HaltRunsStep,
         LaunchResult,
         LaunchStep,
         LlmAnswerStep,
@@ -123,6 +128,8 @@ class OperatorWorkflow:
             evidence.append(read)
             spent += read.cost
         await self._flush(sid)
+        if self._stopped and workflow.patched("operator-stop-halts-runs"):
+            await self._halt_runs(inp)
         result: Answer = await workflow.execute_activity(
             "operator_answer", AnswerStep(session_id=sid, account_id=inp.account_id, goal=inp.goal, evidence=evidence,
                                           reference=planned.reference, cut_short=cut_short, stopped=self._stopped),
@@ -159,6 +166,13 @@ class OperatorWorkflow:
         if budget.deadline is not None and workflow.now() >= budget.deadline:
             return f"the session's deadline ({budget.deadline.isoformat()}) has passed"
         return None
+
+    @staticmethod
+    async def _halt_runs(inp: OperatorInput) -> None:
+        """A stopped session stops the runs it launched that are still going."""
+        await workflow.execute_activity(
+            "operator_halt_runs", HaltRunsStep(session_id=inp.session_id, account_id=inp.account_id),
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="stop the session's runs")
 
     async def _decide(self, sid: str, key: str, action: str, reason: str, evidence: dict[str, object]) -> None:
         await self._record(sid, f"op:{sid}:decision:{key}", "OperatorDecision",
@@ -224,6 +238,8 @@ class OperatorWorkflow:
         else:
             cut_short = f"the operator did not answer within {MAX_TURNS} turns"
         await self._flush(sid)
+        if self._stopped:
+            await self._halt_runs(inp)
         return await self._llm_answer(inp, None, cut_short, stopped=self._stopped)
 
     async def _llm_tool(self, inp: OperatorInput, turn: int, i: int, call: ToolCall, launched: list[str]) -> str:

@@ -119,3 +119,8 @@ class LlmAnswerStep(BaseModel):
     """The ``answer`` call's arguments; None when the session ended before the model answered."""
     cut_short: str | None = None
     stopped: bool = False
+
+
+class HaltRunsStep(BaseModel):
+    session_id: str
+    account_id: str

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.devstack import free_port
 from benchwright.testkit.scripted_llm import ScriptedLlm, ScriptedLlmServer, parse_script, start_scripted_llm
 from tests.api.test_llm_driver import DATASET, DRIVER_KEY, LlmStack, llm_stack  # noqa: F401 - the fixture
 from tests.api.test_operator import _answered, _events
-from tests.conftest import Stack
+from tests.conftest import DevModels, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 HISTORIES = Path(__file__).resolve().parents[1] / "replay" / "histories"
@@ -143,3 +144,55 @@ def _decrypted(stack: Stack, node: Any) -> Any:
     if set(node) == {"metadata", "data"} and isinstance(node["metadata"], dict):
         return MessageToDict(codec.decode_one(ParseDict(node, Payload())))
     return {k: _decrypted(stack, v) for k, v in node.items()}
+
+
+async def _until_event(http: Any, session_id: str, type_: str, count: int = 1) -> list[dict[str, Any]]:
+    """The session's events once ``count`` events of ``type_`` are in (long polls of the session, never a sleep)."""
+    for _ in range(60):
+        events = await _events(http, session_id)
+        if sum(e["type"] == type_ for e in events) >= count:
+            return events
+        await http.get(f"/v1/operator/sessions/{session_id}", params={"wait_s": 1})
+    raise AssertionError(f"no {count} {type_} event(s) in session {session_id}")
+
+
+async def test_steer_reaches_the_llm_and_stop_halts_the_sessions_runs(
+        llm_stack: LlmStack, operator_llm: tuple[ScriptedLlm, str], dev_models: DevModels) -> None:  # noqa: F811
+    llm, url = operator_llm
+    slow = await dev_models.start(DevModelConfig(answers=load_answers(Path(DATASET)), latency_ms=120_000))
+    model = f"operator-{uuid.uuid4().hex[:8]}"
+    body = {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": slow}, "driver": "builtin",
+            "constraints": {"max_tasks": 2}}
+    llm.add(model, parse_script({model: [[
+        _turn("launch", reason="measure the model", label="first", launch=body),
+        _turn("wait", reason="read it"),
+        _turn("launch", reason="as the person asked, measure it again", label="second", launch=body),
+        _turn("wait", reason="read it"),
+    ]]})[model])
+    steer = "measure it once more, please"
+    async with llm_stack.http() as http:
+        resp = await http.post("/v1/operator/sessions", json={
+            "operator": f"openai://{model}", "goal": "Measure openai/dev.", "api_base": url,
+            "input_cost_per_token": INPUT_PRICE, "output_cost_per_token": OUTPUT_PRICE})
+        assert resp.status_code == 201, resp.text
+        sid = resp.json()["id"]
+        events = await _until_event(http, sid, "OperatorRunLaunched")
+        first = next(e["data"]["run_id"] for e in events if e["type"] == "OperatorRunLaunched")
+        assert (await http.post(f"/v1/operator/sessions/{sid}/steer", json={"message": steer})).status_code == 202
+        await _until_event(http, sid, "OperatorControl")  # recorded while the operator waits on the slow run
+        assert (await http.post(f"/v1/runs/{first}/stop", json={"reason": "test"})).status_code == 200
+        events = await _until_event(http, sid, "OperatorRunLaunched", 2)
+        second = [e["data"]["run_id"] for e in events if e["type"] == "OperatorRunLaunched"][1]
+        assert (await http.post(f"/v1/operator/sessions/{sid}/stop")).status_code == 202
+        done = await _answered(http, sid)
+        events = await _events(http, sid)
+        run = (await http.get(f"/v1/runs/{second}", params={"wait_s": 30})).json()
+
+    requests = [r for r in llm.requests_for(model) if r.status == 200]
+    shown = [m["content"] for m in requests[2].messages if m["role"] == "user"]
+    assert shown[-1] == f"A person steers the session: {steer}", shown
+    assert not any(steer in m.get("content", "") for r in requests[:2] for m in r.messages if m["role"] == "user")
+    assert done["status"] == "stopped" and done["answer"]["outcome"] == "stopped"
+    halts = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "halt"]
+    assert halts and halts[0]["evidence"]["runs"] == [second], halts
+    assert run["halted"] and f"operator session {sid} was stopped" in (run["halt_reason"] or ""), run
