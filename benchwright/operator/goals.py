@@ -88,7 +88,7 @@ class SessionLimits(_Strict):
 class SessionCreate(_Strict):
     """Body of ``POST /v1/operator/sessions``."""
 
-    operator: str = Field(default="builtin", min_length=1, max_length=250)
+    operator: str = Field(default="builtin", min_length=1, max_length=64)
     """``builtin`` or ``<provider>://<model>`` (an LLM operator, its key the account's ``<PROVIDER>_API_KEY``)."""
     goal: Goal
     """A structured goal, or (LLM operator) a sentence: ``"goal": "..."`` is read as ``{"question": "ask", ...}``."""

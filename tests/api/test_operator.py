@@ -17,7 +17,7 @@ import pytest_asyncio
 from benchwright.devmodel import DevModelConfig, is_answered_correctly
 from benchwright.operator.sizing import tasks_for_paired_halfwidth
 from benchwright.stats import mcnemar_exact
-from tests.api.helpers import launch, wait_terminal
+from tests.api.helpers import launch, record_history, wait_terminal
 from tests.conftest import DevModels, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -285,8 +285,11 @@ async def test_stop_ends_the_session_with_what_it_read(stack: Stack, fx: Fixture
         await _until_session(http, sid, lambda s: len(s["runs"]) == 1)
         assert (await http.post(f"/v1/operator/sessions/{sid}/stop")).status_code == 202
         done = await _answered(http, sid)
+        run = (await http.get(f"/v1/runs/{done['runs'][0]}", params={"wait_s": 30})).json()
     assert done["status"] == "stopped" and done["answer"]["outcome"] == "stopped", done
     assert len(done["runs"]) == 1
+    assert run["halted"] and f"operator session {sid} was stopped" in (run["halt_reason"] or ""), run
+    await record_history(stack, f"operator-{sid}", "operator_builtin_stopped.json")
 
 
 async def test_a_killed_worker_loses_nothing_and_launches_no_run_twice(stack: Stack, fx: Fixture,

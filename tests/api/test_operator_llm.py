@@ -8,7 +8,6 @@ Runs on the module stack of ``tests/api/test_llm_driver.py`` (a worker whose LLM
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,12 +19,12 @@ import pytest_asyncio
 from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.devstack import free_port
 from benchwright.testkit.scripted_llm import ScriptedLlm, ScriptedLlmServer, parse_script, start_scripted_llm
+from tests.api.helpers import record_history
 from tests.api.test_llm_driver import DATASET, DRIVER_KEY, LlmStack, llm_stack  # noqa: F401 - the fixture
 from tests.api.test_operator import _answered, _events
 from tests.conftest import DevModels, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-HISTORIES = Path(__file__).resolve().parents[1] / "replay" / "histories"
 INPUT_PRICE, OUTPUT_PRICE = 1e-6, 2e-6
 USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}
 
@@ -107,10 +106,7 @@ async def test_llm_operator_reruns_a_struggling_run_with_another_driver(
     assert done["cost"] == pytest.approx(own + sum(r["cost"]["incurred"] for r in runs))
     assert [r["cost"]["driver"] for r in runs] == [0.0, 0.0]
     assert before - after >= own * 0.999
-    if os.environ.get("BW_RECORD_HISTORIES") == "1":  # recorded once for tests/replay, committed
-        handle = stack.client.get_workflow_handle(f"operator-{started['id']}")
-        history = json.loads((await handle.fetch_history()).to_json())
-        (HISTORIES / "operator_llm_session.json").write_text(json.dumps(_decrypted(stack, history), indent=2))
+    await record_history(stack, f"operator-{started['id']}", "operator_llm_session.json")
 
 
 async def test_an_llm_operator_is_checked_at_create(llm_stack: LlmStack) -> None:  # noqa: F811
@@ -126,24 +122,6 @@ async def test_an_llm_operator_is_checked_at_create(llm_stack: LlmStack) -> None
     assert unpriced.status_code == 400 and unpriced.json()["error"]["code"] == "unpriced_operator", unpriced.text
     assert secretless.status_code == 400 and "NOSUCH_API_KEY" in secretless.text, secretless.text
     assert prose.status_code == 400 and prose.json()["error"]["code"] == "prose_goal", prose.text
-
-
-def _decrypted(stack: Stack, node: Any) -> Any:
-    """A history's payloads decoded with the stack's codec (the saved histories replay with the plain converter)."""
-    from google.protobuf.json_format import MessageToDict, ParseDict
-    from temporalio.api.common.v1 import Payload
-
-    from benchwright.payload_codec import EncryptionCodec
-
-    codec = stack.client.data_converter.payload_codec
-    assert isinstance(codec, EncryptionCodec)
-    if isinstance(node, list):
-        return [_decrypted(stack, x) for x in node]
-    if not isinstance(node, dict):
-        return node
-    if set(node) == {"metadata", "data"} and isinstance(node["metadata"], dict):
-        return MessageToDict(codec.decode_one(ParseDict(node, Payload())))
-    return {k: _decrypted(stack, v) for k, v in node.items()}
 
 
 async def _until_event(http: Any, session_id: str, type_: str, count: int = 1) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
 - ``operator_llm_session.json``: an LLM operator session (issue 26, ``patched("operator-llm")``): model turns,
   tool calls (two launches, two waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
+- ``operator_builtin_stopped.json``: a builtin session stopped while it waited on its first run: the run is stopped
+  by the session (``patched("operator-stop-halts-runs")``: the ``operator_halt_runs`` activity) before the answer.
 """
 
 from __future__ import annotations
@@ -80,13 +82,16 @@ async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.Monke
     assert result.replay_failure is not None
 
 
-async def test_the_llm_operator_is_recorded_behind_its_patch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without ``operator-llm`` the session would take the builtin path: its recorded turns no longer match."""
+@pytest.mark.parametrize(("name", "patch"), [("operator_llm_session.json", "operator-llm"),
+                                             ("operator_builtin_stopped.json", "operator-stop-halts-runs")])
+async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                      patch: str) -> None:
+    """Without ``operator-llm`` the session would take the builtin path (its recorded turns no longer match);
+    without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs."""
     from temporalio import workflow
 
     real = workflow.patched
-    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "operator-llm" else real(patch_id))
-    name = "operator_llm_session.json"
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == patch else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
