@@ -100,7 +100,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     ]
     operator = OperatorActivities(deps, client)
     activities += [operator.plan, operator.launch, operator.wait, operator.record, operator.answer,
-                   operator.halt_runs]
+                   operator.halt_runs, operator.extend]
     llm_operator = OperatorLlmActivities(deps, client)
     activities += [llm_operator.turn, llm_operator.tool, llm_operator.answer]
     return StackWorker(

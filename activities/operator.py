@@ -19,7 +19,7 @@ from benchwright.drivers.llm import _driver_key
 from benchwright.errors import BenchwrightError
 from benchwright.launch import start_fork, start_run
 from benchwright.model_access import check_api_base
-from benchwright.operator.builtin import answer, pair_evidence, plan, read_evidence
+from benchwright.operator.builtin import answer, extension, pair_evidence, plan, read_evidence
 from benchwright.operator.events import (
     OperatorDecision,
     OperatorLlmTurn,
@@ -28,7 +28,7 @@ from benchwright.operator.events import (
     OperatorRunRefused,
     OperatorToolResult,
 )
-from benchwright.operator.goals import MAX_SESSION_RUNS, Answer, Evidence, Goal, SessionLimits
+from benchwright.operator.goals import MAX_SESSION_RUNS, Answer, BetterGoal, Evidence, Goal, SessionLimits
 from benchwright.operator.llm import (
     LAUNCHING,
     TOOL_NAMES,
@@ -44,6 +44,7 @@ from benchwright.operator.llm import (
 )
 from benchwright.operator.steps import (
     AnswerStep,
+    ExtendStep,
     HaltRunsStep,
     LaunchResult,
     LaunchStep,
@@ -148,6 +149,19 @@ class OperatorActivities:
         updates = {"status": step.status} if step.status else {}
         await in_thread(append_session_events, self.deps.engine, step.session_id,
                         [NewEvent(key=step.key, type=step.type, data=step.data)], **updates)
+
+    @activity.defn(name="operator_extend")
+    async def extend(self, step: ExtendStep) -> PlanResult:
+        """The larger runs an inconclusive ``better`` comparison calls for (``benchwright.operator.builtin
+        .extension``), recorded as a decision either way."""
+        goal = GOAL.validate_python(step.goal)
+        assert isinstance(goal, BetterGoal)
+        launches, why = await in_thread(extension, self.deps.engine, account_id=step.account_id, goal=goal,
+                                        evidence=step.evidence, runs_left=step.runs_left)
+        await self._decide(step.session_id, "extend", "extend" if launches else "skip", why,
+                           {"launches": [{"label": p.label, "max_tasks": (p.launch.constraints or {}).get("max_tasks")}
+                                         for p in launches], "runs_left": step.runs_left})
+        return PlanResult(launches=launches)
 
     @activity.defn(name="operator_halt_runs")
     async def halt_runs(self, step: HaltRunsStep) -> None:

@@ -22,10 +22,12 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from benchwright.operator.builtin import PlannedLaunch
     from benchwright.operator.goals import Answer, Evidence
     from benchwright.operator.llm import LAUNCHING, MAX_TURNS, NUDGE, ToolCall
     from benchwright.operator.steps import (
         AnswerStep,
+        ExtendStep,
         HaltRunsStep,
         LaunchResult,
         LaunchStep,
@@ -90,18 +92,50 @@ class OperatorWorkflow:
             "operator_plan", PlanStep(session_id=sid, account_id=inp.account_id, goal=inp.goal),
             result_type=PlanResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
             summary="plan the runs")
-        budget = inp.limits.session
         evidence: list[Evidence] = []
-        cut_short = planned.refused
-        spent = 0.0
-        for i, step in enumerate(planned.launches):
+        cut_short = planned.refused if planned.refused is not None else \
+            await self._launch_all(inp, planned.launches, evidence, planned=len(planned.launches))
+        answered_with = evidence
+        if cut_short is None and not self._stopped and inp.goal.get("question") == "better" \
+                and inp.goal.get("tasks") is not None and workflow.patched("operator-extend"):
+            extension: PlanResult = await workflow.execute_activity(
+                "operator_extend", ExtendStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
+                                              evidence=evidence, runs_left=inp.limits.session.runs - len(evidence)),
+                result_type=PlanResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+                summary="extend an inconclusive comparison")
+            if extension.launches:
+                more: list[Evidence] = []
+                cut_short = await self._launch_all(inp, extension.launches, more, start=len(evidence),
+                                                   planned=len(evidence) + len(extension.launches),
+                                                   spent=sum(e.cost for e in evidence))
+                evidence += more
+                answered_with = more if len(more) == len(extension.launches) and cut_short is None else evidence[:2]
+        await self._flush(sid)
+        if self._stopped and workflow.patched("operator-stop-halts-runs"):
+            await self._halt_runs(inp)
+        result: Answer = await workflow.execute_activity(
+            "operator_answer", AnswerStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
+                                          evidence=answered_with,
+                                          reference=planned.reference, cut_short=cut_short, stopped=self._stopped),
+            result_type=Answer, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
+        workflow.set_current_details(f"**{result.outcome}**  \n{result.sentence}")
+        return result
+
+    async def _launch_all(self, inp: OperatorInput, launches: list[PlannedLaunch], evidence: list[Evidence], *,
+                          planned: int, start: int = 0, spent: float = 0.0) -> str | None:
+        """Launch the planned runs one by one (the budget checked before each), each read when it settles into
+        ``evidence``; returns why the plan was cut short (a stop, the budget, a refusal), or None."""
+        sid, budget = inp.session_id, inp.limits.session
+        cut_short: str | None = None
+        for n, step in enumerate(launches):
+            i = start + n
             await self._flush(sid)
             await workflow.wait_condition(lambda: not self._paused or self._stopped)
             await self._flush(sid)
             if self._stopped:
                 cut_short = "the session was stopped"
                 break
-            over = self._over_budget(i, spent, len(planned.launches), inp)
+            over = self._over_budget(i, spent, planned, inp)
             if over is not None:
                 cut_short = f"budget: {over}"
                 await self._decide(sid, f"stop:{i}", "stop", over, {"runs_launched": i, "spent": spent})
@@ -127,15 +161,7 @@ class OperatorWorkflow:
             read = await waiting
             evidence.append(read)
             spent += read.cost
-        await self._flush(sid)
-        if self._stopped and workflow.patched("operator-stop-halts-runs"):
-            await self._halt_runs(inp)
-        result: Answer = await workflow.execute_activity(
-            "operator_answer", AnswerStep(session_id=sid, account_id=inp.account_id, goal=inp.goal, evidence=evidence,
-                                          reference=planned.reference, cut_short=cut_short, stopped=self._stopped),
-            result_type=Answer, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
-        workflow.set_current_details(f"**{result.outcome}**  \n{result.sentence}")
-        return result
+        return cut_short
 
     async def _settled(self, sid: str, waiting: workflow.ActivityHandle[Evidence]) -> bool:
         """Wait for the run while recording the signals that arrive; False when a stop came first (the wait is

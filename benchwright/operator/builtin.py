@@ -33,7 +33,7 @@ from benchwright.settings import Settings
 from benchwright.store.models import Run
 from benchwright.store.runs import run_view
 
-__all__ = ["PlannedLaunch", "answer", "pair_evidence", "plan", "read_evidence"]
+__all__ = ["PlannedLaunch", "answer", "extension", "pair_evidence", "plan", "read_evidence"]
 
 
 class PlannedLaunch(BaseModel):
@@ -43,8 +43,10 @@ class PlannedLaunch(BaseModel):
     reason: str
 
 
-def _launch(dataset: str, model: ModelSpec) -> LaunchRequest:
-    return LaunchRequest(dataset=dataset, model=model)
+def _launch(dataset: str, model: ModelSpec, tasks: int | None = None) -> LaunchRequest:
+    if tasks is None:
+        return LaunchRequest(dataset=dataset, model=model)
+    return LaunchRequest(dataset=dataset, model=model, constraints={"max_tasks": tasks})
 
 
 def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> list[PlannedLaunch]:
@@ -57,9 +59,9 @@ def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> 
         InvalidInput: the change does not make a valid launch; a goal in prose (``prose_goal``).
     """
     if isinstance(goal, BetterGoal):
-        return [PlannedLaunch(label="baseline", launch=_launch(goal.dataset, goal.baseline),
+        return [PlannedLaunch(label="baseline", launch=_launch(goal.dataset, goal.baseline, goal.tasks),
                               reason="measure the baseline on the dataset"),
-                PlannedLaunch(label="candidate", launch=_launch(goal.dataset, goal.candidate),
+                PlannedLaunch(label="candidate", launch=_launch(goal.dataset, goal.candidate, goal.tasks),
                               reason="measure the candidate on the same tasks, for a paired comparison")]
     if isinstance(goal, AskGoal):
         raise InvalidInput("the builtin operator answers structured goals (better, cheapest, regressed, helps); a "
@@ -78,6 +80,33 @@ def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> 
     return [PlannedLaunch(label="changed", launch=apply_overrides(body, goal.change),
                           reason=f"re-run {reference.id} with the change ({', '.join(goal.change.given())}) "
                                  "and compare task by task")]
+
+
+def extension(engine: Engine, *, account_id: str, goal: BetterGoal, evidence: list[Evidence],
+              runs_left: int) -> tuple[list[PlannedLaunch], str]:
+    """Sample-size planning acted on: when the first ``better`` comparison (over ``goal.tasks``) is not significant,
+    both models again over the tasks a ``±halfwidth`` interval needs, if the budget has the two runs. Returns the
+    launches (none: nothing to extend, or no budget) and why."""
+    if goal.tasks is None or len(evidence) != 2 or not all(_usable(e) for e in evidence):
+        return [], "the first comparison is not complete"
+    pair = pair_evidence(engine, account_id, evidence[0].run_id, evidence[1].run_id)
+    if pair.significant:
+        return [], f"the difference is significant at {pair.compared} tasks (p = {pair.p_value:.3g})"
+    with Session(engine) as session:
+        ra, rb = session.get(Run, evidence[0].run_id), session.get(Run, evidence[1].run_id)
+    lost, gained = _discordant(engine, ra, rb)
+    needed = tasks_for_paired_halfwidth(lost=lost, gained=gained, n=pair.compared, halfwidth=goal.halfwidth)
+    why = f"the difference is not significant at {pair.compared} tasks (p = {pair.p_value:.3g}); {needed:,} tasks " \
+          f"would give ±{goal.halfwidth * 100:g} points"
+    if needed <= pair.compared:
+        return [], why + ": no larger run is needed"
+    if runs_left < 2:
+        return [], why + f", but the budget has {max(runs_left, 0)} run(s) left and extending needs 2"
+    reason = why + f": measure both again over {needed:,} tasks (as many as the dataset holds)"
+    return [PlannedLaunch(label="baseline (extended)", launch=_launch(goal.dataset, goal.baseline, needed),
+                          reason=reason),
+            PlannedLaunch(label="candidate (extended)", launch=_launch(goal.dataset, goal.candidate, needed),
+                          reason=reason)], reason
 
 
 def read_evidence(engine: Engine, *, run_id: str, label: str) -> Evidence:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from benchwright.operator.sizing import MAX_PLANNED_TASKS
 from benchwright.schemas import ForkOverrides, ModelSpec
 
 OPERATORS = ("builtin",)
@@ -36,6 +37,10 @@ class BetterGoal(_Goal):
     dataset: str = Field(min_length=1, max_length=MAX_DATASET)
     baseline: ModelSpec
     candidate: ModelSpec
+    tasks: int | None = Field(default=None, ge=1, le=MAX_PLANNED_TASKS)
+    """Measure both on this many tasks first (``constraints.max_tasks``); when that comparison is inconclusive the
+    session extends: both again over the tasks the sample-size plan asks for (the dataset may hold fewer), if
+    the budget has two more runs. Unset: the whole dataset, once."""
 
 
 class CheapestGoal(_Goal):

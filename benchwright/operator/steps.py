@@ -124,3 +124,13 @@ class LlmAnswerStep(BaseModel):
 class HaltRunsStep(BaseModel):
     session_id: str
     account_id: str
+
+
+class ExtendStep(BaseModel):
+    """After a ``better`` comparison: the larger runs an inconclusive one calls for, within ``runs_left``."""
+
+    session_id: str
+    account_id: str
+    goal: dict[str, Any]
+    evidence: list[Evidence]
+    runs_left: int

@@ -132,6 +132,29 @@ async def test_equal_models_are_no_significant_difference_with_the_needed_size(s
         f"{needed:,} tasks would be needed for ±2 points"]
 
 
+async def test_an_inconclusive_better_extends_within_its_budget(stack: Stack, fx: Fixture) -> None:
+    first = 40
+    left, right = _correct(fx, "same1"), _correct(fx, "same2")
+    head = set(range(first))
+    assert mcnemar_exact(b=len((left - right) & head), c=len((right - left) & head)) > 0.05, "fixture: inconclusive"
+    async with stack.http() as http:
+        started = await _session(http, {"question": "better", "dataset": fx.dataset, "tasks": first,
+                                        "baseline": _model(fx, "same1"), "candidate": _model(fx, "same2")}, runs=4)
+        done = await _answered(http, started["id"])
+        events = await _events(http, started["id"])
+        totals = [(await http.get(f"/v1/runs/{r}")).json()["tasks"]["summary"]["total"] for r in done["runs"]]
+    assert totals == [first, first, N, N], totals  # the larger runs hold all the dataset has
+    [ext] = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "extend"]
+    assert ext["reason"].startswith(f"the difference is not significant at {first} tasks"), ext
+    assert [x["label"] for x in ext["evidence"]["launches"]] == ["baseline (extended)", "candidate (extended)"]
+    answer = done["answer"]
+    assert [e["label"] for e in answer["evidence"]] == ["baseline (extended)", "candidate (extended)"]
+    assert answer["comparisons"][0]["compared"] == N
+    assert answer["comparisons"][0]["p_value"] == pytest.approx(mcnemar_exact(b=len(left - right),
+                                                                              c=len(right - left)))
+    await record_history(stack, f"operator-{started['id']}", "operator_builtin_extended.json")
+
+
 async def test_cheapest_above_the_bar(stack: Stack, fx: Fixture) -> None:
     rates = {name: len(_correct(fx, name)) / N for name in ("m80", "m86", "m90")}
     assert rates["m80"] < 0.85 <= rates["m86"] <= rates["m90"], rates  # fixture: the bar splits them as intended

@@ -23,6 +23,8 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   tool calls (two launches, two waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
 - ``operator_builtin_stopped.json``: a builtin session stopped while it waited on its first run: the run is stopped
   by the session (``patched("operator-stop-halts-runs")``: the ``operator_halt_runs`` activity) before the answer.
+- ``operator_builtin_extended.json``: a builtin ``better`` session whose first comparison (40 tasks) was
+  inconclusive, extended to two larger runs (``patched("operator-extend")``: the ``operator_extend`` activity).
 """
 
 from __future__ import annotations
@@ -83,11 +85,13 @@ async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize(("name", "patch"), [("operator_llm_session.json", "operator-llm"),
-                                             ("operator_builtin_stopped.json", "operator-stop-halts-runs")])
+                                             ("operator_builtin_stopped.json", "operator-stop-halts-runs"),
+                                             ("operator_builtin_extended.json", "operator-extend")])
 async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatch: pytest.MonkeyPatch, name: str,
                                                                       patch: str) -> None:
     """Without ``operator-llm`` the session would take the builtin path (its recorded turns no longer match);
-    without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs."""
+    without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs; without
+    ``operator-extend`` an inconclusive ``better`` would answer at once."""
     from temporalio import workflow
 
     real = workflow.patched
