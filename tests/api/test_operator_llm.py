@@ -174,3 +174,23 @@ async def test_steer_reaches_the_llm_and_stop_halts_the_sessions_runs(
     halts = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "halt"]
     assert halts and halts[0]["evidence"]["runs"] == [second], halts
     assert run["halted"] and f"operator session {sid} was stopped" in (run["halt_reason"] or ""), run
+
+
+async def test_ask_a_question_in_prose(llm_stack: LlmStack, operator_llm: tuple[ScriptedLlm, str]) -> None:  # noqa: F811
+    from tests.cli.test_cli_launch import bw
+
+    llm, url = operator_llm
+    model = f"operator-{uuid.uuid4().hex[:8]}"
+    llm.add(model, parse_script({model: [[
+        _turn("answer", reason="no run is needed", sentence="Yes: 2 + 2 is 4, no run needed.", outcome="known"),
+    ]]})[model])
+    question = "Is 2 + 2 equal to 4?"
+    env = {"BENCHWRIGHT_API_URL": llm_stack.api_url, "BENCHWRIGHT_API_KEY": llm_stack.key}
+    done = await bw("ask", question, "--operator", f"openai://{model}", "--api-base", url,
+                    "--input-cost-per-token", "1e-6", "--output-cost-per-token", "2e-6", env=env, timeout_s=300)
+    assert done.rc == 0, done.err
+    assert "Yes: 2 + 2 is 4, no run needed." in done.out and "0 run(s)" in done.out
+    [request] = llm.requests_for(model)
+    assert f"Goal: {question}" in request.messages[1]["content"]
+    both = await bw("ask", question, "--goal", "x.json", env=env)
+    assert both.rc == 2 and "either as a sentence" in both.err
