@@ -21,6 +21,7 @@ from benchwright import handoff
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
+from benchwright.halts import HALTED_ERROR
 from benchwright.limits import ScorerCeilings
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from benchwright.pipeline import (
@@ -217,7 +218,7 @@ class MaterializeActivities:
                 raise RunHalted(watcher.result())
             result = work.result()
         except RunHalted as exc:
-            raise ApplicationError(str(exc), exc.reason, type="RunHalted", non_retryable=True) from exc
+            raise ApplicationError(str(exc), exc.reason, type=HALTED_ERROR, non_retryable=True) from exc
         except (ScorerLoadError, BenchwrightError) as exc:
             raise failure(exc) from exc
         finally:

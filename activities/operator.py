@@ -17,7 +17,7 @@ from activities.common import Deps, in_thread
 from benchwright.compare import frontier, readable_run
 from benchwright.drivers.llm import _driver_key
 from benchwright.errors import BenchwrightError
-from benchwright.launch import start_fork, start_run
+from benchwright.launch import plan_fork, start_run
 from benchwright.model_access import check_api_base
 from benchwright.operator.builtin import answer, extension, pair_evidence, plan, read_evidence
 from benchwright.operator.events import (
@@ -340,17 +340,14 @@ class OperatorLlmActivities:
         else:
             parent_id = await in_thread(run_label, engine, session_id=sid, ref=str(args.get("run_id") or ""))
             if call.name == "fork":
-                req = ForkRequest.model_validate(args.get("fork") or {})
-                runs = [await start_fork(settings, engine, self.client, account=account, parent_id=parent_id,
-                                         req=req, run_id=ids[0], memo=memo)]
+                runs = [await self._fork(account, parent_id, ForkRequest.model_validate(args.get("fork") or {}),
+                                         "fork", ids[0], memo)]
             else:
                 models = [args.get("model")] if call.name == "replay" else list(args.get("models") or [])
                 for model, run_id in zip(models, ids, strict=False):
                     req = ForkRequest(rewind_to="materialize",
                                       overrides=ForkOverrides(model=ModelSpec.model_validate(model)))
-                    runs.append(await start_fork(settings, engine, self.client, account=account,
-                                                 parent_id=parent_id, req=req, kind="replay", run_id=run_id,
-                                                 memo=memo))
+                    runs.append(await self._fork(account, parent_id, req, "replay", run_id, memo))
         labels = {label if len(runs) == 1 else f"{label} {j + 1}": run.id for j, run in enumerate(runs)}
         for j, (name, run) in enumerate(zip(labels, runs, strict=True)):
             await in_thread(append_session_events, engine, sid, [NewEvent.of(
@@ -360,6 +357,14 @@ class OperatorLlmActivities:
         return ToolResult(ok=True, launched=[r.id for r in runs], labels=labels, content=json.dumps(
             {"launched": [{"run_id": r.id, "label": name, "model": r.model.get("identifier"), "driver": r.driver}
                           for name, r in zip(labels, runs, strict=True)]}))
+
+    async def _fork(self, account: Account, parent_id: str, req: ForkRequest, kind: str, run_id: str,
+                    memo: dict[str, str]) -> Run:
+        """A fork or replay on the one start path (``plan_fork``, then ``start_run``), idempotent on ``run_id``."""
+        fork = await in_thread(plan_fork, self.deps.engine, account_id=account.id, parent_id=parent_id, req=req,
+                               kind=kind)
+        return await start_run(self.deps.settings, self.deps.engine, self.client, account=account,
+                               launch=fork.launch, run_id=run_id, memo=memo, fork=fork)
 
     @activity.defn(name="operator_llm_answer")
     async def answer(self, step: LlmAnswerStep) -> Answer:

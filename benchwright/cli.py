@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from benchwright.cli_support import VisibleSuggestions
-from benchwright.settings import Settings, default_data_dir
+from benchwright.cli_support import VisibleSuggestions, console, out
+from benchwright.cli_support import client_for as _client
+from benchwright.cli_support import data_dir_of as _data_dir
+from benchwright.cli_support import first_error as _first_error
+from benchwright.cli_support import run_succeeded as _run_succeeded
+from benchwright.cli_support import run_summary as _summary
+from benchwright.cli_support import watch as watch_run
+from benchwright.settings import Settings
 
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Benchwright: run a model against a benchmark as one durable workflow and get a comparable "
                        "score with the full event log behind it.")
@@ -31,12 +34,6 @@ app.add_typer(admin_app, name="admin")
 SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
                                                                     "$BENCHWRIGHT_DATA_DIR).")]
-
-
-def _data_dir(value: Path | None) -> Path:
-    if value is not None:
-        return value.expanduser().resolve()
-    return Path(os.environ.get("BENCHWRIGHT_DATA_DIR", default_data_dir())).expanduser().resolve()
 
 
 @app.command()
@@ -397,65 +394,6 @@ def scripted_llm(script: Annotated[Path, typer.Option(help="JSON/YAML script: {m
     serve(llm, host=host, port=port)
 
 
-def _client(data_dir: Path | None, api_url: str | None, api_key: str | None):  # type: ignore[no-untyped-def]
-    from benchwright.client import Client, read_dev_json
-
-    if api_url and api_key:
-        return Client(api_url, api_key)
-    dev = read_dev_json(_data_dir(data_dir))
-    return Client(api_url or dev["api_url"], api_key or dev["api_key"])
-
-
-def watch_run(client: Any, run_id: str) -> dict[str, Any]:
-    """A live progress bar (tasks/s, ETA) on stderr until the run is over or waits for a person; the final run."""
-    from benchwright.cli_support import watch_run as watch
-
-    return watch(client, run_id, console)
-
-
-def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
-    """The final report: score and counts, then in plain words why the run is not a clean success (its error, its
-    halt reason, its errored tasks with the first one's error), so a run of errors never reads as a result."""
-    s = run["tasks"]["summary"]
-    rate = "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}"
-    if s.get("pass_rate_ci"):
-        rate += f" (95 % CI {s['pass_rate_ci'][0]:.1%}–{s['pass_rate_ci'][1]:.1%})"
-    text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
-            f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
-    if s.get("no_answer"):
-        text += f"\n  no answer found in {s['no_answer']} of the {s['failed']} failed tasks (counted as failed)"
-    if run.get("error"):
-        text += f"\n  error: {run['error']}"
-    if run["halted"] and run.get("halt_reason"):
-        text += f"\n  halted: {run['halt_reason']}"
-    if s["errored"]:
-        ended = "finished" if run["status"] == "ok" and not run["halted"] else "stopped"
-        text += f"\n  {ended} with {s['errored']} of {s['total']} tasks errored" + (f": {first_error}" if first_error
-                                                                                      else "")
-    return text
-
-
-def _first_error(client: Any, run: dict[str, Any]) -> str | None:
-    """The error of the first errored task (the run view carries counts only): what the summary shows as the cause."""
-    if not run["tasks"]["summary"]["errored"]:
-        return None
-    after: int | None = -1
-    while after is not None:
-        page = client.tasks(run["id"], after=after)
-        for task in page["tasks"]:
-            if task["outcome"] == "err":
-                trials = client.task(run["id"], task["index"])["trials"]
-                return next((t["error"] for t in trials if t["error"]), None)
-        after = page["next_after"]
-    return None
-
-
-def _run_succeeded(run: dict[str, Any]) -> bool:
-    """Whether ``run --watch`` exits 0: the run ended ok, unhalted, and not every task errored."""
-    s = run["tasks"]["summary"]
-    return run["status"] == "ok" and not run["halted"] and not (s["total"] > 0 and s["errored"] == s["total"])
-
-
 @app.command(cls=VisibleSuggestions)
 def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/model, e.g. openai/gpt-4o-mini (an "
                                                 "OpenAI-compatible endpoint at --api-base: openai/<its model name>).")],
@@ -759,6 +697,10 @@ app.add_typer(registry_app, name="registry")
 from benchwright.cli_operator import ask_cmd  # noqa: E402
 
 app.command("ask")(ask_cmd)
+
+from benchwright.cli_sessions import session_app  # noqa: E402
+
+app.add_typer(session_app, name="session")
 
 from benchwright.cli_secrets import secrets_app  # noqa: E402
 

@@ -26,6 +26,18 @@ from typing import Any
 
 from benchwright.drivers.base import DriverFailed
 from benchwright.errors import InvalidInput
+from benchwright.events import (
+    AtomizeArtifact,
+    DatasetTasksArtifact,
+    FetchArtifact,
+    MaterializeTaskAggregated,
+    MaterializeTaskResult,
+    ModelProxyArtifact,
+    PhaseCompleted,
+    PhaseSkipped,
+    PhaseStarted,
+    PipelineFinished,
+)
 from benchwright.handoff import dataset_file
 from benchwright.schemas import (
     PHASES,
@@ -46,7 +58,7 @@ OVERRIDE_NEEDS: dict[str, str] = {
     "concurrency": "materialize",
 }
 """Override -> the latest rewind point that still lets it take effect (the phase that consumes it)."""
-RESULT_TYPES = frozenset({"MaterializeTaskResult", "MaterializeTaskAggregated"})
+RESULT_TYPES = frozenset({MaterializeTaskResult.type_name(), MaterializeTaskAggregated.type_name()})
 """Results are never inherited: a fork's sweep is its own."""
 
 
@@ -178,15 +190,15 @@ def cut_point(events: list[LoggedEvent], rewind_to: str) -> int:
         InvalidInput: ``rewind_unavailable`` when a phase before the rewind point did not complete in the parent
             (it failed or was halted there, or is still running): nothing to inherit it from.
     """
-    cut = next((e.seq for e in events if e.type == "PhaseStarted" and e.data.get("phase") == rewind_to), None)
+    cut = next((e.seq for e in events if e.type == PhaseStarted.type_name() and e.data.get("phase") == rewind_to), None)
     before = [e for e in events if cut is None or e.seq < cut]
-    done = {e.data.get("phase") for e in before if e.type in ("PhaseCompleted", "PhaseSkipped")}
+    done = {e.data.get("phase") for e in before if e.type in (PhaseCompleted.type_name(), PhaseSkipped.type_name())}
     missing = [p for p in inherited_phases(rewind_to) if p not in done]
     if missing:
         raise InvalidInput(f"the parent run did not complete {missing[0]}, so a fork cannot rewind to {rewind_to}; "
                            f"rewind to {missing[0]} or earlier", code="rewind_unavailable")
     if cut is None:
-        cut = max((e.seq for e in before if e.type != "PipelineFinished"), default=0) + 1
+        cut = max((e.seq for e in before if e.type != PipelineFinished.type_name()), default=0) + 1
     return cut
 
 
@@ -215,7 +227,7 @@ def inherited_copies(events: list[LoggedEvent], *, parent_run_id: str, cut: int,
         marker: dict[str, Any] = {"run_id": parent_run_id, "seq": e.seq}
         if data.get("cost_usd"):
             marker["cost_usd"], data["cost_usd"] = data["cost_usd"], 0.0
-        if e.type == "ModelProxyArtifact" and rebind is not None:
+        if e.type == ModelProxyArtifact.type_name() and rebind is not None:
             changed = sorted(k for k, v in rebind.items() if data.get(k) != v)
             if changed:
                 marker["overridden"] = changed
@@ -227,7 +239,7 @@ def inherited_copies(events: list[LoggedEvent], *, parent_run_id: str, cut: int,
 
 def tasks_total(copies: list[tuple[str, str, dict[str, Any]]]) -> int | None:
     """The sample size the parent's Analyze settled on (its last DatasetTasksArtifact), if inherited."""
-    counts = [int(d["count"]) for _, t, d in copies if t == "DatasetTasksArtifact"]
+    counts = [int(d["count"]) for _, t, d in copies if t == DatasetTasksArtifact.type_name()]
     return counts[-1] if counts else None
 
 
@@ -251,7 +263,7 @@ def inherited_files(*, inherited: list[str], events: list[LoggedEvent], cut: int
     """
     names: list[str] = []
     if "fetch" in inherited:
-        fetched = next((e.data for e in reversed(events) if e.seq < cut and e.type == "FetchArtifact"), None)
+        fetched = next((e.data for e in reversed(events) if e.seq < cut and e.type == FetchArtifact.type_name()), None)
         if fetched is None:
             raise InvalidInput("the parent run's log has no FetchArtifact, so a fork cannot inherit its Fetch",
                                code="parent_state_missing")
@@ -290,10 +302,10 @@ def run_shape(*, run_ids: Mapping[str, str | None], events: Iterable[LoggedEvent
         return run_ids.get("benchmark_id"), run_ids.get("subset_id"), run_ids.get("impl_id")
     bench = subset = impl = None
     for e in events:
-        if e.type == "FetchArtifact":
+        if e.type == FetchArtifact.type_name():
             bench = str(e.data.get("sha256"))
-        elif e.type == "DatasetTasksArtifact":
+        elif e.type == DatasetTasksArtifact.type_name():
             subset = f"{bench}:{e.data.get('count')}"
-        elif e.type == "AtomizeArtifact":
+        elif e.type == AtomizeArtifact.type_name():
             impl = str(e.data.get("impl_sha256"))
     return bench, subset, impl

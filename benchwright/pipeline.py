@@ -6,7 +6,7 @@ do not. The workflow executes the plan; it never decides skips itself.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -133,9 +133,10 @@ class PhaseInput(BaseModel):
 class PhaseControl(BaseModel):
     """What a phase asks of the workflow instead of moving on."""
 
-    kind: str
-    """``restart`` (the Driver wants this phase to start over), ``review`` (requestHumanReview) or ``halt``
-    (a ceiling was crossed; the row is already halted)."""
+    kind: Literal["restart", "review", "halt", "interrupted"]
+    """``restart`` (the Driver wants this phase to start over), ``review`` (requestHumanReview), ``halt``
+    (a ceiling was crossed; the row is already halted) or ``interrupted`` (the workflow's own: the phase was cut
+    short by a halt, pause or ceiling, and runs again as the same invocation after a resume)."""
     reason: str
     phase: str | None = None
     """For ``restart``: the phase to start over from when it is not the asking one (Materialize asking for a new
@@ -263,9 +264,5 @@ class ControlResult(BaseModel):
     halt_reason: str | None
 
 
-RESUMABLE_PREFIXES = ("agent_review", "operator_pause", "restart_cap_exceeded")
-SUT_UNAVAILABLE = "sut_unavailable"
-"""Halt prefix (not resumable) when the model's calls kept failing fatally during Materialize
-(``benchwright.breaker``): ``sut_unavailable: <what is wrong, in plain words>``."""
 RESTART_CAP = 2
 """Phase restarts allowed per run (§10); a third request parks the run for a human."""

@@ -15,7 +15,7 @@ from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from benchwright.errors import InvalidInput
 from benchwright.fingerprint import derive
-from benchwright.launch import start_fork as launch_fork
+from benchwright.launch import plan_fork, start_run
 from benchwright.registry.shape import READABLE_BY_ID, readable_run
 from benchwright.schemas import (
     ForkOverrides,
@@ -39,15 +39,18 @@ RunId = Annotated[str, Path(max_length=64)]
 
 async def start_fork(state: StateDep, account: AccountDep, *, parent_id: str, req: ForkRequest,
                      kind: str = "fork") -> RunView:
-    """A fork or replay of ``parent_id`` through the one fork start path (``benchwright.launch.start_fork``).
+    """Check a fork against its parent (``plan_fork``) and start it on the one start path (``start_run``): the
+    run's RunLaunched names parent and rewind point, and its workflow's Fork phase seeds it from the parent.
 
     Raises:
         NotFound: the parent is not the caller's run.
         InvalidInput: an override the rewind point comes too late for, a rewind point the parent never reached,
             or neither rewind point, overrides nor instructions.
     """
-    run = await launch_fork(state.settings, state.engine, state.temporal, account=account, parent_id=parent_id,
-                            req=req, kind=kind)
+    fork = await run_in_threadpool(plan_fork, state.engine, account_id=account.id, parent_id=parent_id, req=req,
+                                   kind=kind)
+    run = await start_run(state.settings, state.engine, state.temporal, account=account, launch=fork.launch,
+                          fork=fork)
     return await run_in_threadpool(run_view, state.engine, run)
 
 

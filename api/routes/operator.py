@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from temporalio.client import WorkflowFailureError
@@ -16,7 +17,8 @@ from temporalio.service import RPCError
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
-from benchwright.errors import Conflict, InvalidInput, Unavailable
+from api.sse import resume_point
+from benchwright.errors import Conflict, InvalidInput, NotFound, Unavailable
 from benchwright.operator.goals import OPERATORS, SessionCreate, SessionView
 from benchwright.operator.llm import OperatorLlm
 from benchwright.operator.steps import OperatorInput
@@ -29,7 +31,7 @@ from benchwright.operator.store import (
     set_status,
 )
 from benchwright.schemas import MAX_INDEX, EventPage, EventView, check_model_identifier, suggest
-from benchwright.temporal_ui import RUN_ACCOUNT
+from benchwright.temporal_ui import OPERATOR_SESSION, RUN_ACCOUNT
 
 router = APIRouter(prefix="/v1/operator/sessions", tags=["operator"])
 SessionId = Annotated[str, Path(max_length=64)]
@@ -65,10 +67,12 @@ async def create(body: SessionCreate, account: AccountDep, state: StateDep) -> S
     try:
         await client.start_workflow(
             "OperatorWorkflow", inp, id=workflow_id(session_id), task_queue=state.settings.task_queue,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_ACCOUNT, account.name)]),
+            search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_ACCOUNT, account.name),
+                                                     SearchAttributePair(OPERATOR_SESSION, session_id)]),
             memo={"session_id": session_id, "account": account.name},
             static_summary=f"Operator session: {body.goal.question} ({body.operator})",
-            static_details=f"Benchwright operator session `{session_id}` ({body.operator})")
+            static_details=f"Benchwright operator session `{session_id}` ({body.operator})  \n"
+                           f"its runs: `{OPERATOR_SESSION.name} = '{session_id}'`")
     except Exception as exc:
         await run_in_threadpool(set_status, state.engine, session_id=session_id, status="failed")
         raise Unavailable(f"session {session_id} was recorded but its workflow could not be started: {exc}") from exc
@@ -95,6 +99,32 @@ def _admit(state: StateDep, account: AccountDep, body: SessionCreate) -> Operato
     return None
 
 
+class SessionList(BaseModel):
+    sessions: list[SessionView]
+    next_cursor: str | None
+    """Pass as ``cursor`` for the next (older) page; null on the last page."""
+
+
+@router.get("", response_model=SessionList, responses=responses(400))
+def list_all(account: AccountDep, state: StateDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+             cursor: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z-]+$", description=(
+                 "The ``next_cursor`` of the previous page (a session id of this account)."))] = None,
+             ) -> SessionList:
+    """The account's sessions, newest first."""
+    from benchwright.operator.listing import list_sessions
+
+    before = None
+    if cursor is not None:
+        try:
+            last = get_session(state.engine, session_id=cursor, account_id=account.id)
+        except NotFound:
+            raise InvalidInput(f"cursor {cursor!r} is not a session of this account", code="invalid_cursor") from None
+        before = (last.created_at, last.id)
+    rows = list_sessions(state.engine, account_id=account.id, limit=limit + 1, before=before)
+    return SessionList(sessions=[session_view(state.engine, r) for r in rows[:limit]],
+                       next_cursor=rows[limit - 1].id if len(rows) > limit else None)
+
+
 @router.get("/{session_id}", response_model=SessionView, responses=responses(404))
 async def get_one(session_id: SessionId, account: AccountDep, state: StateDep,
                   wait_s: Annotated[float, Query(ge=0, le=60, description=(
@@ -112,12 +142,28 @@ async def get_one(session_id: SessionId, account: AccountDep, state: StateDep,
     return await run_in_threadpool(session_view, state.engine, row)
 
 
-@router.get("/{session_id}/events", response_model=EventPage, responses=responses(404))
-def get_events(session_id: SessionId, account: AccountDep, state: StateDep,
-               after: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = -1,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 500) -> EventPage:
-    """The session's log: every decision with its reason and the evidence it read (``terminal`` once answered)."""
-    get_session(state.engine, session_id=session_id, account_id=account.id)
+@router.get("/{session_id}/events", response_model=EventPage, responses={
+    **responses(404), 200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                            "description": "The page of events, or with `Accept: text/event-stream` the live stream"}})
+async def get_events(session_id: SessionId, request: Request, account: AccountDep, state: StateDep,
+                     after: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = -1,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+                     last_event_id: Annotated[str | None, Header()] = None) -> EventPage | StreamingResponse:
+    """The session's log: every decision with its reason and the evidence it read (``terminal`` once answered).
+    With ``Accept: text/event-stream``, a live SSE stream (id = seq) as a run's: it resumes from ``Last-Event-ID``
+    and closes after SessionAnswered."""
+    row = await run_in_threadpool(get_session, state.engine, session_id=session_id, account_id=account.id)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        start = resume_point(last_event_id=last_event_id, after=after, last_seq=row.next_seq - 1,
+                             noun="operator session")
+        return StreamingResponse(state.session_sse.stream(log_id=row.id, after=start,
+                                                          finished=row.status in TERMINAL),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await run_in_threadpool(_event_page, state, account, session_id, after, limit)
+
+
+def _event_page(state: StateDep, account: AccountDep, session_id: str, after: int, limit: int) -> EventPage:
     rows = read_session_events(state.engine, session_id=session_id, after=after, limit=limit)
     return EventPage(events=[EventView(seq=r.seq, type=r.type, data=r.data, created_at=r.created_at) for r in rows],
                      next_after=rows[-1].seq if rows else after,

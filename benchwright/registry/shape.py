@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.errors import NotFound
+from benchwright.events import AtomizeArtifact
 from benchwright.fingerprint import derive, model_config_hash, sha256_hex
 from benchwright.store.models import EventRow, PhaseCell, Run
 
@@ -29,7 +30,7 @@ def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, 
 def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, Any]]]) -> dict[str, str | None]:
     """The model-free members of the fingerprint family, from the run's phase cells and artifacts."""
     cells = {c.phase: c for c in session.execute(select(PhaseCell).where(PhaseCell.run_id == run.id)).scalars()}
-    impls = [data.get("impl_sha256") for _, kind, data in events if kind == "AtomizeArtifact"]
+    impls = [data.get("impl_sha256") for _, kind, data in events if kind == AtomizeArtifact.type_name()]
     analyze, setup = cells.get("analyze"), cells.get("setup")
     atomize_key = None
     if setup is not None:

@@ -194,3 +194,73 @@ async def test_ask_a_question_in_prose(llm_stack: LlmStack, operator_llm: tuple[
     assert f"Goal: {question}" in request.messages[1]["content"]
     both = await bw("ask", question, "--goal", "x.json", env=env)
     assert both.rc == 2 and "either as a sentence" in both.err
+
+
+async def test_a_retried_turn_is_read_back_and_the_cost_limit_stops_the_next(
+        tmp_path: Path, operator_llm: tuple[ScriptedLlm, str]) -> None:
+    """The turn activity on a real store and the scripted LLM: a repeated turn (a retry after the call was paid for)
+    is answered from the log, neither called nor charged again; once the session's cost limit is reached no call
+    is made."""
+    from typing import cast
+
+    from temporalio.client import Client
+
+    from activities.common import Deps
+    from activities.operator import OperatorLlmActivities
+    from benchwright.crypto import ensure_key_file, load_keyring
+    from benchwright.operator.goals import SessionCreate
+    from benchwright.operator.llm import admit_operator
+    from benchwright.operator.steps import LlmTurnStep
+    from benchwright.operator.store import create_session, get_session
+    from benchwright.settings import Settings
+    from benchwright.store.accounts import create_account, get_account
+    from benchwright.store.db import make_engine, migrate
+    from benchwright.store.policy import prepare_secrets, put_secret
+
+    llm, url = operator_llm
+    model = f"operator-{uuid.uuid4().hex[:8]}"
+    usage = {"prompt_tokens": 1000, "completion_tokens": 0}
+    llm.add(model, parse_script({model: [[{"tool_calls": [{"name": "get_run", "arguments": {
+        "reason": "look", "run_id": "x"}}], "usage": usage}] * 3]})[model])
+    settings = Settings(data_dir=tmp_path, allow_local_paths=True, billing_markup=1.5)
+    engine = make_engine(settings.resolved_database_url())
+    migrate(engine)
+    ensure_key_file(tmp_path)
+    prepare_secrets(engine, load_keyring(settings))
+    account, _ = create_account(engine, name="op", balance_usd=1.0, local_paths=True)
+    put_secret(engine, account_id=account.id, name="OPENAI_API_KEY", value="sk-op", host_pattern=None)
+    req = SessionCreate.model_validate({"operator": f"openai://{model}", "goal": "g", "api_base": url,
+                                        "input_cost_per_token": 1e-4, "output_cost_per_token": 0,
+                                        "limits": {"session": {"cost": 0.15}}})
+    config = admit_operator(settings, engine, account=account, req=req)
+    assert config is not None
+    sid = str(uuid.uuid4())
+    row = create_session(engine, session_id=sid, account_id=account.id, req=req)
+    acts = OperatorLlmActivities(Deps(engine=engine, settings=settings), cast(Client, None))
+
+    transcript: list[dict[str, Any]] = []
+
+    def step(turn: int) -> LlmTurnStep:
+        return LlmTurnStep(session_id=sid, account_id=account.id, llm=config, goal=row.goal, limits=req.limits,
+                           turn=turn, transcript=list(transcript))
+
+    def answered(reply: Any) -> None:
+        transcript.extend([reply.message(), {"role": "tool", "tool_call_id": reply.calls[0].id, "content": "{}"}])
+
+    first = await acts.turn(step(0))
+    again = await acts.turn(step(0))
+    assert first.reply is not None and again == first and len(llm.requests_for(model)) == 1
+    assert first.reply.cost_usd == pytest.approx(0.1)
+    assert get_account(engine, account_id=account.id).balance_usd == pytest.approx(1.0 - 0.1 * 1.5)
+    answered(first.reply)
+    second = await acts.turn(step(1))  # $0.10 spent of $0.15: one more call
+    assert second.reply is not None
+    answered(second.reply)
+    third = await acts.turn(step(2))  # $0.20 spent: none
+    assert third.reply is None and len(llm.requests_for(model)) == 2
+    assert third.over is not None and "limits.session.cost" in third.over
+    session = get_session(engine, session_id=sid, account_id=account.id)
+    from benchwright.operator.store import session_view
+
+    assert session_view(engine, session).operator_cost == pytest.approx(0.2)
+    engine.dispose()

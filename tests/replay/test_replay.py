@@ -19,6 +19,10 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   recorded with the patch (the second refused for local paths and completed as ``launch_refused``).
 - ``run_with_report.json``: a run that writes its narration and report after its terminal event (issue 26,
   ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
+- ``run_phase_heartbeat_retry.json``: phase activities scheduled with a heartbeat timeout (issue 23,
+  ``patched("phase-heartbeat")``), recorded by tests/faults/test_phase_worker_kill.py: the worker holding Fetch was
+  SIGKILLed and Fetch's second attempt followed a heartbeat timeout. Temporal's replay does not compare an
+  activity's timeouts, so the test below checks which branch each history takes instead.
 - ``operator_llm_session.json``: an LLM operator session (issue 26, ``patched("operator-llm")``): model turns,
   tool calls (two launches, two waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
 - ``operator_builtin_stopped.json``: a builtin session stopped while it waited on its first run: the run is stopped
@@ -82,6 +86,30 @@ async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.Monke
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
+
+
+@pytest.mark.parametrize(("name", "heartbeat"), [("run_with_report.json", False),
+                                                  ("run_phase_heartbeat_retry.json", True)])
+async def test_phase_heartbeat_branch_follows_the_history(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                          heartbeat: bool) -> None:
+    """Histories from before ``phase-heartbeat`` replay with its branch off (phases scheduled as they were), the one
+    recorded with it replays with it on."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    seen: set[bool] = set()
+
+    def spy(patch_id: str) -> bool:
+        answer = real(patch_id)
+        if patch_id == "phase-heartbeat":
+            seen.add(answer)
+        return answer
+
+    monkeypatch.setattr(workflow, "patched", spy)
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+    assert seen == {heartbeat}
 
 
 @pytest.mark.parametrize(("name", "patch"), [("operator_llm_session.json", "operator-llm"),
