@@ -58,8 +58,12 @@ async def test_llm_operator_reruns_a_struggling_run_with_another_driver(
         _turn("launch", reason="the first run's driver failed at Atomize: re-run it with the builtin driver",
               label="rerun", launch={**body, "driver": "builtin"}),
         _turn("wait", reason="read the re-run"),
+        _turn("replay", reason="check the re-run reproduces on its pinned tasks", label="replayed", run_id="rerun",
+              model=body["model"]),
+        _turn("wait", reason="read the replay"),
         _turn("answer", reason="the re-run measured the model", sentence=sentence, outcome="measured",
-              runs=["first", "rerun"], unestablished=["how the LLM driver would have scored it"]),
+              runs=["first", "rerun", "replayed"], comparisons=[["rerun", "replayed"]],
+              unestablished=["how the LLM driver would have scored it"]),
     ]]})[model])
     async with llm_stack.http() as http:
         before = (await http.get("/v1/account")).json()["balance_usd"]
@@ -72,14 +76,20 @@ async def test_llm_operator_reruns_a_struggling_run_with_another_driver(
         done = await _answered(http, started["id"])
         events = await _events(http, started["id"])
         runs = [(await http.get(f"/v1/runs/{r}")).json() for r in done["runs"]]
+        lineage = (await http.get(f"/v1/runs/{done['runs'][1]}/lineage")).json()
         after = (await http.get("/v1/account")).json()["balance_usd"]
 
     answer = done["answer"]
     assert done["status"] == "answered" and answer["sentence"] == sentence and answer["outcome"] == "measured"
-    first, rerun = runs
+    first, rerun, replayed = runs
     assert (first["driver"], first["status"]) == (struggling, "error"), first
     assert (rerun["driver"], rerun["status"]) == ("builtin", "ok"), rerun
     assert rerun["tasks"]["summary"]["pass_rate"] == 1.0
+    nodes = {n["id"]: n for n in lineage["runs"]}
+    assert (nodes[replayed["id"]]["parent_run_id"], nodes[replayed["id"]]["kind"]) == (rerun["id"], "replay")
+    assert replayed["status"] == "ok" and nodes[replayed["id"]]["fingerprint"] == nodes[rerun["id"]]["fingerprint"]
+    [pair] = answer["comparisons"]
+    assert (pair["a"], pair["b"], pair["difference"], pair["compared"]) == (rerun["id"], replayed["id"], 0.0, 4)
     rows = {e["label"]: e for e in answer["evidence"]}
     assert rows["first"]["run_id"] == first["id"] and rows["first"]["status"] == "error" and rows["first"]["error"]
     assert rows["rerun"]["pass_rate"] == 1.0
@@ -87,24 +97,26 @@ async def test_llm_operator_reruns_a_struggling_run_with_another_driver(
 
     # every tool call is a decision with its reason; the operator saw the failure before re-running
     decisions = [e["data"] for e in events if e["type"] == "OperatorDecision"]
-    assert [d["action"] for d in decisions] == ["launch", "wait", "launch", "wait", "answer", "answer"]
+    assert [d["action"] for d in decisions] == ["launch", "wait", "launch", "wait", "replay", "wait", "answer",
+                                                "answer"]
     assert decisions[2]["reason"].startswith("the first run's driver failed at Atomize")
     assert decisions[2]["evidence"]["arguments"]["launch"]["driver"] == "builtin"
     launched = [e["data"] for e in events if e["type"] == "OperatorRunLaunched"]
-    assert [(d["label"], d["run_id"]) for d in launched] == [("first", first["id"]), ("rerun", rerun["id"])]
+    assert [(d["label"], d["run_id"]) for d in launched] == [
+        ("first", first["id"]), ("rerun", rerun["id"]), ("replayed", replayed["id"])]
     requests = [r for r in llm.requests_for(model) if r.status == 200]
-    assert len(requests) == 5 and all(r.headers["authorization"] == f"Bearer {DRIVER_KEY}" for r in requests)
+    assert len(requests) == 7 and all(r.headers["authorization"] == f"Bearer {DRIVER_KEY}" for r in requests)
     seen = json.loads(requests[2].messages[-1]["content"])  # the wait's answer, shown before the re-run
     assert seen["runs"][0]["run_id"] == first["id"] and seen["runs"][0]["status"] == "error"
     assert "steer" not in json.dumps(requests[-1].body)
 
     # the operator's tokens are the session's cost (and the balance's), never a run's cost.driver
     turns = [e["data"] for e in events if e["type"] == "OperatorLlmTurn"]
-    own = 5 * (USAGE["prompt_tokens"] * INPUT_PRICE + USAGE["completion_tokens"] * OUTPUT_PRICE)
-    assert len(turns) == 5 and sum(t["cost_usd"] for t in turns) == pytest.approx(own)
+    own = 7 * (USAGE["prompt_tokens"] * INPUT_PRICE + USAGE["completion_tokens"] * OUTPUT_PRICE)
+    assert len(turns) == 7 and sum(t["cost_usd"] for t in turns) == pytest.approx(own)
     assert own > 0 and done["operator_cost"] == pytest.approx(own)
     assert done["cost"] == pytest.approx(own + sum(r["cost"]["incurred"] for r in runs))
-    assert [r["cost"]["driver"] for r in runs] == [0.0, 0.0]
+    assert [r["cost"]["driver"] for r in runs] == [0.0, 0.0, 0.0]
     assert before - after >= own * 0.999
     await record_history(stack, f"operator-{started['id']}", "operator_llm_session.json")
 

@@ -24,7 +24,7 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   SIGKILLed and Fetch's second attempt followed a heartbeat timeout. Temporal's replay does not compare an
   activity's timeouts, so the test below checks which branch each history takes instead.
 - ``operator_llm_session.json``: an LLM operator session (issue 26, ``patched("operator-llm")``): model turns,
-  tool calls (two launches, two waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
+  tool calls (two launches, a replay, three waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
 - ``operator_builtin_stopped.json``: a builtin session stopped while it waited on its first run: the run is stopped
   by the session (``patched("operator-stop-halts-runs")``: the ``operator_halt_runs`` activity) before the answer.
 - ``operator_builtin_extended.json``: a builtin ``better`` session whose first comparison (40 tasks) was
