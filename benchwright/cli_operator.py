@@ -71,21 +71,34 @@ def print_answer(session: dict[str, Any]) -> None:
                   highlight=False, markup=False)
 
 
-def ask_cmd(goal: Annotated[Path, typer.Option(help="A structured goal (JSON/YAML): {question: better|cheapest|"
-                                               "regressed|helps, ...}; see docs/operator.md.")],
+def ask_cmd(question: Annotated[str | None, typer.Argument(help="The goal in prose (an LLM operator, --operator "
+                                                          "<provider>://<model>).")] = None,
+            goal: Annotated[Path | None, typer.Option(help="A structured goal (JSON/YAML): {question: better|"
+                                                      "cheapest|regressed|helps, ...}; see docs/operator.md.")] = None,
+            operator: Annotated[str, typer.Option(help="'builtin' or an LLM operator '<provider>://<model>' (its key: "
+                                                  "the account secret <PROVIDER>_API_KEY).")] = "builtin",
+            api_base: Annotated[str | None, typer.Option(help="Where an LLM operator's calls go.")] = None,
+            input_cost_per_token: Annotated[float | None, typer.Option(min=0, help="An LLM operator's input "
+                                                                       "token price (USD).")] = None,
+            output_cost_per_token: Annotated[float | None, typer.Option(min=0, help="An LLM operator's output "
+                                                                        "token price (USD).")] = None,
             runs: Annotated[int, typer.Option(min=1, max=50, help="Most runs the session may launch.")] = 10,
             cost: Annotated[float | None, typer.Option(min=0.000001, help="Most USD the session may spend.")] = None,
             wait: Annotated[bool, typer.Option(help="Follow the session and print its answer.")] = True,
             json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
             api_key: ApiKey = None) -> None:
-    """Ask the builtin Operator a question: it launches the runs that answer it and answers with the evidence."""
+    """Ask the Operator a question: it launches the runs that answer it and answers with the evidence."""
 
     try:
-        parsed = read_goal(goal)
+        if (question is None) == (goal is None):
+            raise BadFlag("give the goal either as a sentence (QUESTION, with an LLM --operator) or as --goal FILE")
+        parsed: dict[str, Any] | str = read_goal(goal) if goal is not None else str(question)
     except BadFlag as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    body = {"operator": "builtin", "goal": parsed,
+    llm = {k: v for k, v in (("api_base", api_base), ("input_cost_per_token", input_cost_per_token),
+                             ("output_cost_per_token", output_cost_per_token)) if v is not None}
+    body = {"operator": operator, "goal": parsed, **llm,
             "limits": {"session": {"runs": runs, **({"cost": cost} if cost is not None else {})}}}
 
     def go(client: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from api.errors import BODY, responses
 from api.sse import resume_point
 from benchwright.errors import Conflict, InvalidInput, NotFound, Unavailable
 from benchwright.operator.goals import OPERATORS, SessionCreate, SessionView
+from benchwright.operator.llm import OperatorLlm
 from benchwright.operator.steps import OperatorInput
 from benchwright.operator.store import (
     TERMINAL,
@@ -50,25 +51,26 @@ class SteerRequest(BaseModel):
 async def create(body: SessionCreate, account: AccountDep, state: StateDep) -> SessionView:
     """Start a session: the operator plans the runs that answer the goal, launches them as the caller (within
     ``limits.session`` and the account's balance), reads them and answers."""
-    if body.operator not in OPERATORS:
+    if body.operator not in OPERATORS and "://" not in body.operator:
         raise InvalidInput(f"unknown operator '{body.operator}'{suggest(body.operator, OPERATORS)}; available: "
-                           f"{', '.join(OPERATORS)} (the LLM operator is not available yet)", code="unknown_operator")
+                           f"{', '.join(OPERATORS)}, or '<provider>://<model>' for an LLM operator",
+                           code="unknown_operator")
     import uuid
 
-    await run_in_threadpool(_admit, state, account, body)
+    llm = await run_in_threadpool(_admit, state, account, body)
     session_id = str(uuid.uuid4())
     client = await state.temporal()
     row = await run_in_threadpool(create_session, state.engine, session_id=session_id, account_id=account.id,
                                   req=body)
     inp = OperatorInput(session_id=session_id, account_id=account.id, operator=body.operator, goal=row.goal,
-                        limits=body.limits)
+                        limits=body.limits, llm=llm)
     try:
         await client.start_workflow(
             "OperatorWorkflow", inp, id=workflow_id(session_id), task_queue=state.settings.task_queue,
             search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_ACCOUNT, account.name),
                                                      SearchAttributePair(OPERATOR_SESSION, session_id)]),
             memo={"session_id": session_id, "account": account.name},
-            static_summary=f"Operator session: {body.goal.question}",
+            static_summary=f"Operator session: {body.goal.question} ({body.operator})",
             static_details=f"Benchwright operator session `{session_id}` ({body.operator})  \n"
                            f"its runs: `{OPERATOR_SESSION.name} = '{session_id}'`")
     except Exception as exc:
@@ -77,16 +79,24 @@ async def create(body: SessionCreate, account: AccountDep, state: StateDep) -> S
     return await run_in_threadpool(session_view, state.engine, row)
 
 
-def _admit(state: StateDep, account: AccountDep, body: SessionCreate) -> None:
+def _admit(state: StateDep, account: AccountDep, body: SessionCreate) -> OperatorLlm | None:
     """Refuse at once (400/404/409) a goal whose plan could not be launched: the reference is not readable or not
     finished, or a planned launch fails the checks of ``POST /v1/runs`` (``admit_launch``). Each launch is checked
-    again when the session makes it (the balance, the quota and the account's rules may change meanwhile)."""
+    again when the session makes it (the balance, the quota and the account's rules may change meanwhile).
+    An LLM operator's own checks (``admit_operator``: its secret, its ``api_base``, its price); it plans as it goes,
+    and each of its launches is checked when it makes it."""
     from benchwright.launch import admit_launch
     from benchwright.operator.builtin import plan
+    from benchwright.operator.llm import admit_operator
+
+    llm = admit_operator(state.settings, state.engine, account=account, req=body)
+    if llm is not None:
+        return llm
 
     for planned in plan(state.settings, state.engine, account_id=account.id, goal=body.goal):
         check_model_identifier(planned.launch.model.identifier)
         admit_launch(state.settings, state.engine, account=account, launch=planned.launch)
+    return None
 
 
 class SessionList(BaseModel):
@@ -191,5 +201,6 @@ async def resume(session_id: SessionId, account: AccountDep, state: StateDep) ->
 @router.post("/{session_id}/steer", status_code=202, response_model=SessionView,
              responses=responses(*BODY, 404, 409))
 async def steer(session_id: SessionId, body: SteerRequest, account: AccountDep, state: StateDep) -> SessionView:
-    """Send the operator a message; it is recorded in the log (the builtin operator keeps to its plan)."""
+    """Send the operator a message; it is recorded in the log. An LLM operator reads it as a user message before
+    its next model call; the builtin operator keeps to its plan."""
     return await _signal(state, account, session_id, "steer", body.message)

@@ -26,6 +26,12 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   ``patched("phase-heartbeat")``), recorded by tests/faults/test_phase_worker_kill.py: the worker holding Fetch was
   SIGKILLed and Fetch's second attempt followed a heartbeat timeout. Temporal's replay does not compare an
   activity's timeouts, so the test below checks which branch each history takes instead.
+- ``operator_llm_session.json``: an LLM operator session (issue 26, ``patched("operator-llm")``): model turns,
+  tool calls (two launches, a replay, three waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
+- ``operator_builtin_stopped.json``: a builtin session stopped while it waited on its first run: the run is stopped
+  by the session (``patched("operator-stop-halts-runs")``: the ``operator_halt_runs`` activity) before the answer.
+- ``operator_builtin_extended.json``: a builtin ``better`` session whose first comparison (40 tasks) was
+  inconclusive, extended to two larger runs (``patched("operator-extend")``: the ``operator_extend`` activity).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from worker import PASSTHROUGH
+from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
@@ -47,7 +54,8 @@ HISTORIES = Path(__file__).with_name("histories")
 
 
 def _replayer() -> Replayer:
-    return Replayer(workflows=[RunWorkflow, RegressionWorkflow], data_converter=pydantic_data_converter,
+    return Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
+                    data_converter=pydantic_data_converter,
                     workflow_runner=SandboxedWorkflowRunner(
                         restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
 
@@ -105,3 +113,20 @@ async def test_phase_heartbeat_branch_follows_the_history(monkeypatch: pytest.Mo
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
     assert seen == {heartbeat}
+
+
+@pytest.mark.parametrize(("name", "patch"), [("operator_llm_session.json", "operator-llm"),
+                                             ("operator_builtin_stopped.json", "operator-stop-halts-runs"),
+                                             ("operator_builtin_extended.json", "operator-extend")])
+async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                      patch: str) -> None:
+    """Without ``operator-llm`` the session would take the builtin path (its recorded turns no longer match);
+    without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs; without
+    ``operator-extend`` an inconclusive ``better`` would answer at once."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == patch else real(patch_id))
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
