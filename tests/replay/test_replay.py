@@ -32,6 +32,11 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   by the session (``patched("operator-stop-halts-runs")``: the ``operator_halt_runs`` activity) before the answer.
 - ``operator_builtin_extended.json``: a builtin ``better`` session whose first comparison (40 tasks) was
   inconclusive, extended to two larger runs (``patched("operator-extend")``: the ``operator_extend`` activity).
+- ``run_stopped_during_materialize.json``: a run stopped mid-Materialize (tests/api/test_control.py): its teardown
+  waits for the halt row's write (``patched("halt-written-before-teardown")``) before ``finish_halted``.
+
+test_patch_histories.py checks that every patch in workflows/*.py has a history here with it on and one from
+before it (or an allow-listed reason why not).
 """
 
 from __future__ import annotations
