@@ -56,6 +56,7 @@ from benchwright.proxy.egress_http import (
     serialize_head,
 )
 from benchwright.proxy.egress_log import BlockedHostRecorder, InMemoryBlockedLog
+from benchwright.proxy.egress_stream import IdleWatchdog, abort, close, lingering_close, write
 from benchwright.proxy.egress_target import parse_authority, parse_http_uri
 from benchwright.proxy.policy import HostPolicy, decide
 
@@ -67,81 +68,8 @@ _log = logging.getLogger(__name__)
 _READ_LIMIT = 64 * 1024
 # Upstream response heads are bounded independently of max_header_bytes (which guards against clients).
 _MAX_RESPONSE_HEAD = 256 * 1024
-# After an error answer, read and discard what the client still sends for a moment: closing a socket with unread
-# input makes the kernel send RST, which can destroy the answer before the client reads it.
-_LINGER_S = 1.0
-_LINGER_MAX_BYTES = 1024 * 1024
 # How long a finished response waits for the request-body copy to finish before giving up on keep-alive.
 _BODY_SETTLE_S = 1.0
-
-
-# --------------------------------------------------------------------------------------------------- internals
-
-
-class _IdleWatchdog:
-    """Cancels a connection's task once no bytes moved for ``timeout`` seconds.
-
-    ``touch()`` is a float store, so calling it per 64 KiB chunk costs nothing; a single timer re-arms itself
-    lazily instead of being rescheduled on every chunk.
-    """
-
-    __slots__ = ("_handle", "_last", "_loop", "_task", "_timeout", "expired")
-
-    def __init__(self, timeout: float, task: asyncio.Task[Any]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._timeout = timeout
-        self._task = task
-        self._last = self._loop.time()
-        self.expired = False
-        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout, self._check)
-
-    def touch(self) -> None:
-        self._last = self._loop.time()
-
-    def _check(self) -> None:
-        idle = self._loop.time() - self._last
-        if idle >= self._timeout:
-            self._handle = None
-            self.expired = True
-            self._task.cancel()
-        else:
-            self._handle = self._loop.call_later(self._timeout - idle, self._check)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-
-async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
-    writer.write(data)
-    await writer.drain()
-
-
-
-def _abort(*writers: asyncio.StreamWriter) -> None:
-    for writer in writers:
-        with contextlib.suppress(Exception):
-            writer.transport.abort()
-
-
-def _close(*writers: asyncio.StreamWriter) -> None:
-    for writer in writers:
-        with contextlib.suppress(Exception):
-            writer.close()
-
-
-async def _lingering_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Half-close and swallow the client's remaining input briefly, so an error answer is not lost to a RST."""
-    with contextlib.suppress(Exception):
-        if writer.can_write_eof():
-            writer.write_eof()
-        async with asyncio.timeout(_LINGER_S):
-            discarded = 0
-            while discarded < _LINGER_MAX_BYTES and (data := await reader.read(CHUNK)):
-                discarded += len(data)
-
 
 
 # ------------------------------------------------------------------------------------------------------- proxy
@@ -301,10 +229,10 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         if self._stopping:
-            _abort(writer)
+            abort(writer)
             return
         self._connections.add(task)
-        watchdog = _IdleWatchdog(self._idle_timeout_s, task)
+        watchdog = IdleWatchdog(self._idle_timeout_s, task)
         graceful = False
         try:
             await self._serve_connection(reader, writer, watchdog)
@@ -322,13 +250,13 @@ class EgressProxy:
         finally:
             watchdog.close()
             if graceful:
-                _close(writer)
+                close(writer)
             else:
-                _abort(writer)
+                abort(writer)
             self._connections.discard(task)
 
     async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, watchdog: _IdleWatchdog
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, watchdog: IdleWatchdog
     ) -> None:
         """Serve requests on one client connection until it closes or a request ends keep-alive."""
         requests = MessageReader(reader, side="client", max_head=self._max_header_bytes, touch=watchdog.touch)
@@ -371,11 +299,11 @@ class EgressProxy:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
-            await _write(writer, error_response(status, message, headers))
-            await _lingering_close(reader, writer)
+            await write(writer, error_response(status, message, headers))
+            await lingering_close(reader, writer)
 
     async def _serve_request(
-        self, head: Head, requests: MessageReader, writer: asyncio.StreamWriter, watchdog: _IdleWatchdog
+        self, head: Head, requests: MessageReader, writer: asyncio.StreamWriter, watchdog: IdleWatchdog
     ) -> bool:
         """Handle one request; returns whether the client connection may carry another request."""
         if head.version not in ("1.0", "1.1"):
@@ -465,11 +393,11 @@ class EgressProxy:
         early: bytes,
         requests: MessageReader,
         writer: asyncio.StreamWriter,
-        watchdog: _IdleWatchdog,
+        watchdog: IdleWatchdog,
     ) -> None:
         up_reader, up_writer = await self._open_upstream(host, port)
         try:
-            await _write(writer, b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            await write(writer, b"HTTP/1.1 200 Connection Established\r\n\r\n")
             # Bytes the client sent right behind the CONNECT head (an eager TLS ClientHello) go first.
             if early:
                 up_writer.write(early)
@@ -478,13 +406,13 @@ class EgressProxy:
                 self._pump(up_reader, writer, watchdog, (writer, up_writer)),
             )
         finally:
-            _close(up_writer)
+            close(up_writer)
 
     @staticmethod
     async def _pump(
         src: asyncio.StreamReader,
         dst: asyncio.StreamWriter,
-        watchdog: _IdleWatchdog,
+        watchdog: IdleWatchdog,
         both: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
     ) -> None:
         """Copy ``src`` to ``dst`` until EOF, then half-close ``dst``; on a socket error abort both sides."""
@@ -498,7 +426,7 @@ class EgressProxy:
                 dst.write_eof()
         except (ConnectionError, OSError, RuntimeError):
             # The other pump is blocked on a read from a healthy socket; aborting both ends it too.
-            _abort(*both)
+            abort(*both)
 
     # -- plain HTTP ------------------------------------------------------------------------------------------
 
@@ -511,7 +439,7 @@ class EgressProxy:
         path: str,
         requests: MessageReader,
         writer: asyncio.StreamWriter,
-        watchdog: _IdleWatchdog,
+        watchdog: IdleWatchdog,
     ) -> bool:
         """Forward one absolute-URI request over a fresh upstream connection; returns keep-alive for the client."""
         up_reader, up_writer = await self._open_upstream(host, port)
@@ -524,7 +452,7 @@ class EgressProxy:
             headers.append(("Connection", "close"))
             start = f"{head.method} {path} HTTP/{head.version}".encode("ascii")
             try:
-                await _write(up_writer, serialize_head(start, headers))
+                await write(up_writer, serialize_head(start, headers))
             except (ConnectionError, OSError) as exc:
                 raise ClientError(502, f"the target {host}:{port} dropped the connection: {exc}") from None
             # Concurrent with the response: a 100 Continue must reach the client while the body is pending, and
@@ -534,7 +462,7 @@ class EgressProxy:
 
             def _abort_on_failure(t: asyncio.Task[Any]) -> None:
                 if not t.cancelled() and t.exception() is not None:
-                    _abort(up_writer)
+                    abort(up_writer)
 
             body_task.add_done_callback(_abort_on_failure)
             client_keep_alive = (
@@ -551,7 +479,7 @@ class EgressProxy:
             if body_task is not None and not body_task.done():
                 body_task.cancel()
                 await asyncio.wait({body_task})  # unlike `await body_task`, never swallows our own cancellation
-            _close(up_writer)
+            close(up_writer)
 
     async def _relay_response(
         self,
@@ -559,7 +487,7 @@ class EgressProxy:
         client_keep_alive: bool,
         up_reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        watchdog: _IdleWatchdog,
+        watchdog: IdleWatchdog,
     ) -> bool:
         """Relay interim and final response heads and the body; returns keep-alive for the client."""
         responses = MessageReader(up_reader, side="upstream", max_head=_MAX_RESPONSE_HEAD, touch=watchdog.touch,
@@ -579,7 +507,7 @@ class EgressProxy:
             if head.status >= 200:
                 break
             if request.version == "1.1":  # HTTP/1.0 clients must not see interim (1xx) responses
-                await _write(writer, serialize_head(head.start, filtered_headers(head)))
+                await write(writer, serialize_head(head.start, filtered_headers(head)))
         framing = _response_framing(head, request.method)
         keep_alive = client_keep_alive and framing != "close"
         # Content-Length next to Transfer-Encoding is dropped (RFC 9112 §6.3) since the body is relayed chunked.

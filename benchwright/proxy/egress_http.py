@@ -298,7 +298,7 @@ class MessageReader:
         if self._ignore_rest or self._connect:
             return  # a CONNECT's end is its Tunnel event
         self._in_message = False
-        if self._side == "client" or self._parser.get_status_code() >= 200:
+        if isinstance(self._parser, httptools.HttpRequestParser) or self._parser.get_status_code() >= 200:
             self._events.append(End(self._trailers))
 
 
