@@ -175,13 +175,14 @@ class MessageReader:
         self._in_head = False
         self._head_bytes = 0
         self._noise = 0  # chunked-body bytes since the last body data (chunk-size lines, trailers)
-        self._too_large = False
         self._url = bytearray()
         self._reason = bytearray()
         self._headers: list[tuple[str, str]] = []
         self._trailers: list[tuple[str, str]] = []
         self._ignore_rest = False
         self._connect = False
+        self._error: Exception | None = None
+        self._trailer_bytes = 0
 
     def _new_parser(self) -> httptools.HttpRequestParser | httptools.HttpResponseParser:
         if self._side == "client":
@@ -207,6 +208,8 @@ class MessageReader:
             RequestRefused: (client side) a request llhttp refused that the proxy answers in its own words.
         """
         while not self._events:
+            if self._error is not None:
+                raise self._error
             if self._leftover:
                 data, self._leftover = self._leftover, b""
             else:
@@ -220,6 +223,8 @@ class MessageReader:
         return self._events.popleft()
 
     def _feed(self, data: bytes) -> None:
+        """Parse ``data`` into events; an error is raised once the events parsed before it are consumed (so a
+        body broken after a good head still reaches the caller as a head, then the error)."""
         if self._ignore_rest:
             return
         in_head_before = self._in_head
@@ -237,15 +242,21 @@ class MessageReader:
             else:
                 self._ignore_rest = True  # a 101 answer: the proxy refuses it, nothing behind it is read
         except httptools.HttpParserError as exc:
-            raise _describe(exc, self._side) from None
-        if self._too_large:
-            raise HeadTooLarge()
+            error = _describe(exc, self._side)
+            if isinstance(error, RequestRefused) and self._events and isinstance(self._events[-1], Head):
+                self._events.pop()  # llhttp judged the framing right after the head: refuse the head itself
+            self._fail(error)
         if self._in_head:
             self._head_bytes = self._head_bytes + len(data) if in_head_before else len(data)
             if self._head_bytes > self._max_head:
-                raise HeadTooLarge()
+                self._fail(HeadTooLarge())
         elif self._in_message and self._noise > MAX_TRAILER:
-            raise PeerError(self._side, "malformed chunked trailer")
+            self._fail(PeerError(self._side, "malformed chunked trailer"))
+
+    def _fail(self, error: Exception) -> None:
+        if self._error is None:
+            self._error = error
+        self._ignore_rest = True
 
     # -- httptools callbacks --------------------------------------------------------------------------------
 
@@ -255,6 +266,7 @@ class MessageReader:
         self._url.clear()
         self._reason.clear()
         self._headers, self._trailers = [], []
+        self._trailer_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -264,7 +276,13 @@ class MessageReader:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         field = (name.decode("latin-1"), value.decode("latin-1"))
-        (self._headers if self._in_head else self._trailers).append(field)
+        if self._in_head:
+            self._headers.append(field)
+        else:
+            self._trailers.append(field)
+            self._trailer_bytes += len(name) + len(value) + 4
+            if self._trailer_bytes > MAX_TRAILER:
+                self._fail(PeerError(self._side, "malformed chunked trailer"))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -282,7 +300,12 @@ class MessageReader:
             reason = b" " + bytes(self._reason) if self._reason else b""
             start = b"HTTP/%s %d%s" % (version.encode("ascii"), status, reason)
             head = Head(start, version, self._headers, status=status)
-        self._too_large = self._too_large or size + len(start) + 2 > self._max_head
+        if size + len(start) + 2 > self._max_head:
+            self._fail(HeadTooLarge())
+            return
+        if head.method and version == "0.9":  # llhttp's reading of a request line without a version
+            self._fail(RequestRefused(f"malformed request line {start[:100]!r}"))
+            return
         self._events.append(head)
         if head.status >= 200 and self._head_only():
             self._events.append(End([]))
