@@ -502,6 +502,8 @@ class EgressProxy:
             if head is None:
                 raise ClientError(502, "the target closed the connection without answering")
             assert isinstance(head, Head), head
+            if head.version not in ("1.0", "1.1"):
+                raise ClientError(502, "the target answered with a malformed status line")
             if head.status == 101:
                 raise ClientError(502, "the target switched protocols, which this proxy does not relay")
             if head.status >= 200:

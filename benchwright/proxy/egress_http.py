@@ -120,7 +120,7 @@ Event = Head | bytes | End | Tunnel
 _DESCRIBE: tuple[tuple[str, str, bool], ...] = (
     ("Transfer-Encoding can't be present with Content-Length", "both Transfer-Encoding and Content-Length", True),
     ("Content-Length", "invalid Content-Length", True),
-    ("invalid `Transfer-Encoding`", "request Transfer-Encoding must end in chunked", True),
+    ("Transfer-Encoding", "request Transfer-Encoding must end in chunked", True),
     ("Unexpected space after start line", "obsolete line folding in header block", False),
     ("Unexpected whitespace after header value", "obsolete line folding in header block", False),
     ("header value char", "invalid characters in header", False),
@@ -140,7 +140,7 @@ def _describe(exc: httptools.HttpParserError, side: Side) -> Exception:
             if refused and side == "client":
                 return RequestRefused(message)
             return PeerError(side, f"{message} ({reason})")
-    if side == "client" and ("version" in reason or "method" in reason or "URL" in reason or "url" in reason):
+    if side == "client" and any(word in reason for word in ("version", "method", "URL", "url", "Expected HTTP/")):
         return RequestRefused(f"malformed request line ({reason})")
     return PeerError(side, reason)
 
@@ -186,7 +186,9 @@ class MessageReader:
 
     def _new_parser(self) -> httptools.HttpRequestParser | httptools.HttpResponseParser:
         if self._side == "client":
-            return httptools.HttpRequestParser(self)
+            parser = httptools.HttpRequestParser(self)
+            parser.set_dangerous_leniencies(lenient_version=True)  # any HTTP/d.d parses; the proxy answers 505
+            return parser
         return httptools.HttpResponseParser(self)
 
     @property
@@ -275,7 +277,7 @@ class MessageReader:
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        field = (name.decode("latin-1"), value.decode("latin-1"))
+        field = (name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
         if self._in_head:
             self._headers.append(field)
         else:
