@@ -457,20 +457,23 @@ class EgressProxy:
                 raise ClientError(502, f"the target {host}:{port} dropped the connection: {exc}") from None
             # Concurrent with the response: a 100 Continue must reach the client while the body is pending, and
             # an origin may answer early (413) without reading the body.
-            chunked = bool(head.values("transfer-encoding"))
-            body_task = asyncio.create_task(_copy_body(requests, up_writer, chunked=chunked))
+            if not requests.take_end():  # a body follows (a request without one has ended already)
+                chunked = bool(head.values("transfer-encoding"))
+                body_task = asyncio.create_task(_copy_body(requests, up_writer, chunked=chunked))
 
-            def _abort_on_failure(t: asyncio.Task[Any]) -> None:
-                if not t.cancelled() and t.exception() is not None:
-                    abort(up_writer)
+                def _abort_on_failure(t: asyncio.Task[Any]) -> None:
+                    if not t.cancelled() and t.exception() is not None:
+                        abort(up_writer)
 
-            body_task.add_done_callback(_abort_on_failure)
+                body_task.add_done_callback(_abort_on_failure)
             client_keep_alive = (
                 head.version == "1.1"
                 and "close" not in head.tokens("connection")
                 and "close" not in head.tokens("proxy-connection")
             )
             keep_alive = await self._relay_response(head, client_keep_alive, up_reader, writer, watchdog)
+            if body_task is None:
+                return keep_alive
             done, _ = await asyncio.wait({body_task}, timeout=_BODY_SETTLE_S)
             if not done or body_task.cancelled() or body_task.exception() is not None:
                 keep_alive = False  # the rest of the request body is unread: the connection is out of sync

@@ -224,6 +224,13 @@ class MessageReader:
             self._feed(data)
         return self._events.popleft()
 
+    def take_end(self) -> bool:
+        """Consume the message's :class:`End` if it is the next event already parsed (never reads)."""
+        if self._events and isinstance(self._events[0], End):
+            self._events.popleft()
+            return True
+        return False
+
     def _feed(self, data: bytes) -> None:
         """Parse ``data`` into events; an error is raised once the events parsed before it are consumed (so a
         body broken after a good head still reaches the caller as a head, then the error)."""
