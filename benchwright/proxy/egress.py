@@ -23,7 +23,8 @@ uvloop as well as the default loop.
 
 Modules: this one serves connections and applies policy; :mod:`~benchwright.proxy.egress_http` frames HTTP/1.1
 (``httptools``, like :mod:`benchwright.httpclient`); :mod:`~benchwright.proxy.egress_target` parses request
-targets; :mod:`~benchwright.proxy.egress_log` records refused hosts.
+targets; :mod:`~benchwright.proxy.egress_stream` holds the connection plumbing (watchdog, closes);
+:mod:`~benchwright.proxy.egress_log` records refused hosts.
 """
 
 from __future__ import annotations

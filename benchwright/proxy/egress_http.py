@@ -6,6 +6,12 @@ yields :class:`Head`, body ``bytes`` (de-framed), :class:`End` (with trailers) a
 :class:`Tunnel` (the bytes already read behind the head). It bounds what a peer can make it buffer: a head over
 ``max_head`` bytes raises :class:`HeadTooLarge`, chunk-size lines and trailers over :data:`MAX_TRAILER` raise
 :class:`PeerError`; it reads at most :data:`CHUNK` bytes at a time and only when the caller asks for an event.
+
+llhttp replaced a hand-written parser (issue 24) and is stricter in a few corners, each refused with 400 (or 502
+from a target) where the old parser passed it on: bare-LF line ends, methods llhttp does not know (``FOO``,
+lower-case ``get``), a repeated identical Content-Length; an explicit ``HTTP/0.9`` is 400, not 505. It accepts
+one thing the old parser refused: extra spaces between request-line parts (the proxy re-serialises canonically).
+Error bodies keep the old wording but quote llhttp's reason instead of the offending line.
 """
 
 from __future__ import annotations
