@@ -187,6 +187,8 @@ class MessageReader:
         self._trailers: list[tuple[str, str]] = []
         self._ignore_rest = False
         self._connect = False
+        self._request: Head | None = None
+        self._synthetic = False
         self._error: Exception | None = None
         self._trailer_bytes = 0
 
@@ -253,7 +255,13 @@ class MessageReader:
                 self._ignore_rest = True
             elif self._side == "client":
                 # An ``Upgrade`` request the proxy forwards as a plain one (the header is hop-by-hop): parse on.
+                # llhttp skipped its body, so a body is parsed behind a synthetic head of the same framing.
                 self._parser, self._leftover = self._new_parser(), rest
+                if self._request is not None and (framing := _framing_field(self._request)):
+                    if self._events and isinstance(self._events[-1], End):
+                        self._events.pop()
+                    self._synthetic = True
+                    self._leftover = b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n" + rest
             else:
                 self._ignore_rest = True  # a 101 answer: the proxy refuses it, nothing behind it is read
         except httptools.HttpParserError as exc:
@@ -302,13 +310,16 @@ class MessageReader:
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._noise = 0
+        if self._synthetic:  # the stand-in head for an Upgrade request's body: its events are the body's
+            self._synthetic = False
+            return
         version = self._parser.get_http_version()
         size = sum(len(n) + len(v) + 4 for n, v in self._headers) + 2
         if isinstance(self._parser, httptools.HttpRequestParser):
             method = self._parser.get_method().decode("ascii")
             target = self._url.decode("latin-1")
             start = f"{method} {target} HTTP/{version}".encode("latin-1")
-            head = Head(start, version, self._headers, method=method, target=target)
+            head = self._request = Head(start, version, self._headers, method=method, target=target)
             self._connect = method == "CONNECT"
         else:
             status = self._parser.get_status_code()
@@ -341,6 +352,14 @@ class MessageReader:
 
 
 # --------------------------------------------------------------------------------------------- serialisation
+
+
+def _framing_field(head: Head) -> bytes:
+    """The body-framing header field of a request llhttp has validated (empty when it has no body)."""
+    if head.values("transfer-encoding"):
+        return b"Transfer-Encoding: chunked"
+    length = head.values("content-length")
+    return b"Content-Length: " + length[0].encode("ascii") if length and length[0] != "0" else b""
 
 
 def filtered_headers(head: Head, *, drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:

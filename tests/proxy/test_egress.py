@@ -947,3 +947,20 @@ async def test_an_upgrade_request_is_forwarded_plain_and_the_connection_stays_us
     assert (first.status, second.status) == (200, 200)
     assert [r["target"] for r in origin.requests] == ["/a", "/b"]
     assert all(name.lower() != "upgrade" for name, _ in origin.requests[0]["headers"])
+
+
+async def test_an_upgrade_request_with_a_body_forwards_the_body(env: Env, origin: Origin) -> None:
+    url = f"http://localhost:{origin.port}"
+    reader, writer = await env.connect()
+    try:
+        writer.write(f"POST {url}/a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+                     "Content-Length: 5\r\n\r\nhello".encode()
+                     + f"POST {url}/b HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+                     "Upgrade: h2c\r\n\r\n2\r\nhi\r\n0\r\n\r\n".encode())
+        first = await asyncio.wait_for(read_response(reader), 5)
+        second = await asyncio.wait_for(read_response(reader), 5)
+    finally:
+        writer.close()
+    assert [(first.json()["target"], first.json()["body"]), (second.json()["target"], second.json()["body"])] == [
+        ("/a", "hello"), ("/b", "hi")
+    ]
