@@ -375,7 +375,7 @@ def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {q
                   "(docs/agents.md: it solves 16 of its 22 tasks).")] = False,
               ) -> None:
     """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
-    from benchwright.devmodel import DevModelConfig, load_answers, serve
+    from benchwright.testkit.devmodel import DevModelConfig, load_answers, serve
 
     if agent:
         from benchwright.testkit import product_double
@@ -586,10 +586,10 @@ def demo(data_dir: DataDir = None,
     import signal
 
     from benchwright.client import Client
-    from benchwright.devmodel import rows_answered_correctly
     from benchwright.devstack import free_port
     from benchwright.supervisor import dashboard_url, stack_holder
     from benchwright.teardown import reap_stack
+    from benchwright.testkit.devmodel import rows_answered_correctly
 
     def _on_signal(signum: int, _frame: Any) -> None:
         raise _Signalled(signum)

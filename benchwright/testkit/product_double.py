@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchwright.devmodel import DevModelConfig
 from benchwright.product.recipe import Recipe, bundled_path, load
+from benchwright.testkit.devmodel import DevModelConfig
 
 RECIPE = "terminal-basics"
 
