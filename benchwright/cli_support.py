@@ -15,8 +15,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -31,6 +32,10 @@ from typer._click.exceptions import NoSuchOption
 from typer.core import TyperCommand, TyperOption
 
 from benchwright.settings import default_data_dir
+
+SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
+                                                                    "$BENCHWRIGHT_DATA_DIR).")]
 
 RESUMABLE_DISPLAY = ("paused", "waiting")
 """display_status values a watch stops at: the run waits for a person (resume, review), not for time."""
