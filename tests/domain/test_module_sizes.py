@@ -13,7 +13,6 @@ MODULES = ("worker.py",)
 MAX_LINES = 600
 
 ALLOWED: dict[str, str] = {
-    "benchwright/proxy/egress.py": "being moved onto h11 (issue 24)",
     "benchwright/sandbox/local.py": "the local backend's Sandbox and its start path; to become the sandbox/local/ "
                                     "package with its local_* siblings (issue 24)",
     "benchwright/sandbox/_nsexec.py": "a stdlib-only script run by path (python -E -s -S), one file so nothing it "
