@@ -236,7 +236,7 @@ class BridgeRecorder:
         self._last_flush = time.monotonic()
         if batch:
             await asyncio.to_thread(append_events, self.engine, self.inp.run_id, batch)
-            self.written += sum(1 for e in batch if e.type == "MaterializeTaskResult")
+            self.written += sum(1 for e in batch if e.type == MaterializeTaskResult.type_name())
         self.progress({"harness": self.harness, "trials_recorded": self.written, "tasks_total": self.total,
                        "calls": self.meter.calls})
         if batch:
