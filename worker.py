@@ -22,7 +22,7 @@ from activities.fetch import FetchActivities
 from activities.find import FindActivities
 from activities.fork import ForkActivities
 from activities.materialize import MaterializeActivities
-from activities.operator import OperatorActivities
+from activities.operator import OperatorActivities, OperatorLlmActivities
 from activities.regression import RegressionActivities
 from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
@@ -112,7 +112,10 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         ReportActivities(deps).report,
     ]
     operator = OperatorActivities(deps, client)
-    activities += [operator.plan, operator.launch, operator.wait, operator.record, operator.answer]
+    activities += [operator.plan, operator.launch, operator.wait, operator.record, operator.answer,
+                   operator.halt_runs, operator.extend]
+    llm_operator = OperatorLlmActivities(deps, client)
+    activities += [llm_operator.turn, llm_operator.tool, llm_operator.answer]
     return StackWorker(
         client,
         settings=settings,

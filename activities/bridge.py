@@ -5,14 +5,22 @@ what every batch has: heartbeats, the halt watcher (a stop cancels this coroutin
 the harness's whole PID namespace), the SUT breaker. The harness runs from its installed runtime (mounted
 read-only), restored from the post-Setup snapshot, and reaches the model only through the relay's one loopback
 endpoint via the sandbox's egress proxy (``benchwright.harness.relay``).
+
+harbor is the same batch with a ``harbor_orchestrator`` sandbox running harbor on a copy of the task set, and a
+task-environment broker (``benchwright.harness.harbor.TaskEnvBroker``) beside the relay that opens one
+``harbor_task_env`` sandbox per trial on the run's backend (``SandboxCreated``/``SandboxKilled`` each) and kills
+whatever is still open when the batch ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +30,23 @@ from benchwright.errors import Unavailable
 from benchwright.events import HarnessLogArtifact, HarnessTaskArtifact
 from benchwright.fingerprint import sha256_hex
 from benchwright.harness.artifacts import store_artifact
-from benchwright.harness.bridge import SCRIPT, BridgeFailed, BridgeRecorder, plan_bridge
-from benchwright.harness.config import check_harness, sample_limit
-from benchwright.harness.install import RUNTIMES, harness_root, installed
+from benchwright.harness.bridge import CONFIG, SCRIPT, BridgeFailed, BridgeRecorder, plan_bridge
+from benchwright.harness.config import HarnessConfig, check_harness, sample_limit
+from benchwright.harness.harbor import (
+    TASKS_DIR,
+    EnvPlan,
+    TaskEnvBroker,
+    environment_plans,
+    resolve_task_set,
+    task_files,
+)
+from benchwright.harness.install import RUNTIMES, base_prefix, harness_root, installed
 from benchwright.harness.relay import Relay
 from benchwright.limits import RunLimits
 from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox import ExecLimits
+from benchwright.sandbox.lifecycle import Sandbox
+from benchwright.sandbox.local import ROOT_LINKS_KEY
 from benchwright.schemas import LaunchRequest
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run
@@ -61,13 +79,16 @@ async def bridge_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient
     await in_thread(append_events, deps.engine, inp.run_id, [NewEvent.of(
         event_key(inp.run_id, "materialize", inp.invocation, "harness-task"),
         HarnessTaskArtifact(harness=launch.harness, version=RUNTIMES[launch.harness].version,
-                            task=config.task or config.task_name,
+                            task=config.task or config.task_name or config.path,
                             config_sha256=sha256_hex(config.model_dump(mode="json"))))])
     relay = Relay(sut)
     recorder = BridgeRecorder(engine=deps.engine, inp=inp, harness=launch.harness, meter=relay.meter,
                               progress=progress)
     done = await recorder.load()
     limit = sample_limit(config, RunLimits.model_validate(run.limits or {}))
+    if launch.harness == "harbor":
+        return await _harbor_batch(deps, inp=inp, config=config, runtime=runtime, root=root, recorder=recorder,
+                                   limit=limit, done=done)
     async with relay as endpoint, sandbox(
             deps, run_id=inp.run_id, role="work", key=("materialize", inp.invocation, "bridge"),
             restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset({("127.0.0.1", endpoint.port)}),
@@ -77,36 +98,95 @@ async def bridge_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient
         for name, data in plan.files.items():
             await put_file(box, name, data)
         bound = deps.settings.materialize_batch_duration_s
-        proc = await box.backend.spawn(box.info.sandbox_id, [str(runtime / "bin" / "python"), SCRIPT],
-                                       env=box.scorer_env(plan.env),
-                                       limits=ExecLimits(cpu_seconds=int(bound), memory_mb=MEMORY_MB,
-                                                         wall_seconds=bound, max_processes=512, cpu_cores=1.0))
-        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        await _run_harness(box, runtime=runtime, env=plan.env, bound=bound, recorder=recorder, harness=launch.harness)
+        await _keep_log(deps, box, inp=inp, harness=launch.harness, path=recorder.done_line.get("log")
+                        if recorder.done_line else None, home=box.home)
+    return recorder.result()
 
-        async def drain_stderr() -> None:
-            assert proc.stderr is not None
-            while line := await proc.stderr.readline():
-                tail.append(line.decode(errors="replace").rstrip())
 
-        stderr = asyncio.create_task(drain_stderr())
-        try:
-            assert proc.stdout is not None
-            while line := await proc.stdout.readline():
-                await recorder.line(line)
-            await proc.wait()
-            await asyncio.gather(stderr, return_exceptions=True)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await asyncio.shield(proc.wait())
-            stderr.cancel()
-        await recorder.flush()
-        if recorder.done_line is None:
-            reason = f", {proc.killed_reason}" if proc.killed_reason else ""
-            raise BridgeFailed(f"the {launch.harness} harness exited with {proc.returncode}{reason} before finishing: "
-                               + "\n".join(tail)[-3000:])
-        await _keep_log(deps, box, inp=inp, harness=launch.harness, path=recorder.done_line.get("log"),
-                        home=box.home)
+async def _run_harness(box: Sandbox, *, runtime: Path, env: dict[str, str], bound: float, recorder: BridgeRecorder,
+                       harness: str) -> None:
+    """The sandbox-side script under the harness's interpreter, its lines into the recorder until it ends.
+
+    Raises:
+        BridgeFailed: it ended without its ``done`` line.
+    """
+    proc = await box.backend.spawn(box.info.sandbox_id, [str(runtime / "bin" / "python"), SCRIPT],
+                                   env=box.scorer_env(env),
+                                   limits=ExecLimits(cpu_seconds=int(bound), memory_mb=MEMORY_MB,
+                                                     wall_seconds=bound, max_processes=512, cpu_cores=1.0))
+    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+
+    async def drain_stderr() -> None:
+        assert proc.stderr is not None
+        while line := await proc.stderr.readline():
+            tail.append(line.decode(errors="replace").rstrip())
+
+    stderr = asyncio.create_task(drain_stderr())
+    try:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            await recorder.line(line)
+        await proc.wait()
+        await asyncio.gather(stderr, return_exceptions=True)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.shield(proc.wait())
+        stderr.cancel()
+    await recorder.flush()
+    if recorder.done_line is None:
+        reason = f", {proc.killed_reason}" if proc.killed_reason else ""
+        raise BridgeFailed(f"the {harness} harness exited with {proc.returncode}{reason} before finishing: "
+                           + "\n".join(tail)[-3000:])
+
+
+async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: HarnessConfig, runtime: Path, root: Path,
+                        recorder: BridgeRecorder, limit: int | None, done: list[int]) -> MaterializeBatchResult:
+    """harbor in a ``harbor_orchestrator`` sandbox, each trial's environment a ``harbor_task_env`` sandbox.
+
+    Raises:
+        InvalidInput: the task set cannot be found or one of its environments cannot be mapped (before harbor runs).
+    """
+    assert config.path is not None  # checked at launch
+    tasks = await in_thread(resolve_task_set, config.path, harness_dir=root)
+    plans = await in_thread(environment_plans, tasks)
+    files = await in_thread(task_files, tasks)
+    base = base_prefix(runtime)
+    ro_paths = (runtime, *((base.resolve(),) if base is not None else ()))
+
+    def open_env(session: str, plan: EnvPlan) -> AbstractAsyncContextManager[Sandbox]:
+        return sandbox(deps, run_id=inp.run_id, role="harbor_task_env",
+                       key=("materialize", inp.invocation, "harbor", session), restore=None,
+                       metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
+                       backend_options={ROOT_LINKS_KEY: plan.root_links})
+
+    broker = TaskEnvBroker(plans, open_env, tasks_root=TASKS_DIR,
+                           max_opened=2 * len(tasks.tasks) * inp.trials.plan.k)
+    async with broker as (url, key, port), sandbox(
+            deps, run_id=inp.run_id, role="harbor_orchestrator", key=("materialize", inp.invocation, "harbor"),
+            restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset({("127.0.0.1", port)}),
+            metadata={"harness": "harbor"}, ro_paths=ro_paths) as box:
+        broker.tasks_root = f"{box.home}/{TASKS_DIR}"
+        for name, data in files.items():
+            await put_file(box, f"{TASKS_DIR}/{name}", data)
+        names = [t.relative_to(tasks.root).as_posix() if t != tasks.root else t.name for t in tasks.tasks]
+        settings = {"tasks": [f"{box.home}/{TASKS_DIR}/{n}" for n in names], "agent": config.agent or "oracle",
+                    "attempts": inp.trials.plan.k, "limit": limit, "done": done, "jobs_dir": f"{box.home}/bw_jobs",
+                    "job_name": "benchwright", "concurrency": max(1, min(inp.concurrency, 4))}
+        await put_file(box, SCRIPT, resources.files("benchwright.harness").joinpath(
+            "sandbox_side/harbor_bridge.py").read_bytes())
+        await put_file(box, "bw_harbor_env.py", resources.files("benchwright.harness").joinpath(
+            "sandbox_side/bw_harbor_env.py").read_bytes())
+        await put_file(box, CONFIG, json.dumps(settings).encode())
+        env = {"BW_HARBOR_ENV_URL": url, "BW_HARBOR_ENV_KEY": key, "HARBOR_TELEMETRY": "off", "DO_NOT_TRACK": "1",
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "HOME": box.home,
+               "XDG_CACHE_HOME": f"{box.home}/.bw_cache", "XDG_CONFIG_HOME": f"{box.home}/.bw_config",
+               "XDG_DATA_HOME": f"{box.home}/.bw_data"}
+        await _run_harness(box, runtime=runtime, env=env, bound=deps.settings.materialize_batch_duration_s,
+                           recorder=recorder, harness="harbor")
+        await _keep_log(deps, box, inp=inp, harness="harbor", path=recorder.done_line.get("log")
+                        if recorder.done_line else None, home=box.home)
     return recorder.result()
 
 

@@ -3,10 +3,15 @@
 A phase activity is an adapter: it opens the phase (PhaseStarted), calls the domain, and closes the phase with
 its artifacts and PhaseCompleted in one transaction. Every event key is derived from (phase, invocation, what),
 so a Temporal retry of the same invocation appends nothing twice.
+
+Every phase activity heartbeats while it works (``heartbeating``): a worker killed mid-phase is noticed within the
+workflow's phase heartbeat timeout and another worker retries the phase, and a halt's cancellation reaches the phase
+at its next await instead of after it ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -58,12 +63,49 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await outage_tolerant(fn, *args, **kwargs)
 
 
+HEARTBEAT_EVERY_S = 2.0
+"""How often a phase activity heartbeats; the workflow's ``PHASE_HEARTBEAT`` (10 s) is the bound it keeps under."""
+
+
+class Heartbeat:
+    """The activity's heartbeat while a phase works: a background beat every ``HEARTBEAT_EVERY_S`` that resends the
+    latest details given to ``send`` (a cache hit's ``{"cache_hit": ...}``, which the Temporal UI shows), so the
+    beat never clobbers them."""
+
+    def __init__(self) -> None:
+        self.details: tuple[Any, ...] = ()
+
+    def send(self, *details: Any) -> None:
+        """Heartbeat now with ``details``; every later beat carries them too."""
+        self.details = details
+        activity.heartbeat(*details)
+
+    async def beat(self) -> None:
+        while True:
+            activity.heartbeat(*self.details)
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+
+@asynccontextmanager
+async def heartbeating() -> AsyncIterator[Heartbeat]:
+    """Heartbeat in the background for as long as the block runs (blocking work goes through ``in_thread``, so
+    the event loop stays free to beat). A cancellation the heartbeat brings back (a halt) lands in the block."""
+    heartbeat = Heartbeat()
+    task = asyncio.create_task(heartbeat.beat())
+    try:
+        yield heartbeat
+    finally:
+        task.cancel()
+
+
 @dataclass
 class PhaseScope:
     inp: PhaseInput
     artifacts: list[tuple[str, Event]] = field(default_factory=list)
     control: PhaseControl | None = None
     """Set when the phase asks the workflow for a restart, a review, or (a ceiling crossed) a halt."""
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    """The activity's heartbeat: ``scope.heartbeat.send(details)`` for details the phase wants shown."""
 
     def emit(self, what: str, event: Event) -> None:
         """Queue an event to land with PhaseCompleted (artifacts, driver narration)."""
@@ -84,6 +126,12 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
     Domain errors (``BenchwrightError``) are permanent: they fail the activity without retry. Anything else is
     treated as transient and retried by the workflow's RetryPolicy.
     """
+    async with heartbeating() as heartbeat, _bracket(deps, inp, heartbeat) as scope:
+        yield scope
+
+
+@asynccontextmanager
+async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIterator[PhaseScope]:
     started = time.monotonic()
     key = (inp.phase, inp.invocation)
     opening = [NewEvent.of(event_key(inp.run_id, *key, "started"), PhaseStarted(phase=inp.phase))]
@@ -93,7 +141,7 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
     await in_thread(append_events, deps.engine, inp.run_id, opening)
     # The work directory is a cache of the run's handed-off files (benchwright.handoff): any worker holds any phase.
     await handoff.restore(engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, workdir=deps.workdir(inp.run_id))
-    scope = PhaseScope(inp)
+    scope = PhaseScope(inp, heartbeat=heartbeat)
     try:
         yield scope
     except BenchwrightError as exc:

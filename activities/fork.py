@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.common import Deps, failure, in_thread
+from activities.common import Deps, failure, heartbeating, in_thread
 from benchwright import handoff
 from benchwright.errors import BenchwrightError
 from benchwright.events import ForkDecided, PhaseCompleted, PhaseStarted
@@ -48,7 +48,8 @@ class ForkActivities:
     async def fork(self, inp: ForkPhaseInput) -> ForkDecision:
         started = time.monotonic()
         try:
-            return await in_thread(self._decide_and_seed, inp, started)
+            async with heartbeating():  # like every phase (activities.common.phase): a dead worker's fork is retried
+                return await in_thread(self._decide_and_seed, inp, started)
         except BenchwrightError as exc:
             await in_thread(append_events, self.deps.engine, inp.run_id, [NewEvent.of(
                 event_key(inp.run_id, "fork", inp.invocation, "started"), PhaseStarted(phase="fork"))])

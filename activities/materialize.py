@@ -16,11 +16,13 @@ from temporalio.exceptions import ApplicationError
 from activities.attach import live_proxy
 from activities.bridge import bridge_batch
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
+from activities.product import is_product_run, product_batch
 from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright import handoff
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
+from benchwright.halts import HALTED_ERROR
 from benchwright.limits import ScorerCeilings
 from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
 from benchwright.pipeline import (
@@ -247,6 +249,8 @@ class MaterializeActivities:
         watcher = asyncio.create_task(watch_halt())
         if inp.mode == "bridge":  # a harness-bridge run: the harness process is the whole batch
             work = asyncio.create_task(bridge_batch(self.deps, inp=inp, sut=sut, progress=progress))
+        elif inp.mode == "fanout" and await is_product_run(self.deps, inp.run_id):  # agents in task sandboxes
+            work = asyncio.create_task(product_batch(self.deps, inp=inp, sut=sut, progress=progress))
         else:
             execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
             work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp,
@@ -260,7 +264,7 @@ class MaterializeActivities:
                 raise RunHalted(watcher.result())
             result = work.result()
         except RunHalted as exc:
-            raise ApplicationError(str(exc), exc.reason, type="RunHalted", non_retryable=True) from exc
+            raise ApplicationError(str(exc), exc.reason, type=HALTED_ERROR, non_retryable=True) from exc
         except (ScorerLoadError, BenchwrightError) as exc:
             raise failure(exc) from exc
         finally:

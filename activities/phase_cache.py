@@ -17,12 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from temporalio import activity
-
 from activities.common import Deps, PhaseScope, in_thread
 from activities.sandboxes import SNAPSHOTS, record_snapshot, snapshot_of
 from benchwright.digests import file_digests
-from benchwright.events import EVENT_TYPES, PhaseCacheHit
+from benchwright.events import EVENT_TYPES, FetchArtifact, PhaseCacheHit
 from benchwright.fingerprint import is_artifact, sha256_hex
 from benchwright.pipeline import PhaseInput
 from benchwright.registry.blobs import BlobStore
@@ -45,7 +43,7 @@ def analyze_input_hash(deps: Deps, inp: PhaseInput) -> str | None:
     """Analyze's phase fingerprint: the dataset's bytes (Fetch's artifact, as this run recorded it), the task cap,
     whether the launch brings its own scorer, the Driver and a prompt's wording. None before Fetch recorded."""
     fetched = run_cell(deps.engine, run_id=inp.run_id, phase="fetch")
-    sha = next((a["data"].get("sha256") for a in fetched.artifacts if a["type"] == "FetchArtifact"), None) \
+    sha = next((a["data"].get("sha256") for a in fetched.artifacts if a["type"] == FetchArtifact.type_name()), None) \
         if fetched else None
     if sha is None:
         return None
@@ -96,7 +94,7 @@ class PhaseCache:
             await record_snapshot(self.deps, run_id=self.inp.run_id, phase=self.inp.phase,
                                   invocation=self.inp.invocation, snapshot_id=cell.snapshot_id)
         hit = {"source_run_id": cell.origin_run_id, "phase": cell.phase, "input_hash": cell.input_hash}
-        activity.heartbeat({"cache_hit": hit})
+        scope.heartbeat.send({"cache_hit": hit})  # resent by every later beat of the phase (activities.common)
         scope.emit("cache-hit", PhaseCacheHit(phase=self.inp.phase, source_run_id=cell.origin_run_id,
                                               input_hash=cell.input_hash, snapshot_id=cell.snapshot_id))
         for i, artifact in enumerate(cell.artifacts):

@@ -48,7 +48,7 @@ class RegressionActivities:
         reg = inp.regression
         assert reg.webhook is not None
         policy = await in_thread(get_policy, self.deps.engine, account_id=reg.account_id)
-        payload = {"type": "RegressionDetected", "run_id": inp.run_id, **inp.event.model_dump(mode="json")}
+        payload = {"type": RegressionDetected.type_name(), "run_id": inp.run_id, **inp.event.model_dump(mode="json")}
         try:
             return await post_webhook(
                 url=reg.webhook, payload=payload, policy=policy,

@@ -33,12 +33,13 @@ def latest_snapshot(deps: Deps, run_id: str, *, before: str) -> str | None:
 @asynccontextmanager
 async def sandbox(deps: Deps, *, run_id: str, role: str, key: tuple[object, ...], restore: str | None,
                   internal_allowed: frozenset[tuple[str, int]] = frozenset(),
-                  metadata: dict[str, object] | None = None, ro_paths: tuple[Path, ...] = ()) -> AsyncIterator[Sandbox]:
+                  metadata: dict[str, object] | None = None, ro_paths: tuple[Path, ...] = (),
+                  backend_options: dict[str, object] | None = None) -> AsyncIterator[Sandbox]:
     """A sandbox on the run's backend for the length of the block (``lifecycle.open_sandbox``); ``ro_paths``: host
-    directories shown read-only at the same path (a harness runtime)."""
+    directories shown read-only at the same path (a harness runtime); ``backend_options`` go to the backend."""
     async with lifecycle.open_sandbox(engine=deps.engine, settings=deps.settings, run_id=run_id, role=role, key=key,
                                       restore=restore, internal_allowed=internal_allowed,
-                                      metadata=metadata, ro_paths=ro_paths) as box:
+                                      metadata=metadata, ro_paths=ro_paths, backend_options=backend_options) as box:
         yield box
 
 

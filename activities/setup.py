@@ -12,6 +12,7 @@ from temporalio import activity
 
 from activities.common import Deps, phase
 from activities.phase_cache import PhaseCache, setup_input_hash
+from activities.product import product_setup
 from activities.sandboxes import (
     DEPS_DIR,
     latest_snapshot,
@@ -37,6 +38,8 @@ class SetupActivities:
 
     @activity.defn(name="setup")
     async def setup(self, inp: PhaseInput) -> PhaseResult:
+        if inp.launch.recipe is not None:  # a product-sandbox run: probe, setup commands, generated impl
+            return await product_setup(self.deps, inp)
         requirements = list(inp.launch.requirements)
         python = platform.python_version()
         detail: dict[str, object] = {}

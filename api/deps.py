@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from temporalio.client import Client
 
-from api.sse import SseHub
+from api.sse import SESSION_LOG, SseHub
 from benchwright.errors import Unavailable
 from benchwright.settings import Settings
 from benchwright.store.accounts import authenticate
@@ -26,6 +26,8 @@ class AppState:
         self.engine = engine
         self.sse = SseHub(engine)
         """The live SSE feeds: one store reader per run with streams open, shared by all of them."""
+        self.session_sse = SseHub(engine, log=SESSION_LOG)
+        """The same for Operator sessions' logs."""
         self._client: Client | None = None
         self._lock = asyncio.Lock()
 

@@ -1,4 +1,7 @@
-"""Live SSE streams of runs: one reader per run fans its event log out to every stream on it (issue 15 item 9).
+"""Live SSE streams of event logs: one reader per log fans it out to every stream on it (issue 15 item 9).
+
+A hub streams one kind of log (an ``EventLog``): a run's (``RUN_LOG``, ``GET /v1/runs/{id}/events``) or an Operator
+session's (``GET /v1/operator/sessions/{id}/events``, issue 26). What follows says "run" for either.
 
 Each stream used to poll the store every 0.1 s in the threadpool and format every event per stream. With 200
 streams on a live 3,000-task run (6,033 events) that cost ~66 µs of API CPU per event per stream (80 s in all), the
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
 
 from anyio import CapacityLimiter, to_thread
 from fastapi.exceptions import RequestValidationError
@@ -36,12 +41,62 @@ from sqlalchemy.engine import Engine
 
 from benchwright.errors import Unavailable
 from benchwright.events import TERMINAL_EVENT
+from benchwright.operator.events import SessionAnswered
 from benchwright.schemas import EventView
 from benchwright.store.events import read_events, terminal_seq
-from benchwright.store.models import EventRow
 
 KEEPALIVE = b": keep-alive\n\n"
 _EVENT_ID = re.compile(r"-?\d{1,19}")
+
+
+class LogRow(Protocol):
+    """One stored event of a log (``EventRow``, ``OperatorEvent``)."""
+
+    seq: int
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class EventLog:
+    """A kind of append-only log a hub streams: how to read it, and the event that ends it."""
+
+    noun: str
+    """What one log is, in messages ("run", "operator session")."""
+    read: Callable[[Engine, str, int, int], Sequence[LogRow]]
+    """``(engine, log id, after, limit)``: the events with seq > after in seq order, at most limit."""
+    terminal: str
+    """The type of the log's terminal event: a live stream closes after it."""
+    terminal_seq: Callable[[Engine, str], int | None]
+    """The seq of the log's terminal event, or None while it has none."""
+
+
+RUN_LOG = EventLog(noun="run", read=lambda engine, run_id, after, limit: read_events(engine, run_id, after=after,
+                                                                                    limit=limit),
+                   terminal=TERMINAL_EVENT, terminal_seq=terminal_seq)
+
+
+def _session_terminal_seq(engine: Engine, session_id: str) -> int | None:
+    from sqlmodel import Session, col, select
+
+    from benchwright.store.models import OperatorEvent
+
+    with Session(engine) as session:
+        return session.exec(select(OperatorEvent.seq).where(
+            col(OperatorEvent.session_id) == session_id, col(OperatorEvent.type) == SessionAnswered.__name__)
+            .order_by(col(OperatorEvent.seq)).limit(1)).first()
+
+
+def _read_session_events(engine: Engine, session_id: str, after: int, limit: int) -> Sequence[LogRow]:
+    from benchwright.operator.store import read_session_events
+
+    return read_session_events(engine, session_id=session_id, after=after, limit=limit)
+
+
+SESSION_LOG = EventLog(noun="operator session", read=_read_session_events, terminal=SessionAnswered.__name__,
+                       terminal_seq=_session_terminal_seq)
+"""An Operator session's log (issue 26): it ends with SessionAnswered."""
 
 
 @dataclass(frozen=True)
@@ -53,25 +108,25 @@ class Frame:
     data: bytes
 
 
-def frames(engine: Engine, run_id: str, *, after: int, limit: int) -> list[Frame]:
-    """The run's events after ``after`` (at most ``limit``) as SSE frames, up to and including the terminal event.
+def frames(engine: Engine, run_id: str, *, after: int, limit: int, log: EventLog = RUN_LOG) -> list[Frame]:
+    """The log's events after ``after`` (at most ``limit``) as SSE frames, up to and including the terminal event.
 
     Runs in a worker thread: the read and the JSON encoding stay off the event loop.
     """
     out: list[Frame] = []
-    for row in read_events(engine, run_id, after=after, limit=limit):
-        out.append(Frame(seq=row.seq, terminal=row.type == TERMINAL_EVENT, data=_frame_bytes(row)))
-        if row.type == TERMINAL_EVENT:
+    for row in log.read(engine, run_id, after, limit):
+        out.append(Frame(seq=row.seq, terminal=row.type == log.terminal, data=_frame_bytes(row)))
+        if row.type == log.terminal:
             break
     return out
 
 
-def _frame_bytes(row: EventRow) -> bytes:
+def _frame_bytes(row: LogRow) -> bytes:
     view = EventView(seq=row.seq, type=row.type, data=row.data, created_at=row.created_at)
     return f"id: {row.seq}\nevent: {row.type}\ndata: ".encode() + view.model_dump_json().encode() + b"\n\n"
 
 
-def resume_point(*, last_event_id: str | None, after: int, last_seq: int) -> int:
+def resume_point(*, last_event_id: str | None, after: int, last_seq: int, noun: str = "run") -> int:
     """Where a stream starts: after ``Last-Event-ID`` when the client sends one, else after ``after``.
 
     A stream's position must be an event the run has: an id the server sent is never past the log's end, and a
@@ -86,17 +141,17 @@ def resume_point(*, last_event_id: str | None, after: int, last_seq: int) -> int
         raw = last_event_id.strip()
         start = int(raw) if _EVENT_ID.fullmatch(raw) else None
         if start is None or not -1 <= start <= last_seq:
-            _refuse(("header", "last-event-id"), raw, last_seq)
+            _refuse(("header", "last-event-id"), raw, last_seq, noun)
         assert start is not None
         return start
     if after > last_seq:
-        _refuse(("query", "after"), str(after), last_seq)
+        _refuse(("query", "after"), str(after), last_seq, noun)
     return after
 
 
-def _refuse(loc: tuple[str, str], value: str, last_seq: int) -> None:
+def _refuse(loc: tuple[str, str], value: str, last_seq: int, noun: str) -> None:
     shown = value if len(value) <= 40 else value[:40] + "..."
-    msg = (f"must be the id (seq) of an event of this run, from -1 to {last_seq} (its last event so far); "
+    msg = (f"must be the id (seq) of an event of this {noun}, from -1 to {last_seq} (its last event so far); "
            f"got {shown!r}")
     raise RequestValidationError([{"loc": loc, "type": "value_error", "msg": msg, "input": shown}])
 
@@ -234,13 +289,14 @@ async def _wake_in_groups(waiters: list[asyncio.Future[None]]) -> None:
 
 
 class SseHub:
-    """The feeds of the runs that have streams open in this API process."""
+    """The feeds of the logs (of one kind) that have streams open in this API process."""
 
-    def __init__(self, engine: Engine, *, poll_s: float = 0.1, keepalive_s: float = 15.0,
+    def __init__(self, engine: Engine, *, log: EventLog = RUN_LOG, poll_s: float = 0.1, keepalive_s: float = 15.0,
                  buffer_bytes: int = 8 << 20, block_bytes: int = 64 << 10, page: int = 1000,
                  catchup_page: int = 500, catchup_reads: int = 4) -> None:
         """Args:
             engine: The store.
+            log: The kind of log streamed (runs' by default).
             poll_s: A feed's reader reads the store this often while the run is quiet.
             keepalive_s: A stream with nothing to send for this long sends an SSE comment.
             buffer_bytes: The most a feed keeps of frames already read (8 MiB held all 6,033 events of a 3,000-task
@@ -250,7 +306,7 @@ class SseHub:
             catchup_page: Events per store read of a stream behind the window.
             catchup_reads: Store reads of streams behind their window at one time, over all runs.
         """
-        self._engine = engine
+        self._engine, self._log = engine, log
         self._poll_s, self._keepalive_s = poll_s, keepalive_s
         self._buffer_bytes, self._block_bytes = buffer_bytes, block_bytes
         self._page, self._catchup_page = page, catchup_page
@@ -264,24 +320,33 @@ class SseHub:
         """The run's live feed, if streams are open on it (for tests and operators)."""
         return self._feeds.get(run_id)
 
-    async def stream(self, *, run_id: str, after: int, finished: bool) -> AsyncIterator[bytes]:
-        """The run's SSE frames after seq ``after``, closing after the terminal event.
+    async def stream(self, *, log_id: str, after: int, finished: bool) -> AsyncIterator[bytes]:
+        """The log's SSE frames after seq ``after``, closing after the terminal event.
 
         Args:
-            run_id: The run (the caller checked access).
+            log_id: The run (or session; the caller checked access).
             after: The last seq the client has (-1: from the start).
             finished: The run had finished when the request was read: a client that already has the terminal
                 event gets what was appended after it (the proxy's linger, a scheduled replay's
                 RegressionDetected, a refused control signal) and the stream closes; a live stream closes at the
-                terminal event itself, so these reach it on its next reconnect.
+                terminal event itself, so these reach it on its next reconnect. A finished log with no terminal
+                event (a session whose workflow could not start) sends what it has and closes.
         """
+        run_id = log_id
         if finished:
-            end = await to_thread.run_sync(terminal_seq, self._engine, run_id, limiter=self._catchup)
+            end = await to_thread.run_sync(self._log.terminal_seq, self._engine, run_id, limiter=self._catchup)
             if end is not None and after >= end:
                 tail = await to_thread.run_sync(self._appendix, run_id, after, limiter=self._catchup)
                 if tail:
                     yield b"".join(tail)
                 return
+            while end is None:  # over without its terminal event: nothing more will come
+                batch = await to_thread.run_sync(self._frames, run_id, after, self._catchup_page,
+                                                 limiter=self._catchup)
+                if not batch:
+                    return
+                yield b"".join(f.data for f in batch)
+                after = batch[-1].seq
         feed = self._join(run_id, after)
         try:
             while not self._closed:
@@ -305,7 +370,8 @@ class SseHub:
                 if sent or feed.version != seen:
                     continue
                 if feed.error is not None:
-                    raise Unavailable(f"the event feed of run {run_id} failed: {feed.error}") from feed.error
+                    raise Unavailable(f"the event feed of {self._log.noun} {run_id} failed: "
+                                      f"{feed.error}") from feed.error
                 if not await feed.wait(self._keepalive_s):
                     yield KEEPALIVE
         finally:
@@ -322,11 +388,11 @@ class SseHub:
         await asyncio.gather(*(f.reader for f in feeds if f.reader is not None), return_exceptions=True)
 
     def _frames(self, run_id: str, after: int, limit: int) -> list[Frame]:
-        return frames(self._engine, run_id, after=after, limit=limit)
+        return frames(self._engine, run_id, after=after, limit=limit, log=self._log)
 
     def _appendix(self, run_id: str, after: int) -> list[bytes]:
         """Frames of the events a finished run's log gained after its terminal event (a handful at most)."""
-        rows = read_events(self._engine, run_id, after=after, limit=self._catchup_page)
+        rows = self._log.read(self._engine, run_id, after, self._catchup_page)
         return [_frame_bytes(row) for row in rows]
 
     def _join(self, run_id: str, after: int) -> RunFeed:
@@ -361,4 +427,5 @@ class SseHub:
             feed.notify()
 
 
-__all__ = ["KEEPALIVE", "Frame", "RunFeed", "SseHub", "frames", "resume_point"]
+__all__ = ["KEEPALIVE", "RUN_LOG", "SESSION_LOG", "EventLog", "Frame", "LogRow", "RunFeed", "SseHub", "frames",
+           "resume_point"]

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from benchwright.pipeline import SUT_UNAVAILABLE
+from benchwright.halts import HaltKind, HaltReason
 from benchwright.schemas import ModelSpec
 from benchwright.sut import FATAL_FAILURES, SutClient, SutError, SutReply, explain
 
@@ -59,8 +59,8 @@ class SutBreaker:
             elif exc.kind in FATAL_FAILURES:
                 self._streak += 1
                 if self._streak >= self._threshold and self.reason is None:
-                    self.reason = (f"{SUT_UNAVAILABLE}: {explain(exc, spec=self._spec)} "
-                                   f"({self._streak} model calls in a row failed)")
+                    self.reason = HaltReason(HaltKind.SUT_UNAVAILABLE, f"{explain(exc, spec=self._spec)} "
+                                             f"({self._streak} model calls in a row failed)").wire()
                     await self._on_trip(self.reason)
                 if self.reason is not None:  # tripped: this failure is the halt's, not the task's
                     await self._halting.wait()

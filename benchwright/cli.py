@@ -5,38 +5,29 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from benchwright.cli_support import VisibleSuggestions
-from benchwright.settings import Settings, default_data_dir
+from benchwright.cli_accounts import accounts_app
+from benchwright.cli_demo import demo, dev_model, scripted_llm
+from benchwright.cli_support import DataDir, VisibleSuggestions, console, out
+from benchwright.cli_support import client_for as _client
+from benchwright.cli_support import data_dir_of as _data_dir
+from benchwright.cli_support import first_error as _first_error
+from benchwright.cli_support import run_succeeded as _run_succeeded
+from benchwright.cli_support import run_summary as _summary
+from benchwright.cli_support import watch as watch_run
+from benchwright.settings import Settings
 
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Benchwright: run a model against a benchmark as one durable workflow and get a comparable "
                        "score with the full event log behind it.")
-accounts_app = typer.Typer(no_args_is_help=True, help="Accounts and their API keys.")
 app.add_typer(accounts_app, name="accounts")
 admin_app = typer.Typer(no_args_is_help=True, help="Platform administration (admin accounts only).")
 app.add_typer(admin_app, name="admin")
-
-SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
-DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
-                                                                    "$BENCHWRIGHT_DATA_DIR).")]
-
-
-def _data_dir(value: Path | None) -> Path:
-    if value is not None:
-        return value.expanduser().resolve()
-    return Path(os.environ.get("BENCHWRIGHT_DATA_DIR", default_data_dir())).expanduser().resolve()
 
 
 @app.command()
@@ -85,98 +76,6 @@ def worker(data_dir: DataDir = None) -> None:
     except BenchwrightError as exc:  # e.g. encrypted secrets and no deployment key: say why, no traceback
         console.print(f"[red]error:[/red] {exc.message}", highlight=False)
         raise typer.Exit(1) from None
-
-
-@accounts_app.command("create")
-def accounts_create(name: str, data_dir: DataDir = None,
-                    local_paths: Annotated[bool, typer.Option(
-                        "--local-paths", help="Let the account name dataset files on the worker's host (where the "
-                        "deployment allows local paths; never the data directory or secret-holding places).")] = False,
-                    admin: Annotated[bool, typer.Option(
-                        "--admin", help="A platform administrator: may halt any account's run (the admin "
-                        "halt, docs/concepts.md §9; 'benchwright admin halt').")] = False,
-                    ) -> None:
-    """Create an account and print its API key (shown only this once)."""
-    from benchwright.errors import BenchwrightError
-    from benchwright.store.accounts import create_account
-    from benchwright.store.db import make_engine, migrate
-
-    settings = Settings(data_dir=_data_dir(data_dir))
-    engine = make_engine(settings.resolved_database_url())
-    migrate(engine)
-    try:
-        account, key = create_account(engine, name=name, balance_usd=settings.initial_balance_usd,
-                                      local_paths=local_paths, admin=admin)
-    except BenchwrightError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
-    console.print(f"created {'admin ' if admin else ''}account [bold]{account.name}[/bold] ({account.id}, balance "
-                  f"${account.balance_usd:.2f}); its API key:")
-    out.print(key, highlight=False)
-
-
-@accounts_app.command("credit")
-def accounts_credit(name: str, amount: Annotated[float, typer.Argument(help="USD to add to the balance.")],
-                    data_dir: DataDir = None) -> None:
-    """Add credit to an account's balance."""
-    from benchwright.errors import BenchwrightError
-    from benchwright.store.accounts import credit
-    from benchwright.store.db import make_engine, migrate
-
-    engine = make_engine(Settings(data_dir=_data_dir(data_dir)).resolved_database_url())
-    migrate(engine)
-    try:
-        balance = credit(engine, account_name=name, amount_usd=amount)
-    except BenchwrightError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
-    out.print(f"{name}: balance ${balance:.2f}", highlight=False)
-
-
-@accounts_app.command("quota")
-def accounts_quota(name: str, data_dir: DataDir = None,
-                   runs: Annotated[int | None, typer.Option(help="Runs running at once.")] = None,
-                   model_calls: Annotated[int | None, typer.Option(
-                       help="Model calls in flight at once on one worker, across the account's runs.")] = None,
-                   tasks: Annotated[int | None, typer.Option(help="Tasks of running runs not yet scored.")] = None,
-                   reset: Annotated[list[str] | None, typer.Option(
-                       help="Put a quota back to the deployment's default (runs, model-calls, tasks); repeatable.")]
-                   = None) -> None:
-    """Show an account's quotas, or set them (an operator's command; admins also have PUT
-    /v1/admin/accounts/NAME/quota). Without options it prints the quotas in force and what the account uses."""
-    from rich.table import Table
-    from sqlmodel import Session, select
-
-    from benchwright.errors import BenchwrightError, NotFound
-    from benchwright.quotas import quotas_for, set_quotas, usage
-    from benchwright.store.db import make_engine, migrate
-    from benchwright.store.models import Account
-
-    settings = Settings(data_dir=_data_dir(data_dir))
-    engine = make_engine(settings.resolved_database_url())
-    migrate(engine)
-    values: dict[str, int | None] = {k: v for k, v in (("runs", runs), ("model_calls", model_calls),
-                                                       ("tasks", tasks)) if v is not None}
-    try:
-        if values or reset:
-            set_quotas(engine, settings, account_name=name, values=values,
-                       reset=tuple(r.replace("-", "_") for r in reset or ()))
-        with Session(engine) as session:
-            account = session.exec(select(Account).where(Account.name == name)).one_or_none()
-        if account is None:
-            raise NotFound(f"no account named {name!r}")
-        quotas = quotas_for(engine, settings, account_id=account.id)
-        used = usage(engine, account_id=account.id)
-    except BenchwrightError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
-    table = Table("quota", "limit", "in use", "source")
-    for quota, limit, now in (("runs", quotas.runs, str(used.runs)), ("model-calls", quotas.model_calls, "-"),
-                              ("tasks", quotas.tasks, str(used.tasks))):
-        source = "account" if quota.replace("-", "_") in quotas.overridden else "deployment default"
-        table.add_row(quota, str(limit), now, source)
-    out.print(f"account {name}")
-    out.print(table)
 
 
 def _control(command: str, run_id: str, data_dir: Path | None, api_url: str | None, api_key: str | None,
@@ -364,96 +263,8 @@ def tasks(run_id: str,
         console.print(f"{len(rows)} tasks settled")
 
 
-@app.command("dev-model")
-def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {question, answer}.")] = SAMPLE,
-              accuracy: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction answered correctly.")] = 1.0,
-              latency_ms: Annotated[float, typer.Option(min=0.0, help="Latency per request, in ms.")] = 0.0,
-              port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 9000,
-              host: str = "127.0.0.1",
-              model_name: str = "dev",
-              api_key: Annotated[str | None, typer.Option(help="Demand this bearer key, like a real provider.")] = None,
-              ready_file: Annotated[Path | None, typer.Option(help="Write {url, port} here once listening.")] = None,
-              ) -> None:
-    """Serve an OpenAI-compatible chat-completions TEST DOUBLE that answers from an answer key."""
-    from benchwright.devmodel import DevModelConfig, load_answers, serve
-
-    config = DevModelConfig(answers=load_answers(answers), accuracy=accuracy, latency_ms=latency_ms,
-                            model_name=model_name, api_key=api_key)
-    console.print(f"dev model (test double) on http://{host}:{port}/v1: {len(config.answers)} answers, "
-                  f"accuracy {accuracy}, latency {latency_ms} ms")
-    serve(config, host=host, port=port, ready_file=str(ready_file) if ready_file else None)
-
-
-@app.command("scripted-llm")
-def scripted_llm(script: Annotated[Path, typer.Option(help="JSON/YAML script: {model: [conversation, ...]}.")],
-                 port: Annotated[int, typer.Option(help="Port to listen on.")] = 9100,
-                 host: str = "127.0.0.1") -> None:
-    """Serve a scripted-LLM TEST DOUBLE (OpenAI-compatible) that replays a Driver's turns and records requests."""
-    from benchwright.testkit.scripted_llm import ScriptedLlm, load_script, serve
-
-    llm = ScriptedLlm(scripts=load_script(script))
-    console.print(f"scripted LLM (test double) on http://{host}:{port}/v1: models {', '.join(sorted(llm.scripts))}; "
-                  f"recorded requests at /_scripted/requests")
-    serve(llm, host=host, port=port)
-
-
-def _client(data_dir: Path | None, api_url: str | None, api_key: str | None):  # type: ignore[no-untyped-def]
-    from benchwright.client import Client, read_dev_json
-
-    if api_url and api_key:
-        return Client(api_url, api_key)
-    dev = read_dev_json(_data_dir(data_dir))
-    return Client(api_url or dev["api_url"], api_key or dev["api_key"])
-
-
-def watch_run(client: Any, run_id: str) -> dict[str, Any]:
-    """A live progress bar (tasks/s, ETA) on stderr until the run is over or waits for a person; the final run."""
-    from benchwright.cli_support import watch_run as watch
-
-    return watch(client, run_id, console)
-
-
-def _summary(run: dict[str, Any], first_error: str | None = None) -> str:
-    """The final report: score and counts, then in plain words why the run is not a clean success (its error, its
-    halt reason, its errored tasks with the first one's error), so a run of errors never reads as a result."""
-    s = run["tasks"]["summary"]
-    rate = "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}"
-    if s.get("pass_rate_ci"):
-        rate += f" (95 % CI {s['pass_rate_ci'][0]:.1%}–{s['pass_rate_ci'][1]:.1%})"
-    text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
-            f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
-    if s.get("no_answer"):
-        text += f"\n  no answer found in {s['no_answer']} of the {s['failed']} failed tasks (counted as failed)"
-    if run.get("error"):
-        text += f"\n  error: {run['error']}"
-    if run["halted"] and run.get("halt_reason"):
-        text += f"\n  halted: {run['halt_reason']}"
-    if s["errored"]:
-        ended = "finished" if run["status"] == "ok" and not run["halted"] else "stopped"
-        text += f"\n  {ended} with {s['errored']} of {s['total']} tasks errored" + (f": {first_error}" if first_error
-                                                                                      else "")
-    return text
-
-
-def _first_error(client: Any, run: dict[str, Any]) -> str | None:
-    """The error of the first errored task (the run view carries counts only): what the summary shows as the cause."""
-    if not run["tasks"]["summary"]["errored"]:
-        return None
-    after: int | None = -1
-    while after is not None:
-        page = client.tasks(run["id"], after=after)
-        for task in page["tasks"]:
-            if task["outcome"] == "err":
-                trials = client.task(run["id"], task["index"])["trials"]
-                return next((t["error"] for t in trials if t["error"]), None)
-        after = page["next_after"]
-    return None
-
-
-def _run_succeeded(run: dict[str, Any]) -> bool:
-    """Whether ``run --watch`` exits 0: the run ended ok, unhalted, and not every task errored."""
-    s = run["tasks"]["summary"]
-    return run["status"] == "ok" and not run["halted"] and not (s["total"] > 0 and s["errored"] == s["total"])
+app.command("dev-model")(dev_model)
+app.command("scripted-llm")(scripted_llm)
 
 
 @app.command(cls=VisibleSuggestions)
@@ -461,6 +272,9 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
                                                 "OpenAI-compatible endpoint at --api-base: openai/<its model name>).")],
         dataset: Annotated[str | None, typer.Option(help="Dataset URL, or a local path on the stack's host.")
                            ] = None,
+        recipe: Annotated[str | None, typer.Option(
+            help="A product-sandbox run (docs/agents.md): a bundled recipe (terminal-basics) or a recipe YAML path "
+                 "on the stack's host.")] = None,
         prompt: Annotated[str | None, typer.Option(
             help="A natural-language launch: what to evaluate ('gsm8k, the first 50'); Find resolves it against the "
                  "catalog when no --dataset is given, and Analyze reads its scoping phrase.")] = None,
@@ -539,6 +353,8 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
             raise typer.Exit(2)
     if dataset and not dataset.startswith(("http://", "https://")) and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
+    if recipe and Path(recipe).is_file():  # a path: as the stack's host sees it (a bundled name stays a name)
+        recipe = str(Path(recipe).resolve())
     model_spec: dict[str, Any] = {"identifier": model}
     if api_base:
         model_spec["api_base"] = api_base
@@ -559,7 +375,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
             "task_impl": task_impl.read_text() if task_impl else None, "requirements": requirement or None,
             "concurrency": concurrency, "compute": compute, "visibility": visibility,
             **{k: v for k, v in (("benchmark", benchmark), ("subset", subset), ("impl", impl), ("prompt", prompt),
-                                 ("group_by", group_by)) if v is not None},
+                                 ("group_by", group_by), ("recipe", recipe)) if v is not None},
             **harness_body(harness, harness_config, harness_task, harness_file or [])}
     except (BadFlag, UnicodeDecodeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -595,145 +411,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
     raise typer.Exit(0 if _run_succeeded(final) else 1)
 
 
-class _Signalled(Exception):
-    """SIGTERM (or SIGINT) reached the demo: it stops what it started before it exits."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _demo_dir(data_dir: Path | None, keep_running: bool) -> tuple[Path, bool]:
-    """Where the demo's stack keeps its data, and whether that is a temporary directory the demo removes.
-
-    ``--data-dir`` wins. A kept-running demo uses the default data directory (``$BENCHWRIGHT_DATA_DIR`` or
-    ``~/.benchwright``), so every other command finds its stack, unless a ``benchwright up`` already runs there;
-    a demo that stops at the end uses a temporary directory and removes it."""
-    from benchwright.supervisor import stack_holder
-
-    if data_dir is not None:
-        return _data_dir(data_dir), False
-    default = _data_dir(None)
-    if keep_running and stack_holder(default) is None:
-        return default, False
-    if keep_running:
-        console.print(f"[yellow]note:[/yellow] a stack already runs on {default}; this demo uses its own data "
-                      "directory")
-    return Path(tempfile.mkdtemp(prefix="benchwright-demo-")), True
-
-
-@app.command()
-def demo(data_dir: DataDir = None,
-         accuracy: Annotated[float, typer.Option(min=0.0, max=1.0, help="Dev model accuracy.")] = 0.85,
-         keep_running: Annotated[bool, typer.Option(
-             help="Leave the stack up after the run (Ctrl-C stops it), on the default data directory so the other "
-                  "commands (runs, show, events...) find it.")] = False,
-         ) -> None:
-    """Bring up the stack and a dev model, run the bundled 60-row sample end to end, print the score. SIGTERM or
-    Ctrl-C stops everything it started; a demo without --keep-running removes its data when it ends."""
-    import shutil
-    import signal
-
-    from benchwright.client import Client
-    from benchwright.devmodel import rows_answered_correctly
-    from benchwright.devstack import free_port
-    from benchwright.supervisor import dashboard_url, stack_holder
-    from benchwright.teardown import reap_stack
-
-    def _on_signal(signum: int, _frame: Any) -> None:
-        raise _Signalled(signum)
-
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    procs: list[subprocess.Popen[bytes]] = []
-    directory, temporary = _demo_dir(data_dir, keep_running)
-    code = 1
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
-        logs = directory / "logs"
-        logs.mkdir(exist_ok=True)
-        console.print(f"[bold]Benchwright demo[/bold] (data in {directory}"
-                      + (", removed when the demo ends)" if temporary else ")"))
-        unisolated = []
-        if os.geteuid() != 0:
-            # Namespaced sandboxes need root; the demo's bundled scorer is known code, so on a laptop it runs
-            # without them rather than not at all, and says so. `benchwright up` never does this unless asked.
-            console.print("[yellow]note:[/yellow] not running as root, so the demo's sandboxes run without namespace "
-                          "isolation (recorded on the run as isolation 'none')")
-            unisolated = ["--allow-unisolated"]
-        ready = directory / "dev-model.json"
-        ready.unlink(missing_ok=True)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "benchwright.cli", "dev-model", "--answers", str(SAMPLE), "--accuracy",
-             str(accuracy), "--latency-ms", "20", "--port", "0", "--ready-file", str(ready)],
-            stdin=subprocess.DEVNULL, stdout=(logs / "dev-model.log").open("ab"), stderr=subprocess.STDOUT,
-            start_new_session=True))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "benchwright.cli", "up", "--data-dir", str(directory), "--api-port",
-             str(ports["api"]), "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"]),
-             *unisolated], stdin=subprocess.DEVNULL, start_new_session=True))
-        model_proc, stack = procs
-        dev = _await_file(directory / "dev.json", stack, "the stack")
-        model_url = _await_file(ready, model_proc, "the dev model")["url"]
-        with Client(dev["api_url"], dev["api_key"]) as client:
-            launched = client.launch(dataset=str(SAMPLE), model={"identifier": "openai/dev", "api_base": model_url})
-            console.print(f"launched run {launched['id']} against the dev model (test double, accuracy {accuracy})")
-            final = watch_run(client, launched["id"])
-        out.print(_summary(final), highlight=False)
-        right, rows = rows_answered_correctly(SAMPLE, accuracy)
-        out.print(f"the dev model answers exactly {right} of these {rows} questions right at --accuracy {accuracy} "
-                  f"({right / rows:.1%}): it picks which ones by a hash of each question, so on a small sample the "
-                  "count is not accuracy x rows", highlight=False)
-        code = 0 if final["status"] == "ok" else 1
-        if keep_running:
-            env = "" if directory == _data_dir(None) else f"export BENCHWRIGHT_DATA_DIR={directory}; "
-            out.print(f"dashboard:   {dashboard_url(dev['api_url'])}  (sign in with the api_key in "
-                      f"{directory / 'dev.json'})\n"
-                      f"run:         {dev['api_url']}/v1/runs/{final['id']}\n"
-                      f"Temporal UI: {dev['temporal_ui_url']}/namespaces/default/workflows/{final['id']}\n"
-                      f"CLI:         {env}benchwright runs; {env}benchwright show {final['id']}", highlight=False)
-            console.print("stack left running; Ctrl-C (or SIGTERM) stops it")
-            stack.wait()
-        else:
-            out.print(f"the stack stops now (its addresses go with it); `benchwright demo --keep-running` leaves it "
-                      f"up to explore run {final['id']} in the dashboard and the CLI", highlight=False)
-    except (KeyboardInterrupt, _Signalled) as exc:
-        code = 128 + (exc.signum if isinstance(exc, _Signalled) else signal.SIGINT)
-    except Exception as exc:  # noqa: BLE001 - the demo reports any failure plainly and still cleans up
-        console.print(f"[red]demo failed:[/red] {exc}")
-    finally:
-        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
-            signal.signal(sig, signal.SIG_IGN)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(procs):  # `up` stops its children within its shutdown timeout (30 s), then sweeps
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        # what a killed `up` could not stop (its children live in their own sessions) is found by the registry
-        if procs and stack_holder(directory) is None:  # never another `up`'s stack on a given --data-dir
-            reap_stack(data_dir=directory, workers_timeout_s=10, others_timeout_s=5)
-        if temporary:
-            shutil.rmtree(directory, ignore_errors=True)
-        console.print("stopped the stack and the dev model" + (f"; removed {directory}" if temporary else ""))
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    raise typer.Exit(code)
-
-
-def _await_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 90.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    with console.status(f"waiting for {what}..."):
-        while time.monotonic() < deadline:
-            if path.exists():
-                return json.loads(path.read_text())  # type: ignore[no-any-return]
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} was not ready within {timeout_s:.0f} s")
+app.command()(demo)
 
 
 from benchwright.cli_answers import compare_cmd, frontier_cmd, schedule_app, show_cmd  # noqa: E402
@@ -759,6 +437,10 @@ app.add_typer(registry_app, name="registry")
 from benchwright.cli_operator import ask_cmd  # noqa: E402
 
 app.command("ask")(ask_cmd)
+
+from benchwright.cli_sessions import session_app  # noqa: E402
+
+app.add_typer(session_app, name="session")
 
 from benchwright.cli_secrets import secrets_app  # noqa: E402
 

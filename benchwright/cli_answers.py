@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from benchwright.cli_support import fitted_table
+from benchwright.cli_support import client_for, console, fitted_table, out
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Scheduled regression runs: replay a run on a cadence and "
                                                       "alert on a significant drop.")
@@ -34,24 +34,22 @@ def _ci(ci: list[float] | None) -> str:
 
 def _call(fn: Callable[[Any], Any], data_dir: Path | None, api_url: str | None, api_key: str | None) -> Any:
     """Run ``fn(client)``; an API or set-up error is printed in plain words and exits 1."""
-    from benchwright import cli
     from benchwright.client import ApiError
 
     try:
-        with cli._client(data_dir, api_url, api_key) as client:
+        with client_for(data_dir, api_url, api_key) as client:
             return fn(client)
     except (ApiError, FileNotFoundError) as exc:
-        cli.console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
 
 
 def _print(value: Any) -> None:
-    from benchwright import cli
 
     if isinstance(value, str):
-        cli.out.print(value, highlight=False, markup=False)
+        out.print(value, highlight=False, markup=False)
     else:
-        cli.out.print(value)
+        out.print(value)
 
 
 def summary_lines(run: dict[str, Any]) -> list[str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-TERMINAL = "PipelineFinished"
+from benchwright.events import DatasetResolved, PhaseCompleted, PhaseFailed, PhaseSkipped, PipelineFinished
+
+TERMINAL = PipelineFinished.type_name()
+_FIND_OVER = tuple(cls.type_name() for cls in (PhaseFailed, PhaseCompleted, PhaseSkipped))
 
 
 def find_resolution(client: Any, run_id: str) -> dict[str, Any] | None:
@@ -15,10 +18,10 @@ def find_resolution(client: Any, run_id: str) -> dict[str, Any] | None:
     Follows the live event stream (SSE, resumed on a drop) only until Find is over, so the progress bar follows.
     """
     for event in client.stream_events(run_id):
-        if event["type"] == "DatasetResolved":
+        if event["type"] == DatasetResolved.type_name():
             return dict(event["data"])
         data = event.get("data") or {}
-        if event["type"] == TERMINAL or (event["type"] in ("PhaseFailed", "PhaseCompleted", "PhaseSkipped")
+        if event["type"] == TERMINAL or (event["type"] in _FIND_OVER
                                          and data.get("phase") == "find"):
             return None
     return None

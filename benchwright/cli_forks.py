@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _print
-from benchwright.cli_support import BadFlag
+from benchwright.cli_support import BadFlag, console, first_error, run_succeeded, run_summary, watch
 
 MAX_MODELS_FILE_BYTES = 64 * 1024
 MODEL_KEYS = ("model", "api_base", "secret")
@@ -21,9 +21,8 @@ def _model(value: str, api_base: str | None) -> str | dict[str, Any]:
 
 
 def _fail(message: str) -> None:
-    from benchwright import cli
 
-    cli.console.print(f"[red]error:[/red] {message}", highlight=False)
+    console.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -94,10 +93,9 @@ def sweep_models(model: list[str], models_file: Path | None, api_base: list[str]
 
 
 def _watch(c: Any, run_id: str) -> tuple[dict[str, Any], str | None]:
-    from benchwright import cli
 
-    final = cli.watch_run(c, run_id)
-    return final, cli._first_error(c, final)
+    final = watch(c, run_id)
+    return final, first_error(c, final)
 
 
 def fork_cmd(run_id: str,
@@ -118,7 +116,6 @@ def fork_cmd(run_id: str,
              json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
              api_key: ApiKey = None) -> None:
     """Fork a run: a new run that inherits the phases before --rewind-to and continues with the overrides."""
-    from benchwright import cli
 
     overrides: dict[str, Any] = {}
     if task_impl is not None:
@@ -136,10 +133,10 @@ def fork_cmd(run_id: str,
     if not watch:
         _print(json.dumps(run, indent=2) if json_out else f"fork {run['id']} of {run_id} launched")
         return
-    cli.console.print(f"fork [bold]{run['id']}[/bold] of {run_id} launched")
+    console.print(f"fork [bold]{run['id']}[/bold] of {run_id} launched")
     final, first_error = _call(lambda c: _watch(c, run["id"]), data_dir, api_url, api_key)
-    _print(json.dumps(final, indent=2) if json_out else cli._summary(final, first_error))
-    raise typer.Exit(0 if cli._run_succeeded(final) else 1)
+    _print(json.dumps(final, indent=2) if json_out else run_summary(final, first_error))
+    raise typer.Exit(0 if run_succeeded(final) else 1)
 
 
 def sweep_cmd(run_id: str,

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _ci, _pct
-from benchwright.cli_support import BadFlag
+from benchwright.cli_support import BadFlag, console, out
 
 MAX_GOAL_BYTES = 64 * 1024
 ENDED = ("answered", "stopped", "failed")
@@ -35,7 +35,6 @@ def read_goal(path: Path) -> dict[str, Any]:
 
 def _progress(client: Any, session: dict[str, Any], seen: dict[str, str]) -> None:
     """One line per change: a run launched, a run's tasks moving, a run ending."""
-    from benchwright import cli
 
     for run_id in session["runs"]:
         run = client.run(run_id)
@@ -45,55 +44,66 @@ def _progress(client: Any, session: dict[str, Any], seen: dict[str, str]) -> Non
                 f"pass rate {_pct(s['pass_rate'])}")
         if seen.get(run_id) != line:
             seen[run_id] = line
-            cli.console.print(line, highlight=False, markup=False)
+            console.print(line, highlight=False, markup=False)
 
 
 def print_answer(session: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from benchwright import cli
 
     answer = session.get("answer")
     if not answer:
-        cli.out.print(f"session {session['id']} ended {session['status']} without an answer", markup=False)
+        out.print(f"session {session['id']} ended {session['status']} without an answer", markup=False)
         return
-    cli.out.print(answer["sentence"], highlight=False, markup=False)
+    out.print(answer["sentence"], highlight=False, markup=False)
     table = Table("run", "label", "model", "status", "pass rate", "95 % CI", "no answer", "errors", "cost")
     for e in answer["evidence"]:
         table.add_row(e["run_id"][:8], e["label"], e["model"], e["status"], _pct(e["pass_rate"]),
                       _ci(e["pass_rate_ci"]), str(e["no_answer"]), str(e["errored"]), f"${e['cost']:.4f}")
-    cli.out.print(table)
+    out.print(table)
     for c in answer["comparisons"]:
-        cli.out.print(f"{c['b'][:8]} vs {c['a'][:8]}: {c['difference'] * 100:+.1f} points "
+        out.print(f"{c['b'][:8]} vs {c['a'][:8]}: {c['difference'] * 100:+.1f} points "
                       f"[{c['difference_ci'][0] * 100:+.1f}, {c['difference_ci'][1] * 100:+.1f}], "
                       f"paired p = {c['p_value']:.3g} over {c['compared']} tasks", highlight=False, markup=False)
     for u in answer["unestablished"]:
-        cli.out.print(f"not established: {u}", highlight=False, markup=False)
-    cli.out.print(f"session {session['id']} · {len(session['runs'])} run(s) · ${session['cost']:.4f}",
+        out.print(f"not established: {u}", highlight=False, markup=False)
+    out.print(f"session {session['id']} · {len(session['runs'])} run(s) · ${session['cost']:.4f}",
                   highlight=False, markup=False)
 
 
-def ask_cmd(goal: Annotated[Path, typer.Option(help="A structured goal (JSON/YAML): {question: better|cheapest|"
-                                               "regressed|helps, ...}; see docs/operator.md.")],
+def ask_cmd(question: Annotated[str | None, typer.Argument(help="The goal in prose (an LLM operator, --operator "
+                                                          "<provider>://<model>).")] = None,
+            goal: Annotated[Path | None, typer.Option(help="A structured goal (JSON/YAML): {question: better|"
+                                                      "cheapest|regressed|helps, ...}; see docs/operator.md.")] = None,
+            operator: Annotated[str, typer.Option(help="'builtin' or an LLM operator '<provider>://<model>' (its key: "
+                                                  "the account secret <PROVIDER>_API_KEY).")] = "builtin",
+            api_base: Annotated[str | None, typer.Option(help="Where an LLM operator's calls go.")] = None,
+            input_cost_per_token: Annotated[float | None, typer.Option(min=0, help="An LLM operator's input "
+                                                                       "token price (USD).")] = None,
+            output_cost_per_token: Annotated[float | None, typer.Option(min=0, help="An LLM operator's output "
+                                                                        "token price (USD).")] = None,
             runs: Annotated[int, typer.Option(min=1, max=50, help="Most runs the session may launch.")] = 10,
             cost: Annotated[float | None, typer.Option(min=0.000001, help="Most USD the session may spend.")] = None,
             wait: Annotated[bool, typer.Option(help="Follow the session and print its answer.")] = True,
             json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
             api_key: ApiKey = None) -> None:
-    """Ask the builtin Operator a question: it launches the runs that answer it and answers with the evidence."""
-    from benchwright import cli
+    """Ask the Operator a question: it launches the runs that answer it and answers with the evidence."""
 
     try:
-        parsed = read_goal(goal)
+        if (question is None) == (goal is None):
+            raise BadFlag("give the goal either as a sentence (QUESTION, with an LLM --operator) or as --goal FILE")
+        parsed: dict[str, Any] | str = read_goal(goal) if goal is not None else str(question)
     except BadFlag as exc:
-        cli.console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    body = {"operator": "builtin", "goal": parsed,
+    llm = {k: v for k, v in (("api_base", api_base), ("input_cost_per_token", input_cost_per_token),
+                             ("output_cost_per_token", output_cost_per_token)) if v is not None}
+    body = {"operator": operator, "goal": parsed, **llm,
             "limits": {"session": {"runs": runs, **({"cost": cost} if cost is not None else {})}}}
 
     def go(client: Any) -> dict[str, Any]:
         session: dict[str, Any] = client._call("POST", "/v1/operator/sessions", json=body)
-        cli.console.print(f"operator session {session['id']} started", highlight=False, markup=False)
+        console.print(f"operator session {session['id']} started", highlight=False, markup=False)
         seen: dict[str, str] = {}
         while wait and session["status"] not in ENDED:
             session = client._call("GET", f"/v1/operator/sessions/{session['id']}",

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from benchwright.cli_support import fitted_table
+from benchwright.cli_support import client_for, fitted_table
 
 registry_app = typer.Typer(no_args_is_help=True, help="The registry: publish runs, promote impls, leaderboards.")
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright).")]
@@ -25,11 +25,10 @@ def _call(method: str, path: str, data_dir: Path | None, api_url: str | None, ap
           body: dict[str, Any] | None = None) -> Any:
     """One API call; an API or set-up error is printed in plain words and exits 1. A ``run_id`` in the body may
     be a unique prefix of one of the caller's runs (``Client.resolve_run_id``)."""
-    from benchwright import cli
     from benchwright.client import ApiError
 
     try:
-        with cli._client(data_dir, api_url, api_key) as client:
+        with client_for(data_dir, api_url, api_key) as client:
             if body is not None and "run_id" in body:
                 body = {**body, "run_id": client.resolve_run_id(body["run_id"])}
             return client._call(method, path, json=body) if body is not None else client._call(method, path)

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, _call
+from benchwright.cli_support import console
 
 REPORT_FILES = ("report.html", "results.json")
 
@@ -25,7 +26,6 @@ def report_cmd(run_id: str,
                data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Download a finished run's report: one self-contained HTML page (narration, score and interval, heatmap,
     per-group bars, latency and cost, failure reasons, the Driver's decisions, the receipt), or its results.json."""
-    from benchwright import cli
 
     chosen = name or ("results.json" if output is not None and output.suffix.lower() == ".json" else "report.html")
     if chosen not in REPORT_FILES:
@@ -40,18 +40,18 @@ def report_cmd(run_id: str,
             run = client.run(run_id)
             why = ("the run is still running" if not run.get("terminal")
                    else "its report is still being written (or could not be written); try again in a moment")
-            cli.console.print(f"[red]error:[/red] run {run_id} has no {chosen} yet: {why}")
+            console.print(f"[red]error:[/red] run {run_id} has no {chosen} yet: {why}")
             raise typer.Exit(1)
         return listed[chosen], client.file(run_id, chosen)
 
     meta, data = _call(fetch, data_dir, api_url, api_key)
     digest = hashlib.sha256(data).hexdigest()
     if digest != meta["digest"] or len(data) != meta["size"]:
-        cli.console.print(f"[red]error:[/red] {chosen} arrived damaged (sha256 {digest}, {len(data)} bytes; the run "
+        console.print(f"[red]error:[/red] {chosen} arrived damaged (sha256 {digest}, {len(data)} bytes; the run "
                           f"recorded {meta['digest']}, {meta['size']} bytes)")
         raise typer.Exit(1)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.part")
     tmp.write_bytes(data)
     tmp.replace(target)
-    cli.console.print(f"wrote {target} ({len(data):,} bytes, sha256 {digest[:12]})")
+    console.print(f"wrote {target} ({len(data):,} bytes, sha256 {digest[:12]})")

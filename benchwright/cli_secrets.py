@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _print
+from benchwright.cli_support import console
 
 secrets_app = typer.Typer(no_args_is_help=True, help="Provider secrets (API keys) the runs' model calls use; "
                                                      "values are write-only.")
@@ -23,9 +24,8 @@ MAX_SECRET_BYTES = 8192
 
 
 def _fail(message: str) -> None:
-    from benchwright import cli
 
-    cli.console.print(f"[red]error:[/red] {message}", highlight=False)
+    console.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(2)
 
 

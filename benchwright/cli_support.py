@@ -10,11 +10,14 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -27,6 +30,12 @@ from rich.table import Table
 from typer._click.core import Context  # typer parses with its own copy of click
 from typer._click.exceptions import NoSuchOption
 from typer.core import TyperCommand, TyperOption
+
+from benchwright.settings import default_data_dir
+
+SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
+                                                                    "$BENCHWRIGHT_DATA_DIR).")]
 
 RESUMABLE_DISPLAY = ("paused", "waiting")
 """display_status values a watch stops at: the run waits for a person (resume, review), not for time."""
@@ -326,3 +335,72 @@ def tasks_table(rows: list[dict[str, Any]]) -> Table:
                       excerpt(_asked(row.get("input")), 40), excerpt(row.get("reference"), 24), _extracted(row),
                       row.get("rule") or "", excerpt(row["output"]))
     return table
+
+
+# -- shared by every command module (cli.py and the cli_* modules import these; none imports cli.py) --
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+
+def data_dir_of(value: Path | None) -> Path:
+    if value is not None:
+        return value.expanduser().resolve()
+    return Path(os.environ.get("BENCHWRIGHT_DATA_DIR", default_data_dir())).expanduser().resolve()
+
+
+def client_for(data_dir: Path | None, api_url: str | None, api_key: str | None):  # type: ignore[no-untyped-def]
+    from benchwright.client import Client, read_dev_json
+
+    if api_url and api_key:
+        return Client(api_url, api_key)
+    dev = read_dev_json(data_dir_of(data_dir))
+    return Client(api_url or dev["api_url"], api_key or dev["api_key"])
+
+
+def watch(client: Any, run_id: str) -> dict[str, Any]:
+    """A live progress bar (tasks/s, ETA) on stderr until the run is over or waits for a person; the final run."""
+    return watch_run(client, run_id, console)
+
+
+def run_summary(run: dict[str, Any], first_error: str | None = None) -> str:
+    """The final report: score and counts, then in plain words why the run is not a clean success (its error, its
+    halt reason, its errored tasks with the first one's error), so a run of errors never reads as a result."""
+    s = run["tasks"]["summary"]
+    rate = "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}"
+    if s.get("pass_rate_ci"):
+        rate += f" (95 % CI {s['pass_rate_ci'][0]:.1%}–{s['pass_rate_ci'][1]:.1%})"
+    text = (f"run {run['id']}: {run['display_status']}  score (pass rate) {rate}  "
+            f"passed {s['passed']}, failed {s['failed']}, errored {s['errored']} of {s['total']}")
+    if s.get("no_answer"):
+        text += f"\n  no answer found in {s['no_answer']} of the {s['failed']} failed tasks (counted as failed)"
+    if run.get("error"):
+        text += f"\n  error: {run['error']}"
+    if run["halted"] and run.get("halt_reason"):
+        text += f"\n  halted: {run['halt_reason']}"
+    if s["errored"]:
+        ended = "finished" if run["status"] == "ok" and not run["halted"] else "stopped"
+        text += f"\n  {ended} with {s['errored']} of {s['total']} tasks errored" + (f": {first_error}" if first_error
+                                                                                      else "")
+    return text
+
+
+def first_error(client: Any, run: dict[str, Any]) -> str | None:
+    """The error of the first errored task (the run view carries counts only): what the summary shows as the cause."""
+    if not run["tasks"]["summary"]["errored"]:
+        return None
+    after: int | None = -1
+    while after is not None:
+        page = client.tasks(run["id"], after=after)
+        for task in page["tasks"]:
+            if task["outcome"] == "err":
+                trials = client.task(run["id"], task["index"])["trials"]
+                return next((t["error"] for t in trials if t["error"]), None)
+        after = page["next_after"]
+    return None
+
+
+def run_succeeded(run: dict[str, Any]) -> bool:
+    """Whether ``run --watch`` exits 0: the run ended ok, unhalted, and not every task errored."""
+    s = run["tasks"]["summary"]
+    return run["status"] == "ok" and not run["halted"] and not (s["total"] > 0 and s["errored"] == s["total"])

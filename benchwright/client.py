@@ -13,7 +13,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
@@ -185,27 +185,44 @@ class Client:
         event is resumed too, unless the run is over (its terminal event precedes ``after``).
         """
         run_id = self._rid(run_id)
+        return self._stream(f"/v1/runs/{run_id}/events", f"run {run_id}", TERMINAL_EVENT,
+                            lambda: bool(self.run(run_id).get("terminal")), after=after, reconnects=reconnects)
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """An Operator session: status, answer, the runs it launched, cost."""
+        return self._call("GET", f"/v1/operator/sessions/{quote(session_id, safe='')}")  # type: ignore[no-any-return]
+
+    def stream_session_events(self, session_id: str, *, after: int = -1,
+                              reconnects: int = SSE_RECONNECTS) -> Iterator[dict[str, Any]]:
+        """An Operator session's log live over SSE until SessionAnswered, resumed as ``stream_events`` is."""
+        path = f"/v1/operator/sessions/{quote(session_id, safe='')}/events"
+        return self._stream(path, f"operator session {session_id}", "SessionAnswered",
+                            lambda: self.session(session_id)["status"] in ("answered", "stopped", "failed"),
+                            after=after, reconnects=reconnects)
+
+    def _stream(self, path: str, what: str, terminal: str, over: Callable[[], bool], *, after: int,
+                reconnects: int) -> Iterator[dict[str, Any]]:
         last, failures = after, 0
         while True:
             try:
-                for event in self._sse_once(run_id, last):
+                for event in self._sse_once(path, last):
                     last, failures = int(event["seq"]), 0
                     yield event
-                    if event["type"] == TERMINAL_EVENT:
+                    if event["type"] == terminal:
                         return
-                if self.run(run_id).get("terminal"):
+                if over():
                     return
             except httpx.TransportError as exc:
                 if failures >= reconnects:
-                    raise ApiError(0, "unreachable", f"the event stream of run {run_id} dropped {failures + 1} "
+                    raise ApiError(0, "unreachable", f"the event stream of {what} dropped {failures + 1} "
                                                      f"times in a row (last seq {last}): {exc}") from exc
             failures += 1
             time.sleep(min(5.0, 0.25 * 2 ** (failures - 1)))
 
-    def _sse_once(self, run_id: str, after: int) -> Iterator[dict[str, Any]]:
+    def _sse_once(self, path: str, after: int) -> Iterator[dict[str, Any]]:
         """One SSE connection: the events it delivers until the server closes it."""
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-        with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=httpx.Timeout(
+        with self._http.stream("GET", path, headers=headers, timeout=httpx.Timeout(
                 self._http.timeout.connect, read=None)) as resp:
             if resp.status_code >= 400:
                 resp.read()

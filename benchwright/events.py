@@ -77,10 +77,12 @@ class PhaseCacheHit(Event):
 
 
 class AgentTextEvent(Event):
-    """The Driver talking (the builtin driver narrates its deterministic decisions)."""
+    """The Driver talking (the builtin driver narrates its deterministic decisions), or a product-sandbox run's
+    agent (``benchwright.product.runner``), stamped with its task's ``index``."""
 
     phase: str
     text: str
+    index: int | None = None
 
 
 class FetchArtifact(Event):
@@ -278,6 +280,8 @@ class ToolCallEvent(Event):
     call_id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    index: int | None = None
+    """A product-sandbox run's agent: the task it works on (None: the LLM driver)."""
 
 
 class ToolResultEvent(Event):
@@ -290,6 +294,8 @@ class ToolResultEvent(Event):
     name: str
     ok: bool
     content: str
+    index: int | None = None
+    """A product-sandbox run's agent: the task it works on (None: the LLM driver)."""
 
 
 class DriverUsage(Event):
@@ -372,6 +378,30 @@ class HarnessTaskArtifact(Event):
 
 
 EVENT_TYPES[HarnessTaskArtifact.type_name()] = HarnessTaskArtifact
+
+
+class TemplateProbeArtifact(Event):
+    """What a product-sandbox run's base holds, probed in a ``template_probe`` sandbox before Setup: the OS, the
+    shells and interpreters found (name -> version line) and how many base files the recipe put in place."""
+
+    os: str
+    kernel: str
+    shells: dict[str, str]
+    interpreters: dict[str, str]
+    base_files: int
+
+
+class ProductRecipeArtifact(Event):
+    """The recipe a product-sandbox run evaluates (frozen at Setup): its name (the subset id its impls are keyed
+    on), the sha256 of its canonical JSON, the task count, and the generated impl's id."""
+
+    name: str
+    recipe_sha256: str
+    tasks: int
+    impl_id: str
+
+
+EVENT_TYPES.update({cls.__name__: cls for cls in (TemplateProbeArtifact, ProductRecipeArtifact)})
 
 
 class WorkFilesRecorded(Event):

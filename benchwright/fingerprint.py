@@ -31,18 +31,33 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from benchwright.events import EVENT_TYPES
+from benchwright.events import (
+    EVENT_TYPES,
+    AnalyzeArtifact,
+    AtomizeArtifact,
+    DatasetTasksArtifact,
+    FetchArtifact,
+    HarnessLogArtifact,
+    HarnessTaskArtifact,
+    ModelProxyArtifact,
+    ProductRecipeArtifact,
+    SetupArtifact,
+    TemplateProbeArtifact,
+)
 
 RECORD_SEPARATOR = "\x1e"
 LOAD_BEARING: dict[str, tuple[str, ...]] = {
-    "FetchArtifact": ("sha256", "bytes", "format"),
-    "AnalyzeArtifact": ("format", "rows", "columns", "input_field", "reference_field", "template", "fields", "splits"),
-    "DatasetTasksArtifact": ("count",),
-    "SetupArtifact": ("python", "requirements"),
-    "AtomizeArtifact": ("impl_sha256",),
-    "ModelProxyArtifact": ("model_id", "litellm_config_yaml"),
-    "HarnessLogArtifact": (),  # an output (the harness's own log of what happened): nothing in it is an input
-    "HarnessTaskArtifact": ("harness", "version", "config_sha256"),  # the task name is inside the config digest
+    FetchArtifact.type_name(): ("sha256", "bytes", "format"),
+    AnalyzeArtifact.type_name(): ("format", "rows", "columns", "input_field", "reference_field", "template", "fields",
+                                  "splits"),
+    DatasetTasksArtifact.type_name(): ("count",),
+    SetupArtifact.type_name(): ("python", "requirements"),
+    AtomizeArtifact.type_name(): ("impl_sha256",),
+    ModelProxyArtifact.type_name(): ("model_id", "litellm_config_yaml"),
+    HarnessLogArtifact.type_name(): (),  # an output (the harness's own log of what happened): nothing is an input
+    HarnessTaskArtifact.type_name(): ("harness", "version", "config_sha256"),  # the task name is in the config digest
+    TemplateProbeArtifact.type_name(): ("os", "shells", "interpreters", "base_files"),  # the host's kernel is noise
+    ProductRecipeArtifact.type_name(): ("name", "recipe_sha256"),
 }
 """Per Artifact event type, the fields that feed the run fingerprint. A test keeps this table complete: every
 ``*Artifact`` in ``benchwright.events`` has an entry."""

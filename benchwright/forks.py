@@ -26,6 +26,19 @@ from typing import Any
 
 from benchwright.drivers.base import DriverFailed
 from benchwright.errors import InvalidInput
+from benchwright.events import (
+    AtomizeArtifact,
+    DatasetTasksArtifact,
+    FetchArtifact,
+    MaterializeTaskAggregated,
+    MaterializeTaskResult,
+    ModelProxyArtifact,
+    PhaseCompleted,
+    PhaseSkipped,
+    PhaseStarted,
+    PipelineFinished,
+    ProductRecipeArtifact,
+)
 from benchwright.handoff import dataset_file
 from benchwright.schemas import (
     PHASES,
@@ -46,7 +59,7 @@ OVERRIDE_NEEDS: dict[str, str] = {
     "concurrency": "materialize",
 }
 """Override -> the latest rewind point that still lets it take effect (the phase that consumes it)."""
-RESULT_TYPES = frozenset({"MaterializeTaskResult", "MaterializeTaskAggregated"})
+RESULT_TYPES = frozenset({MaterializeTaskResult.type_name(), MaterializeTaskAggregated.type_name()})
 """Results are never inherited: a fork's sweep is its own."""
 
 
@@ -178,15 +191,15 @@ def cut_point(events: list[LoggedEvent], rewind_to: str) -> int:
         InvalidInput: ``rewind_unavailable`` when a phase before the rewind point did not complete in the parent
             (it failed or was halted there, or is still running): nothing to inherit it from.
     """
-    cut = next((e.seq for e in events if e.type == "PhaseStarted" and e.data.get("phase") == rewind_to), None)
+    cut = next((e.seq for e in events if e.type == PhaseStarted.type_name() and e.data.get("phase") == rewind_to), None)
     before = [e for e in events if cut is None or e.seq < cut]
-    done = {e.data.get("phase") for e in before if e.type in ("PhaseCompleted", "PhaseSkipped")}
+    done = {e.data.get("phase") for e in before if e.type in (PhaseCompleted.type_name(), PhaseSkipped.type_name())}
     missing = [p for p in inherited_phases(rewind_to) if p not in done]
     if missing:
         raise InvalidInput(f"the parent run did not complete {missing[0]}, so a fork cannot rewind to {rewind_to}; "
                            f"rewind to {missing[0]} or earlier", code="rewind_unavailable")
     if cut is None:
-        cut = max((e.seq for e in before if e.type != "PipelineFinished"), default=0) + 1
+        cut = max((e.seq for e in before if e.type != PipelineFinished.type_name()), default=0) + 1
     return cut
 
 
@@ -215,7 +228,7 @@ def inherited_copies(events: list[LoggedEvent], *, parent_run_id: str, cut: int,
         marker: dict[str, Any] = {"run_id": parent_run_id, "seq": e.seq}
         if data.get("cost_usd"):
             marker["cost_usd"], data["cost_usd"] = data["cost_usd"], 0.0
-        if e.type == "ModelProxyArtifact" and rebind is not None:
+        if e.type == ModelProxyArtifact.type_name() and rebind is not None:
             changed = sorted(k for k, v in rebind.items() if data.get(k) != v)
             if changed:
                 marker["overridden"] = changed
@@ -227,7 +240,7 @@ def inherited_copies(events: list[LoggedEvent], *, parent_run_id: str, cut: int,
 
 def tasks_total(copies: list[tuple[str, str, dict[str, Any]]]) -> int | None:
     """The sample size the parent's Analyze settled on (its last DatasetTasksArtifact), if inherited."""
-    counts = [int(d["count"]) for _, t, d in copies if t == "DatasetTasksArtifact"]
+    counts = [int(d["count"]) for _, t, d in copies if t == DatasetTasksArtifact.type_name()]
     return counts[-1] if counts else None
 
 
@@ -237,7 +250,8 @@ def tasks_total(copies: list[tuple[str, str, dict[str, Any]]]) -> int | None:
 def inherited_files(*, inherited: list[str], events: list[LoggedEvent], cut: int,
                     parent_files: Mapping[str, str]) -> list[str]:
     """The parent's work files a fork carries over for the phases it inherits: the fetched dataset (Fetch), named by
-    the parent's last FetchArtifact before ``cut``, tasks.jsonl (Analyze) and task_impl.py (Atomize). Everything
+    the parent's last FetchArtifact before ``cut``, tasks.jsonl (Analyze) and task_impl.py (Atomize); of a
+    product-sandbox run, the frozen recipe and its generated task_impl.py (Setup). Everything
     else a later phase needs of them is in the inherited events (AnalyzeArtifact, SnapshotCreated...), read from
     the fork's own log, never from a file.
 
@@ -249,9 +263,12 @@ def inherited_files(*, inherited: list[str], events: list[LoggedEvent], cut: int
     Raises:
         InvalidInput: ``parent_state_missing`` when the parent's log before the cut holds no FetchArtifact.
     """
+    if any(e.type == ProductRecipeArtifact.type_name() and e.seq < cut for e in events):
+        # A product-sandbox run: Fetch/Analyze/Atomize were skipped; Setup froze the recipe and generated the impl.
+        return ["recipe.json", "task_impl.py"] if "setup" in inherited else []
     names: list[str] = []
     if "fetch" in inherited:
-        fetched = next((e.data for e in reversed(events) if e.seq < cut and e.type == "FetchArtifact"), None)
+        fetched = next((e.data for e in reversed(events) if e.seq < cut and e.type == FetchArtifact.type_name()), None)
         if fetched is None:
             raise InvalidInput("the parent run's log has no FetchArtifact, so a fork cannot inherit its Fetch",
                                code="parent_state_missing")
@@ -290,10 +307,10 @@ def run_shape(*, run_ids: Mapping[str, str | None], events: Iterable[LoggedEvent
         return run_ids.get("benchmark_id"), run_ids.get("subset_id"), run_ids.get("impl_id")
     bench = subset = impl = None
     for e in events:
-        if e.type == "FetchArtifact":
+        if e.type == FetchArtifact.type_name():
             bench = str(e.data.get("sha256"))
-        elif e.type == "DatasetTasksArtifact":
+        elif e.type == DatasetTasksArtifact.type_name():
             subset = f"{bench}:{e.data.get('count')}"
-        elif e.type == "AtomizeArtifact":
+        elif e.type == AtomizeArtifact.type_name():
             impl = str(e.data.get("impl_sha256"))
     return bench, subset, impl

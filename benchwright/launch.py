@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_json
 
@@ -16,8 +16,10 @@ from benchwright.drivers.llm import LlmDriverSpec
 from benchwright.errors import InvalidInput
 from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
 from benchwright.limits import RunLimits, resolve_limits
+from benchwright.pipeline import ForkSpec, MaterializeOptions, RunInput
 from benchwright.prices import check_priced
-from benchwright.schemas import LaunchRequest, suggest
+from benchwright.product.recipe import check_launch as check_recipe
+from benchwright.schemas import ForkRequest, LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
 if TYPE_CHECKING:
@@ -76,6 +78,7 @@ def resolve_launch(launch: LaunchRequest, *, default_driver: str, local_paths: L
                            "or '<provider>://<model>' for an LLM driver",
                            code="unknown_driver")
     harness = check_harness(launch)  # a bridge launch names no dataset (checked there)
+    check_recipe(launch, local_paths)  # a product-sandbox launch: its recipe, alone
     # A pinned launch's ``registry:`` dataset was written by the API from the registry (benchwright.registry).
     if launch.dataset is not None and not launch.dataset.startswith("registry:") and not is_url(launch.dataset):
         if "://" in launch.dataset:
@@ -127,24 +130,169 @@ blob-size error limit; 4 MB is the gRPC message) after the run row would have be
 a too-large launch is refused with 413 and leaves nothing behind (issue 15 item 2)."""
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A launch admitted and sized, its workflow input built; recorded by :func:`record_run` (or already recorded:
+    ``existing``)."""
+
+    input: RunInput
+    backend: str
+    existing: Run | None
+    """The account's run of ``input.run_id`` when a repeated call finds it (nothing is recorded again)."""
+    pinned: dict[str, Any] | None = None
+    """The registry pin to set on the run (a fresh pinned launch's, or the parent's for a replay)."""
+
+
+@dataclass(frozen=True)
+class ForkLaunch:
+    """A fork or replay validated against its parent (:func:`plan_fork`): what :func:`prepare_run` starts."""
+
+    launch: LaunchRequest
+    spec: ForkSpec
+    trials: TrialsConfig
+    pinned: dict[str, Any] | None
+
+
+def plan_fork(engine: Engine, *, account_id: str, parent_id: str, req: ForkRequest, kind: str = "fork") -> ForkLaunch:
+    """Check a fork against its parent before anything is written: the parent is the caller's (readable) run, the
+    overrides fit the rewind point and the parent reached it. The parent's frozen trials config is pinned (§6:
+    keep trials constant across a sweep) unless overridden; a replay of a pinned run keeps the parent's pin.
+    Blocking (store reads).
+
+    Raises:
+        NotFound: the parent is not the caller's run.
+        InvalidInput: an override the rewind point comes too late for, a rewind point the parent never reached,
+            or neither rewind point, overrides nor instructions.
+    """
+    from benchwright.forks import apply_overrides, check_overrides, cut_point, default_rewind
+    from benchwright.registry.shape import readable_run
+    from benchwright.schemas import check_model_identifier
+    from benchwright.store.forks import read_until_phase
+
+    if req.overrides.model is not None:
+        check_model_identifier(req.overrides.model.identifier)
+    parent = readable_run(engine, run_id=parent_id, account_id=account_id)
+    names = req.overrides.given()
+    rewind = "materialize" if kind == "replay" else req.rewind_to or (default_rewind(names) if names else None)
+    if rewind is None and not req.instructions:
+        raise InvalidInput("a fork needs rewind_to, overrides or instructions", code="empty_fork")
+    if rewind is not None:
+        check_overrides(rewind_to=rewind, overrides=names, kind=kind)
+        cut_point(read_until_phase(engine, parent.id, phase=rewind), rewind)  # refuses a point never reached
+    trials = validate_trials(req.overrides.trials) if req.overrides.trials else \
+        TrialsConfig.model_validate(parent.trials_config or {})
+    return ForkLaunch(launch=apply_overrides(LaunchRequest.model_validate(parent.launch), req.overrides),
+                      spec=ForkSpec(parent_run_id=parent.id, rewind_to=rewind, kind=kind, overrides=names,
+                                    scorer_instructions=req.overrides.scorer_instructions,
+                                    instructions=req.instructions),
+                      trials=trials, pinned=parent.pinned if kind == "replay" and parent.pinned else None)
+
+
+def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch: LaunchRequest,
+                run_id: str | None = None, fork: ForkLaunch | None = None, from_run: bool = False,
+                check_quota: bool = True, exhausted_hint: str = "add credit first") -> PreparedRun:
+    """Everything before a run is recorded, for every launch kind: resolve a fresh launch's registry pin, admit the
+    launch (:func:`admit_launch`), check the balance and the quota, build the workflow input and check its size.
+    Blocking (store reads): call it from a thread.
+
+    ``fork`` starts the planned fork or replay (:func:`plan_fork`; its ``launch`` is the body); ``from_run`` marks a
+    launch copied from a recorded run (a scheduled replay), whose registry pin was resolved when that run launched.
+    ``check_quota`` False skips the account's quota (a schedule's firing; its creation was admitted).
+    When the account already has a run of ``run_id``, the balance and the quota are not checked again.
+
+    Raises:
+        InvalidInput, DatasetError, NotFound: the launch is refused (``admit_launch``, the pin).
+        Conflict: ``run_id`` is another account's run.
+        PaymentRequired: the account's balance is exhausted.
+        QuotaExceeded: the account's quota (``check_launch``).
+        PayloadTooLarge: the workflow input would not fit.
+    """
+    from benchwright.compute import materialize_mode
+    from benchwright.errors import PayloadTooLarge, PaymentRequired
+    from benchwright.quotas import check_launch
+    from benchwright.registry.blobs import BlobStore
+    from benchwright.registry.pinned import resolve_pin
+    from benchwright.store.accounts import get_account
+
+    existing = _own_run(engine, run_id, account.id) if run_id is not None else None
+    body = fork.launch if fork is not None else launch
+    bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
+    unpinned = bridged or body.recipe is not None  # a product-sandbox launch names its recipe, no dataset or pin
+    fresh = fork is None and not from_run
+    pin = resolve_pin(engine, BlobStore.from_settings(settings), account_id=account.id, launch=body) \
+        if fresh and not unpinned else None
+    if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
+        body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
+    resolved = admit_launch(settings, engine, account=account, launch=body,
+                            subset_default_trials=pin.default_trials if pin else None)
+    if existing is None:
+        current = get_account(engine, account_id=account.id)
+        if current.balance_usd <= 0:
+            raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); {exhausted_hint}")
+        if check_quota:
+            check_launch(engine, settings, account_id=account.id)  # 429 quota_exceeded
+    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
+                            harness_bridge=bridged, product_sandbox_snapshot=body.recipe is not None)
+    inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
+                   trials=fork.trials if fork is not None else resolved.trials, limits=resolved.limits,
+                   materialize_mode=mode, proxy_linger_s=settings.proxy_linger_s,
+                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
+                                                  batch_tasks=settings.materialize_batch_tasks,
+                                                  parallel_batches=settings.materialize_parallel_batches),
+                   fork=fork.spec if fork is not None else None)
+    size = len(to_json(inp))  # bytes, as the pydantic data converter encodes the payload
+    if size > MAX_RUN_INPUT_BYTES:
+        raise PayloadTooLarge(f"the fork is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit"
+                              if fork is not None else
+                              f"the launch is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit "
+                              "(send less metadata or a smaller task_impl)")
+    return PreparedRun(input=inp, backend=resolved.backend, existing=existing,
+                       pinned=pin.record() if pin is not None else fork.pinned if fork is not None else None)
+
+
+def record_run(engine: Engine, prepared: PreparedRun, *, settings: Settings) -> Run:
+    """Record a prepared run (row + RunLaunched, the fork tree's row, its pin); the existing row when there is one.
+    Blocking."""
+    from benchwright.registry.shape import set_pin
+    from benchwright.schemas import ForkOrigin
+    from benchwright.store.runs import create_run
+
+    if prepared.existing is not None:
+        return prepared.existing
+    inp, spec = prepared.input, prepared.input.fork
+    origin = None if spec is None else ForkOrigin(parent_run_id=spec.parent_run_id, rewind_to=spec.rewind_to,
+                                                  kind="replay" if spec.kind == "replay" else "fork")
+    run = create_run(engine, account_id=inp.account_id, launch=inp.launch, driver=inp.driver,
+                     trials_config=inp.trials.model_dump(mode="json"),
+                     limits=inp.limits.model_dump(mode="json", exclude_defaults=True),
+                     billing_markup=settings.billing_markup, backend=prepared.backend,
+                     materialize_mode=inp.materialize_mode, run_id=inp.run_id, fork=origin)
+    if prepared.pinned is not None:
+        set_pin(engine, run_id=run.id, pinned=prepared.pinned)
+    return run
+
+
 async def start_run(settings: Settings, engine: Engine, client: Client | Callable[[], Awaitable[Client]], *,
                     account: Account, launch: LaunchRequest, run_id: str | None = None,
-                    memo: dict[str, str] | None = None) -> Run:
-    """The one start path of a run (DESIGN invariant 10): resolve a registry pin, admit the launch
-    (:func:`admit_launch`), check the balance and the quota, build and size-check the workflow input, record the
-    run (row + RunLaunched) and start its ``RunWorkflow``. ``POST /v1/runs`` and the Operator call it.
+                    memo: dict[str, str] | None = None, fork: ForkLaunch | None = None) -> Run:
+    """The one start path of a run (DESIGN invariant 10): :func:`prepare_run` (pin, admission, balance, quota,
+    workflow input and its size), :func:`record_run` (row + RunLaunched) and the start of its ``RunWorkflow``.
+    ``POST /v1/runs``, forks, replays and sweeps (``fork``, from :func:`plan_fork`) and the Operator call it; a
+    schedule's firing prepares and records its replay the same way and starts it as a child workflow.
 
     ``run_id`` makes the call idempotent (the Operator passes ``workflow.uuid4()``): when the account already has
     a run of that id, nothing is recorded or checked again; its workflow is started only if it is not already
     running or finished (Temporal's id, never reused), so a retried launch never starts a run twice.
 
-    ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI).
+    ``memo`` adds to the workflow's memo (the Operator names its session there, for the Temporal UI); its
+    ``operator_session`` is also set as the ``BenchwrightOperatorSession`` search attribute
+    (``temporal_ui.session_attributes``), so the Temporal UI lists a session's runs with it.
 
     ``client`` may be a coroutine function returning the client (the API's lazy connection): it is then only
     reached once the launch is admitted, so a refused launch is refused even while Temporal is down.
 
     Raises:
-        InvalidInput, DatasetError, NotFound: the launch is refused (``admit_launch``, the pin).
+        InvalidInput, DatasetError, NotFound: the launch is refused (``admit_launch``, the pin, the fork's plan).
         PaymentRequired: the account's balance is exhausted.
         QuotaExceeded: the account's quota (``check_launch``).
         PayloadTooLarge: the workflow input would not fit.
@@ -160,72 +308,56 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     )
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    from benchwright.compute import materialize_mode
-    from benchwright.errors import PayloadTooLarge, PaymentRequired, Unavailable
-    from benchwright.pipeline import MaterializeOptions, RunInput
-    from benchwright.quotas import check_launch, fairness_key
-    from benchwright.registry.blobs import BlobStore
-    from benchwright.registry.pinned import resolve_pin
-    from benchwright.registry.shape import set_pin
-    from benchwright.store.accounts import get_account
-    from benchwright.store.runs import create_run, finish_run
-    from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS, workflow_summary
+    from benchwright.errors import Unavailable
+    from benchwright.quotas import fairness_key
+    from benchwright.store.runs import finish_run
+    from benchwright.temporal_ui import (
+        RUN_ACCOUNT,
+        RUN_MODEL,
+        RUN_PARENT,
+        RUN_PHASE,
+        RUN_STATUS,
+        session_attributes,
+        workflow_summary,
+    )
 
     existing = await asyncio.to_thread(_own_run, engine, run_id, account.id) if run_id is not None else None
     if existing is not None and existing.status != "running":
         return existing  # recorded and already over (or refused at start): nothing to start again
-    body = launch
-    bridged = check_harness(body) is not None  # a harness-bridge launch names its task, no dataset or pin
-    pin = None if bridged else await asyncio.to_thread(resolve_pin, engine, BlobStore.from_settings(settings),
-                                                       account_id=account.id, launch=body)
-    if pin is not None:  # the pinned subset snapshot is the dataset, the impl's exact source the scorer
-        body = body.model_copy(update={"dataset": pin.dataset, "task_impl": pin.source, "impl": pin.impl_id})
-    resolved = await asyncio.to_thread(admit_launch, settings, engine, account=account, launch=body,
-                                       subset_default_trials=pin.default_trials if pin else None)
-    if existing is None:
-        current = await asyncio.to_thread(get_account, engine, account_id=account.id)
-        if current.balance_usd <= 0:
-            raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); add credit first")
-        await asyncio.to_thread(check_launch, engine, settings, account_id=account.id)  # 429 quota_exceeded
+    prepared = await asyncio.to_thread(prepare_run, settings, engine, account=account, launch=launch, run_id=run_id,
+                                       fork=fork)
     if not isinstance(client, TemporalClient):
         client = await client()
-    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
-                            harness_bridge=bridged)
-    inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
-                   trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
-                   proxy_linger_s=settings.proxy_linger_s,
-                   materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
-                                                  batch_tasks=settings.materialize_batch_tasks,
-                                                  parallel_batches=settings.materialize_parallel_batches))
-    size = len(to_json(inp))  # bytes, as the pydantic data converter encodes the payload
-    if size > MAX_RUN_INPUT_BYTES:
-        raise PayloadTooLarge(f"the launch is {size} bytes as a workflow input; at most {MAX_RUN_INPUT_BYTES} fit "
-                              "(send less metadata or a smaller task_impl)")
-    if existing is None:
-        run = await asyncio.to_thread(create_run, engine, account_id=account.id, launch=body,
-                                      driver=resolved.driver, trials_config=resolved.trials.model_dump(mode="json"),
-                                      limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
-                                      billing_markup=settings.billing_markup, backend=resolved.backend,
-                                      materialize_mode=mode, run_id=inp.run_id)
-        if pin is not None:
-            await asyncio.to_thread(set_pin, engine, run_id=run.id, pinned=pin.record())
+    run = await asyncio.to_thread(record_run, engine, prepared, settings=settings)
+    body, spec, model = prepared.input.launch, prepared.input.fork, prepared.input.launch.model.identifier
+    attributes = [SearchAttributePair(RUN_PHASE, "launched" if spec is None else "fork"),
+                  SearchAttributePair(RUN_STATUS, "running"), SearchAttributePair(RUN_MODEL, model),
+                  SearchAttributePair(RUN_ACCOUNT, account.name), *session_attributes(memo)]
+    if spec is None:
+        decoration: dict[str, Any] = dict(
+            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset, **(memo or {})},
+            static_summary=workflow_summary(model=model, dataset=body.dataset),
+            static_details=f"Benchwright run `{run.id}`  \nmodel `{model}`  \ndataset `{body.dataset}`")
     else:
-        run = existing
+        kind, source = "replay" if spec.kind == "replay" else "fork", body.dataset or "registry"
+        rewind = spec.rewind_to or "decided by the Fork phase"
+        attributes.append(SearchAttributePair(RUN_PARENT, spec.parent_run_id))
+        decoration = dict(
+            memo={"run_id": run.id, "account": account.name, "dataset": source,
+                  "BenchwrightParentRun": spec.parent_run_id, "rewind_to": rewind, "kind": kind, **(memo or {})},
+            static_summary=f"{kind} of {spec.parent_run_id[:8]}: " + workflow_summary(model=model, dataset=source),
+            static_details=(f"Benchwright {kind} `{run.id}`  \nparent `{spec.parent_run_id}`  \n"
+                            f"rewind to `{rewind}`  \nmodel `{model}`"))
     try:
         await client.start_workflow(
-            "RunWorkflow", inp, id=run.id, task_queue=settings.task_queue,
+            "RunWorkflow", prepared.input, id=run.id, task_queue=settings.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             # a repeated start (existing row) must not start a finished run's workflow again
             id_reuse_policy=(WorkflowIDReusePolicy.REJECT_DUPLICATE if existing is not None
                              else WorkflowIDReusePolicy.ALLOW_DUPLICATE),
-            search_attributes=TypedSearchAttributes([
-                SearchAttributePair(RUN_PHASE, "launched"), SearchAttributePair(RUN_STATUS, "running"),
-                SearchAttributePair(RUN_MODEL, body.model.identifier), SearchAttributePair(RUN_ACCOUNT, account.name),
-            ]),
+            search_attributes=TypedSearchAttributes(attributes),
             priority=Priority(fairness_key=fairness_key(account.id)),  # fair share of the task queue (quotas)
-            memo={"run_id": run.id, "account": account.name, "dataset": body.dataset, **(memo or {})},
-            static_summary=workflow_summary(model=body.model.identifier, dataset=body.dataset),
-            static_details=f"Benchwright run `{run.id}`  \nmodel `{body.model.identifier}`  \ndataset `{body.dataset}`",
+            **decoration,
         )
     except WorkflowAlreadyStartedError:
         if existing is None:

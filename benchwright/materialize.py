@@ -133,7 +133,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             last_flush = time.monotonic()
             if batch:
                 await outage_tolerant(append_events, engine, inp.run_id, batch)  # a store outage is waited out
-                written += sum(1 for e in batch if e.type == "MaterializeTaskResult")
+                written += sum(1 for e in batch if e.type == MaterializeTaskResult.type_name())
             progress({"start": inp.start, "stop": inp.stop, "trials_recorded": written})
             if batch:
                 reason = await asyncio.to_thread(budget_halt_reason, engine, run_id=inp.run_id,

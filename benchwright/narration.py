@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from benchwright.events import NarrationUsage
+from benchwright.halts import HaltKind, HaltReason
 from benchwright.schemas import CostView, TasksSummary
 
 if TYPE_CHECKING:
@@ -120,28 +121,26 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-_HALT_CAUSES: tuple[tuple[str, str], ...] = (
-    ("operator_kill", "stopped by its operator"),
-    ("admin", "halted by a platform administrator"),
-    ("operator_pause", "paused by its operator"),
-    ("agent_review", "the Driver asked for a human review"),
-    ("restart_cap_exceeded", "the Driver restarted a phase as often as it may"),
-    ("limit_exceeded", "it crossed a limit of its launch"),
-    ("balance_exhausted", "the account's balance ran out"),
-    ("sut_unavailable", "the model endpoint kept failing"),
-)
+_HALT_CAUSES: dict[HaltKind, str] = {
+    HaltKind.OPERATOR_KILL: "stopped by its operator",
+    HaltKind.ADMIN: "halted by a platform administrator",
+    HaltKind.OPERATOR_PAUSE: "paused by its operator",
+    HaltKind.AGENT_REVIEW: "the Driver asked for a human review",
+    HaltKind.RESTART_CAP_EXCEEDED: "the Driver restarted a phase as often as it may",
+    HaltKind.LIMIT_EXCEEDED: "it crossed a limit of its launch",
+    HaltKind.BALANCE_EXHAUSTED: "the account's balance ran out",
+    HaltKind.SUT_UNAVAILABLE: "the model endpoint kept failing",
+}
 
 
 def halt_cause(reason: str) -> str:
-    """A halt reason in words (reasons carry suffixes, so they are matched by prefix, as ``benchwright.status``)."""
-    for prefix, words in _HALT_CAUSES:
-        if reason.startswith(prefix):
-            return words
-    return "it was halted"
+    """A halt reason in words (``benchwright.halts`` reads its kind)."""
+    parsed = HaltReason.parse(reason)
+    return _HALT_CAUSES[parsed.kind] if parsed is not None else "it was halted"
 
 
 _ERROR_CAUSES: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("limit_exceeded",), "a limit of the launch cut the tasks short"),
+    ((HaltKind.LIMIT_EXCEEDED.value,), "a limit of the launch cut the tasks short"),
     (("timeout", "timed out", "readtimeout"), "model calls timing out"),
     (("429", "rate limit", "ratelimit"), "the model endpoint rate-limiting the run"),
     (("connect", "unreachable", " 5", "503", "502", "500", "unavailable"), "the model endpoint failing"),

@@ -6,7 +6,7 @@ do not. The workflow executes the plan; it never decides skips itself.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -22,6 +22,13 @@ BRIDGE_SKIPS = {
     "atomize": "harness-bridge run ({harness}): the harness supplies its own scorer",
 }
 """§2 hard skips by run kind; Setup (the task's requirements), Attach and Materialize run."""
+PRODUCT_SKIPS = {
+    "find": "product-sandbox run: the recipe ({recipe}) is the benchmark",
+    "fetch": "product-sandbox run: the recipe ({recipe}) brings its base and tasks",
+    "analyze": "product-sandbox run: the recipe ({recipe}) lists its tasks",
+    "atomize": "product-sandbox run: task_impl.py is generated from the recipe ({recipe}) at Setup",
+}
+"""§2 hard skips of a product-sandbox run; Setup (probe, setup commands, snapshot), Attach and Materialize run."""
 
 
 class PlannedPhase(BaseModel):
@@ -45,6 +52,8 @@ def plan_phases(launch: LaunchRequest, *, fork: ForkDecision | None = None) -> l
             reason = "dataset given at launch"
         elif phase in BRIDGE_SKIPS and is_bridge(launch):
             reason = BRIDGE_SKIPS[phase].format(harness=launch.harness)
+        elif phase in PRODUCT_SKIPS and launch.recipe is not None:
+            reason = PRODUCT_SKIPS[phase].format(recipe=launch.recipe)
         plan.append(PlannedPhase(phase=phase, skip_reason=reason))
     return plan
 
@@ -133,9 +142,10 @@ class PhaseInput(BaseModel):
 class PhaseControl(BaseModel):
     """What a phase asks of the workflow instead of moving on."""
 
-    kind: str
-    """``restart`` (the Driver wants this phase to start over), ``review`` (requestHumanReview) or ``halt``
-    (a ceiling was crossed; the row is already halted)."""
+    kind: Literal["restart", "review", "halt", "interrupted"]
+    """``restart`` (the Driver wants this phase to start over), ``review`` (requestHumanReview), ``halt``
+    (a ceiling was crossed; the row is already halted) or ``interrupted`` (the workflow's own: the phase was cut
+    short by a halt, pause or ceiling, and runs again as the same invocation after a resume)."""
     reason: str
     phase: str | None = None
     """For ``restart``: the phase to start over from when it is not the asking one (Materialize asking for a new
@@ -263,9 +273,5 @@ class ControlResult(BaseModel):
     halt_reason: str | None
 
 
-RESUMABLE_PREFIXES = ("agent_review", "operator_pause", "restart_cap_exceeded")
-SUT_UNAVAILABLE = "sut_unavailable"
-"""Halt prefix (not resumable) when the model's calls kept failing fatally during Materialize
-(``benchwright.breaker``): ``sut_unavailable: <what is wrong, in plain words>``."""
 RESTART_CAP = 2
 """Phase restarts allowed per run (§10); a third request parks the run for a human."""

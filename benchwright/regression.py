@@ -35,21 +35,20 @@ from benchwright.compare import (
     readable_run,
     run_shape,
 )
-from benchwright.compute import materialize_mode
-from benchwright.errors import BenchwrightError, InvalidInput, PaymentRequired
+from benchwright.errors import BenchwrightError, InvalidInput
 from benchwright.events import RegressionDetected
-from benchwright.launch import ResolvedLaunch, admit_launch
-from benchwright.pipeline import MaterializeOptions, RunInput
+from benchwright.launch import ResolvedLaunch, admit_launch, prepare_run, record_run
+from benchwright.pipeline import RunInput
 from benchwright.schemas import LaunchRequest
 from benchwright.settings import Settings
 from benchwright.status import display_status
 from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import Account, Run
-from benchwright.store.runs import create_run
 
 __all__ = ["AlertRule", "Cadence", "CheckInput", "CheckResult", "PrepareInput", "RegressionInput", "RegressionResult",
-           "ScheduleCreate", "admit_replay", "check_replay", "parse_cadence", "replay_launch", "start_replay"]
+           "ScheduleCreate", "admit_replay", "check_replay", "parse_cadence", "replay_body", "replay_launch",
+           "start_replay"]
 
 _EVERY = re.compile(r"^([1-9][0-9]{0,5})(s|m|h|d)$")
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
@@ -187,58 +186,56 @@ def replay_launch(settings: Settings, engine: Engine, reference: Run) -> LaunchR
     return launch
 
 
+def replay_body(settings: Settings, engine: Engine, *, account: Account, reference_run_id: str,
+                schedule_id: str) -> tuple[Run, LaunchRequest]:
+    """The reference and the launch a firing of the schedule makes (its body marked ``replay_of``/``schedule``).
+
+    Raises:
+        NotFound: the reference is not readable by the account.
+    """
+    reference = readable_run(engine, run_id=reference_run_id, account_id=account.id)
+    launch = replay_launch(settings, engine, reference)
+    return reference, launch.model_copy(update={"metadata": {**launch.metadata, "replay_of": reference.id,
+                                                             "schedule": schedule_id}})
+
+
 def admit_replay(settings: Settings, engine: Engine, *, account: Account, reference_run_id: str,
                  schedule_id: str) -> tuple[Run, LaunchRequest, ResolvedLaunch]:
     """The launch a firing of the schedule makes, admitted exactly as any launch is (``admit_launch``: the checks
     of ``POST /v1/runs``, ``/replay`` and ``/fork``, under the schedule account's rules). Called when the schedule is
-    created and again by each firing, so a schedule can never launch what its account could not launch by hand.
+    created; each firing admits it again on the one start path (``start_replay``), so a schedule can never launch
+    what its account could not launch by hand.
 
     Raises:
         NotFound: the reference is not readable by the account.
         InvalidInput, DatasetError: the launch is refused (a local dataset path the account may not read, a
             missing secret, a backend unconfigured since ...).
     """
-    reference = readable_run(engine, run_id=reference_run_id, account_id=account.id)
-    launch = replay_launch(settings, engine, reference)
-    launch = launch.model_copy(update={"metadata": {**launch.metadata, "replay_of": reference.id,
-                                                    "schedule": schedule_id}})
+    reference, launch = replay_body(settings, engine, account=account, reference_run_id=reference_run_id,
+                                    schedule_id=schedule_id)
     return reference, launch, admit_launch(settings, engine, account=account, launch=launch)
 
 
 def start_replay(settings: Settings, engine: Engine, inp: PrepareInput) -> PreparedReplay:
-    """Record the replay run (row + RunLaunched) and build its workflow input, as ``POST /v1/runs`` does.
+    """Prepare and record the replay run (row + RunLaunched) on the one start path (``benchwright.launch``:
+    ``prepare_run`` + ``record_run``); the workflow starts it as its child. The schedule's creation was checked
+    against the quota; a firing is not.
 
     Idempotent on ``inp.run_id``: a retry returns the input of the run already recorded.
 
     Raises:
         NotFound: the reference is gone or no longer readable by the schedule's account.
         PaymentRequired: the account's balance is exhausted.
-        InvalidInput: the reference's launch is refused now (``admit_replay``).
+        InvalidInput: the reference's launch is refused now (``admit_launch``).
     """
     reg = inp.regression
     account = get_account(engine, account_id=reg.account_id)
-    _, launch, resolved = admit_replay(settings, engine, account=account, reference_run_id=reg.reference_run_id,
-                                       schedule_id=reg.schedule_id)
-    mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode)
-    run_input = RunInput(run_id=inp.run_id, account_id=account.id, launch=launch, driver=resolved.driver,
-                         trials=resolved.trials, limits=resolved.limits, materialize_mode=mode,
-                         proxy_linger_s=settings.proxy_linger_s,
-                         materialize=MaterializeOptions(
-                             concurrency=launch.concurrency or settings.materialize_concurrency,
-                             batch_tasks=settings.materialize_batch_tasks,
-                             parallel_batches=settings.materialize_parallel_batches))
-    with Session(engine) as session:
-        exists = session.get(Run, inp.run_id) is not None
-    if not exists:
-        if account.balance_usd <= 0:
-            raise PaymentRequired(f"the account's balance is exhausted (${account.balance_usd:.2f}); the scheduled "
-                                  "replay was not launched")
-        create_run(engine, account_id=account.id, launch=launch, driver=resolved.driver,
-                   trials_config=resolved.trials.model_dump(mode="json"),
-                   limits=resolved.limits.model_dump(mode="json", exclude_defaults=True),
-                   billing_markup=settings.billing_markup, backend=resolved.backend, materialize_mode=mode,
-                   run_id=inp.run_id)
-    return PreparedReplay(run=run_input, account_name=account.name)
+    _, launch = replay_body(settings, engine, account=account, reference_run_id=reg.reference_run_id,
+                            schedule_id=reg.schedule_id)
+    prepared = prepare_run(settings, engine, account=account, launch=launch, run_id=inp.run_id, from_run=True,
+                           check_quota=False, exhausted_hint="the scheduled replay was not launched")
+    record_run(engine, prepared, settings=settings)
+    return PreparedReplay(run=prepared.input, account_name=account.name)
 
 
 def _judged(comparison: Comparison, inp: CheckInput) -> RegressionResult:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from benchwright.bounds import MAX_PRICE_PER_TOKEN, check_json_size, check_numbers
 from benchwright.scoring.aggregators import TrialsConfig
 
 PHASES: tuple[str, ...] = ("find", "fetch", "analyze", "setup", "attach", "atomize", "materialize")
@@ -41,7 +41,7 @@ and Postgres's parameters stay far from 2^63, which answered 500 before (issue 1
 COMPUTE_VALUES = ("local", "sandbox0", "e2b", "default", "auto")
 """What ``compute`` may say; ``benchwright.compute.COMPUTE_CHOICES`` (a test keeps the two equal)."""
 DRIVER_VALUES = ("builtin",)
-HARNESS_VALUES = ("benchwright", "inspect", "lmeval")
+HARNESS_VALUES = ("benchwright", "inspect", "lmeval", "lighteval", "harbor")
 """What ``harness`` may say; ``benchwright.harness.config.HARNESSES`` (a test keeps the two equal)."""
 MAX_HARNESS_CONFIG_BYTES = 512 * 1024
 """The drivers a launch may name; ``benchwright.launch.DRIVERS`` (a test keeps the two equal)."""
@@ -55,103 +55,6 @@ HOST_PATTERN = (rf"^(?:(?:\*\.)?(?:{_LABEL}\.)*{_LAST_LABEL}\.?|{_OCTET}(?:\.{_O
 name whose last label is not numeric, optionally ``*.``-prefixed; a canonical IPv4 quad; or a bracketed IPv6
 literal; each with an optional ``:port``. Declared, not enforced here: the policy's parser refuses what is
 wrong with a message saying why."""
-
-
-_J = TypeVar("_J")
-
-
-def check_json_size(value: _J, *, limit: int, what: str) -> _J:
-    """Refuse a JSON value larger than ``limit`` bytes serialized (a ValueError names the field and the limit)."""
-    size = len(json.dumps(value, separators=(",", ":"), default=str))
-    if size > limit:
-        raise ValueError(f"{what} is {size} bytes serialized; at most {limit} are accepted")
-    return value
-
-
-# -- input bounds (issue 23): every number a launch carries is finite and bounded ----------------------------------
-
-MAX_JSON_NUMBER = float(2**53)
-"""Largest magnitude of any number in a request body that no narrower range covers (``metadata``, ``model.params``,
-``harness_config``, trials parameters...): exactly representable as a double, and far from every integer column."""
-MAX_DURATION_S = 366 * 24 * 3600.0
-"""Longest duration a launch may ask for (a limit in seconds): a year, far inside ``timedelta``'s range (~8.6e13 s,
-past which the workflow could not build its timer) and Go's (~292 years, Temporal's own durations)."""
-NUMBER_RANGES: dict[str, tuple[float, float, bool, str]] = {
-    # quantity: (low, high, low is exclusive, unit)
-    "cost": (0.0, 1_000_000.0, True, "USD"),
-    "duration": (0.0, MAX_DURATION_S, True, "seconds"),
-    "attempts": (1, 100, False, "whole number"),
-    "driver_steps": (1, 100_000, False, "whole number"),
-    "driver_tokens": (1, 10**10, False, "whole number"),
-    "max_cost_cents": (0.0, 100_000_000.0, True, "cents"),
-    "max_duration_ms": (0.0, MAX_DURATION_S * 1000, True, "milliseconds"),
-    "max_tasks": (1, 10**8, False, "whole number"),
-    "cost_per_token": (0.0, 1.0, False, "USD per token"),
-}
-"""The range of each number ``limits`` (by quantity), ``constraints`` (by key) and ``metadata.limit`` (as
-``max_tasks``) may hold: ``benchwright.limits`` enforces the same table, the API refuses values outside it with 422."""
-MAX_PRICE_PER_TOKEN = NUMBER_RANGES["cost_per_token"][1]
-"""Upper bound of a launch's own per-token price, in USD (the dearest model priced today is ~1e-4)."""
-
-
-def number_problem(value: Any, *, path: str, low: float = -MAX_JSON_NUMBER, high: float = MAX_JSON_NUMBER,
-                   low_exclusive: bool = False, unit: str = "") -> str | None:
-    """Why ``value`` (a JSON number) is not acceptable at ``path``, or None: not finite, or outside the range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    in_range = math.isfinite(value) and (low < value if low_exclusive else low <= value) and value <= high
-    if in_range:
-        return None
-    what = f" ({unit})" if unit else ""
-    if low == -high:
-        return f"{path} must be a finite number within ±{_shown(high)}{what}, got {_shown(value)}"
-    above = f"greater than {_shown(low)}" if low_exclusive else f"at least {_shown(low)}"
-    return f"{path} must be a finite number {above} and at most {_shown(high)}{what}, got {_shown(value)}"
-
-
-def _shown(x: float) -> str:
-    if isinstance(x, float) and math.isnan(x):
-        return "NaN"
-    if isinstance(x, int) and abs(x) >= 10**16:
-        return f"an integer of {len(str(abs(x)))} digits"
-    if math.isfinite(x) and float(x).is_integer() and abs(x) < 1e16:
-        return f"{int(x):,}"
-    return f"{x:g}"
-
-
-def check_numbers(value: Any, *, path: str) -> None:
-    """Refuse (ValueError naming the path and the range) any number in ``value`` (JSON: dicts, lists, scalars)
-    that is not finite or lies outside ±``MAX_JSON_NUMBER``; ``limits``/``constraints``/``metadata.limit`` keys
-    are held to their own ``NUMBER_RANGES``."""
-    stack: list[tuple[Any, str, str | None]] = [(value, path, None)]
-    while stack:
-        item, where, quantity = stack.pop()
-        if isinstance(item, dict):
-            for key, sub in item.items():
-                sub_path = f"{where}.{key}" if where else str(key)
-                stack.append((sub, sub_path, _range_key(sub_path, str(key))))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{where}[{i}]", None) for i, sub in enumerate(item))
-        else:
-            bounds = NUMBER_RANGES.get(quantity) if quantity else None
-            problem = number_problem(item, path=where, low=bounds[0], high=bounds[1], low_exclusive=bounds[2],
-                                     unit=bounds[3]) if bounds else number_problem(item, path=where)
-            if problem:
-                raise ValueError(problem)
-
-
-def _range_key(path: str, key: str) -> str | None:
-    """The ``NUMBER_RANGES`` entry that bounds the value at ``path``, if one does."""
-    parts = path.split(".")
-    if len(parts) >= 3 and parts[-3] == "limits":
-        return key
-    if parts[-2:-1] == ["constraints"]:
-        return key
-    if parts[-2:] == ["metadata", "limit"]:
-        return "max_tasks"
-    if key in ("input_cost_per_token", "output_cost_per_token"):
-        return "cost_per_token"
-    return None
 
 
 class _Strict(BaseModel):
@@ -279,10 +182,15 @@ class LaunchRequest(_Strict):
     """SUT calls in flight during Materialize (e.g. to respect a provider's rate limit). Default: the deployment's."""
     harness: str | None = Field(default=None, max_length=32, json_schema_extra={"enum": [*HARNESS_VALUES, None]})
     """How the evaluation runs (§4): ``benchwright`` (default: a Driver-written scorer), or a harness bridge,
-    ``inspect`` or ``lmeval`` (the harness brings dataset and scorer; ``harness_config`` names its task)."""
+    ``inspect``, ``lmeval``, ``lighteval`` or ``harbor`` (the harness brings dataset and scorer; ``harness_config``
+    names its task)."""
     group_by: str | None = Field(default=None, min_length=1, max_length=128)
     """The dataset column results are grouped by by default (``GET /v1/runs/{id}/breakdown``, ``show --by``);
     unset: the first of ``benchwright.results.GROUP_COLUMNS`` the data has."""
+    recipe: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A product-sandbox run (docs/agents.md): a bundled recipe's name (``terminal-basics``) or the path of a recipe
+    YAML on the worker's host (the local-path rules of ``dataset``). Agents work the recipe's tasks in task sandboxes;
+    not with ``dataset``, ``benchmark``, ``task_impl`` or a harness."""
     harness_config: dict[str, Any] | None = None
     """A bridge's task and the harness's own arguments (``benchwright.harness.config.HarnessConfig``): ``task`` or
     ``task_file`` (+ ``files``), ``limit``, ``epochs``, generation args; at most 512 KiB serialized."""
@@ -549,8 +457,19 @@ class TaskList(BaseModel):
     next_after: int | None
 
 
+class AgentStepView(BaseModel):
+    """One logged step of a product-sandbox run's agent on this task (its latest attempt), in log order."""
+
+    seq: int
+    type: str
+    """``AgentTextEvent``, ``ToolCallEvent`` or ``ToolResultEvent``."""
+    data: dict[str, Any]
+
+
 class TaskDetail(TaskRowView):
     trials: list[TrialView]
+    agent: list[AgentStepView] = Field(default_factory=list)
+    """A product-sandbox run: the agent's steps on this task (docs/agents.md); empty for every other run."""
 
 
 def suggest(value: str, allowed: list[str] | tuple[str, ...]) -> str:

@@ -14,23 +14,13 @@ Reasons carry suffixes (``operator_kill: too slow``), so they are matched by pre
 
 from __future__ import annotations
 
+from benchwright.halts import HaltReason
 from benchwright.schemas import DisplayStatus
-
-_BY_PREFIX: tuple[tuple[str, DisplayStatus], ...] = (
-    ("operator_pause", "paused"),
-    ("agent_review", "waiting"),
-    ("restart_cap_exceeded", "waiting"),
-    ("operator_kill", "killed"),
-    ("admin", "killed"),
-)
 
 
 def display_status(*, status: str, halted: bool, halt_reason: str | None) -> DisplayStatus:
     """Fold the stored run fields into the one status a person should read."""
     if not halted:
         return status  # type: ignore[return-value]
-    reason = halt_reason or ""
-    for prefix, shown in _BY_PREFIX:
-        if reason.startswith(prefix):
-            return shown
-    return "halted"
+    reason = HaltReason.parse(halt_reason)
+    return reason.display if reason is not None else "halted"

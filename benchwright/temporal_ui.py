@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from temporalio.common import SearchAttributeKey
+from collections.abc import Mapping
+
+from temporalio.common import SearchAttributeKey, SearchAttributePair
 
 RUN_PHASE = SearchAttributeKey.for_keyword("BenchwrightPhase")
 RUN_STATUS = SearchAttributeKey.for_keyword("BenchwrightStatus")
@@ -13,7 +15,17 @@ REGRESSION = SearchAttributeKey.for_keyword("BenchwrightRegression")
 RUN_PARENT = SearchAttributeKey.for_keyword("BenchwrightParentRun")
 """A fork's parent run id (§10; ``ParentRunId`` is a reserved Temporal name): list a run's forks with
 ``BenchwrightParentRun = '<run id>'``."""
-SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION, RUN_PARENT)
+OPERATOR_SESSION = SearchAttributeKey.for_keyword("BenchwrightOperatorSession")
+"""The Operator session (issue 26) on its own workflow and on every run it launched: list a session and its runs
+with ``BenchwrightOperatorSession = '<session id>'``."""
+SEARCH_ATTRIBUTES = (RUN_PHASE, RUN_STATUS, RUN_MODEL, RUN_ACCOUNT, REGRESSION, RUN_PARENT, OPERATOR_SESSION)
+
+
+def session_attributes(memo: Mapping[str, str] | None) -> list[SearchAttributePair[str]]:
+    """``BenchwrightOperatorSession`` for a run the Operator starts: every start path that takes the Operator's
+    ``memo`` (``{"operator_session": <session id>}``) adds these to the run's search attributes."""
+    session_id = (memo or {}).get("operator_session")
+    return [SearchAttributePair(OPERATOR_SESSION, session_id)] if session_id else []
 
 
 FAIRNESS_ARGS = ("--dynamic-config-value", "matching.enableFairness=true",

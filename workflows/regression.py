@@ -19,11 +19,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.regression import AlertInput
+    from activities.regression import AlertInput, RegressionActivities
     from benchwright.regression import (
         CheckInput,
-        CheckResult,
-        PreparedReplay,
         PrepareInput,
         RegressionInput,
         RegressionResult,
@@ -63,8 +61,8 @@ class RegressionWorkflow:
         run_id = str(workflow.uuid4())
         outcomes = workflow.patched(OUTCOMES_PATCH)
         try:
-            prepared: PreparedReplay = await workflow.execute_activity(
-                "start_replay", PrepareInput(regression=inp, run_id=run_id), result_type=PreparedReplay,
+            prepared = await workflow.execute_activity_method(
+                RegressionActivities.start_replay, PrepareInput(regression=inp, run_id=run_id),
                 start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="record the replay run")
         except ActivityError as exc:
             if not outcomes:
@@ -87,15 +85,16 @@ class RegressionWorkflow:
         except ChildWorkflowError:
             pass  # the run's row says how it ended; check_replay reads it
         check = CheckInput(regression=inp, run_id=run_id, previously_regressed=bool(previous and previous.regressed))
-        checked: CheckResult = await workflow.execute_activity(
-            "check_replay", check, result_type=CheckResult,
+        checked = await workflow.execute_activity_method(
+            RegressionActivities.check_replay, check,
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="compare with the reference")
         result, event = checked.result, checked.event
         if event is not None and inp.webhook:
             try:
-                await workflow.execute_activity(
-                    "post_alert", AlertInput(**check.model_dump(), event=event), start_to_close_timeout=STEP_TIMEOUT,
-                    retry_policy=WEBHOOK_RETRY, summary="post the alert to the webhook")
+                await workflow.execute_activity_method(
+                    RegressionActivities.post_alert, AlertInput(**check.model_dump(), event=event),
+                    start_to_close_timeout=STEP_TIMEOUT, retry_policy=WEBHOOK_RETRY,
+                    summary="post the alert to the webhook")
                 if outcomes:
                     result = result.model_copy(update={"webhook": "sent"})
             except ActivityError as exc:

@@ -29,9 +29,9 @@ its value, halted stays up, PipelineFinished closes the log.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -39,7 +39,16 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from activities.analyze import AnalyzeActivities
+    from activities.atomize import AtomizeActivities
+    from activities.attach import AttachActivities
+    from activities.fetch import FetchActivities
+    from activities.find import FindActivities
+    from activities.fork import ForkActivities
+    from activities.materialize import MaterializeActivities
     from activities.report import ReportActivities
+    from activities.run_log import ControlActivities, RunLogActivities
+    from activities.setup import SetupActivities
     from benchwright.events import (
         ControlRefused,
         Event,
@@ -48,11 +57,11 @@ with workflow.unsafe.imports_passed_through():
         PhaseSkipped,
         PipelineStarted,
     )
+    from benchwright.halts import HALTED_ERROR, HaltKind, HaltReason, halt_kind, is_resumable, limit_exceeded
     from benchwright.harness.config import is_bridge
     from benchwright.limits import unusable
     from benchwright.pipeline import (
         RESTART_CAP,
-        RESUMABLE_PREFIXES,
         ControlResult,
         EventsInput,
         FinishInput,
@@ -60,7 +69,6 @@ with workflow.unsafe.imports_passed_through():
         ForkPhaseInput,
         HaltInput,
         MaterializeBatchInput,
-        MaterializeBatchResult,
         MaterializeCompleteInput,
         PhaseControl,
         PhaseInput,
@@ -77,14 +85,20 @@ with workflow.unsafe.imports_passed_through():
     from benchwright.report import ReportInput
     from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
+T = TypeVar("T")
+R = TypeVar("R")
 PHASE_TIMEOUT = timedelta(minutes=30)
 PHASE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=4)
+PHASE_HEARTBEAT = timedelta(seconds=10)
+"""How long a killed worker's phase activity waits before another worker retries it (``patched("phase-heartbeat")``;
+the phases beat every 2 s, ``activities.common.heartbeating``). It is also how a halt's cancellation reaches a phase
+mid-way: an activity learns of it only by heartbeating."""
 BATCH_TIMEOUT = timedelta(hours=12)
 BATCH_HEARTBEAT = timedelta(seconds=5)
 """How long a killed worker's batch waits before another worker retries it (it resumes from the store)."""
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
-                          maximum_attempts=20, non_retryable_error_types=["RunHalted"])
+                          maximum_attempts=20, non_retryable_error_types=[HALTED_ERROR])
 LOG_TIMEOUT = timedelta(minutes=2)
 REPORT_TIMEOUT = timedelta(minutes=10)
 """Bound on one attempt of the run's report (the LLM narrator inside it has its own, ``narrator_timeout_s``)."""
@@ -93,6 +107,11 @@ REPORT_HEARTBEAT = timedelta(seconds=10)
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
                            maximum_attempts=3)
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+PHASE_ACTIVITIES: dict[str, Callable[[Any, PhaseInput], Awaitable[PhaseResult]]] = {
+    "find": FindActivities.find, "fetch": FetchActivities.fetch, "analyze": AnalyzeActivities.analyze,
+    "setup": SetupActivities.setup, "attach": AttachActivities.attach, "atomize": AtomizeActivities.atomize,
+}
+"""The activity of each phase the workflow runs as one activity (fork and materialize have their own steps)."""
 
 
 class _Teardown(Exception):
@@ -102,10 +121,6 @@ class _Teardown(Exception):
 def _conflict(message: str, code: str) -> ApplicationError:
     # details are positional (TEMPORAL-NOTES): ApplicationError(message, {"code": ...}, type=...)
     return ApplicationError(message, {"code": code}, type="Conflict", non_retryable=True)
-
-
-def _resumable(reason: str | None) -> bool:
-    return reason is not None and reason.startswith(RESUMABLE_PREFIXES)
 
 
 @workflow.defn(name="RunWorkflow")
@@ -151,12 +166,12 @@ class RunWorkflow:
     @stop.validator
     def _validate_stop(self, req: StopRequest) -> None:
         self._refuse_if_finished()
-        if self._halt is not None and not _resumable(self._halt):
+        if self._halt is not None and not is_resumable(self._halt):
             raise _conflict(f"the run is already halted ({self._halt})", "already_halted")
 
     @workflow.update
     async def admin_halt(self, req: StopRequest) -> ControlResult:
-        await self._raise_halt(f"admin: {req.reason}", override=True)
+        await self._raise_halt(HaltReason(HaltKind.ADMIN, req.reason).wire(), override=True)
         return self._control()
 
     @admin_halt.validator
@@ -167,7 +182,7 @@ class RunWorkflow:
 
     @workflow.update
     async def pause(self) -> ControlResult:
-        await self._raise_halt("operator_pause")
+        await self._raise_halt(HaltReason(HaltKind.OPERATOR_PAUSE).wire())
         return self._control()
 
     @pause.validator
@@ -183,7 +198,7 @@ class RunWorkflow:
 
     @resume.validator
     def _validate_resume(self) -> None:
-        if self._halt is None or not self._halt.startswith("operator_pause"):
+        if halt_kind(self._halt) is not HaltKind.OPERATOR_PAUSE:
             raise _conflict("the run is not paused" + (f" (halt_reason: {self._halt})" if self._halt else ""),
                             "not_paused")
 
@@ -194,7 +209,7 @@ class RunWorkflow:
 
     @resolve_review.validator
     def _validate_review(self, req: ReviewResolution) -> None:
-        if self._halt is None or not self._halt.startswith(("agent_review", "restart_cap_exceeded")):
+        if halt_kind(self._halt) not in (HaltKind.AGENT_REVIEW, HaltKind.RESTART_CAP_EXCEEDED):
             raise _conflict("the run is not waiting for a review"
                             + (f" (halt_reason: {self._halt})" if self._halt else ""), "not_waiting")
         if not req.resolution.strip():
@@ -211,7 +226,7 @@ class RunWorkflow:
     @workflow.signal(name="pause")
     async def pause_signal(self) -> None:
         if await self._accepts("pause", self._validate_pause):
-            await self._raise_halt("operator_pause")
+            await self._raise_halt(HaltReason(HaltKind.OPERATOR_PAUSE).wire())
 
     @workflow.signal(name="resume")
     async def resume_signal(self) -> None:
@@ -237,7 +252,7 @@ class RunWorkflow:
         return True
 
     async def _do_stop(self, req: StopRequest) -> None:
-        await self._raise_halt("operator_kill" + (f": {req.reason}" if req.reason else ""), override=True)
+        await self._raise_halt(HaltReason(HaltKind.OPERATOR_KILL, req.reason or None).wire(), override=True)
 
     async def _do_resolve(self, req: ReviewResolution) -> None:
         if self._phase is not None:
@@ -323,15 +338,15 @@ class RunWorkflow:
         # Histories recorded between the two issue-12 patches revoked right after the terminal event, unslept.
         if not workflow.patched("revoke-model-route-at-end") and self._inp.proxy_linger_s > 0:
             await workflow.sleep(timedelta(seconds=self._inp.proxy_linger_s))
-        await self._execute_log("stop_model_proxy", FinishInput(run_id=self._inp.run_id, status=self._status),
+        await self._execute_log(AttachActivities.stop_proxy, FinishInput(run_id=self._inp.run_id, status=self._status),
                                 summary="stop the model proxy")
 
     async def _run_clock(self, limit_s: float | None) -> None:
         if limit_s is None:
             return
         await workflow.sleep(timedelta(seconds=limit_s))
-        if not self._finished and (self._halt is None or _resumable(self._halt)):
-            await self._raise_halt("limit_exceeded:run.duration", override=True)
+        if not self._finished and (self._halt is None or is_resumable(self._halt)):
+            await self._raise_halt(limit_exceeded("run.duration"), override=True)
 
     async def _run_plan(self, phases: list[str]) -> None:
         """Run the phases in order; a phase that asks for an earlier one to start over (Materialize wanting a new
@@ -364,7 +379,7 @@ class RunWorkflow:
                 if self._restarts < RESTART_CAP:
                     self._restarts += 1
                 else:
-                    await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
+                    await self._raise_halt(HaltReason(HaltKind.RESTART_CAP_EXCEEDED, control.reason).wire())
                     await self._gate()
                     if phase in self._instructions:
                         self._instructions[control.phase] = self._instructions.pop(phase)
@@ -372,18 +387,18 @@ class RunWorkflow:
             if control.kind == "restart" and self._restarts < RESTART_CAP:
                 self._restarts += 1
             elif control.kind == "restart":
-                await self._raise_halt(f"restart_cap_exceeded: {control.reason}")
+                await self._raise_halt(HaltReason(HaltKind.RESTART_CAP_EXCEEDED, control.reason).wire())
             elif control.kind == "review":
                 await self._record([(f"{phase}:{self._invocations[phase]}:review",
                                      HumanReviewRequested(phase=phase, reason=control.reason))])
-                await self._raise_halt(f"agent_review: {control.reason}")
+                await self._raise_halt(HaltReason(HaltKind.AGENT_REVIEW, control.reason).wire())
             elif control.kind == "halt":
                 self._halt = control.reason  # the activity already wrote the row
                 self._halts += 1
 
     async def _gate(self) -> None:
         """Wait while the run is paused or waiting for a human; a non-resumable halt tears the run down."""
-        await workflow.wait_condition(lambda: self._halt is None or not _resumable(self._halt))
+        await workflow.wait_condition(lambda: self._halt is None or not is_resumable(self._halt))
         if self._halt is not None:
             raise _Teardown(self._halt)
 
@@ -400,7 +415,7 @@ class RunWorkflow:
                                           timeout=timedelta(seconds=ceiling[0]) if ceiling else None)
         except TimeoutError:
             assert ceiling is not None
-            await self._raise_halt(f"limit_exceeded:{ceiling[1]}", override=True)
+            await self._raise_halt(limit_exceeded(ceiling[1]), override=True)
         if work.done() and self._halts == halts_before:
             try:
                 return work.result()
@@ -423,7 +438,7 @@ class RunWorkflow:
     def _halt_from(err: ActivityError) -> str | None:
         """The halt reason when an activity stopped because the run was halted (its row is already written)."""
         cause = err.cause
-        if isinstance(cause, ApplicationError) and cause.type == "RunHalted":
+        if isinstance(cause, ApplicationError) and cause.type == HALTED_ERROR:
             return str(cause.details[0]) if cause.details else cause.message
         return None
 
@@ -437,9 +452,9 @@ class RunWorkflow:
                                run_cost_usd=inp.limits.run_cost_usd, max_tasks=inp.limits.max_tasks)
         if phase == "materialize":
             return await self._materialize(phase_inp)
-        result: PhaseResult = await workflow.execute_activity(
-            phase, phase_inp, result_type=PhaseResult, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
+        result = await workflow.execute_activity_method(
+            PHASE_ACTIVITIES[phase], phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
+            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
         if result.tasks is not None:
             self._tasks_total = result.tasks
         if result.detail.get("model_proxy"):
@@ -450,14 +465,21 @@ class RunWorkflow:
             self._details()
         return result.control
 
+    @staticmethod
+    def _phase_heartbeat() -> timedelta | None:
+        """Phase activities heartbeat (issue 23: a killed worker's phase waited out its 30-minute bound); histories
+        from before scheduled them without a heartbeat timeout."""
+        return PHASE_HEARTBEAT if workflow.patched("phase-heartbeat") else None
+
     async def _fork_phase(self, invocation: int) -> None:
         inp = self._inp
         assert inp.fork is not None
-        decision: ForkDecision = await workflow.execute_activity(
-            "fork", ForkPhaseInput(run_id=inp.run_id, invocation=invocation, launch=inp.launch, driver=inp.driver,
-                                   fork=inp.fork),
-            result_type=ForkDecision, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            cancellation_type=CANCEL, summary=f"fork of {inp.fork.parent_run_id} at {inp.fork.rewind_to or '?'}")
+        decision = await workflow.execute_activity_method(
+            ForkActivities.fork, ForkPhaseInput(run_id=inp.run_id, invocation=invocation, launch=inp.launch,
+                                                driver=inp.driver, fork=inp.fork),
+            start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
+            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL,
+            summary=f"fork of {inp.fork.parent_run_id} at {inp.fork.rewind_to or '?'}")
         self._fork, self._launch = decision, decision.launch
         if decision.tasks_total is not None:
             self._tasks_total = decision.tasks_total
@@ -470,9 +492,9 @@ class RunWorkflow:
         inp = self._inp
         started = workflow.now()
         invocation = phase_inp.invocation
-        await workflow.execute_activity("materialize_begin", phase_inp, result_type=PhaseResult,
-                                        start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
-                                        summary=f"materialize v{invocation}: start")
+        await workflow.execute_activity_method(MaterializeActivities.begin, phase_inp,
+                                               start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
+                                               summary=f"materialize v{invocation}: start")
         opts = inp.materialize
         bridged = is_bridge(self._launch) and workflow.patched("harness-bridge")
         if bridged:  # §4: a harness-bridge run is one harness process in the work sandbox, sequential
@@ -493,8 +515,8 @@ class RunWorkflow:
                                               trials=inp.trials, concurrency=concurrency,
                                               task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd,
                                               mode="bridge" if bridged else inp.materialize_mode)
-                await workflow.execute_activity(
-                    "materialize_batch", batch, result_type=MaterializeBatchResult,
+                await workflow.execute_activity_method(
+                    MaterializeActivities.batch, batch,
                     activity_id=f"materialize-{invocation}-{start}-{self._halts}", start_to_close_timeout=BATCH_TIMEOUT,
                     heartbeat_timeout=BATCH_HEARTBEAT, retry_policy=BATCH_RETRY, cancellation_type=CANCEL,
                     summary=f"materialize v{invocation}: tasks {start}..{stop - 1}")
@@ -513,13 +535,15 @@ class RunWorkflow:
         if workflow.patched("materialize-restart"):
             # The sweep's close says whether the Driver wants another: a restart of an earlier phase (a new impl
             # from Atomize) makes this invocation the first of several sweeps.
-            closed: PhaseResult = await workflow.execute_activity(
-                "materialize_complete", MaterializeCompleteInput(run_id=inp.run_id, invocation=invocation,
-                                                                 duration_ms=duration_ms,
-                                                                 metadata=self._launch.metadata),
-                result_type=PhaseResult, start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
+            closed = await workflow.execute_activity_method(
+                MaterializeActivities.complete, MaterializeCompleteInput(run_id=inp.run_id, invocation=invocation,
+                                                                         duration_ms=duration_ms,
+                                                                         metadata=self._launch.metadata),
+                start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
                 summary=f"materialize v{invocation}: done")
             return closed.control
+        # By name, its result left undecoded: histories recorded before the patch closed with what the activity
+        # then returned, which need not read as the PhaseResult the reference would decode it as.
         await workflow.execute_activity(
             "materialize_complete", MaterializeCompleteInput(run_id=inp.run_id, invocation=invocation,
                                                              duration_ms=duration_ms),
@@ -542,15 +566,16 @@ class RunWorkflow:
         self._details()
         self._halt_writes += 1
         try:
-            await self._execute_log("halt_run", HaltInput(run_id=self._inp.run_id, reason=reason,
-                                                          key=f"{self._halts}", replace=replace))
+            await self._execute_log(ControlActivities.halt, HaltInput(run_id=self._inp.run_id, reason=reason,
+                                                                      key=f"{self._halts}", replace=replace),
+                                    summary="halt_run")
         finally:
             self._halt_writes -= 1
 
     async def _clear_halt(self, resolution: str | None) -> None:
         self._halts += 1
-        await self._execute_log("clear_halt", ResumeInput(run_id=self._inp.run_id, key=f"{self._halts}",
-                                                          resolution=resolution))
+        await self._execute_log(ControlActivities.clear, ResumeInput(run_id=self._inp.run_id, key=f"{self._halts}",
+                                                                     resolution=resolution), summary="clear_halt")
         self._halt = None
         self._details()
 
@@ -559,7 +584,9 @@ class RunWorkflow:
             # A halt raised in the workflow's first milliseconds may still be writing its row: close the log after it.
             await workflow.wait_condition(lambda: self._halt_writes == 0)
         await self._revoke_model_route(self._status)
-        await self._execute_log("finish_halted", FinishInput(run_id=self._inp.run_id, status=self._status))
+        await self._execute_log(ControlActivities.finish_halted, FinishInput(run_id=self._inp.run_id,
+                                                                             status=self._status),
+                                summary="finish_halted")
         self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set("halted")])
         self._details()
@@ -595,7 +622,7 @@ class RunWorkflow:
 
     async def _record(self, events: list[tuple[str, Event]]) -> None:
         payload = [{"key": key, "type": ev.type_name(), "data": ev.model_dump(mode="json")} for key, ev in events]
-        await self._execute_log("record_events", EventsInput(run_id=self._inp.run_id, events=payload),
+        await self._execute_log(RunLogActivities.record_events, EventsInput(run_id=self._inp.run_id, events=payload),
                                 summary="record " + ", ".join(ev.type_name() for _, ev in events)[:200])
 
     async def _revoke_model_route(self, status: str) -> None:
@@ -603,22 +630,24 @@ class RunWorkflow:
         dead once the run is, and the route's events land before PipelineFinished. The proxy process keeps itself
         warm (the linger) on its own, so nothing is left for after the run."""
         if self._model_proxy and not self._route_revoked and workflow.patched("revoke-model-route-before-finish"):
-            await self._execute_log("stop_model_proxy", FinishInput(run_id=self._inp.run_id, status=status),
+            await self._execute_log(AttachActivities.stop_proxy, FinishInput(run_id=self._inp.run_id, status=status),
                                     summary="revoke the run's model route")
             self._route_revoked = True
 
     async def _finish(self, status: str, error: str | None = None) -> None:
         await self._revoke_model_route(status)
-        await self._execute_log("finish_run", FinishInput(run_id=self._inp.run_id, status=status, error=error),
+        await self._execute_log(RunLogActivities.finish,
+                                FinishInput(run_id=self._inp.run_id, status=status, error=error),
                                 summary=f"finish: {status}")
         self._status = status
         self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set(status)])
         self._details()
 
-    async def _execute_log(self, name: str, arg: Any, *, summary: str | None = None) -> Any:
-        return await workflow.execute_activity(name, arg, start_to_close_timeout=LOG_TIMEOUT,
-                                               retry_policy=PHASE_RETRY, summary=summary or name)
+    async def _execute_log(self, activity: Callable[[Any, T], Awaitable[R]], arg: T, *, summary: str) -> R:
+        """One bookkeeping activity (the run's log and row), by reference."""
+        return await workflow.execute_activity_method(activity, arg, start_to_close_timeout=LOG_TIMEOUT,
+                                                      retry_policy=PHASE_RETRY, summary=summary)
 
     def _details(self) -> None:
         lines = [f"**status** {self._status}", f"**phase** {self._phase or '-'}"]

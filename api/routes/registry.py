@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from benchwright.fingerprint import FingerprintView, derive
-from benchwright.registry import catalog
+from benchwright.registry import boards, catalog
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.identicon import identicon_svg
 from benchwright.registry.pinned import resolve_subset
@@ -56,7 +56,7 @@ def benchmarks(account: AccountDep, state: StateDep) -> BenchmarkList:
 @router.get("/registry/benchmarks/{benchmark_id}", response_model=BenchmarkView, responses=responses(404))
 def benchmark(benchmark_id: Ident, account: AccountDep, state: StateDep) -> BenchmarkView:
     """One benchmark: its subsets, their snapshots and impls, and its public runs."""
-    return catalog.benchmark_detail(state.engine, account_id=account.id, benchmark_id=benchmark_id)
+    return boards.benchmark_detail(state.engine, account_id=account.id, benchmark_id=benchmark_id)
 
 
 @router.patch("/registry/benchmarks/{benchmark_id}", response_model=BenchmarkView, responses=responses(*BODY, 404))
@@ -88,7 +88,7 @@ def leaderboard(subset_id: Ident, account: AccountDep, state: StateDep,
     ``subset_id`` may be a subset's name (with ``benchmark``, or unique among what you can see) or a benchmark's
     name when it has one subset; an ambiguous name is refused (400) listing the matches."""
     resolved = resolve_subset(state.engine, account_id=account.id, ref=subset_id, benchmark=benchmark)
-    return catalog.leaderboard(state.engine, account_id=account.id, subset_id=resolved)
+    return boards.leaderboard(state.engine, account_id=account.id, subset_id=resolved)
 
 
 @router.get("/registry/impls/{impl_id}", response_model=ImplView, responses=responses(404))

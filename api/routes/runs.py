@@ -151,7 +151,7 @@ async def get_events(
     run = await run_in_threadpool(readable_run, state.engine, run_id=run_id, account_id=account.id)
     if "text/event-stream" in request.headers.get("accept", ""):
         start = resume_point(last_event_id=last_event_id, after=after, last_seq=run.next_seq - 1)
-        return StreamingResponse(state.sse.stream(run_id=run.id, after=start, finished=run.finished_at is not None),
+        return StreamingResponse(state.sse.stream(log_id=run.id, after=start, finished=run.finished_at is not None),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     # One rule with the SSE stream, which closes after PipelineFinished: the run row is read first, and

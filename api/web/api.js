@@ -74,13 +74,42 @@ const pause = (ms, signal) => new Promise((resolve) => {
  * (parsed EventViews, in seq order) at once; `onState("live" | "reconnecting" | "done")` tells the connection's
  * state. Resolves when the terminal event has arrived or `signal` aborts.
  */
-export async function followEvents(runId, { onEvents, onState, signal }) {
+export function followEvents(runId, handlers) {
+  return followLog(`/v1/runs/${encodeURIComponent(runId)}/events`, TERMINAL, handlers);
+}
+
+/** The same for an Operator session's log, which ends with SessionAnswered. */
+export function followSession(sessionId, handlers) {
+  return followLog(`/v1/operator/sessions/${encodeURIComponent(sessionId)}/events`, "SessionAnswered", handlers);
+}
+
+/**
+ * Save a file the API serves (a run's report) under `name`: fetched with the key (a plain link could not send it),
+ * handed to the browser as a download. Resolves to the bytes' size.
+ */
+export async function download(path, name) {
+  const resp = await fetch(path, { headers: headers() });
+  if (resp.status === 401) { signedOut(); throw await failure(resp); }
+  if (!resp.ok) throw await failure(resp);
+  const blob = await resp.blob();
+  const url = URL.createObjectURL(blob);
+  const a = Object.assign(document.createElement("a"), { href: url, download: name, hidden: true });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+  return blob.size;
+}
+
+/** `over()` (optional) is asked when a stream closes before the terminal event: true ends the follow (a session
+ * that failed before it could answer has no terminal event). */
+async function followLog(path, terminalType, { onEvents, onState, signal, over }) {
   let last = -1;
   let backoff = 500;
   while (!signal.aborted) {
     let terminal = false;
     try {
-      const resp = await fetch(`/v1/runs/${encodeURIComponent(runId)}/events`, {
+      const resp = await fetch(path, {
         signal, headers: headers({ Accept: "text/event-stream", "Last-Event-ID": String(last) }),
       });
       if (resp.status === 401) { signedOut(); return; }
@@ -105,12 +134,12 @@ export async function followEvents(runId, { onEvents, onState, signal }) {
           const event = JSON.parse(frame.data);
           last = frame.id !== null ? Number(frame.id) : event.seq;
           batch.push(event);
-          if (event.type === TERMINAL) terminal = true;
+          if (event.type === terminalType) terminal = true;
         }
         buffer = buffer.slice(start);
         if (batch.length) onEvents(batch);
       }
-      if (terminal) { onState("done"); return; }
+      if (terminal || (over && await over())) { onState("done"); return; }
     } catch (err) {
       if (signal.aborted) return;
       if (err instanceof ApiError && err.status === 404) throw err;

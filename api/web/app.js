@@ -1,5 +1,5 @@
 // The dashboard's shell: sign-in, the header, and hash routing (#/signin, #/runs, #/runs/<id>, #/benchmarks,
-// #/subsets/<id>).
+// #/subsets/<id>, #/sessions, #/sessions/<id>).
 // Each view is a function (root, params) returning a cleanup function, called when the route changes.
 
 import { api, auth, ApiError } from "./api.js";
@@ -7,6 +7,7 @@ import { h } from "./dom.js";
 import { runsView } from "./runs.js";
 import { runView } from "./run.js";
 import { benchmarksView, subsetView } from "./registry.js";
+import { sessionsView, sessionView } from "./sessions.js";
 
 const main = document.getElementById("main");
 const who = document.getElementById("who");
@@ -71,6 +72,8 @@ function route() {
   if (parts[0] === "runs" && parts[1]) cleanup = runView(main, decodeURIComponent(parts[1]));
   else if (parts[0] === "benchmarks") cleanup = benchmarksView(main);
   else if (parts[0] === "subsets" && parts[1]) cleanup = subsetView(main, decodeURIComponent(parts[1]));
+  else if (parts[0] === "sessions" && parts[1]) cleanup = sessionView(main, decodeURIComponent(parts[1]));
+  else if (parts[0] === "sessions") cleanup = sessionsView(main);
   else cleanup = runsView(main, new URLSearchParams(query));
 }
 

@@ -1,6 +1,6 @@
 // The drill-down for one task: what a person checks it by (the input the model saw, the reference, the extracted
 // answer and the rule that found it, the output; issue 21), then every trial's outcome, score, score_meta, output
-// and error (GET /tasks/{index}).
+// and error (GET /tasks/{index}); for a product-sandbox run, the agent's steps on the task (docs/agents.md).
 
 import { api, ApiError } from "./api.js";
 import { h, json } from "./dom.js";
@@ -35,7 +35,8 @@ export async function openTask(runId, index) {
           h("td", { class: "num" }, t.score ?? "–"),
           h("td", {}, h("pre", {}, json(t.meta))),
           h("td", {}, h("pre", {}, t.output ?? "")),
-          h("td", {}, t.error ? h("pre", { class: "error" }, t.error) : ""))))));
+          h("td", {}, t.error ? h("pre", { class: "error" }, t.error) : ""))))),
+      agentSteps(task.agent || []));
   } catch (err) {
     const text = err instanceof ApiError && err.status === 404 ? "This task has not settled yet." : err.message;
     content.replaceChildren(h("p", { class: "muted" }, text));
@@ -54,4 +55,18 @@ function audit(task) {
     h("dt", {}, "extracted"), h("dd", { dataset: { field: "extracted" } }, answer),
     h("dt", {}, "rule"), h("dd", { dataset: { field: "rule" } }, task.rule ?? "–"),
     h("dt", {}, "output"), h("dd", { dataset: { field: "output" } }, block(task.output)));
+}
+
+function agentSteps(steps) {
+  if (!steps.length) return "";
+  const what = (s) => (s.type === "AgentTextEvent" ? s.data.text
+    : s.type === "ToolCallEvent" ? json(s.data.arguments) : s.data.content);
+  return h("table", { class: "grid agent-steps", id: "agent-steps" },
+    h("thead", {}, h("tr", {}, ["Turn", "Step", "Tool", "OK", "Content"].map((c) => h("th", {}, c)))),
+    h("tbody", {}, steps.map((s) => h("tr", { class: "agent-step", dataset: { type: s.type } },
+      h("td", { class: "num" }, s.data.step ?? ""),
+      h("td", {}, s.type.replace("Event", "")),
+      h("td", {}, s.data.name ?? ""),
+      h("td", {}, s.type === "ToolResultEvent" ? (s.data.ok ? "yes" : "no") : ""),
+      h("td", {}, h("pre", {}, what(s) ?? ""))))));
 }

@@ -4,7 +4,7 @@
 // once a second while events arrive. All drawing happens in one requestAnimationFrame callback, at most once per
 // frame, however many events a chunk brought.
 
-import { api, followEvents } from "./api.js";
+import { api, download, followEvents } from "./api.js";
 import { Breakdown } from "./breakdown.js";
 import { duration, h, json, ms, pct, statusBadge, usd, when } from "./dom.js";
 import { Heatmap } from "./heatmap.js";
@@ -13,6 +13,9 @@ import { describe, Phases } from "./timeline.js";
 
 const LOG_CAP = 300;
 const REFRESH_MS = 1000;
+const OUTPUT_POLL_MS = 1000;
+const OUTPUT_POLLS = 120;
+const FILES = [["report.html", "download-report", "Download report"], ["results.json", "download-results", "results.json"]];
 const COST_ROWS = [["driver", "Driver tokens"], ["model", "SUT tokens (Materialize)"], ["sandbox", "Sandboxes"],
   ["narration", "Narration"], ["incurred", "Incurred"], ["billed", "Billed (platform share, with markup)"]];
 
@@ -20,7 +23,7 @@ export function runView(root, runId) {
   const abort = new AbortController();
   const path = `/v1/runs/${encodeURIComponent(runId)}`;
   const s = { run: null, config: null, launch: null, invocation: 0, halted: false, terminal: false,
-              stream: "connecting", lastSeq: -1, newLog: [], dirty: new Set(), frame: 0 };
+              stream: "connecting", lastSeq: -1, newLog: [], dirty: new Set(), frame: 0, files: {} };
   const phases = new Phases();
 
   const el = {
@@ -28,6 +31,7 @@ export function runView(root, runId) {
     status: h("span", { id: "run-status" }),
     temporal: h("a", { id: "temporal-link", target: "_blank", rel: "noopener", hidden: true }, "Temporal UI ↗"),
     stream: h("span", { id: "stream-state", class: "muted" }),
+    files: h("span", { id: "report-files", class: "files", hidden: true }),
     pause: h("button", { id: "btn-pause", disabled: true }, "Pause"),
     resume: h("button", { id: "btn-resume", disabled: true }, "Resume"),
     stop: h("button", { id: "btn-stop", class: "danger", disabled: true }, "Stop"),
@@ -47,7 +51,7 @@ export function runView(root, runId) {
   const breakdown = new Breakdown(runId, { signal: abort.signal });
 
   root.append(h("section", { class: "run" },
-    h("div", { class: "run-head" }, el.title, el.status, el.temporal, el.stream,
+    h("div", { class: "run-head" }, el.title, el.status, el.temporal, el.files, el.stream,
       h("div", { class: "controls" }, el.pause, el.resume, el.stop)),
     el.flash, el.review,
     h("section", { id: "narration-card", class: "card", hidden: true }, h("h2", {}, "Summary"), el.narration),
@@ -139,8 +143,22 @@ export function runView(root, runId) {
       await followEvents(runId, { signal: abort.signal, onEvents,
         onState: (state) => { s.stream = state; mark("head"); } });
       if (!abort.signal.aborted) setRun(await api(path, { signal: abort.signal }));
+      await followOutputs();
     } catch (err) {
       if (!abort.signal.aborted) el.flash.textContent = `Could not load the run: ${err.message}`;
+    }
+  }
+
+  // The report's files (ReportFile events) are written after the terminal event, where the stream closes: read
+  // what follows it by polling until the report is there, and offer its files for download.
+  async function followOutputs() {
+    let after = s.lastSeq;
+    for (let i = 0; i < OUTPUT_POLLS && !abort.signal.aborted && !s.files["report.html"]; i += 1) {
+      const page = await api(`${path}/events?after=${after}`, { signal: abort.signal });
+      for (const ev of page.events) if (ev.type === "ReportFile") s.files[ev.data.name] = ev.data;
+      after = page.next_after;
+      mark("files");
+      if (!page.events.length) await new Promise((resolve) => setTimeout(resolve, OUTPUT_POLL_MS));
     }
   }
 
@@ -177,6 +195,23 @@ export function runView(root, runId) {
     if (dirty.has("cost")) renderCost(run.cost);
     if (dirty.has("timeline")) phases.render(el.timeline, Date.now());
     if (dirty.has("log")) renderLog();
+    if (dirty.has("files")) renderFiles();
+  }
+
+  function renderFiles() {
+    const links = FILES.filter(([name]) => s.files[name]).map(([name, id, label]) => {
+      const href = `${path}/files/${encodeURIComponent(name)}`;
+      const file = s.files[name];
+      return h("a", { id, href, download: name, dataset: { digest: file.digest, size: String(file.size) },
+                      title: `${name}: ${file.media_type}, ${file.size} bytes, sha256 ${file.digest}`,
+                      onclick: (e) => {
+                        e.preventDefault();
+                        el.flash.textContent = "";
+                        download(href, name).catch((err) => { el.flash.textContent = `${name}: ${err.message}`; });
+                      } }, label);
+    });
+    el.files.replaceChildren(...links);
+    el.files.hidden = !links.length;
   }
 
   function renderCounters() {

@@ -57,6 +57,7 @@ from benchwright.events import (
     AgentTextEvent,
     DriverUsage,
     Event,
+    PhaseRestartRequested,
     ToolCallEvent,
     ToolResultEvent,
 )
@@ -176,7 +177,7 @@ def driver_tokens_used(engine: Engine, *, run_id: str) -> int:
 def _restart_reasons(engine: Engine, *, run_id: str, phase: str) -> list[str]:
     with Session(engine) as session:
         rows = session.exec(select(EventRow.data).where(EventRow.run_id == run_id,
-                                                         EventRow.type == "PhaseRestartRequested")
+                                                         EventRow.type == PhaseRestartRequested.type_name())
                             .order_by(EventRow.seq)).all()  # type: ignore[arg-type]
     return [str(d.get("reason", "")) for d in rows if d.get("phase") == phase]
 

@@ -3,8 +3,10 @@
 ``plan_bridge`` lays out the sandbox's working directory (the sandbox-side script for the harness, its
 ``bw_bridge.json``, the launch's task file and data files) and the harness's environment: the model endpoint
 (``BridgeEndpoint``: the relay's URL and its per-batch key; inspect as ``openai-api/bw/<model>`` with
-``BW_BASE_URL``/``BW_API_KEY``, lm-eval as ``local-chat-completions`` with the key in ``OPENAI_API_KEY``) and
-nothing that could reach a hub (``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``).
+``BW_BASE_URL``/``BW_API_KEY``, lm-eval as ``local-chat-completions`` with the key in ``OPENAI_API_KEY``, lighteval
+as its LiteLLM backend's ``openai/<model>`` with ``base_url``/``api_key``) and nothing that could reach a hub
+(``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``, LiteLLM's local cost map). harbor is planned by
+``benchwright.harness.harbor`` (its trials run in task sandboxes of their own).
 
 ``BridgeRecorder`` turns the script's lines into events while the harness runs: each scored sample is a
 ``MaterializeTaskResult`` (index = the sample's position in the harness's dataset, trial = epoch - 1, the
@@ -33,7 +35,7 @@ from benchwright.events import (
     MaterializeTaskAggregated,
     MaterializeTaskResult,
 )
-from benchwright.harness.config import HarnessConfig, lmeval_task_name
+from benchwright.harness.config import HarnessConfig, lighteval_task_spec, lmeval_task_name
 from benchwright.harness.relay import BridgeEndpoint, Meter
 from benchwright.materialize import RunHalted, _recorded
 from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
@@ -45,6 +47,7 @@ SCRIPT = "bw_bridge.py"
 CONFIG = "bw_bridge.json"
 INSPECT_LOG_DIR = "bw_logs"
 LMEVAL_LOG = "bw_lmeval_samples.jsonl"
+LIGHTEVAL_OUTPUT = "bw_lighteval"
 FLUSH_INTERVAL_S = 0.25
 MAX_TEXT = 16 * 1024
 """Input/output text kept per sample in the log (the native log keeps everything)."""
@@ -106,6 +109,17 @@ def plan_bridge(*, harness: str, config: HarnessConfig, model: str, endpoint: Br
                     "gen_kwargs": config.gen_kwargs, "metric": config.metric, "log_path": f"{home}/{LMEVAL_LOG}"}
         env = {"OPENAI_API_KEY": endpoint.key, **offline}
         log_dir = LMEVAL_LOG
+    elif harness == "lighteval":
+        custom = None
+        if config.task_file is not None:
+            files["bw_task.py"] = config.task_file.encode()
+            custom = f"{home}/bw_task.py"
+        settings = {"task": lighteval_task_spec(config), "custom_tasks": custom, "limit": limit, "done": done,
+                    "model": name, "base_url": endpoint.base_url, "api_key": endpoint.key, "metric": config.metric,
+                    "output_dir": f"{home}/{LIGHTEVAL_OUTPUT}",
+                    "cache_dir": f"{home}/.bw_cache/lighteval"}
+        env = {"OPENAI_API_KEY": endpoint.key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOME": home, **offline}
+        log_dir = LIGHTEVAL_OUTPUT
     else:
         raise InvalidInput(f"{harness!r} is not a harness bridge")
     script = resources.files("benchwright.harness").joinpath(f"sandbox_side/{harness}_bridge.py").read_bytes()
@@ -222,7 +236,7 @@ class BridgeRecorder:
         self._last_flush = time.monotonic()
         if batch:
             await asyncio.to_thread(append_events, self.engine, self.inp.run_id, batch)
-            self.written += sum(1 for e in batch if e.type == "MaterializeTaskResult")
+            self.written += sum(1 for e in batch if e.type == MaterializeTaskResult.type_name())
         self.progress({"harness": self.harness, "trials_recorded": self.written, "tasks_total": self.total,
                        "calls": self.meter.calls})
         if batch:

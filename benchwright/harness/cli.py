@@ -10,11 +10,13 @@ import typer
 
 from benchwright.cli_support import BadFlag
 
-harness_app = typer.Typer(no_args_is_help=True, help="Harness runtimes for bridge runs (inspect, lm-eval).")
+harness_app = typer.Typer(no_args_is_help=True,
+                          help="Harness runtimes for bridge runs (inspect, lm-eval, lighteval, harbor).")
 
 
 @harness_app.command("install")
-def install_cmd(names: Annotated[list[str], typer.Argument(help="Harnesses to install: inspect, lmeval.")],
+def install_cmd(names: Annotated[list[str], typer.Argument(
+                    help="Harnesses to install: inspect, lmeval, lighteval, harbor (needs Python >= 3.12).")],
                 data_dir: Annotated[Path | None, typer.Option(envvar="BENCHWRIGHT_DATA_DIR")] = None,
                 harness_dir: Annotated[Path | None, typer.Option(
                     envvar="BENCHWRIGHT_HARNESS_DIR", help="Default: <data dir>/harness.")] = None) -> None:

@@ -1,13 +1,16 @@
 """The ``harness`` launch field (§4) and its ``harness_config``: what a launch may say, checked before a run exists.
 
-``benchwright`` (the default) is the pipeline with a Driver-written scorer; ``inspect`` and ``lmeval`` are harness
-bridges: the harness brings the dataset and the scorer, Benchwright runs it in the work sandbox behind the run's
-model route (``benchwright.harness.bridge``). ``lighteval`` and ``harbor`` are named by the spec but not built:
-refused with 400 saying so. Anything else is a typo: 400, never a fallback.
+``benchwright`` (the default) is the pipeline with a Driver-written scorer; ``inspect``, ``lmeval`` and
+``lighteval`` are harness bridges: the harness brings the dataset and the scorer, Benchwright runs it in the work
+sandbox behind the run's model route (``benchwright.harness.bridge``). ``harbor`` runs a harbor task directory
+(instruction, environment, tests, optional solution) with harbor itself in a ``harbor_orchestrator`` sandbox, each
+trial's environment a ``harbor_task_env`` sandbox (``benchwright.harness.harbor``). Anything else is a typo: 400,
+never a fallback.
 
 Folding rules (one place): the harness's ``limit``, ``max_tasks`` and ``metadata.limit`` cap the samples together,
-narrowest wins (§9); inspect's ``epochs`` are the run's trials (k), so a launch's ``trials.plan.k`` must agree;
-lm-eval reduces its ``repeats`` with the task's filter before it scores a doc, so an lm-eval doc is one trial.
+narrowest wins (§9); inspect's ``epochs`` and harbor's attempts (``epochs`` here too) are the run's trials (k), so a
+launch's ``trials.plan.k`` must agree; lm-eval reduces its ``repeats`` with the task's filter before it scores a doc,
+so an lm-eval doc is one trial, and so is a lighteval doc.
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ from benchwright.limits import RunLimits, TaskLimits
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import AggregatorConfig, TrialPlan, TrialsConfig
 
-Harness = Literal["inspect", "lmeval"]
-HARNESSES: tuple[str, ...] = ("benchwright", "inspect", "lmeval")
+Harness = Literal["inspect", "lmeval", "lighteval", "harbor"]
+HARNESSES: tuple[str, ...] = ("benchwright", "inspect", "lmeval", "lighteval", "harbor")
 """What ``harness`` may say (``benchwright.schemas.HARNESS_VALUES``; a test keeps the two equal)."""
-BRIDGES: tuple[str, ...] = ("inspect", "lmeval")
-NOT_YET = ("lighteval", "harbor")
-"""Harnesses the spec names that this deployment cannot run yet."""
+BRIDGES: tuple[str, ...] = ("inspect", "lmeval", "lighteval", "harbor")
+NOT_YET: tuple[str, ...] = ()
+"""Harnesses the spec names that this deployment cannot run yet (answered 400 ``harness_not_supported``)."""
+HARBOR_AGENTS = ("oracle", "nop")
+"""harbor agents that need no model. Its model-driven agents (``terminus-2``...) are refused until their calls can
+be pinned to the run's relay (their own LiteLLM client would need the relay's key and base URL)."""
+HARBOR_PATH = re.compile(r"^(?!/)(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9._/-]{1,300}$")
+"""``harness_config.path`` of a harbor run: relative, no ``.``/``..`` segments; resolved under the bundled task sets
+(``bundled/<name>``) or the deployment's harbor task root, never elsewhere on the host."""
 FILE_NAME = re.compile(r"^(?!bw_)[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 """A file carried in ``harness_config.files``: a plain name in the sandbox's working directory (no directories, no
 ``..``); ``bw_*`` is the bridge's own."""
@@ -65,7 +74,12 @@ class HarnessConfig(BaseModel):
     gen_kwargs: dict[str, Any] = Field(default_factory=dict)
     """lm-eval: ``--gen_kwargs``."""
     metric: str | None = Field(default=None, min_length=1, max_length=100)
-    """lm-eval: the per-doc metric that is the sample's score (default: the task's first metric)."""
+    """lm-eval and lighteval: the per-doc metric that is the sample's score (default: the task's first metric)."""
+    path: str | None = Field(default=None, min_length=1, max_length=300)
+    """harbor: a task directory or a directory of task directories (``bundled/<set>``, or relative to the
+    deployment's harbor task root)."""
+    agent: str | None = Field(default=None, min_length=1, max_length=100)
+    """harbor: the agent (``oracle`` runs the task's solution, ``nop`` does nothing)."""
 
     @field_validator("files")
     @classmethod
@@ -93,7 +107,7 @@ def check_harness(launch: LaunchRequest) -> HarnessConfig | None:
             malformed ``harness_config``, or a ``harness_config`` on a pipeline launch.
     """
     harness = launch.harness or "benchwright"
-    if harness in NOT_YET:
+    if harness in NOT_YET:  # pragma: no cover - none today; kept so a future named-but-unbuilt harness says so
         raise InvalidInput(f"harness '{harness}' is not supported yet; supported: {', '.join(HARNESSES)}",
                            code="harness_not_supported")
     if harness not in HARNESSES:
@@ -101,7 +115,8 @@ def check_harness(launch: LaunchRequest) -> HarnessConfig | None:
                            f"{', '.join(HARNESSES)}", code="unknown_harness")
     if harness == "benchwright":
         if launch.harness_config is not None:
-            raise InvalidInput("harness_config is for harness-bridge runs (harness: inspect or lmeval)",
+            raise InvalidInput("harness_config is for harness-bridge runs (harness: inspect, lmeval, lighteval or "
+                               "harbor)",
                                code="invalid_harness_config")
         return None
     extra = [name for name in ("dataset", "benchmark", "subset", "impl", "task_impl")
@@ -118,18 +133,57 @@ def check_harness(launch: LaunchRequest) -> HarnessConfig | None:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'harness_config'}: {e['msg']}"
                              for e in exc.errors())
         raise InvalidInput(f"harness_config: {problems}", code="invalid_harness_config") from None
+    if harness == "harbor":
+        return _check_harbor(config)
     if (config.task is None) == (config.task_file is None):
         raise InvalidInput("harness_config needs exactly one of task (a registered task) and task_file",
                            code="invalid_harness_config")
     own = {"inspect": {"task_name", "epochs", "args", "generate", "max_connections"},
-           "lmeval": {"num_fewshot", "gen_kwargs", "metric"}}
+           "lmeval": {"num_fewshot", "gen_kwargs", "metric"},
+           "lighteval": {"task_name", "metric"},
+           "harbor": {"path", "agent", "epochs"}}
     foreign = sorted(name for other, names in own.items() if other != harness for name in names
-                     if name in config.model_fields_set)
+                     if name in config.model_fields_set and name not in own[harness])
     if foreign:
         raise InvalidInput(f"harness_config: {', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not "
                            f"{harness} options", code="invalid_harness_config")
     if harness == "lmeval" and config.task_file is not None:
         lmeval_task_name(config.task_file)
+    if harness == "lighteval":
+        lighteval_task_spec(config)
+    return config
+
+
+def lighteval_task_spec(config: HarnessConfig) -> str:
+    """The lighteval task spec a bridge runs: ``task`` (a registered task), or the ``task_file``'s task named by
+    ``task_name`` (``name`` or ``name|fewshot``); one task, no suite list.
+
+    Raises:
+        InvalidInput: a custom task file without ``task_name``, or a spec that is not one ``name[|fewshot]``.
+    """
+    spec = config.task if config.task is not None else config.task_name
+    if spec is None:
+        raise InvalidInput("harness_config.task_name must name the task_file's task (TASKS_TABLE name, optionally "
+                           "'|<fewshot>')", code="invalid_harness_config")
+    if not re.match(r"^[A-Za-z0-9_.:-]{1,100}(\|[A-Za-z0-9_.:-]{1,100})?(\|[0-9]{1,3})?$", spec):
+        raise InvalidInput(f"lighteval task {spec!r} must be one 'name', 'name|fewshot' or 'suite|name|fewshot'",
+                           code="invalid_harness_config")
+    return spec
+
+
+def _check_harbor(config: HarnessConfig) -> HarnessConfig:
+    used = config.model_fields_set - {"path", "agent", "epochs", "limit"}
+    if used:
+        raise InvalidInput(f"harness_config: {', '.join(sorted(used))} {'is' if len(used) == 1 else 'are'} not "
+                           "harbor options (path, agent, epochs, limit)", code="invalid_harness_config")
+    if config.path is None or not HARBOR_PATH.match(config.path):
+        raise InvalidInput("harness_config.path must name a harbor task directory or a directory of tasks, relative "
+                           "(bundled/<set>, or under the deployment's harbor task root), without '..'",
+                           code="invalid_harness_config")
+    agent = config.agent or "oracle"
+    if agent not in HARBOR_AGENTS:
+        raise InvalidInput(f"harbor agent {agent!r} is not supported here: only {', '.join(HARBOR_AGENTS)} (agents "
+                           "that need no model) run on a bridge so far", code="harness_not_supported")
     return config
 
 
@@ -152,8 +206,8 @@ def lmeval_task_name(task_yaml: str) -> str:
 
 
 def bridge_trials(config: HarnessConfig, trials: TrialsConfig, *, given: bool) -> TrialsConfig:
-    """The run's trials for a bridge: k = inspect's epochs (1 for lm-eval), reduced by ``mean`` unless the launch
-    chose an aggregator (inspect's default epoch reducer is the mean too).
+    """The run's trials for a bridge: k = inspect's epochs or harbor's attempts (1 for lm-eval and lighteval),
+    reduced by ``mean`` unless the launch chose an aggregator (inspect's default epoch reducer is the mean too).
 
     Raises:
         InvalidInput: the launch's ``trials.plan.k`` disagrees with the harness's epochs.

@@ -13,10 +13,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.compare import SIGNIFICANCE, compare_runs, readable_run
-from benchwright.errors import BenchwrightError
+from benchwright.errors import BenchwrightError, InvalidInput
 from benchwright.forks import apply_overrides
 from benchwright.operator.goals import (
     Answer,
+    AskGoal,
     BetterGoal,
     CheapestGoal,
     Evidence,
@@ -32,7 +33,7 @@ from benchwright.settings import Settings
 from benchwright.store.models import Run
 from benchwright.store.runs import run_view
 
-__all__ = ["PlannedLaunch", "answer", "plan", "read_evidence"]
+__all__ = ["PlannedLaunch", "answer", "extension", "pair_evidence", "plan", "read_evidence"]
 
 
 class PlannedLaunch(BaseModel):
@@ -42,8 +43,10 @@ class PlannedLaunch(BaseModel):
     reason: str
 
 
-def _launch(dataset: str, model: ModelSpec) -> LaunchRequest:
-    return LaunchRequest(dataset=dataset, model=model)
+def _launch(dataset: str, model: ModelSpec, tasks: int | None = None) -> LaunchRequest:
+    if tasks is None:
+        return LaunchRequest(dataset=dataset, model=model)
+    return LaunchRequest(dataset=dataset, model=model, constraints={"max_tasks": tasks})
 
 
 def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> list[PlannedLaunch]:
@@ -53,13 +56,17 @@ def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> 
     Raises:
         NotFound: the reference run is not the account's (nor unlisted/public).
         Conflict: the reference has not finished.
-        InvalidInput: the change does not make a valid launch.
+        InvalidInput: the change does not make a valid launch; a goal in prose (``prose_goal``).
     """
     if isinstance(goal, BetterGoal):
-        return [PlannedLaunch(label="baseline", launch=_launch(goal.dataset, goal.baseline),
+        return [PlannedLaunch(label="baseline", launch=_launch(goal.dataset, goal.baseline, goal.tasks),
                               reason="measure the baseline on the dataset"),
-                PlannedLaunch(label="candidate", launch=_launch(goal.dataset, goal.candidate),
+                PlannedLaunch(label="candidate", launch=_launch(goal.dataset, goal.candidate, goal.tasks),
                               reason="measure the candidate on the same tasks, for a paired comparison")]
+    if isinstance(goal, AskGoal):
+        raise InvalidInput("the builtin operator answers structured goals (better, cheapest, regressed, helps); a "
+                           "goal in prose needs an LLM operator (\"operator\": \"<provider>://<model>\")",
+                           code="prose_goal")
     if isinstance(goal, CheapestGoal):
         return [PlannedLaunch(label=f"model {i + 1}", launch=_launch(goal.dataset, model),
                               reason=f"measure {model.identifier} against the bar of {goal.min_score:.0%}")
@@ -75,6 +82,33 @@ def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> 
                                  "and compare task by task")]
 
 
+def extension(engine: Engine, *, account_id: str, goal: BetterGoal, evidence: list[Evidence],
+              runs_left: int) -> tuple[list[PlannedLaunch], str]:
+    """Sample-size planning acted on: when the first ``better`` comparison (over ``goal.tasks``) is not significant,
+    both models again over the tasks a ``±halfwidth`` interval needs, if the budget has the two runs. Returns the
+    launches (none: nothing to extend, or no budget) and why."""
+    if goal.tasks is None or len(evidence) != 2 or not all(_usable(e) for e in evidence):
+        return [], "the first comparison is not complete"
+    pair = pair_evidence(engine, account_id, evidence[0].run_id, evidence[1].run_id)
+    if pair.significant:
+        return [], f"the difference is significant at {pair.compared} tasks (p = {pair.p_value:.3g})"
+    with Session(engine) as session:
+        ra, rb = session.get(Run, evidence[0].run_id), session.get(Run, evidence[1].run_id)
+    lost, gained = _discordant(engine, ra, rb)
+    needed = tasks_for_paired_halfwidth(lost=lost, gained=gained, n=pair.compared, halfwidth=goal.halfwidth)
+    why = f"the difference is not significant at {pair.compared} tasks (p = {pair.p_value:.3g}); {needed:,} tasks " \
+          f"would give ±{goal.halfwidth * 100:g} points"
+    if needed <= pair.compared:
+        return [], why + ": no larger run is needed"
+    if runs_left < 2:
+        return [], why + f", but the budget has {max(runs_left, 0)} run(s) left and extending needs 2"
+    reason = why + f": measure both again over {needed:,} tasks (as many as the dataset holds)"
+    return [PlannedLaunch(label="baseline (extended)", launch=_launch(goal.dataset, goal.baseline, needed),
+                          reason=reason),
+            PlannedLaunch(label="candidate (extended)", launch=_launch(goal.dataset, goal.candidate, needed),
+                          reason=reason)], reason
+
+
 def read_evidence(engine: Engine, *, run_id: str, label: str) -> Evidence:
     """The metrics of a settled run: status, pass rate and interval, no-answer/error counts, halt, cost."""
     with Session(engine) as session:
@@ -85,7 +119,8 @@ def read_evidence(engine: Engine, *, run_id: str, label: str) -> Evidence:
     return Evidence(label=label, run_id=run_id, model=str(view.model.get("identifier", "")),
                     status=view.display_status, pass_rate=s.pass_rate, pass_rate_ci=s.pass_rate_ci,
                     scored=s.passed + s.failed, no_answer=s.no_answer, errored=s.errored,
-                    halt_reason=view.halt_reason if view.halted else None, cost=view.cost.incurred,
+                    halt_reason=view.halt_reason if view.halted else None, error=view.error,
+                    cost=view.cost.incurred,
                     model_cost=view.cost.model)
 
 
@@ -93,7 +128,8 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.1f} %"
 
 
-def _pair(engine: Engine, account_id: str, a: str, b: str) -> PairedEvidence:
+def pair_evidence(engine: Engine, account_id: str, a: str, b: str) -> PairedEvidence:
+    """The paired comparison of two runs the account may read (``benchwright.compare``)."""
     ra = readable_run(engine, run_id=a, account_id=account_id)
     rb = readable_run(engine, run_id=b, account_id=account_id)
     c = compare_runs(engine, a=ra, b=rb)
@@ -111,7 +147,7 @@ def _paired_answer(engine: Engine, *, account_id: str, goal: Goal, a: Evidence, 
     better, worse, subject, what = words
     evidence = [a, b]
     try:
-        pair = _pair(engine, account_id, a.run_id, b.run_id)
+        pair = pair_evidence(engine, account_id, a.run_id, b.run_id)
     except BenchwrightError as exc:
         return Answer(outcome="failed", sentence=f"The runs could not be compared: {exc.message}",
                       evidence=evidence, unestablished=[exc.message])

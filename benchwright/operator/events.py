@@ -49,6 +49,29 @@ class OperatorRunRead(Event):
     evidence: dict[str, Any]
 
 
+class OperatorLlmTurn(Event):
+    """One model call of an LLM operator: what it said and called, its tokens and their price (the session's own
+    cost, charged to the account's balance with the markup; never a run's ``cost.driver``)."""
+
+    turn: int
+    model: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class OperatorToolResult(Event):
+    """What an LLM operator's tool call answered (the model reads the same text)."""
+
+    turn: int
+    call_id: str
+    name: str
+    ok: bool
+    content: str
+
+
 class OperatorControl(Event):
     """A person's signal: ``pause``, ``resume``, ``stop`` or ``steer`` (with its message)."""
 
@@ -64,4 +87,4 @@ class SessionAnswered(Event):
 
 
 OPERATOR_EVENTS = (SessionStarted, OperatorDecision, OperatorRunLaunched, OperatorRunRefused, OperatorRunRead,
-                   OperatorControl, SessionAnswered)
+                   OperatorControl, SessionAnswered, OperatorLlmTurn, OperatorToolResult)

@@ -6,13 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from benchwright.operator.sizing import MAX_PLANNED_TASKS
 from benchwright.schemas import ForkOverrides, ModelSpec
 
 OPERATORS = ("builtin",)
-"""Operators by name. ``builtin`` is deterministic and offline; the LLM operator (``<provider>://<model>``) is not
-built yet."""
+"""Operators by a word. ``builtin`` is deterministic and offline; besides it, any ``<provider>://<model>`` names an
+LLM operator (``benchwright.operator.llm``)."""
+MAX_PROSE_GOAL = 4000
 MAX_SESSION_RUNS = 50
 MAX_SESSION_COST = 1_000_000.0
 MAX_DATASET = 4096
@@ -35,6 +37,10 @@ class BetterGoal(_Goal):
     dataset: str = Field(min_length=1, max_length=MAX_DATASET)
     baseline: ModelSpec
     candidate: ModelSpec
+    tasks: int | None = Field(default=None, ge=1, le=MAX_PLANNED_TASKS)
+    """Measure both on this many tasks first (``constraints.max_tasks``); when that comparison is inconclusive the
+    session extends: both again over the tasks the sample-size plan asks for (the dataset may hold fewer), if
+    the budget has two more runs. Unset: the whole dataset, once."""
 
 
 class CheapestGoal(_Goal):
@@ -61,7 +67,14 @@ class HelpsGoal(_Goal):
     change: ForkOverrides
 
 
-Goal = Annotated[BetterGoal | CheapestGoal | RegressedGoal | HelpsGoal, Field(discriminator="question")]
+class AskGoal(_Goal):
+    """A goal in prose (``"goal": "..."`` in the body): only an LLM operator takes it."""
+
+    question: Literal["ask"]
+    text: str = Field(min_length=1, max_length=MAX_PROSE_GOAL)
+
+
+Goal = Annotated[BetterGoal | CheapestGoal | RegressedGoal | HelpsGoal | AskGoal, Field(discriminator="question")]
 
 
 class SessionBudget(_Strict):
@@ -81,8 +94,22 @@ class SessionCreate(_Strict):
     """Body of ``POST /v1/operator/sessions``."""
 
     operator: str = Field(default="builtin", min_length=1, max_length=64)
+    """``builtin`` or ``<provider>://<model>`` (an LLM operator, its key the account's ``<PROVIDER>_API_KEY``)."""
     goal: Goal
+    """A structured goal, or (LLM operator) a sentence: ``"goal": "..."`` is read as ``{"question": "ask", ...}``."""
     limits: SessionLimits = Field(default_factory=SessionLimits)
+    api_base: str | None = Field(default=None, min_length=1, max_length=2048)
+    """Where an LLM operator's calls go (checked like a launch's model ``api_base``); default: its provider's."""
+    input_cost_per_token: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    output_cost_per_token: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    """An LLM operator's token prices (USD) where LiteLLM's cost map does not price it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prose(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("goal"), str):
+            return {**data, "goal": {"question": "ask", "text": data["goal"]}}
+        return data
 
 
 class Evidence(BaseModel):
@@ -98,6 +125,8 @@ class Evidence(BaseModel):
     no_answer: int = 0
     errored: int = 0
     halt_reason: str | None = None
+    error: str | None = None
+    """Why the run ended ``error`` (a phase's failure: what a Driver that struggled left)."""
     cost: float = 0.0
     """USD the run spent in all (``cost.incurred``: the model's tokens, the Driver, sandboxes, narration)."""
     model_cost: float = 0.0
@@ -142,7 +171,9 @@ class SessionView(BaseModel):
     limits: dict[str, Any]
     runs: list[str]
     cost: float
-    """USD spent so far by the session's runs (``cost.incurred`` summed)."""
+    """USD spent so far: the session's runs (``cost.incurred`` summed) and the operator's own tokens."""
+    operator_cost: float = 0.0
+    """USD of the LLM operator's own tokens (never on a run's ``cost.driver``); 0 for ``builtin``."""
     answer: Answer | None
     created_at: datetime
     finished_at: datetime | None

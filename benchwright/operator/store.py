@@ -14,7 +14,7 @@ from benchwright.operator.events import SessionAnswered, SessionStarted
 from benchwright.operator.goals import Answer, SessionCreate, SessionView
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent
-from benchwright.store.models import OperatorEvent, OperatorSession, Run, utcnow
+from benchwright.store.models import Account, OperatorEvent, OperatorSession, Run, utcnow
 
 _EVENTS = OperatorEvent.__table__  # type: ignore[attr-defined]
 TERMINAL = ("answered", "stopped", "failed")
@@ -65,6 +65,23 @@ def append_session_events(engine: Engine, session_id: str, events: list[NewEvent
         if updates:
             session.execute(update(OperatorSession).where(col(OperatorSession.id) == session_id).values(**updates))
         return n
+
+
+def record_llm_turn(engine: Engine, session_id: str, events: list[NewEvent], *, account_id: str,
+                    charge_usd: float) -> bool:
+    """Append an LLM operator's turn (its ``OperatorLlmTurn`` first) and charge its price to the account's balance,
+    in one transaction; a repeated turn (same key) writes and charges nothing. Returns whether it was new."""
+    with session_scope(engine) as session:
+        fresh = _append(session, session_id, events) > 0
+        if fresh and charge_usd > 0:
+            session.execute(update(Account).where(col(Account.id) == account_id)
+                            .values(balance_usd=Account.balance_usd - charge_usd))
+        return fresh
+
+
+def read_event(engine: Engine, *, key: str) -> OperatorEvent | None:
+    with Session(engine) as session:
+        return session.execute(select(OperatorEvent).where(col(OperatorEvent.idem_key) == key)).scalars().first()
 
 
 def _append(session: Session, session_id: str, events: list[NewEvent]) -> int:
@@ -120,8 +137,17 @@ def session_cost(engine: Engine, run_ids: list[str]) -> float:
     return float(total)
 
 
+def session_spent(engine: Engine, row: OperatorSession) -> tuple[float, float]:
+    """(USD spent in all, of which the LLM operator's own tokens)."""
+    from benchwright.operator.llm import operator_cost
+
+    own = operator_cost(engine, session_id=row.id) if row.operator != "builtin" else 0.0
+    return session_cost(engine, list(row.runs)) + own, own
+
+
 def session_view(engine: Engine, row: OperatorSession) -> SessionView:
+    spent, own = session_spent(engine, row)
     return SessionView(id=row.id, operator=row.operator, status=row.status, goal=row.goal, limits=row.limits,
-                       runs=list(row.runs), cost=session_cost(engine, list(row.runs)),
+                       runs=list(row.runs), cost=spent, operator_cost=own,
                        answer=Answer.model_validate(row.answer) if row.answer else None,
                        created_at=row.created_at, finished_at=row.finished_at)

@@ -19,6 +19,7 @@ from sqlmodel import Session, col
 from benchwright import audit
 from benchwright.drivers.catalog import REGISTRY_SOURCE as _REGISTRY_SOURCE
 from benchwright.errors import Conflict, InvalidInput, NotFound
+from benchwright.events import AtomizeArtifact
 from benchwright.fingerprint import impl_id as make_impl_id
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.views import (
@@ -26,14 +27,11 @@ from benchwright.registry.views import (
     BenchmarkList,
     BenchmarkView,
     ImplView,
-    Leaderboard,
-    LeaderboardRow,
     PublishRequest,
     PublishResult,
     SnapshotView,
     SubsetView,
 )
-from benchwright.schemas import RunSummary
 from benchwright.scoring.aggregators import TrialsConfig
 from benchwright.store.db import session_scope
 from benchwright.store.models import (
@@ -165,7 +163,8 @@ def _run_contents(session: Session, blobs: BlobStore, run: Run) -> tuple[str, in
     """The run's task rows (blob digest, count) and its scorer's digest (the last Atomize invocation's)."""
     cell = session.get(PhaseCell, (run.id, "analyze"))
     tasks_sha = cell.files.get("tasks.jsonl") if cell else None
-    impl = session.execute(select(EventRow.data).where(EventRow.run_id == run.id, EventRow.type == "AtomizeArtifact")
+    impl = session.execute(select(EventRow.data)
+                           .where(EventRow.run_id == run.id, EventRow.type == AtomizeArtifact.type_name())
                            .order_by(EventRow.seq.desc())).scalars().first()  # type: ignore[attr-defined]
     impl_sha = impl.get("impl_sha256") if impl else None
     if not tasks_sha or not blobs.has(tasks_sha) or not impl_sha or not blobs.has(impl_sha):
@@ -367,23 +366,6 @@ def list_benchmarks(engine: Engine, *, account_id: str) -> BenchmarkList:
                                          for b in rows])
 
 
-def benchmark_detail(engine: Engine, *, account_id: str, benchmark_id: str) -> BenchmarkView:
-    """The benchmark with its subsets and its public runs (unlisted and private runs are never listed)."""
-    from benchwright.store.runs import (
-        run_view,  # runs imports the registry's terminal stamp
-    )
-
-    with Session(engine) as session:
-        bench = session.get(Benchmark, benchmark_id)
-        if bench is None or not (bench.account_id == account_id or bench.visibility == "public"):
-            raise NotFound(f"benchmark {benchmark_id} not found")
-        view = _bench_view(bench, account_id)
-        view.subsets = _subsets_of(session, [bench.id])[bench.id]
-        runs = _public_runs(session, benchmark_id=bench.id)
-    view.runs = [RunSummary.of(run_view(engine, r)) for r in runs]
-    return view
-
-
 def _public_runs(session: Session, *, benchmark_id: str | None = None, subset_id: str | None = None) -> list[Run]:
     query = select(Run).where(Run.visibility == "public", Run.finished_at.is_not(None))  # type: ignore[union-attr]
     if benchmark_id:
@@ -426,35 +408,3 @@ def set_benchmark_visibility(engine: Engine, *, account_id: str, benchmark_id: s
                     Run.benchmark_id == bench.id, Run.visibility == "public")).scalars():
                 run.visibility = "unlisted"
         return _bench_view(bench, account_id)
-
-
-def leaderboard(engine: Engine, *, account_id: str, subset_id: str) -> Leaderboard:
-    """Best aggregated score (pass rate) per model across the subset's public ok runs on any of its impls.
-
-    Raises:
-        NotFound: no such subset visible to the caller, or its benchmark is private (no public leaderboard).
-    """
-    from benchwright.store.runs import run_view
-
-    with Session(engine) as session:
-        subset, bench = _visible_subset(session, account_id=account_id, subset_id=subset_id)
-        if bench.visibility != "public":
-            raise NotFound(f"subset {subset_id} has no leaderboard: its benchmark is private")
-        runs = [r for r in _public_runs(session, subset_id=subset.id) if r.status == "ok" and not r.halted]
-    best: dict[str, LeaderboardRow] = {}
-    for run in runs:
-        view = run_view(engine, run)
-        model = str(run.model.get("identifier", ""))
-        rate = view.tasks.summary.pass_rate
-        row = LeaderboardRow(model=model, best_run_id=run.id, impl_id=run.impl_id, score=rate, pass_rate=rate,
-                             pass_at_k=view.tasks.summary.pass_at_k, cost_usd=run.cost_incurred, runs=1)
-        held = best.get(model)
-        if held is None:
-            best[model] = row
-            continue
-        row.runs = held.runs + 1
-        better = (rate if rate is not None else -1.0) > (held.score if held.score is not None else -1.0)
-        best[model] = row if better else held.model_copy(update={"runs": row.runs})
-    rows = sorted(best.values(), key=lambda r: (-(r.score if r.score is not None else -1.0), r.cost_usd, r.model))
-    return Leaderboard(subset_id=subset.id, benchmark_id=bench.id, rows=rows)
-

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.errors import NotFound
+from benchwright.events import AtomizeArtifact, ProductRecipeArtifact
 from benchwright.fingerprint import derive, model_config_hash, sha256_hex
 from benchwright.store.models import EventRow, PhaseCell, Run
 
@@ -29,7 +30,7 @@ def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, 
 def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, Any]]]) -> dict[str, str | None]:
     """The model-free members of the fingerprint family, from the run's phase cells and artifacts."""
     cells = {c.phase: c for c in session.execute(select(PhaseCell).where(PhaseCell.run_id == run.id)).scalars()}
-    impls = [data.get("impl_sha256") for _, kind, data in events if kind == "AtomizeArtifact"]
+    impls = [data.get("impl_sha256") for _, kind, data in events if kind == AtomizeArtifact.type_name()]
     analyze, setup = cells.get("analyze"), cells.get("setup")
     atomize_key = None
     if setup is not None:
@@ -59,6 +60,11 @@ def stamp_terminal(session: Session, run: Run) -> None:
     if pin and run.benchmark_id is None:
         # The run's task_impl is the pinned impl's source byte for byte, so this is also its content id.
         run.benchmark_id, run.subset_id, run.impl_id = pin["benchmark_id"], pin["subset_id"], pin["impl_id"]
+    recipe = next((data for _, kind, data in reversed(events) if kind == ProductRecipeArtifact.type_name()), None)
+    if recipe is not None and run.subset_id is None:
+        # A Benchwright-built (product) benchmark keys its shape on the subset id, the recipe's name (§7): no
+        # registry benchmark; the impl is the generated task_impl.py (benchwright.product.recipe.impl_id).
+        run.subset_id, run.impl_id = str(recipe["name"]), str(recipe["impl_id"])
 
 
 def readable_run(engine: Engine, *, run_id: str, account_id: str) -> Run:

@@ -17,12 +17,23 @@ from sqlmodel import Session, col, select
 from benchwright.blobs import BlobStore
 from benchwright.errors import Conflict, InvalidInput
 from benchwright.events import (
+    AgentTextEvent,
     AtomizeArtifact,
+    DatasetResolved,
+    ForkDecided,
+    HumanReviewRequested,
     MaterializeTaskResult,
+    PhaseCacheHit,
+    PhaseCompleted,
     PhaseFailed,
+    PhaseRestartRequested,
+    PhaseSkipped,
+    PhaseStarted,
     ReportFile,
     RunHalted,
     RunNarrated,
+    RunResumed,
+    ToolCallEvent,
 )
 from benchwright.narration import MAX_REASON_CHARS, Comparison, NarrationFacts, builtin_narration
 from benchwright.schemas import BreakdownView, RunView
@@ -204,34 +215,34 @@ def _tasks(session: Session, run_id: str, invocation: int) -> list[TaskFact]:
 def _decision(seq: int, kind: str, data: dict[str, Any]) -> Decision | None:
     phase = data.get("phase") if isinstance(data.get("phase"), str) else None
     text: str | None
-    if kind == "AgentTextEvent":
+    if kind == AgentTextEvent.type_name():
         text = str(data.get("text", ""))
-    elif kind == "PhaseStarted":
+    elif kind == PhaseStarted.type_name():
         text = "started"
-    elif kind == "PhaseCompleted":
+    elif kind == PhaseCompleted.type_name():
         text = f"completed in {int(data.get('duration_ms') or 0) / 1000:.1f} s"
-    elif kind == "PhaseFailed":
+    elif kind == PhaseFailed.type_name():
         text = f"failed: {data.get('error_type', '')}: {data.get('detail', '')}"
-    elif kind == "PhaseSkipped":
+    elif kind == PhaseSkipped.type_name():
         text = f"skipped: {data.get('reason', '')}"
-    elif kind == "PhaseCacheHit":
+    elif kind == PhaseCacheHit.type_name():
         text = f"reused the cached work of run {data.get('source_run_id', '?')}"
-    elif kind == "PhaseRestartRequested":
+    elif kind == PhaseRestartRequested.type_name():
         text = f"the Driver restarted the phase: {data.get('reason', '')}"
-    elif kind == "HumanReviewRequested":
+    elif kind == HumanReviewRequested.type_name():
         text = f"the Driver asked for a human review: {data.get('reason', '')}"
-    elif kind == "ToolCallEvent":
+    elif kind == ToolCallEvent.type_name():
         text = f"tool call {data.get('name', '?')}"
-    elif kind == "DatasetResolved":
+    elif kind == DatasetResolved.type_name():
         text = f"resolved the prompt to {data.get('name', '?')}: {data.get('why', '')}"
-    elif kind == "ForkDecided":
+    elif kind == ForkDecided.type_name():
         text = (f"forked from {data.get('parent_run_id', '?')} at {data.get('rewind_to', '?')}; "
                 + "; ".join(str(x) for x in data.get("interpreted") or []))
-    elif kind == "RunHalted":
+    elif kind == RunHalted.type_name():
         text = f"halted: {data.get('halt_reason', '')}"
-    elif kind == "RunResumed":
+    elif kind == RunResumed.type_name():
         text = "resumed" + (f" with instructions: {data['review_resolution']}" if data.get("review_resolution") else "")
-    elif kind == "AtomizeArtifact":
+    elif kind == AtomizeArtifact.type_name():
         text = f"scorer from {data.get('source', '?')} (task_impl.py sha256 {str(data.get('impl_sha256', ''))[:12]})"
     else:
         return None
@@ -239,9 +250,9 @@ def _decision(seq: int, kind: str, data: dict[str, Any]) -> Decision | None:
     return Decision(seq=seq, phase=phase, kind=kind, text=text[:2000])
 
 
-_DECISION_TYPES = ("AgentTextEvent", "PhaseStarted", "PhaseCompleted", "PhaseFailed", "PhaseSkipped", "PhaseCacheHit",
-                   "PhaseRestartRequested", "HumanReviewRequested", "ToolCallEvent", "DatasetResolved", "ForkDecided",
-                   "RunHalted", "RunResumed", "AtomizeArtifact")
+_DECISION_TYPES = tuple(cls.type_name() for cls in (
+    AgentTextEvent, PhaseStarted, PhaseCompleted, PhaseFailed, PhaseSkipped, PhaseCacheHit, PhaseRestartRequested,
+    HumanReviewRequested, ToolCallEvent, DatasetResolved, ForkDecided, RunHalted, RunResumed, AtomizeArtifact))
 
 
 def _decisions(session: Session, run_id: str) -> tuple[list[Decision], int]:

@@ -119,10 +119,12 @@ def _home(info: SandboxInfo) -> str:
 async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role: str, key: tuple[object, ...],
                        restore: str | None, internal_allowed: frozenset[tuple[str, int]] = frozenset(),
                        metadata: Mapping[str, object] | None = None,
-                       ro_paths: tuple[Path, ...] = ()) -> AsyncIterator[Sandbox]:
+                       ro_paths: tuple[Path, ...] = (),
+                       backend_options: Mapping[str, object] | None = None) -> AsyncIterator[Sandbox]:
     """A sandbox for the length of the block, on the run's backend, with its egress proxy; killed (and its cost
     recorded) on the way out, whatever happens inside. ``ro_paths``: host directories shown read-only at the same
     path (a harness runtime; the local backend only, remote backends bake them into their image or template).
+    ``backend_options``: passed to the backend's ``create`` with its metadata (the local backend's ``root_links``).
 
     Raises:
         InvalidInput: the run's backend is not configured on this worker (naming what to configure), or
@@ -143,7 +145,7 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
         if restore is not None:
             await _import_local(settings, opened.backend, restore)
         info = await opened.backend.create(role=role, run_id=run_id, snapshot_id=restore,
-                                           metadata={"account": run.account_id})
+                                           metadata={"account": run.account_id, **(backend_options or {})})
         isolation = str(info.metadata.get("isolation", "namespaces"))
         await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
             event_key(run_id, *key, "sandbox", info.sandbox_id, "created"),

@@ -141,6 +141,34 @@ _UID_SPAN = 1_000_000
 _STREAM_LIMIT = 64 * 1024 * 1024  # same line limit the scorer host uses on the runner's stdout
 _START_TIMEOUT_S = 30.0
 _HOST_GRACE_S = 5.0  # the helper enforces the wall clock; the backend steps in only if the helper itself hangs
+ROOT_LINKS_KEY = "root_links"
+"""``metadata["root_links"]`` of ``create``: top-level names shown as symlinks into the work directory (``/logs`` ->
+``/sandbox/logs``), for task environments that expect fixed absolute paths (harbor's ``/tests``, ``/logs``,
+``/solution`` and the task's workdir); namespaces isolation only (the root is otherwise the host's)."""
+_ROOT_LINK_RESERVED = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc", "tmp",
+                                 "sandbox", "run", "sys", "root", "boot"})
+
+
+def _root_links(names: object) -> list[tuple[str, str]]:
+    """The (target, link) pairs ``metadata["root_links"]`` asks for.
+
+    Raises:
+        ValueError: not a list of at most 16 plain lowercase names, or a name the root already uses.
+    """
+    if names is None:
+        return []
+    if not isinstance(names, list) or len(names) > 16:
+        raise ValueError("root_links must be a list of at most 16 names")
+    links = []
+    for name in names:
+        if (not isinstance(name, str) or not name or len(name) > 32 or name in _ROOT_LINK_RESERVED
+                or not all(c.isascii() and (c.islower() or c.isdigit() or c in "_-") for c in name)
+                or not name[0].isalpha()):
+            raise ValueError(f"root link {name!r} must be a plain lowercase top-level name the root does not use")
+        links.append((f"{WORK_INSIDE}/{name}", f"/{name}"))
+    return links
+
+
 _ETC_WHITELIST = ("alternatives", "ca-certificates", "ca-certificates.conf", "debian_version", "gai.conf",
                   "host.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "mime.types",
                   "nsswitch.conf", "os-release", "protocols", "services", "ssl", "timezone")
@@ -371,6 +399,7 @@ class LocalBackend:
                      gid=uid if isolation == "namespaces" else None,
                      cgroups=[str(p) for p in self.cgroups.sandbox_dirs(sandbox_id)], owner_pid=os.getpid())
         meta.metadata = self._metadata(meta, metadata)
+        _root_links(meta.metadata.get(ROOT_LINKS_KEY))  # refused before anything is created
         d = self._dir(sandbox_id)
         try:
             await asyncio.to_thread(self._prepare_dirs, meta, snapshot_id)
@@ -443,6 +472,7 @@ class LocalBackend:
         relay = self._egress_relay()
         assert meta.uid is not None and meta.gid is not None
         binds, links, etc = self._root_layout(meta.uid, meta.gid)
+        links = links + _root_links(meta.metadata.get(ROOT_LINKS_KEY))
         cfg = {"rootfs": str(d / "rootfs"), "work_dir": str(d / "work"), "log": str(d / "ctl" / "init.log"),
                "pidfile": str(d / "ctl" / "pids.json"), "ro_binds": binds, "symlinks": links, "etc_files": etc,
                "tmp_size_mb": self.tmp_size_mb, "shm_size_mb": min(self.tmp_size_mb, 64), "hostname": "sandbox",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchwright.halts import limit_exceeded
 from benchwright.results import model_input
 from benchwright.scoring.aggregators import normalize_score, outcome_for
 from benchwright.sut import SutClient, SutError
@@ -351,7 +352,7 @@ class _Session:
     def _expired(self, now: float) -> list[tuple[int, str, str]]:
         """Trials past a ceiling now, as (id, limit path, error)."""
         if self.limits.deadline is not None and now > self.limits.deadline:
-            return [(item_id, "batch.duration", "limit_exceeded:batch.duration (the batch's ceiling passed)")
+            return [(item_id, "batch.duration", f"{limit_exceeded('batch.duration')} (the batch's ceiling passed)")
                     for item_id in self.items]
         out = []
         for item_id, item in self.items.items():
@@ -359,11 +360,12 @@ class _Session:
                 continue  # still queued in the runner
             trial_s = now - self.trial_started[(item.index, item.trial)]
             if self.limits.duration_s is not None and trial_s > self.limits.duration_s:
-                out.append((item_id, "task.duration", f"limit_exceeded:task.duration ({self.limits.duration_s:g} s)"))
+                out.append((item_id, "task.duration",
+                            f"{limit_exceeded('task.duration')} ({self.limits.duration_s:g} s)"))
             elif (self.limits.attempt_duration_s is not None
                   and now - self.attempt_started[item_id] > self.limits.attempt_duration_s):
                 out.append((item_id, "attempt.duration",
-                            f"limit_exceeded:attempt.duration ({self.limits.attempt_duration_s:g} s)"))
+                            f"{limit_exceeded('attempt.duration')} ({self.limits.attempt_duration_s:g} s)"))
         return out
 
     async def _watch_durations(self) -> None:
@@ -441,7 +443,7 @@ class _Session:
                 error = f"score: {exc}"
         cost = self.cost.get(item_id, 0.0)
         if error is None and self.limits.cost_usd is not None and cost > self.limits.cost_usd:
-            error, limit = f"limit_exceeded:task.cost (${cost:.6f} > ${self.limits.cost_usd:g})", "task.cost"
+            error, limit = f"{limit_exceeded('task.cost')} (${cost:.6f} > ${self.limits.cost_usd:g})", "task.cost"
         if error and retry and limit not in _NO_RETRY and await self._retry(item_id, item):
             return
         if trace:  # shown to the run's readers: without the server's paths (benchwright.traces)

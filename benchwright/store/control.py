@@ -9,17 +9,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col
 
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
+from benchwright.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.registry.shape import stamp_terminal
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, utcnow
-
-RESUMABLE = ("agent_review", "operator_pause", "restart_cap_exceeded")
-"""Halt reasons a run can come back from; every other halt tears the run down."""
-
-
-def is_resumable(reason: str | None) -> bool:
-    return reason is not None and reason.startswith(RESUMABLE)
 
 
 def halt_run(engine: Engine, *, run_id: str, reason: str, key: str | None = None, replace: bool = False) -> bool:
@@ -67,9 +61,9 @@ def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | Non
         ).one()
     incurred, billed, balance = row
     if run_cost_usd is not None and incurred > run_cost_usd:
-        return "limit_exceeded:run.cost"
+        return limit_exceeded("run.cost")
     if billed > 0 and balance <= 0:
-        return "balance_exhausted"
+        return HaltReason(HaltKind.BALANCE_EXHAUSTED).wire()
     return None
 
 

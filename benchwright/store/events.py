@@ -20,7 +20,14 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from benchwright.errors import NotFound
-from benchwright.events import TERMINAL_EVENT, Event
+from benchwright.events import (
+    TERMINAL_EVENT,
+    DatasetTasksArtifact,
+    Event,
+    MaterializeTaskAggregated,
+    MaterializeTaskResult,
+    PhaseStarted,
+)
 from benchwright.results import is_no_answer
 from benchwright.store.db import session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, utcnow
@@ -122,15 +129,15 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
     rows: list[dict[str, Any]] = []
     for e in events:
         d = e.data
-        if e.type == "PhaseStarted":
+        if e.type == PhaseStarted.type_name():
             run_updates["phase"] = d["phase"]
-        elif e.type == "DatasetTasksArtifact":
+        elif e.type == DatasetTasksArtifact.type_name():
             run_updates["tasks_total"] = d["count"]
-        elif e.type == "MaterializeTaskResult":
+        elif e.type == MaterializeTaskResult.type_name():
             trials.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
                            "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
                            "error": d.get("error"), "input": d.get("input")})
-        elif e.type == "MaterializeTaskAggregated":
+        elif e.type == MaterializeTaskAggregated.type_name():
             rows.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"],
                          "outcome": d["outcome"], "score": d["score"], "trial_scores": d["trial_scores"]})
     if trials:

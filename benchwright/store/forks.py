@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
+from benchwright.events import PhaseStarted
 from benchwright.forks import LoggedEvent
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
@@ -29,7 +30,7 @@ def read_until_phase(engine: Engine, run_id: str, *, phase: str) -> list[LoggedE
                 .order_by(col(EventRow.seq)).limit(_PAGE)).all())
             for seq, type_, data in rows:
                 out.append(LoggedEvent(seq=seq, type=type_, data=data))
-                if type_ == "PhaseStarted" and data.get("phase") == phase:
+                if type_ == PhaseStarted.type_name() and data.get("phase") == phase:
                     return out
             if len(rows) < _PAGE:
                 return out

@@ -19,6 +19,7 @@ from benchwright.registry.catalog import check_can_be_public
 from benchwright.registry.shape import stamp_terminal
 from benchwright.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.schemas import (
+    AgentStepView,
     CostView,
     ForkOrigin,
     LaunchRequest,
@@ -39,7 +40,7 @@ from benchwright.status import display_status
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
-from benchwright.store.models import Run, RunFork, TaskRow, TrialResult, utcnow
+from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, utcnow
 
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
@@ -274,6 +275,7 @@ def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
             select(TrialResult).where(TrialResult.run_id == run_id, TrialResult.invocation == invocation,
                                       TrialResult.index == index).order_by(TrialResult.trial)
         ).scalars())
+        agent = _agent_steps(session, run_id, invocation, index) if row is not None else []
     if row is None:
         raise NotFound(f"task {index} of run {run_id} has no settled result")
     detail = _row_view(row, trials[0].output, trials[0].meta, trials[0].input) if trials else _row_view(row, None)
@@ -281,7 +283,26 @@ def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
         TrialView(trial=t.trial, score=t.score, outcome=t.outcome, output=t.output, meta=t.meta, error=t.error,
                   input=t.input)
         for t in trials
-    ])
+    ], agent=agent)
+
+
+MAX_AGENT_STEPS = 1000
+
+
+def _agent_steps(session: Session, run_id: str, invocation: int, index: int) -> list[AgentStepView]:
+    """A product run's agent steps on one task, from the latest attempt that logged any: a range scan of the
+    events' unique idempotency keys (``<run>:materialize:<invocation>:<index>:agent:<attempt>:<what>``, written by
+    ``activities.product``), so a task's steps cost an index lookup, not a scan of the run's log."""
+    prefix = event_key(run_id, "materialize", invocation, index, "agent") + ":"
+    rows = list(session.execute(
+        select(EventRow.seq, EventRow.type, EventRow.data, EventRow.idem_key)
+        .where(EventRow.run_id == run_id, EventRow.idem_key >= prefix, EventRow.idem_key < prefix + "\uffff")
+        .order_by(EventRow.seq).limit(MAX_AGENT_STEPS)).all())
+    rows = [r for r in rows if r[3].startswith(prefix)]  # a locale collation may order the range differently
+    attempts = {key[len(prefix):].split(":", 1)[0] for _, _, _, key in rows}
+    latest = max(attempts, key=lambda a: int(a) if a.isdigit() else 0, default=None)
+    return [AgentStepView(seq=seq, type=kind, data=data) for seq, kind, data, key in rows
+            if key[len(prefix):].split(":", 1)[0] == latest]
 
 
 def set_visibility(engine: Engine, *, run_id: str, account_id: str, visibility: str) -> None:

@@ -51,3 +51,32 @@ async def poll_all(http: httpx.AsyncClient, run_id: str, page: int = 7) -> list[
         if not body["events"]:
             return out
         after = body["next_after"]
+
+
+async def record_history(stack: Any, workflow_id: str, name: str) -> None:
+    """``BW_RECORD_HISTORIES=1`` saves the workflow's history for tests/replay (recorded once, committed), its
+    payloads decoded with the stack's codec (the saved histories replay with the plain converter)."""
+    import json
+    import os
+    from pathlib import Path
+
+    if os.environ.get("BW_RECORD_HISTORIES") != "1":
+        return
+    handle = stack.client.get_workflow_handle(workflow_id)
+    await handle.result()
+    history = json.loads((await handle.fetch_history()).to_json())
+    path = Path(__file__).resolve().parents[1] / "replay" / "histories" / name
+    path.write_text(json.dumps(_decoded(stack.client.data_converter.payload_codec, history), indent=2))
+
+
+def _decoded(codec: Any, node: Any) -> Any:
+    from google.protobuf.json_format import MessageToDict, ParseDict
+    from temporalio.api.common.v1 import Payload
+
+    if isinstance(node, list):
+        return [_decoded(codec, x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if set(node) == {"metadata", "data"} and isinstance(node["metadata"], dict):
+        return MessageToDict(codec.decode_one(ParseDict(node, Payload())))
+    return {k: _decoded(codec, v) for k, v in node.items()}

@@ -16,7 +16,7 @@ import pytest
 from api.main import create_app
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
-from tests.api.helpers import launch, poll_all, wait_terminal
+from tests.api.helpers import launch, poll_all, record_history, wait_terminal
 from tests.api.test_scale import _dataset, _live_sandboxes
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app, start_worker_process
 
@@ -170,6 +170,7 @@ async def test_stop_during_materialize_lands_within_2s_and_leaves_no_process(
     assert 20 <= settled(final) < 300, "partial results are kept"
     assert again.status_code == 409 and again.json()["error"]["code"] == "already_finished"
     assert await _live_sandboxes(stack, run["id"]) == []
+    await record_history(stack, run["id"], "run_stopped_during_materialize.json")
 
 
 async def _task_outcomes(http: httpx.AsyncClient, run_id: str) -> list[tuple[int, str, float | None]]:

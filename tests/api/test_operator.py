@@ -17,7 +17,7 @@ import pytest_asyncio
 from benchwright.devmodel import DevModelConfig, is_answered_correctly
 from benchwright.operator.sizing import tasks_for_paired_halfwidth
 from benchwright.stats import mcnemar_exact
-from tests.api.helpers import launch, wait_terminal
+from tests.api.helpers import launch, record_history, wait_terminal
 from tests.conftest import DevModels, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -130,6 +130,29 @@ async def test_equal_models_are_no_significant_difference_with_the_needed_size(s
     assert answer["unestablished"] == [
         f"the difference is not significant at {N} tasks (p = {answer['comparisons'][0]['p_value']:.3g} > 0.05); "
         f"{needed:,} tasks would be needed for ±2 points"]
+
+
+async def test_an_inconclusive_better_extends_within_its_budget(stack: Stack, fx: Fixture) -> None:
+    first = 40
+    left, right = _correct(fx, "same1"), _correct(fx, "same2")
+    head = set(range(first))
+    assert mcnemar_exact(b=len((left - right) & head), c=len((right - left) & head)) > 0.05, "fixture: inconclusive"
+    async with stack.http() as http:
+        started = await _session(http, {"question": "better", "dataset": fx.dataset, "tasks": first,
+                                        "baseline": _model(fx, "same1"), "candidate": _model(fx, "same2")}, runs=4)
+        done = await _answered(http, started["id"])
+        events = await _events(http, started["id"])
+        totals = [(await http.get(f"/v1/runs/{r}")).json()["tasks"]["summary"]["total"] for r in done["runs"]]
+    assert totals == [first, first, N, N], totals  # the larger runs hold all the dataset has
+    [ext] = [e["data"] for e in events if e["type"] == "OperatorDecision" and e["data"]["action"] == "extend"]
+    assert ext["reason"].startswith(f"the difference is not significant at {first} tasks"), ext
+    assert [x["label"] for x in ext["evidence"]["launches"]] == ["baseline (extended)", "candidate (extended)"]
+    answer = done["answer"]
+    assert [e["label"] for e in answer["evidence"]] == ["baseline (extended)", "candidate (extended)"]
+    assert answer["comparisons"][0]["compared"] == N
+    assert answer["comparisons"][0]["p_value"] == pytest.approx(mcnemar_exact(b=len(left - right),
+                                                                              c=len(right - left)))
+    await record_history(stack, f"operator-{started['id']}", "operator_builtin_extended.json")
 
 
 async def test_cheapest_above_the_bar(stack: Stack, fx: Fixture) -> None:
@@ -285,8 +308,11 @@ async def test_stop_ends_the_session_with_what_it_read(stack: Stack, fx: Fixture
         await _until_session(http, sid, lambda s: len(s["runs"]) == 1)
         assert (await http.post(f"/v1/operator/sessions/{sid}/stop")).status_code == 202
         done = await _answered(http, sid)
+        run = (await http.get(f"/v1/runs/{done['runs'][0]}", params={"wait_s": 30})).json()
     assert done["status"] == "stopped" and done["answer"]["outcome"] == "stopped", done
     assert len(done["runs"]) == 1
+    assert run["halted"] and f"operator session {sid} was stopped" in (run["halt_reason"] or ""), run
+    await record_history(stack, f"operator-{sid}", "operator_builtin_stopped.json")
 
 
 async def test_a_killed_worker_loses_nothing_and_launches_no_run_twice(stack: Stack, fx: Fixture,

@@ -208,7 +208,7 @@ async def test_a_stalled_stream_neither_grows_memory_nor_holds_up_the_others(
     async with _api(stack) as (app, http):
         hub = app.state.bw.sse = SseHub(app.state.bw.engine, buffer_bytes=16 << 10, block_bytes=2 << 10)
         run_id = await _live_run(stack, dev_models, http, tmp_path, tasks=600)
-        stalled = hub.stream(run_id=run_id, after=-1, finished=False)
+        stalled = hub.stream(log_id=run_id, after=-1, finished=False)
         received = [await anext(stalled)]  # joined the run's feed, then stalls
         others = [asyncio.create_task(_read_stream(http, run_id)) for _ in range(10)]
         peak = 0
@@ -242,5 +242,34 @@ async def test_a_failing_store_read_ends_the_streams_and_drops_the_feed(tmp_path
     hub = SseHub(make_engine(f"sqlite:///{tmp_path / 'empty.db'}"), poll_s=0.01)
     for _ in range(2):
         with pytest.raises(Unavailable, match="the event feed of run r1 failed"):
-            await anext(hub.stream(run_id="r1", after=-1, finished=False))
+            await anext(hub.stream(log_id="r1", after=-1, finished=False))
         assert hub.feed("r1") is None
+
+
+async def test_a_session_that_ended_without_its_terminal_event_sends_its_log_and_closes(tmp_path: Path) -> None:
+    """The session hub (SESSION_LOG): a session whose workflow could not start is ``failed`` with no SessionAnswered;
+    its stream sends what the log holds and closes, instead of waiting for an event that never comes."""
+    from api.sse import SESSION_LOG
+    from benchwright.operator.goals import SessionCreate
+    from benchwright.operator.store import create_session, set_status
+    from benchwright.store.accounts import create_account
+    from benchwright.store.db import migrate
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'sessions.db'}")
+    migrate(engine)
+    account, _ = create_account(engine, name="watcher")
+    create_session(engine, session_id="s1", account_id=account.id, req=SessionCreate.model_validate(
+        {"goal": {"question": "regressed", "reference_run": "r0"}}))
+    set_status(engine, session_id="s1", status="failed")
+    hub = SseHub(engine, log=SESSION_LOG, poll_s=0.01, keepalive_s=0.05)
+
+    async def whole(after: int) -> list[bytes]:  # a stream that never closes fails here rather than hanging
+        return await asyncio.wait_for(_collect(hub.stream(log_id="s1", after=after, finished=True)), 60)
+
+    assert b"".join(await whole(-1)).startswith(b"id: 0\nevent: SessionStarted\ndata: ")
+    assert await whole(0) == []
+    assert hub.feed("s1") is None
+
+
+async def _collect(stream: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in stream]

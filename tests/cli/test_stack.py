@@ -127,10 +127,20 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
             await backend.kill(box.sandbox_id)
             await backend.close()
         assert restored == (data_dir / "runs" / run_id / "work" / "task_impl.py").read_bytes()
+        from temporalio.api.enums.v1 import EventType
         from temporalio.client import Client as TemporalClient
 
         temporal = await TemporalClient.connect(dev2["temporal_address"])
-        desc = await temporal.get_workflow_handle(run_id).describe()
+        handle = temporal.get_workflow_handle(run_id)
+        # The run was terminal (`ok`) before the stop; its report (an output event after the terminal one) may have
+        # been cut short by the stop, and the restarted worker finishes it: the workflow then completes.
+        async def closed() -> None:  # a long poll on the history (its payloads are encrypted: no codec needed here)
+            async for event in handle.fetch_history_events(wait_new_event=True):
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+                    return
+
+        await asyncio.wait_for(closed(), timeout=120)
+        desc = await handle.describe()
         assert desc.status is not None and desc.status.name == "COMPLETED"
         # Temporal's file store runs in WAL mode (a rollback journal cost ~4 ms of fsync per workflow task).
         import sqlite3

@@ -25,6 +25,7 @@ from benchwright.crypto import (
 from benchwright.payload_codec import ENCODING, EncryptionCodec, codec_json, data_converter
 from benchwright.settings import Settings
 from worker import PASSTHROUGH
+from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
@@ -133,7 +134,7 @@ async def test_failures_are_encrypted_too() -> None:
 @ASYNC
 @pytest.mark.parametrize("name", sorted(p.name for p in HISTORIES.glob("*.json")))
 async def test_histories_recorded_without_encryption_replay_on_an_encrypting_worker(name: str) -> None:
-    replayer = Replayer(workflows=[RunWorkflow, RegressionWorkflow],
+    replayer = Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
                         data_converter=data_converter(Keyring([_key()], source="test")),
                         workflow_runner=SandboxedWorkflowRunner(
                             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))

@@ -200,9 +200,11 @@ class FaultStack:
 
 
 async def start_stack(work: Path, *, model_hosts: list[str], database_url: str | None = None,
-                      temporal_extra: tuple[str, ...] = (), **settings_env: str) -> FaultStack:
+                      temporal_extra: tuple[str, ...] = (), dataset_hosts: tuple[str, ...] = (),
+                      **settings_env: str) -> FaultStack:
     """Temporal, a worker process and the API on ``work`` (the data directory is ``work/data``, which the caller
-    may have mounted)."""
+    may have mounted). ``dataset_hosts``: loopback ``host:port`` dataset servers the operator allows
+    (``egress_internal_allowed``)."""
     temporal = TemporalDev(work, extra=temporal_extra)
     await temporal.start()
     data_dir = work / "data"
@@ -212,10 +214,12 @@ async def start_stack(work: Path, *, model_hosts: list[str], database_url: str |
            "BENCHWRIGHT_MODEL_INTERNAL_ALLOWED": json.dumps(model_hosts), "BENCHWRIGHT_PROXY_LINGER_S": "2",
            "BENCHWRIGHT_DEFAULT_ATTEMPT_DURATION_S": "30", "PYTHONPATH": str(ROOT),
            **({"BENCHWRIGHT_DATABASE_URL": database_url} if database_url else {}),
+           **({"BENCHWRIGHT_EGRESS_INTERNAL_ALLOWED": json.dumps(list(dataset_hosts))} if dataset_hosts else {}),
            **{f"BENCHWRIGHT_{k.upper()}": v for k, v in settings_env.items()}}
     settings = Settings(data_dir=data_dir, task_queue=env["BENCHWRIGHT_TASK_QUEUE"], allow_local_paths=True,
                         temporal_address=temporal.address, database_url=database_url,
                         model_internal_allowed=list(model_hosts), proxy_linger_s=2.0,
+                        egress_internal_allowed=list(dataset_hosts),
                         **{k: v for k, v in settings_env.items()})  # type: ignore[arg-type]
     engine = make_engine(settings.resolved_database_url())
     migrate(engine)

@@ -44,11 +44,19 @@ def test_benchwright_is_the_default_and_takes_no_harness_config() -> None:
     assert _refused(dataset="x.jsonl", harness_config={"task": "t"}).code == "invalid_harness_config"
 
 
-@pytest.mark.parametrize("name", ["lighteval", "harbor"])
-def test_named_but_unbuilt_harnesses_are_not_supported_yet(name: str) -> None:
-    err = _refused(harness=name, harness_config={"task": "t"})
-    assert err.code == "harness_not_supported"
-    assert "not supported yet" in str(err) and "inspect" in str(err) and "lmeval" in str(err)
+def test_lighteval_needs_one_task_spec_and_harbor_a_relative_task_path() -> None:
+    assert check_harness(_launch(harness="lighteval", harness_config={"task_file": "x", "task_name": "qa|0"}))
+    assert "task_name must name" in str(_refused(harness="lighteval", harness_config={"task_file": "x"}))
+    assert "one 'name'" in str(_refused(harness="lighteval", harness_config={"task": "a|b|c|d"}))
+    assert "not lighteval options" in str(_refused(harness="lighteval", harness_config={"task": "qa", "epochs": 2}))
+    assert check_harness(_launch(harness="harbor", harness_config={"path": "bundled/demo", "agent": "nop",
+                                                                   "epochs": 2}))
+    for path in ("/etc", "../x", "a/../../b", "bundled/./demo", ""):
+        err = _refused(harness="harbor", harness_config={"path": path})
+        assert err.code == "invalid_harness_config" and "path" in str(err), path
+    err = _refused(harness="harbor", harness_config={"path": "bundled/demo", "agent": "terminus-2"})
+    assert err.code == "harness_not_supported" and "oracle, nop" in str(err)
+    assert "not harbor options" in str(_refused(harness="harbor", harness_config={"path": "p", "task": "t"}))
 
 
 def test_a_typo_is_refused_with_a_suggestion_never_a_fallback() -> None:

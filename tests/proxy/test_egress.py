@@ -8,6 +8,7 @@ policy here allows ``localhost`` and blocks everything else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -789,3 +790,177 @@ async def test_internal_addresses_are_refused_whatever_the_policy_says() -> None
     assert refused.status_code == 403 and "internal address" in refused.text
     assert metadata.status_code == 403
     assert {e["host"] for e in log.entries()} == {"localhost", "169.254.169.254"}
+
+
+# ------------------------------------------------------------------------------------------------ hostile input
+
+
+@dataclass
+class RawTarget:
+    """A target that records every byte a connection sends until EOF and answers ``answer`` after the head
+    (nothing if None, so the proxy sees the connection close unanswered)."""
+
+    answer: bytes | None = None
+    received: bytearray = field(default_factory=bytearray)
+    port: int = 0
+    _server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> RawTarget:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if self.answer is not None:
+                self.received += await reader.readuntil(b"\r\n\r\n")
+                writer.write(self.answer)
+                await writer.drain()
+            else:
+                while data := await reader.read(65536):
+                    self.received += data
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"zz\r\nabc\r\n0\r\n\r\n", b"ffffffffffffffffff\r\n", b"-1\r\nabc\r\n", b"3\r\nabcXX\r\n0\r\n\r\n",
+     b"3\r\nabc\r\n0\r\nX-T: " + b"a" * 100_000 + b"\r\n\r\n"],
+    ids=["not hex", "overflow", "negative", "no CRLF after data", "endless trailer"],
+)
+async def test_bad_chunked_request_bodies_end_the_exchange_and_never_reach_the_target(env: Env, body: bytes) -> None:
+    async with RawTarget() as target:
+        head = get(f"http://localhost:{target.port}/", "Transfer-Encoding: chunked", method="POST")
+        response = await exchange(env.connect, head + body)
+    assert response.status == 502  # the proxy abandoned the upstream request, so the target never answered
+    forwarded = bytes(target.received)
+    assert forwarded.startswith(b"POST / HTTP/1.1\r\n")
+    assert b"zz" not in forwarded and b"ffff" not in forwarded and b"XX" not in forwarded and b"-1" not in forwarded
+    assert len(forwarded) < 10_000  # not the endless trailer either
+
+
+@pytest.mark.parametrize(
+    "framing",
+    ["Content-Length: +5", "Content-Length: 5 5", "Content-Length: 0x5", "Content-Length: 99999999999999999999",
+     "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity", "Transfer-Encoding: identity"],
+)
+async def test_ambiguous_request_framing_is_refused_before_the_target(env: Env, origin: Origin, framing: str) -> None:
+    response = await exchange(env.connect, get(f"http://localhost:{origin.port}/", framing, method="POST") + b"hello")
+    assert response.status == 400 and response.headers["connection"] == "close"
+    assert origin.requests == []
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"GET http://localhost/ HTTP/1.1\r\nX-A: a\x00b\r\n\r\n", b"GET http://localhost/a b HTTP/1.1\r\n\r\n",
+     b"GET http://localhost/ HTTP/1.1\r\nX-A: a\r\n\tX-Injected: b\r\n\r\n", b"GET http://localhost/\r\n\r\n",
+     b"GET http://localhost/ HTTP/1.1\r\nX A: b\r\n\r\n"],
+    ids=["NUL in value", "space in target", "folded continuation", "no version", "space in name"],
+)
+async def test_header_injection_attempts_are_refused(env: Env, request_bytes: bytes) -> None:
+    response = await exchange(env.connect, request_bytes)
+    assert response.status == 400 and response.headers["connection"] == "close"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"HTTP/1.1 200 OK\r\nX-Evil: a\rSet-Cookie: b\r\nContent-Length: 0\r\n\r\n",
+     b"HTTP/1.1 200 OK\r\nX-Big: " + b"v" * 300_000 + b"\r\nContent-Length: 0\r\n\r\n",
+     b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"],
+    ids=["CR in a response header", "oversized response head", "conflicting lengths"],
+)
+async def test_hostile_target_answers_are_not_relayed(env: Env, answer: bytes) -> None:
+    async with RawTarget(answer) as target:
+        response = await exchange(env.connect, get(f"http://localhost:{target.port}/"))
+    assert response.status == 502
+    assert "set-cookie" not in response.headers and "x-big" not in response.headers
+
+
+async def test_an_oversized_request_line_gets_431(env: Env, origin: Origin) -> None:
+    response = await exchange(env.connect, get(f"http://localhost:{origin.port}/{'a' * 100_000}"))
+    assert response.status == 431
+    assert origin.requests == []
+
+
+async def test_a_trickled_head_is_cut_off_by_the_header_timeout() -> None:
+    """Slowloris: bytes keep arriving (so the idle watchdog never fires) but the head never completes."""
+    proxy = EgressProxy(allow_internal=True, policy_provider=HostPolicy, recorder=InMemoryBlockedLog(),
+                        header_timeout_s=0.5)
+    await proxy.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            writer.write(b"GET http://localhost/ HTTP/1.1\r\nX-Slow: ")
+            while True:
+                writer.write(b"x")
+                await writer.drain()
+                await asyncio.sleep(0.02)  # the slow client's pace, not synchronisation
+
+    trickler = asyncio.create_task(trickle())
+    try:
+        response = await asyncio.wait_for(read_response(reader), 5)
+        assert response.status == 408
+    finally:
+        trickler.cancel()
+        writer.close()
+        await proxy.stop()
+
+
+async def test_pipelined_requests_are_answered_in_order(env: Env, origin: Origin) -> None:
+    url = f"http://localhost:{origin.port}"
+    pipelined = (
+        f"POST {url}/one HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello".encode()
+        + f"POST {url}/two HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2;e=1\r\nhi\r\n0\r\n\r\n".encode()
+        + f"GET {url}/three HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    )
+    reader, writer = await env.connect()
+    try:
+        writer.write(pipelined)
+        answers = [await asyncio.wait_for(read_response(reader), 5) for _ in range(3)]
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+    finally:
+        writer.close()
+    assert [(a.status, a.json()["target"], a.json()["body"]) for a in answers] == [
+        (200, "/one", "hello"), (200, "/two", "hi"), (200, "/three", "")
+    ]
+
+
+async def test_an_upgrade_request_is_forwarded_plain_and_the_connection_stays_usable(env: Env, origin: Origin) -> None:
+    url = f"http://localhost:{origin.port}"
+    reader, writer = await env.connect()
+    try:
+        writer.write(f"GET {url}/a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n".encode())
+        first = await asyncio.wait_for(read_response(reader), 5)
+        writer.write(f"GET {url}/b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        second = await asyncio.wait_for(read_response(reader), 5)
+    finally:
+        writer.close()
+    assert (first.status, second.status) == (200, 200)
+    assert [r["target"] for r in origin.requests] == ["/a", "/b"]
+    assert all(name.lower() != "upgrade" for name, _ in origin.requests[0]["headers"])
+
+
+async def test_an_upgrade_request_with_a_body_forwards_the_body(env: Env, origin: Origin) -> None:
+    url = f"http://localhost:{origin.port}"
+    reader, writer = await env.connect()
+    try:
+        writer.write(f"POST {url}/a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+                     "Content-Length: 5\r\n\r\nhello".encode()
+                     + f"POST {url}/b HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+                     "Upgrade: h2c\r\n\r\n2\r\nhi\r\n0\r\n\r\n".encode())
+        first = await asyncio.wait_for(read_response(reader), 5)
+        second = await asyncio.wait_for(read_response(reader), 5)
+    finally:
+        writer.close()
+    assert [(first.json()["target"], first.json()["body"]), (second.json()["target"], second.json()["body"])] == [
+        ("/a", "hello"), ("/b", "hi")
+    ]

@@ -17,8 +17,26 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   that replayed and compared, one whose start_replay was refused (the balance was exhausted) and so failed.
 - ``regression_firing_ok_with_outcomes.json`` and ``regression_firing_launch_refused.json``: the same two firings
   recorded with the patch (the second refused for local paths and completed as ``launch_refused``).
+- ``product_run.json``: a product-sandbox run of the bundled recipe (issue 27): Find/Fetch/Analyze/Atomize
+  skipped by the plan, Setup (probe, setup commands, generated impl), Attach, one fanout Materialize batch of 22
+  task sandboxes. No workflow change was needed for it; it guards the shape from here on.
 - ``run_with_report.json``: a run that writes its narration and report after its terminal event (issue 26,
   ``patched("run-report")``: the ``report_run`` activity); every older history above replays without it.
+- ``run_phase_heartbeat_retry.json``: phase activities scheduled with a heartbeat timeout (issue 23,
+  ``patched("phase-heartbeat")``), recorded by tests/faults/test_phase_worker_kill.py: the worker holding Fetch was
+  SIGKILLed and Fetch's second attempt followed a heartbeat timeout. Temporal's replay does not compare an
+  activity's timeouts, so the test below checks which branch each history takes instead.
+- ``operator_llm_session.json``: an LLM operator session (issue 26, ``patched("operator-llm")``): model turns,
+  tool calls (two launches, a replay, three waits) and the answer, recorded by ``tests/api/test_operator_llm.py``.
+- ``operator_builtin_stopped.json``: a builtin session stopped while it waited on its first run: the run is stopped
+  by the session (``patched("operator-stop-halts-runs")``: the ``operator_halt_runs`` activity) before the answer.
+- ``operator_builtin_extended.json``: a builtin ``better`` session whose first comparison (40 tasks) was
+  inconclusive, extended to two larger runs (``patched("operator-extend")``: the ``operator_extend`` activity).
+- ``run_stopped_during_materialize.json``: a run stopped mid-Materialize (tests/api/test_control.py): its teardown
+  waits for the halt row's write (``patched("halt-written-before-teardown")``) before ``finish_halted``.
+
+test_patch_histories.py checks that every patch in workflows/*.py has a history here with it on and one from
+before it (or an allow-listed reason why not).
 """
 
 from __future__ import annotations
@@ -32,6 +50,7 @@ from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from worker import PASSTHROUGH
+from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
 
@@ -40,7 +59,8 @@ HISTORIES = Path(__file__).with_name("histories")
 
 
 def _replayer() -> Replayer:
-    return Replayer(workflows=[RunWorkflow, RegressionWorkflow], data_converter=pydantic_data_converter,
+    return Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
+                    data_converter=pydantic_data_converter,
                     workflow_runner=SandboxedWorkflowRunner(
                         restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
 
@@ -71,6 +91,47 @@ async def test_the_report_is_recorded_behind_its_patch(monkeypatch: pytest.Monke
     real = workflow.patched
     monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "run-report" else real(patch_id))
     name = "run_with_report.json"
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+@pytest.mark.parametrize(("name", "heartbeat"), [("run_with_report.json", False),
+                                                  ("run_phase_heartbeat_retry.json", True)])
+async def test_phase_heartbeat_branch_follows_the_history(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                          heartbeat: bool) -> None:
+    """Histories from before ``phase-heartbeat`` replay with its branch off (phases scheduled as they were), the one
+    recorded with it replays with it on."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    seen: set[bool] = set()
+
+    def spy(patch_id: str) -> bool:
+        answer = real(patch_id)
+        if patch_id == "phase-heartbeat":
+            seen.add(answer)
+        return answer
+
+    monkeypatch.setattr(workflow, "patched", spy)
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+    assert seen == {heartbeat}
+
+
+@pytest.mark.parametrize(("name", "patch"), [("operator_llm_session.json", "operator-llm"),
+                                             ("operator_builtin_stopped.json", "operator-stop-halts-runs"),
+                                             ("operator_builtin_extended.json", "operator-extend")])
+async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                      patch: str) -> None:
+    """Without ``operator-llm`` the session would take the builtin path (its recorded turns no longer match);
+    without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs; without
+    ``operator-extend`` an inconclusive ``better`` would answer at once."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == patch else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

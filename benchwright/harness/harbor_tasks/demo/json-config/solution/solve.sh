@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+printf '{"name": "benchwright", "retries": 3}\n' > /app/config.json

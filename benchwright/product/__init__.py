@@ -1,0 +1,1 @@
+"""Product-sandbox runs: Benchwright-built environment benchmarks (recipes) worked by a tool-using agent."""
