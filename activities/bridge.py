@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -31,12 +32,15 @@ from benchwright.events import HarnessLogArtifact, HarnessTaskArtifact
 from benchwright.fingerprint import sha256_hex
 from benchwright.harness.artifacts import store_artifact
 from benchwright.harness.bridge import CONFIG, SCRIPT, BridgeFailed, BridgeRecorder, plan_bridge
-from benchwright.harness.config import HarnessConfig, check_harness, sample_limit
+from benchwright.harness.config import HARBOR_MODEL_AGENTS, HarnessConfig, check_harness, sample_limit
 from benchwright.harness.harbor import (
+    HARBOR_AGENT_KWARGS,
     TASKS_DIR,
     EnvPlan,
     TaskEnvBroker,
     environment_plans,
+    harbor_model_env,
+    harbor_model_name,
     resolve_task_set,
     task_files,
 )
@@ -88,7 +92,7 @@ async def bridge_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient
     limit = sample_limit(config, RunLimits.model_validate(run.limits or {}))
     if launch.harness == "harbor":
         return await _harbor_batch(deps, inp=inp, config=config, runtime=runtime, root=root, recorder=recorder,
-                                   limit=limit, done=done)
+                                   limit=limit, done=done, relay=relay, model=launch.model.identifier)
     async with relay as endpoint, sandbox(
             deps, run_id=inp.run_id, role="work", key=("materialize", inp.invocation, "bridge"),
             restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset({("127.0.0.1", endpoint.port)}),
@@ -142,8 +146,10 @@ async def _run_harness(box: Sandbox, *, runtime: Path, env: dict[str, str], boun
 
 
 async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: HarnessConfig, runtime: Path, root: Path,
-                        recorder: BridgeRecorder, limit: int | None, done: list[int]) -> MaterializeBatchResult:
-    """harbor in a ``harbor_orchestrator`` sandbox, each trial's environment a ``harbor_task_env`` sandbox.
+                        recorder: BridgeRecorder, limit: int | None, done: list[int], relay: Relay,
+                        model: str) -> MaterializeBatchResult:
+    """harbor in a ``harbor_orchestrator`` sandbox, each trial's environment a ``harbor_task_env`` sandbox; a
+    model-driven agent (``terminus-2``) runs in harbor's process and reaches the model only through ``relay``.
 
     Raises:
         InvalidInput: the task set cannot be found or one of its environments cannot be mapped (before harbor runs).
@@ -161,17 +167,29 @@ async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: Harne
                        metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
                        backend_options={ROOT_LINKS_KEY: plan.root_links})
 
+    agent = config.agent or "oracle"
+    uses_model = agent in HARBOR_MODEL_AGENTS
     broker = TaskEnvBroker(plans, open_env, tasks_root=TASKS_DIR,
-                           max_opened=2 * len(tasks.tasks) * inp.trials.plan.k)
-    async with broker as (url, key, port), sandbox(
+                           max_opened=2 * len(tasks.tasks) * inp.trials.plan.k, terminal=uses_model)
+    async with contextlib.AsyncExitStack() as stack:
+        url, key, port = await stack.enter_async_context(broker)
+        allowed = {("127.0.0.1", port)}
+        model_env: dict[str, str] = {}
+        if uses_model:
+            endpoint = await stack.enter_async_context(relay)
+            allowed.add(("127.0.0.1", endpoint.port))
+            model_env = harbor_model_env(endpoint)
+        box = await stack.enter_async_context(sandbox(
             deps, run_id=inp.run_id, role="harbor_orchestrator", key=("materialize", inp.invocation, "harbor"),
-            restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset({("127.0.0.1", port)}),
-            metadata={"harness": "harbor"}, ro_paths=ro_paths) as box:
+            restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset(allowed),
+            metadata={"harness": "harbor"}, ro_paths=ro_paths))
         broker.tasks_root = f"{box.home}/{TASKS_DIR}"
         for name, data in files.items():
             await put_file(box, f"{TASKS_DIR}/{name}", data)
         names = [t.relative_to(tasks.root).as_posix() if t != tasks.root else t.name for t in tasks.tasks]
-        settings = {"tasks": [f"{box.home}/{TASKS_DIR}/{n}" for n in names], "agent": config.agent or "oracle",
+        settings = {"tasks": [f"{box.home}/{TASKS_DIR}/{n}" for n in names], "agent": agent,
+                    "model": harbor_model_name(model) if uses_model else None,
+                    "agent_kwargs": HARBOR_AGENT_KWARGS.get(agent, {}),
                     "attempts": inp.trials.plan.k, "limit": limit, "done": done, "jobs_dir": f"{box.home}/bw_jobs",
                     "job_name": "benchwright", "concurrency": max(1, min(inp.concurrency, 4))}
         await put_file(box, SCRIPT, resources.files("benchwright.harness").joinpath(
@@ -182,7 +200,7 @@ async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: Harne
         env = {"BW_HARBOR_ENV_URL": url, "BW_HARBOR_ENV_KEY": key, "HARBOR_TELEMETRY": "off", "DO_NOT_TRACK": "1",
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "HOME": box.home,
                "XDG_CACHE_HOME": f"{box.home}/.bw_cache", "XDG_CONFIG_HOME": f"{box.home}/.bw_config",
-               "XDG_DATA_HOME": f"{box.home}/.bw_data"}
+               "XDG_DATA_HOME": f"{box.home}/.bw_data", **model_env}
         await _run_harness(box, runtime=runtime, env=env, bound=deps.settings.materialize_batch_duration_s,
                            recorder=recorder, harness="harbor")
         await _keep_log(deps, box, inp=inp, harness="harbor", path=recorder.done_line.get("log")

@@ -33,8 +33,15 @@ BRIDGES: tuple[str, ...] = ("inspect", "lmeval", "lighteval", "harbor")
 NOT_YET: tuple[str, ...] = ()
 """Harnesses the spec names that this deployment cannot run yet (answered 400 ``harness_not_supported``)."""
 HARBOR_AGENTS = ("oracle", "nop")
-"""harbor agents that need no model. Its model-driven agents (``terminus-2``...) are refused until their calls can
-be pinned to the run's relay (their own LiteLLM client would need the relay's key and base URL)."""
+"""harbor agents that need no model."""
+HARBOR_MODEL_AGENTS = ("terminus-2",)
+"""harbor agents that run inside harbor's own process and call the model through LiteLLM: pointed at the run's
+relay (``OPENAI_BASE_URL``/``OPENAI_API_KEY`` = the relay's URL and per-batch key), never at a provider."""
+HARBOR_REFUSED = ("harbor's other agents are installed agents (claude-code, codex, aider, openhands, ...): each "
+                  "installs its own CLI into the task environment from the network (npm, pip, curl) and calls its "
+                  "provider from there, with the key handed to that environment, so its calls cannot be pinned to "
+                  "the run's relay and it cannot install offline")
+"""Why every harbor agent but ``oracle``, ``nop`` and ``terminus-2`` answers 400 (docs/harness.md)."""
 HARBOR_PATH = re.compile(r"^(?!/)(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9._/-]{1,300}$")
 """``harness_config.path`` of a harbor run: relative, no ``.``/``..`` segments; resolved under the bundled task sets
 (``bundled/<name>``) or the deployment's harbor task root, never elsewhere on the host."""
@@ -181,9 +188,10 @@ def _check_harbor(config: HarnessConfig) -> HarnessConfig:
                            "(bundled/<set>, or under the deployment's harbor task root), without '..'",
                            code="invalid_harness_config")
     agent = config.agent or "oracle"
-    if agent not in HARBOR_AGENTS:
-        raise InvalidInput(f"harbor agent {agent!r} is not supported here: only {', '.join(HARBOR_AGENTS)} (agents "
-                           "that need no model) run on a bridge so far", code="harness_not_supported")
+    if agent not in HARBOR_AGENTS + HARBOR_MODEL_AGENTS:
+        raise InvalidInput(f"harbor agent {agent!r} is not supported here: only "
+                           f"{', '.join(HARBOR_AGENTS + HARBOR_MODEL_AGENTS)} run on a bridge ({HARBOR_REFUSED})",
+                           code="harness_not_supported")
     return config
 
 

@@ -41,6 +41,7 @@ from starlette.routing import Route
 
 from benchwright.devstack import free_port
 from benchwright.errors import InvalidInput
+from benchwright.harness.relay import BridgeEndpoint
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox
 
@@ -277,6 +278,11 @@ class _Live:
     stack: AsyncExitStack
 
 
+TMUX_READY = ("for _ in $(seq 200); do [ -S \"${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/default\" ] && exit 0; sleep 0.05; "
+              "done; echo 'the task environment has no tmux server' >&2; exit 1")
+"""Waits (at most 10 s) for the task sandbox's tmux server to listen."""
+
+
 class TaskEnvBroker:
     """The worker-side end of ``bw_harbor_env``: ``async with TaskEnvBroker(plans, open_env) as (url, key)``.
 
@@ -285,7 +291,7 @@ class TaskEnvBroker:
     """
 
     def __init__(self, plans: dict[str, EnvPlan], open_env: OpenEnv, *, tasks_root: str,
-                 max_opened: int | None = None) -> None:
+                 max_opened: int | None = None, terminal: bool = False) -> None:
         self.plans = plans
         self.open_env = open_env
         self.tasks_root = tasks_root.rstrip("/")
@@ -295,6 +301,10 @@ class TaskEnvBroker:
         self.opened = 0
         self.max_opened = max_opened
         """At most this many task sandboxes over the batch (two per trial: its environment and a verifier's)."""
+        self.terminal = terminal
+        """Every task sandbox gets a tmux server of its own (``tmux -D``, a long-lived process of the sandbox), for
+        agents that drive a terminal (``terminus-2``): a command run by ``exec`` lives in a PID namespace of its own
+        that dies with it, so a ``tmux new-session -d`` would otherwise lose its server when the command returns."""
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
 
@@ -323,12 +333,28 @@ class TaskEnvBroker:
             dirs = " ".join(shlex.quote(f"{box.home}/{name}") for name in plan.root_links)
             await self._run(box, f"mkdir -p {dirs} {box.home}/logs/agent {box.home}/logs/verifier "
                                  f"{box.home}/logs/artifacts", plan=plan, cwd=box.home)
+            if self.terminal:
+                await self._tmux_server(box, plan, stack)
         except BaseException:
             await stack.aclose()
             raise
         env_id = secrets.token_hex(8)
         self.live[env_id] = _Live(box=box, plan=plan, stack=stack)
         return {"id": env_id, "workdir": plan.workdir}
+
+    async def _tmux_server(self, box: Sandbox, plan: EnvPlan, stack: AsyncExitStack) -> None:
+        env = box.scorer_env({"HOME": box.home, "TERM": "xterm-256color", "SHELL": "/bin/bash", **plan.env})
+        proc = await box.backend.spawn(box.info.sandbox_id, ["tmux", "-D"], env=env, limits=TASK_ENV_LIMITS)
+
+        async def stop() -> None:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+        stack.push_async_callback(stop)
+        ready = await self._run(box, TMUX_READY, plan=plan, cwd=box.home)
+        if ready["return_code"] != 0:
+            raise InvalidInput(f"the task environment's terminal did not start: {ready['stderr'][-500:]}")
 
     async def _run(self, box: Sandbox, command: str, *, plan: EnvPlan, cwd: str | None = None,
                    env: dict[str, str] | None = None, timeout: float | None = None,
@@ -447,3 +473,24 @@ class TaskEnvBroker:
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
+
+
+def harbor_model_name(model: str) -> str:
+    """The LiteLLM model a model-driven harbor agent is told: ``openai/<name>`` (an OpenAI-compatible endpoint, the
+    relay, which serves the run's model whatever it is called)."""
+    return "openai/" + (model.rsplit("/", 1)[-1] or "model")
+
+
+def harbor_model_env(endpoint: BridgeEndpoint) -> dict[str, str]:
+    """The orchestrator's model endpoint for a model-driven agent: the relay's URL and its per-batch key, in the
+    variables harbor's LiteLLM agents read (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``); never a provider key."""
+    return {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": endpoint.key, "OPENAI_API_BASE": endpoint.base_url}
+
+
+HARBOR_AGENT_KWARGS: dict[str, dict[str, Any]] = {
+    "terminus-2": {"record_terminal_session": False,
+                   "model_info": {"max_input_tokens": 128000, "max_output_tokens": 8192, "input_cost_per_token": 0.0,
+                                  "output_cost_per_token": 0.0}},
+}
+"""Agent options the bridge sets: no asciinema recording (it would install asciinema from the network), and the
+model's context size given, so LiteLLM never looks it up (the relay's model is unknown to LiteLLM's map)."""

@@ -251,6 +251,14 @@ def _setup_root(cfg: dict[str, Any]) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{dev}/{name}")
+    # A devpts instance of this sandbox's own (its ptys only, at most 64), for terminal programs (tmux, script);
+    # a kernel that refuses it leaves the sandbox without ptys, as before.
+    _mkdirs(dev + "/pts")
+    try:
+        mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0600,max=64")
+        os.symlink("pts/ptmx", f"{dev}/ptmx")
+    except OSError:
+        pass
 
     _mkdirs(root + "/proc")
     # This PID namespace's view only; hidepid=2 hides root's processes (the init) from the sandbox's uid.

@@ -13,7 +13,15 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 
-from benchwright.harness.harbor import EnvPlan, TaskEnvBroker, bundled_root, environment_plans, resolve_task_set
+from benchwright.harness.harbor import (
+    HARBOR_AGENT_KWARGS,
+    EnvPlan,
+    TaskEnvBroker,
+    bundled_root,
+    environment_plans,
+    harbor_model_name,
+    resolve_task_set,
+)
 from benchwright.harness.install import install, python_candidates, venv_dir
 from benchwright.sandbox.lifecycle import Sandbox
 from benchwright.sandbox.local import ROOT_LINKS_KEY, WORK_INSIDE, LocalBackend
@@ -39,9 +47,13 @@ def harbor_runtime(data_dir: Path) -> float:
     return took
 
 
-async def run_harbor_directly(workdir: Path, *, agent: str, attempts: int = 1) -> dict[str, list[float | None]]:
-    """``harbor run -p <bundled demo> -a <agent>``: task name -> its trials' rewards, from harbor's own results."""
-    tasks = resolve_task_set("bundled/demo", harness_dir=workdir)
+async def run_harbor_directly(workdir: Path, *, agent: str, attempts: int = 1, path: str = "bundled/demo",
+                              model_base_url: str | None = None) -> dict[str, list[float | None]]:
+    """``harbor run -p <bundled task set> -a <agent>``: task name -> its trials' rewards, from harbor's own results.
+
+    A model-driven agent (``terminus-2``) gets the bridge's model name and agent options and ``model_base_url``
+    (a keyless loopback double) as its ``OPENAI_BASE_URL``; its task environments get the bridge's tmux server."""
+    tasks = resolve_task_set(path, harness_dir=workdir)
     backend = LocalBackend(workdir / "sandboxes")
 
     @contextlib.asynccontextmanager
@@ -53,17 +65,24 @@ async def run_harbor_directly(workdir: Path, *, agent: str, attempts: int = 1) -
         finally:
             await backend.kill(info.sandbox_id)
 
-    broker = TaskEnvBroker(environment_plans(tasks), open_env, tasks_root=str(bundled_root() / "demo"))
+    broker = TaskEnvBroker(environment_plans(tasks), open_env, tasks_root=str(bundled_root() / "demo"),
+                           terminal=model_base_url is not None)
+    model_args: list[str] = []
+    model_env: dict[str, str] = {}
+    if model_base_url is not None:
+        model_args = ["-m", harbor_model_name("openai/dev"), *(
+            f"--ak={k}={json.dumps(v)}" for k, v in HARBOR_AGENT_KWARGS[agent].items())]
+        model_env = {"OPENAI_BASE_URL": model_base_url, "OPENAI_API_KEY": "none"}
     harbor = venv_dir(CACHE, "harbor") / "bin" / "harbor"
     try:
         async with broker as (url, key, _port):
             env = {**os.environ, "BW_HARBOR_ENV_URL": url, "BW_HARBOR_ENV_KEY": key, "HARBOR_TELEMETRY": "off",
                    "DO_NOT_TRACK": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1",
-                   "PYTHONPATH": str(SIDE), "HOME": str(workdir)}
+                   "PYTHONPATH": str(SIDE), "HOME": str(workdir), **model_env}
             proc = await asyncio.create_subprocess_exec(
                 str(harbor), "run", "-p", str(tasks.root), "-a", agent, "--env",
                 "bw_harbor_env:BenchwrightEnvironment", "-o", str(workdir / "jobs"), "--job-name", "direct",
-                "-k", str(attempts), "-n", "1", "--yes", cwd=workdir, env=env, stdout=asyncio.subprocess.PIPE,
+                "-k", str(attempts), "-n", "1", "--yes", *model_args, cwd=workdir, env=env, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT)
             out, _ = await proc.communicate()
             if proc.returncode != 0:

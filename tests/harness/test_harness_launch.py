@@ -54,8 +54,9 @@ def test_lighteval_needs_one_task_spec_and_harbor_a_relative_task_path() -> None
     for path in ("/etc", "../x", "a/../../b", "bundled/./demo", ""):
         err = _refused(harness="harbor", harness_config={"path": path})
         assert err.code == "invalid_harness_config" and "path" in str(err), path
-    err = _refused(harness="harbor", harness_config={"path": "bundled/demo", "agent": "terminus-2"})
-    assert err.code == "harness_not_supported" and "oracle, nop" in str(err)
+    assert check_harness(_launch(harness="harbor", harness_config={"path": "bundled/demo", "agent": "terminus-2"}))
+    err = _refused(harness="harbor", harness_config={"path": "bundled/demo", "agent": "claude-code"})
+    assert err.code == "harness_not_supported" and "oracle, nop, terminus-2" in str(err) and "relay" in str(err)
     assert "not harbor options" in str(_refused(harness="harbor", harness_config={"path": "p", "task": "t"}))
 
 

@@ -2,7 +2,8 @@
 worker). Same line protocol as ``inspect_bridge.py`` (``dataset``, ``sample``, ``done``).
 
 The job is harbor's own (``Job.create`` + ``run``): the tasks of ``bw_tasks/`` not yet recorded in full, the agent
-(``oracle`` or ``nop``), ``n_attempts`` = the run's trials, environments from ``bw_harbor_env:BenchwrightEnvironment``
+(``oracle``, ``nop``, or ``terminus-2`` with ``model`` = ``openai/<name>``: LiteLLM in this process, its endpoint
+the relay from ``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``n_attempts`` = the run's trials, environments from ``bw_harbor_env:BenchwrightEnvironment``
 (each trial's container is a Benchwright task sandbox). Every trial harbor ends is one ``sample`` line as harbor's
 END hook sees it: index = the task's position in the sorted task list, epoch = the how-many-th attempt of that task
 ended so far, score = harbor's reward (``reward``, else the first reward, clamped to [0, 1]); a trial harbor ended
@@ -79,7 +80,8 @@ async def main() -> int:
         return 0
     config = JobConfig(job_name=CONFIG["job_name"], jobs_dir=CONFIG["jobs_dir"], n_attempts=CONFIG["attempts"],
                        n_concurrent_trials=CONFIG.get("concurrency") or 1, quiet=True,
-                       agents=[AgentConfig(name=CONFIG["agent"])],
+                       agents=[AgentConfig(name=CONFIG["agent"], model_name=CONFIG.get("model"),
+                                           kwargs=CONFIG.get("agent_kwargs") or {})],
                        environment=EnvironmentConfig(import_path="bw_harbor_env:BenchwrightEnvironment"),
                        tasks=[TaskConfig(path=tasks[i]) for i in todo])
     job = await Job.create(config)
