@@ -82,8 +82,8 @@ async def run_harbor_directly(workdir: Path, *, agent: str, attempts: int = 1, p
             proc = await asyncio.create_subprocess_exec(
                 str(harbor), "run", "-p", str(tasks.root), "-a", agent, "--env",
                 "bw_harbor_env:BenchwrightEnvironment", "-o", str(workdir / "jobs"), "--job-name", "direct",
-                "-k", str(attempts), "-n", "1", "--yes", *model_args, cwd=workdir, env=env, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT)
+                "-k", str(attempts), "-n", "1", "--yes", *model_args, cwd=workdir, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
             out, _ = await proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeError(f"harbor run failed ({proc.returncode}): {out.decode(errors='replace')[-3000:]}")

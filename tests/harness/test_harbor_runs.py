@@ -1,18 +1,22 @@
 """harbor bridge runs end to end (real harbor in a harbor_orchestrator sandbox, each trial a harbor_task_env sandbox):
-on the bundled task set ``oracle`` scores 100 % and ``nop`` 0 %, trial by trial equal to ``harbor run`` run directly.
+on the bundled task set ``oracle`` scores 100 % and ``nop`` 0 %, trial by trial equal to ``harbor run`` run directly;
+``terminus-2`` (harbor's LiteLLM agent) against the scripted-LLM double reaches it only through the run's relay.
 Skipped, with the reason printed, where no Python >= 3.12 exists to build harbor's venv."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchwright.devstack import free_port
+from benchwright.testkit.scripted_llm import ScriptedLlm, parse_script, start_scripted_llm
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _live_sandboxes
-from tests.conftest import Stack
+from tests.conftest import DevModels, Stack
 from tests.harness.harbor_direct import harbor_runtime, harbor_skip_reason, run_harbor_directly
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"),
@@ -55,4 +59,58 @@ async def test_harbor_run_scores_as_harbor_does_directly(stack: Stack, tmp_path:
     killed = [e for e in events if e["type"] == "SandboxKilled"]
     assert len(killed) == len(created)
     assert log.status_code == 200 and b'"n_total_trials"' in log.content  # harbor's own job result.json
+    assert await _live_sandboxes(stack, run["id"]) == []
+
+
+REAL_KEY = "sk-real-provider-key-" + "7" * 24
+
+
+def _terminus_turn(keystrokes: list[str], complete: bool) -> dict[str, Any]:
+    return {"content": json.dumps({"analysis": "scripted", "plan": "scripted", "task_complete": complete,
+                                   "commands": [{"keystrokes": k, "duration": 0.5} for k in keystrokes]})}
+
+
+# The agent's one command: look for the real key in every process environment and file of its task sandbox (the
+# key itself never typed: it is rebuilt from its reverse), and solve the task only when it is nowhere.
+PROBE = (f'K=$(echo {REAL_KEY[::-1]} | rev); grep -rqs "$K" /proc/*/environ /sandbox /tmp /logs || '
+         'echo "Hello, world!" > /app/hello.txt\n')
+
+
+async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack, dev_models: DevModels,
+                                                                   tmp_path: Path) -> None:
+    await asyncio.to_thread(harbor_runtime, stack.data_dir)
+    llm = ScriptedLlm()
+    script = {"turns": [_terminus_turn([PROBE], False), _terminus_turn([], True)], "repeat_last": True}
+    llm.scripts.update(parse_script({"dev": [script, script]}))  # one conversation per run (bridge, direct)
+    server = await start_scripted_llm(llm, port=free_port())
+    dev_models.allowed.append(server.url.split("//", 1)[1].split("/", 1)[0])
+    try:
+        async with stack.http() as http:
+            made = await http.post("/v1/secrets", json={"name": "HARBORKEY", "value": REAL_KEY})
+            assert made.status_code in (201, 409)
+            run, events = await _run(http, {
+                "harness": "harbor", "harness_config": {"path": "bundled/demo/hello-file", "agent": "terminus-2"},
+                "model": {"identifier": "openai/dev", "api_base": server.url, "secret": "HARBORKEY",
+                          "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}})
+            log = await http.get(f"/v1/runs/{run['id']}/harness-log")
+        through_relay = list(llm.requests)
+        direct = await run_harbor_directly(tmp_path, agent="terminus-2", path="bundled/demo/hello-file",
+                                           model_base_url=server.url)
+    finally:
+        await server.close()
+
+    assert run["status"] == "ok", run["error"]
+    results = [e["data"] for e in events if e["type"] == "MaterializeTaskResult"]
+    assert [(r["index"], r["trial"], r["meta"]["sample_id"]) for r in results] == [(0, 0, "hello-file")]
+    # Solved, so the probe found the key nowhere in the task sandbox; and harbor's own verdict is the same.
+    assert [r["score"] for r in results] == direct["hello-file"] == [1.0]
+    # Every model call of the agent reached the double through the run's route (the credential proxy adds the
+    # real key); the relay metered each one.
+    assert len(through_relay) >= 3 and all(r.status == 200 for r in through_relay)
+    assert {r.headers.get("authorization") for r in through_relay} == {f"Bearer {REAL_KEY}"}
+    assert run["cost"]["model"] > 0
+    roles = sorted(e["data"].get("role") for e in events if e["type"] == "SandboxCreated")
+    assert roles.count("harbor_orchestrator") == roles.count("harbor_task_env") == 1, roles
+    assert log.status_code == 200 and REAL_KEY.encode() not in log.content
+    assert REAL_KEY not in json.dumps(events)
     assert await _live_sandboxes(stack, run["id"]) == []

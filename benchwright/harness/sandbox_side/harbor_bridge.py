@@ -3,11 +3,12 @@ worker). Same line protocol as ``inspect_bridge.py`` (``dataset``, ``sample``, `
 
 The job is harbor's own (``Job.create`` + ``run``): the tasks of ``bw_tasks/`` not yet recorded in full, the agent
 (``oracle``, ``nop``, or ``terminus-2`` with ``model`` = ``openai/<name>``: LiteLLM in this process, its endpoint
-the relay from ``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``n_attempts`` = the run's trials, environments from ``bw_harbor_env:BenchwrightEnvironment``
-(each trial's container is a Benchwright task sandbox). Every trial harbor ends is one ``sample`` line as harbor's
-END hook sees it: index = the task's position in the sorted task list, epoch = the how-many-th attempt of that task
-ended so far, score = harbor's reward (``reward``, else the first reward, clamped to [0, 1]); a trial harbor ended
-with an exception is an error. The native log is harbor's job ``result.json``.
+the relay from ``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``n_attempts`` = the run's trials, environments from
+``bw_harbor_env:BenchwrightEnvironment`` (each trial's container is a Benchwright task sandbox). Every trial harbor
+ends is one ``sample`` line as harbor's END hook sees it: index = the task's position in the sorted task list,
+epoch = the how-many-th attempt of that task ended so far, score = harbor's reward (``reward``, else the first
+reward, clamped to [0, 1]); a trial harbor ended with an exception is an error. The native log is harbor's job
+``result.json``.
 """
 
 from __future__ import annotations
