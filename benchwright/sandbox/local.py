@@ -16,7 +16,8 @@ Per sandbox (``root_dir/sandboxes/<id>/``: ``work/``, ``rootfs/``, ``ctl/``, ``m
 * A long-lived *init* process is PID 1 of new **mount, PID, network, IPC and UTS namespaces**. Its root is a
   tmpfs assembled from read-only bind mounts of a whitelist (``/usr``, ``/bin``, ``/lib*``, the interpreter's
   prefixes and the venv, a few ``/etc`` files plus generated ``passwd``/``group``/``hosts``), a private ``/dev``
-  (null, zero, full, random, urandom, tty, a private ``/dev/shm``), a fresh ``/proc``, a private ``/tmp`` tmpfs and
+  (null, zero, full, random, urandom, tty, a private ``/dev/shm``, a devpts instance of its own with at most 64
+  ptys, for terminal programs such as tmux), a fresh ``/proc``, a private ``/tmp`` tmpfs and
   ``work/`` read-write at ``/sandbox``; it ``pivot_root``s there and detaches the old root. So the host's
   ``/root``, ``/home``, ``/work``, ``root_dir`` (other sandboxes, snapshots), host ``/proc`` and ``/tmp``, service
   sockets and everything else not whitelisted simply do not exist inside; nothing is hidden by an overmount that
