@@ -343,6 +343,10 @@ class TaskEnvBroker:
         return {"id": env_id, "workdir": plan.workdir}
 
     async def _tmux_server(self, box: Sandbox, plan: EnvPlan, stack: AsyncExitStack) -> None:
+        found = await self._run(box, "command -v tmux", plan=plan, cwd=box.home)
+        if found["return_code"] != 0:
+            raise InvalidInput("the task environment's template has no tmux, which harbor's terminal agent "
+                               "(terminus-2) drives")
         env = box.scorer_env({"HOME": box.home, "TERM": "xterm-256color", "SHELL": "/bin/bash", **plan.env})
         proc = await box.backend.spawn(box.info.sandbox_id, ["tmux", "-D"], env=env, limits=TASK_ENV_LIMITS)
 
