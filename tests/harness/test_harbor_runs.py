@@ -6,7 +6,9 @@ Skipped, with the reason printed, where no Python >= 3.12 exists to build harbor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +73,55 @@ def _terminus_turn(keystrokes: list[str], complete: bool) -> dict[str, Any]:
 
 
 # The agent's one command: look for the real key in every process environment and file of its task sandbox (the
-# key itself never typed: it is rebuilt from its reverse), and solve the task only when it is nowhere.
+# key itself never typed: it is rebuilt from its reverse), and solve the task only when it is nowhere. The
+# orchestrator is scanned from the host by the double (``_ProbingLlm``).
 PROBE = (f'K=$(echo {REAL_KEY[::-1]} | rev); grep -rqs "$K" /proc/*/environ /sandbox /tmp /logs || '
          'echo "Hello, world!" > /app/hello.txt\n')
+
+
+def _scan_orchestrators(key: str) -> tuple[int, int, bool]:
+    """From the host, while harbor runs: every process whose environment has harbor's broker variable (the
+    orchestrator's harbor process and its children), and every file under its working directory and /tmp (seen
+    through /proc/<pid>/cwd and /root): (processes, files, key found)."""
+    procs, files, found = 0, 0, False
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"BW_HARBOR_ENV_URL=" not in environ or b"OPENAI_BASE_URL=" not in environ:
+            continue
+        procs += 1
+        found |= key.encode() in environ
+        for top in (proc / "cwd", proc / "root" / "tmp"):
+            for item in top.rglob("*") if top.is_dir() else []:
+                with contextlib.suppress(OSError):
+                    if item.is_file() and not item.is_symlink():
+                        files += 1
+                        found |= key.encode() in item.read_bytes()
+    return procs, files, found
+
+
+@dataclass
+class _ProbingLlm(ScriptedLlm):
+    """The scripted double, scanning the orchestrator sandbox from the host at each call it gets (the agent is
+    mid-run then)."""
+
+    scans: list[tuple[int, int, bool]] = field(default_factory=list)
+    probing: bool = True
+
+    def answer(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        if self.probing:
+            self.scans.append(_scan_orchestrators(REAL_KEY))
+        return super().answer(body, headers)
 
 
 async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack, dev_models: DevModels,
                                                                    tmp_path: Path) -> None:
     await asyncio.to_thread(harbor_runtime, stack.data_dir)
-    llm = ScriptedLlm()
+    llm = _ProbingLlm()
     script = {"turns": [_terminus_turn([PROBE], False), _terminus_turn([], True)], "repeat_last": True}
-    llm.scripts.update(parse_script({"dev": [script, script]}))  # one conversation per run (bridge, direct)
+    llm.add("dev", parse_script({"dev": [script, script]})["dev"])  # one conversation per run (bridge, direct)
     server = await start_scripted_llm(llm, port=free_port())
     dev_models.allowed.append(server.url.split("//", 1)[1].split("/", 1)[0])
     try:
@@ -93,7 +133,7 @@ async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack,
                 "model": {"identifier": "openai/dev", "api_base": server.url, "secret": "HARBORKEY",
                           "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}})
             log = await http.get(f"/v1/runs/{run['id']}/harness-log")
-        through_relay = list(llm.requests)
+        through_relay, llm.probing = list(llm.requests), False
         direct = await run_harbor_directly(tmp_path, agent="terminus-2", path="bundled/demo/hello-file",
                                            model_base_url=server.url)
     finally:
@@ -111,6 +151,9 @@ async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack,
     assert run["cost"]["model"] > 0
     roles = sorted(e["data"].get("role") for e in events if e["type"] == "SandboxCreated")
     assert roles.count("harbor_orchestrator") == roles.count("harbor_task_env") == 1, roles
+    # The orchestrator (harbor and the agent's LiteLLM) was seen at every call, and held the key nowhere.
+    assert llm.scans and all(procs >= 1 and files >= 1 for procs, files, _ in llm.scans), llm.scans
+    assert not any(found for _, _, found in llm.scans)
     assert log.status_code == 200 and REAL_KEY.encode() not in log.content
     assert REAL_KEY not in json.dumps(events)
     assert await _live_sandboxes(stack, run["id"]) == []
