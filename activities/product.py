@@ -22,7 +22,6 @@ from typing import Any
 from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
-from activities.sandboxes import put_file, sandbox, snapshot_of, take_snapshot
 from benchwright.dataset_access import LocalPathRules
 from benchwright.events import (
     AtomizeArtifact,
@@ -48,6 +47,7 @@ from benchwright.product.recipe import (
 )
 from benchwright.product.runner import Workspace, clip, run_task
 from benchwright.sandbox import ExecLimits
+from benchwright.sandbox.lifecycle import open_sandbox, put_file, snapshot_of, take_snapshot
 from benchwright.store.accounts import get_account
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
@@ -105,7 +105,8 @@ async def product_setup(deps: Deps, inp: PhaseInput) -> PhaseResult:
         recipe = await asyncio.to_thread(load, path)
         files = {name: text.encode() for name, text in recipe.base.files.items()}
         probe = await _probe(deps, inp, files)
-        async with sandbox(deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation), restore=None) as box:
+        async with open_sandbox(engine=deps.engine, settings=deps.settings, run_id=inp.run_id, role="work",
+                                key=("setup", inp.invocation), restore=None) as box:
             for name, data in files.items():
                 await put_file(box, name, data)
             for n, command in enumerate(recipe.setup, start=1):
@@ -117,7 +118,8 @@ async def product_setup(deps: Deps, inp: PhaseInput) -> PhaseResult:
                     raise RecipeError(f"recipe {recipe.name}: setup command {n} exited {result.returncode}"
                                       f"{' (' + result.killed_reason + ')' if result.killed_reason else ''}: {said}",
                                       code="setup_failed")
-            await take_snapshot(deps, box, run_id=inp.run_id, phase="setup", invocation=inp.invocation)
+            await take_snapshot(engine=deps.engine, settings=deps.settings, box=box, run_id=inp.run_id, phase="setup",
+                                invocation=inp.invocation)
         workdir = deps.workdir(inp.run_id)
         source = task_impl_source(recipe)
         (workdir / RECIPE_FILE).write_text(canonical(recipe))
@@ -134,8 +136,8 @@ async def product_setup(deps: Deps, inp: PhaseInput) -> PhaseResult:
 
 async def _probe(deps: Deps, inp: PhaseInput, files: dict[str, bytes]) -> TemplateProbeArtifact:
     """What the base holds, from a ``template_probe`` sandbox (killed at once)."""
-    async with sandbox(deps, run_id=inp.run_id, role="template_probe", key=("setup", inp.invocation, "probe"),
-                       restore=None) as box:
+    async with open_sandbox(engine=deps.engine, settings=deps.settings, run_id=inp.run_id, role="template_probe",
+                            key=("setup", inp.invocation, "probe"), restore=None) as box:
         for name, data in files.items():
             await put_file(box, name, data)
         result = await box.backend.exec(box.info.sandbox_id, ["/bin/sh", "-c", PROBE], env=box.scorer_env(),
@@ -158,7 +160,7 @@ async def product_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClien
     engine, run_id, invocation = deps.engine, inp.run_id, inp.invocation
     recipe = Recipe.model_validate(json.loads((deps.workdir(run_id) / RECIPE_FILE).read_text()))
     by_task, aggregated = await in_thread(_recorded, engine, inp)
-    snapshot = snapshot_of(deps, run_id, "setup")
+    snapshot = snapshot_of(deps.engine, run_id, "setup")
     attempt = activity.info().attempt if activity.in_activity() else 1
     gate = asyncio.Semaphore(max(1, min(inp.concurrency, deps.settings.fanout_sandboxes)))
     counts = {"pass": 0, "fail": 0, "err": 0}
@@ -167,8 +169,9 @@ async def product_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClien
     async def one(index: int) -> None:
         nonlocal written
         task = recipe.tasks[index]
-        async with gate, sandbox(deps, run_id=run_id, role="task", key=("materialize", invocation, index),
-                                 restore=snapshot, metadata={"task_index": index, "task_id": task.id}) as box:
+        async with gate, open_sandbox(engine=deps.engine, settings=deps.settings, run_id=run_id, role="task",
+                                      key=("materialize", invocation, index), restore=snapshot,
+                                      metadata={"task_index": index, "task_id": task.id}) as box:
             ws = Workspace(backend=box.backend, sandbox_id=box.info.sandbox_id, home=box.home, env=box.scorer_env(),
                            limits=recipe.limits)
 
