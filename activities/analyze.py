@@ -28,7 +28,7 @@ from benchwright.events import (
     SyntheticSubsetCreated,
 )
 from benchwright.phase_cache import PhaseCache, analyze_input_hash
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 
 
 class AnalyzeActivities:

@@ -25,7 +25,7 @@ from benchwright.drivers.base import SAMPLE_ROWS
 from benchwright.drivers.templates import impl_sha256
 from benchwright.errors import InvalidInput
 from benchwright.events import AgentTextEvent, AnalyzeArtifact, AtomizeArtifact
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox.lifecycle import latest_snapshot, open_sandbox, take_snapshot
 
 

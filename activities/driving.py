@@ -21,8 +21,8 @@ from benchwright.drivers.catalog import (
     load_catalog,
 )
 from benchwright.events import AgentTextEvent, DatasetResolved, Event
-from benchwright.pipeline import PhaseControl, PhaseInput
 from benchwright.prices import prices_for
+from benchwright.runs.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox, put_runtime
 from benchwright.scoring.host import (

@@ -28,12 +28,12 @@ from benchwright.errors import DatasetError
 from benchwright.events import FetchArtifact
 from benchwright.fingerprint import sha256_hex
 from benchwright.phase_cache import PhaseCache
-from benchwright.pipeline import PhaseInput, PhaseResult
 from benchwright.proxy.addresses import parse_endpoints
 from benchwright.proxy.policy import decide, normalize_host
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.catalog import REGISTRY_SOURCE
 from benchwright.registry.pinned import fetch_pinned
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox.lifecycle import snapshot_files
 from benchwright.store.accounts import get_account
 from benchwright.store.policy import get_policy, record_blocked

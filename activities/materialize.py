@@ -21,10 +21,14 @@ from benchwright import handoff
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
-from benchwright.halts import HALTED_ERROR
-from benchwright.limits import ScorerCeilings
 from benchwright.materialize import RunHalted
-from benchwright.pipeline import (
+from benchwright.placement import run_placed_batch
+from benchwright.prices import prices_for
+from benchwright.proxy.model_proxy import ProxyHandle
+from benchwright.quotas import FairShare, GatedSut, model_call_limit
+from benchwright.runs.halts import HALTED_ERROR
+from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.pipeline import (
     MaterializeBatchInput,
     MaterializeBatchResult,
     MaterializeCompleteInput,
@@ -32,10 +36,6 @@ from benchwright.pipeline import (
     PhaseInput,
     PhaseResult,
 )
-from benchwright.placement import run_placed_batch
-from benchwright.prices import prices_for
-from benchwright.proxy.model_proxy import ProxyHandle
-from benchwright.quotas import FairShare, GatedSut, model_call_limit
 from benchwright.scoring.host import ScorerLoadError
 from benchwright.store.control import halt_run, halted_reasons
 from benchwright.store.events import NewEvent, append_events, event_key

@@ -34,7 +34,6 @@ from benchwright.events import (
 )
 from benchwright.fingerprint import sha256_hex
 from benchwright.materialize import RunHalted, _recorded
-from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult, PhaseInput, PhaseResult
 from benchwright.product.recipe import (
     Recipe,
     RecipeError,
@@ -46,6 +45,7 @@ from benchwright.product.recipe import (
     task_impl_source,
 )
 from benchwright.product.runner import Workspace, clip, run_task
+from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult, PhaseInput, PhaseResult
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import open_sandbox, put_file, snapshot_of, take_snapshot
 from benchwright.store.accounts import get_account

@@ -15,7 +15,7 @@ from activities.product import product_setup
 from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
 from benchwright.phase_cache import PhaseCache, setup_input_hash
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import DEPS_DIR, latest_snapshot, open_sandbox, record_snapshot, take_snapshot
 

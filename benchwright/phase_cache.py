@@ -25,9 +25,9 @@ from sqlalchemy.engine import Engine
 from benchwright.digests import file_digests
 from benchwright.events import EVENT_TYPES, Event, FetchArtifact, PhaseCacheHit
 from benchwright.fingerprint import is_artifact, sha256_hex
-from benchwright.pipeline import PhaseInput
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.cache import Cell, find_public_cell, record_cell, run_cell
+from benchwright.runs.pipeline import PhaseInput
 from benchwright.sandbox.lifecycle import SNAPSHOTS, record_snapshot, snapshot_of
 from benchwright.settings import Settings
 from benchwright.store.db import outage_tolerant as in_thread

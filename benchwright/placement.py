@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from benchwright.harness.batch import bridge_batch
-from benchwright.limits import ScorerCeilings
 from benchwright.materialize import Execute, run_batch, scorer_threads
-from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.proxy.model_proxy import ProxyHandle
+from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox, open_sandbox, snapshot_of
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials

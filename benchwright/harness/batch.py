@@ -42,8 +42,8 @@ from benchwright.harness.harbor import (
 )
 from benchwright.harness.install import RUNTIMES, base_prefix, harness_root, installed
 from benchwright.harness.relay import Relay
-from benchwright.limits import RunLimits
-from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
+from benchwright.runs.limits import RunLimits
+from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox, open_sandbox, put_file, snapshot_of
 from benchwright.sandbox.local import ROOT_LINKS_KEY
