@@ -1,9 +1,8 @@
 """Materialize: open the phase, run task batches (heartbeating, resumable), close the phase.
 
 The workflow fans batches out and bounds how many run at once; each batch is one domain call
-(``benchwright.placement.run_placed_batch``, or a product run's ``activities.product.product_batch``) with this
-worker's SUT client, wrapped in heartbeats, the halt watch and error mapping. Results go to the store, never into
-workflow history.
+(``benchwright.placement.run_placed_batch``) with this worker's SUT client, wrapped in heartbeats, the halt watch
+and error mapping. Results go to the store, never into workflow history.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from temporalio.exceptions import ApplicationError
 
 from activities.attach import live_proxy
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
-from activities.product import is_product_run, product_batch
 from benchwright import handoff
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
@@ -177,12 +175,10 @@ class MaterializeActivities:
         warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
-        if inp.mode == "fanout" and await is_product_run(self.deps, inp.run_id):  # agents in task sandboxes
-            work = asyncio.create_task(product_batch(self.deps, inp=inp, sut=sut, progress=progress))
-        else:  # benchwright.placement: the harness process, or the scorer in a work or task sandboxes
-            work = asyncio.create_task(run_placed_batch(
-                engine=self.deps.engine, settings=self.deps.settings, inp=inp, sut=sut, proxy=proxy, workdir=workdir,
-                progress=progress, ceilings=self.ceilings))
+        # benchwright.placement: the harness process, a product run's agents, or the scorer in its sandboxes
+        work = asyncio.create_task(run_placed_batch(
+            engine=self.deps.engine, settings=self.deps.settings, inp=inp, sut=sut, proxy=proxy, workdir=workdir,
+            progress=progress, ceilings=self.ceilings, attempt=activity.info().attempt))
         try:
             await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not work.done():

@@ -1,8 +1,9 @@
 """Where a Materialize batch's trials run (§2 "Materialize", §4): the domain's placement of one batch.
 
-``run_placed_batch`` is the batch: a harness-bridge run's harness process (``benchwright.harness.batch``), or the
-scorer runtime in one work sandbox (``sequential``) or in one task sandbox per task (``fanout``), each restored from
-the post-Atomize snapshot, run by ``benchwright.materialize.run_batch``. The batch activity
+``run_placed_batch`` is the batch: a harness-bridge run's harness process (``benchwright.harness.batch``), a
+product-sandbox run's agents in task sandboxes (``benchwright.product.batch``), or the scorer runtime in one work
+sandbox (``sequential``) or in one task sandbox per task (``fanout``), each restored from the post-Atomize snapshot,
+run by ``benchwright.materialize.run_batch``. The batch activity
 (``activities.materialize``) keeps what every batch has around it: heartbeats, the halt watch, the SUT client and
 its breaker, error mapping.
 """
@@ -18,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from benchwright.harness.batch import bridge_batch
 from benchwright.materialize import Execute, run_batch, scorer_threads
+from benchwright.product.batch import is_product_run, product_batch
 from benchwright.proxy.model_proxy import ProxyHandle
 from benchwright.runs.limits import ScorerCeilings
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
@@ -104,15 +106,18 @@ def fanout(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, su
 
 async def run_placed_batch(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, sut: SutClient,
                            proxy: ProxyHandle | None, workdir: Path, progress: Callable[[dict[str, Any]], None],
-                           ceilings: ScorerCeilings) -> MaterializeBatchResult:
-    """One batch where its mode places it: the harness process (``bridge``), a task sandbox per task (``fanout``)
-    or one work sandbox (otherwise).
+                           ceilings: ScorerCeilings, attempt: int = 1) -> MaterializeBatchResult:
+    """One batch where its mode places it: the harness process (``bridge``), a task sandbox per task (``fanout``;
+    a product run's agents or the scorer) or one work sandbox (otherwise). ``attempt``: the batch activity's.
 
     Raises:
         RunHalted: a commit crossed a ceiling or the balance.
     """
     if inp.mode == "bridge":  # a harness-bridge run: the harness process is the whole batch
         return await bridge_batch(engine=engine, settings=settings, inp=inp, sut=sut, progress=progress)
+    if inp.mode == "fanout" and await is_product_run(engine, inp.run_id):  # agents in task sandboxes
+        return await product_batch(engine=engine, settings=settings, workdir=workdir, inp=inp, sut=sut,
+                                   progress=progress, attempt=attempt)
     place = fanout if inp.mode == "fanout" else sequential
     execute = place(engine=engine, settings=settings, inp=inp, sut=sut, proxy=proxy, ceilings=ceilings)
     return await run_batch(engine=engine, inp=inp, tasks_path=workdir / "tasks.jsonl", execute=execute,
