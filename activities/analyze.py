@@ -11,7 +11,6 @@ from temporalio import activity
 from activities.common import Deps, PhaseScope, in_thread, phase
 from activities.driving import driver_context, no_decision, require_event, take_request
 from activities.find import with_found_scorer
-from activities.phase_cache import PhaseCache, analyze_input_hash
 from benchwright import handoff
 from benchwright.datasets import (
     analyze_dataset,
@@ -28,7 +27,8 @@ from benchwright.events import (
     FetchArtifact,
     SyntheticSubsetCreated,
 )
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.phase_cache import PhaseCache, analyze_input_hash
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 
 
 class AnalyzeActivities:
@@ -38,7 +38,8 @@ class AnalyzeActivities:
     @activity.defn(name="analyze")
     async def analyze(self, inp: PhaseInput) -> PhaseResult:
         inp = await with_found_scorer(self.deps, inp)  # a prompt Find pinned to an official impl scores with it
-        cache = PhaseCache(self.deps, inp, await in_thread(analyze_input_hash, self.deps, inp))  # issue 9
+        cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings, workdir=self.deps.workdir(inp.run_id),
+                           inp=inp, input_hash=await in_thread(analyze_input_hash, self.deps.engine, inp))  # issue 9
         async with phase(self.deps, inp) as scope:
             if (hit := await cache.lookup()) is not None:  # a public run analyzed these bytes: copy its work
                 count, _ = await cache.replay(scope, hit)

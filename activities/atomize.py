@@ -19,14 +19,14 @@ from activities.driving import (
     take_request,
 )
 from activities.find import with_found_scorer
-from activities.sandboxes import latest_snapshot, sandbox, take_snapshot
 from benchwright.datasets import read_task_rows
 from benchwright.drivers import DatasetSchema, ScorerPlan, driver_for
 from benchwright.drivers.base import SAMPLE_ROWS
 from benchwright.drivers.templates import impl_sha256
 from benchwright.errors import InvalidInput
 from benchwright.events import AgentTextEvent, AnalyzeArtifact, AtomizeArtifact
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
+from benchwright.sandbox.lifecycle import latest_snapshot, open_sandbox, take_snapshot
 
 
 class ScorerInvalid(InvalidInput):
@@ -42,8 +42,9 @@ class AtomizeActivities:
         inp = await with_found_scorer(self.deps, inp)  # a prompt Find pinned to an official impl scores with it
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
-            async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("atomize", inp.invocation),
-                               restore=latest_snapshot(self.deps, inp.run_id, before="atomize")) as box:
+            async with open_sandbox(engine=self.deps.engine, settings=self.deps.settings, run_id=inp.run_id,
+                                    role="work", key=("atomize", inp.invocation),
+                                    restore=latest_snapshot(self.deps.engine, inp.run_id, before="atomize")) as box:
                 bench = SandboxWorkbench(self.deps, box, inp)
                 if inp.launch.task_impl is not None:
                     source, origin = inp.launch.task_impl, "launch"
@@ -67,7 +68,8 @@ class AtomizeActivities:
                 if error is not None:
                     raise ScorerInvalid(error)
                 (workdir / "task_impl.py").write_text(source)
-                await take_snapshot(self.deps, box, run_id=inp.run_id, phase="atomize", invocation=inp.invocation)
+                await take_snapshot(engine=self.deps.engine, settings=self.deps.settings, box=box, run_id=inp.run_id,
+                                    phase="atomize", invocation=inp.invocation)
             scope.emit("narration", AgentTextEvent(phase="atomize", text=note))
             scope.emit("artifact", AtomizeArtifact(invocation=inp.invocation, impl_sha256=impl_sha256(source),
                                                    source=origin))

@@ -29,7 +29,6 @@ from benchwright.events import (
     SandboxKilled,
 )
 from benchwright.model_access import ModelAccess, check_api_base
-from benchwright.pipeline import FinishInput, PhaseInput, PhaseResult
 from benchwright.prices import prices_for
 from benchwright.procreg import ProcessRegistry
 from benchwright.proxy.addresses import parse_endpoints
@@ -40,6 +39,7 @@ from benchwright.proxy.model_proxy import (
     stop_model_proxy,
 )
 from benchwright.proxy_config import litellm_config_yaml, secret_env_name
+from benchwright.runs.pipeline import FinishInput, PhaseInput, PhaseResult
 from benchwright.schemas import ModelSpec
 from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent, append_events, event_key

@@ -27,7 +27,7 @@ from benchwright import handoff
 from benchwright.blobs import BlobStore
 from benchwright.errors import BenchwrightError
 from benchwright.events import AgentTextEvent, Event, PhaseCompleted, PhaseRestartRequested, PhaseStarted
-from benchwright.pipeline import PhaseControl, PhaseInput
+from benchwright.runs.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
 from benchwright.settings import Settings
 from benchwright.store.control import budget_halt_reason, halt_run

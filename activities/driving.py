@@ -11,7 +11,6 @@ from sqlmodel import Session, col, select
 
 from activities.attach import live_proxy
 from activities.common import Deps, PhaseScope, in_thread
-from activities.sandboxes import Sandbox, put_runtime
 from benchwright.dataset_access import DatasetAccess
 from benchwright.drivers import DriverContext, DriverFailed, SampleResult
 from benchwright.drivers.base import DriverPhase
@@ -22,9 +21,10 @@ from benchwright.drivers.catalog import (
     load_catalog,
 )
 from benchwright.events import AgentTextEvent, DatasetResolved, Event
-from benchwright.pipeline import PhaseControl, PhaseInput
 from benchwright.prices import prices_for
+from benchwright.runs.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox import ExecLimits
+from benchwright.sandbox.lifecycle import Sandbox, put_runtime
 from benchwright.scoring.host import (
     ScorerLoadError,
     TrialItem,

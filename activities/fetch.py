@@ -8,7 +8,7 @@ the internal-address refusal, the operator's endpoints and the local-path rules 
 from the file directly rather than through a live sandbox (measured: ~45 ms of a ~0.5 s run went to creating and
 killing one to write a file).
 
-A URL dataset a public run already fetched is a cache hit (``activities.phase_cache``): nothing is downloaded, as
+A URL dataset a public run already fetched is a cache hit (``benchwright.phase_cache``): nothing is downloaded, as
 long as the account's host policy allows the URL's host. A pinned launch's ``registry:`` dataset is the subset
 snapshot it pinned, copied from the blob store.
 """
@@ -22,19 +22,19 @@ from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
 from activities.driving import fetch_source, resolved_source
-from activities.phase_cache import PhaseCache
-from activities.sandboxes import snapshot_files
 from benchwright.dataset_access import DatasetAccess, LocalPathRules, is_url
 from benchwright.datasets import Fetched, detect_format, fetch_dataset
 from benchwright.errors import DatasetError
 from benchwright.events import FetchArtifact
 from benchwright.fingerprint import sha256_hex
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.phase_cache import PhaseCache
 from benchwright.proxy.addresses import parse_endpoints
 from benchwright.proxy.policy import decide, normalize_host
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.catalog import REGISTRY_SOURCE
 from benchwright.registry.pinned import fetch_pinned
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
+from benchwright.sandbox.lifecycle import snapshot_files
 from benchwright.store.accounts import get_account
 from benchwright.store.policy import get_policy, record_blocked
 from benchwright.store.runs import get_run
@@ -61,7 +61,8 @@ class FetchActivities:
     @activity.defn(name="fetch")
     async def fetch(self, inp: PhaseInput) -> PhaseResult:
         source = inp.launch.dataset or await resolved_source(self.deps, inp.run_id)  # a prompt launch: Find's
-        cache = PhaseCache(self.deps, inp, fetch_input_hash(source))
+        cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings, workdir=self.deps.workdir(inp.run_id),
+                           inp=inp, input_hash=fetch_input_hash(source))
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
             account_id = (await in_thread(get_run, self.deps.engine, run_id=inp.run_id)).account_id
@@ -85,7 +86,8 @@ class FetchActivities:
                     where, access = await in_thread(fetch_source, source, access, self.deps.settings)
                     fetched = await in_thread(fetch_dataset, source=where, dest_dir=workdir, access=access,
                                               on_refused=on_refused)
-                await snapshot_files(self.deps, {fetched.path.name: await in_thread(fetched.path.read_bytes)},
+                await snapshot_files(engine=self.deps.engine, settings=self.deps.settings,
+                                     files={fetched.path.name: await in_thread(fetched.path.read_bytes)},
                                      run_id=inp.run_id, phase="fetch", invocation=inp.invocation)
                 scope.emit("artifact", FetchArtifact(source=source, sha256=fetched.sha256, bytes=fetched.bytes,
                                                      format=fetched.format, file=fetched.path.name))

@@ -19,10 +19,10 @@ from benchwright.drivers import driver_for
 from benchwright.drivers.catalog import CatalogEntry
 from benchwright.drivers.scoping import parse_scope
 from benchwright.events import DatasetResolved
-from benchwright.pipeline import PhaseInput, PhaseResult
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.find import found_scorer, registry_entries
 from benchwright.registry.shape import set_pin
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.store.runs import get_run
 
 

@@ -34,7 +34,7 @@ from benchwright.forks import (
     model_binding,
     tasks_total,
 )
-from benchwright.pipeline import ForkDecision, ForkPhaseInput
+from benchwright.runs.pipeline import ForkDecision, ForkPhaseInput
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.forks import read_until_phase, seed_fork_log

@@ -1,31 +1,32 @@
 """Materialize: open the phase, run task batches (heartbeating, resumable), close the phase.
 
-The workflow fans batches out and bounds how many run at once; each batch is ``benchwright.materialize.run_batch``
-with this worker's SUT client. Results go to the store, never into workflow history.
+The workflow fans batches out and bounds how many run at once; each batch is one domain call
+(``benchwright.placement.run_placed_batch``) with this worker's SUT client, wrapped in heartbeats, the halt watch
+and error mapping. Results go to the store, never into workflow history.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.attach import live_proxy
-from activities.bridge import bridge_batch
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
-from activities.product import is_product_run, product_batch
-from activities.sandboxes import Sandbox, sandbox, snapshot_of
 from benchwright import handoff
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
-from benchwright.halts import HALTED_ERROR
-from benchwright.limits import ScorerCeilings
-from benchwright.materialize import Execute, RunHalted, run_batch, scorer_threads
-from benchwright.pipeline import (
+from benchwright.materialize import RunHalted
+from benchwright.placement import run_placed_batch
+from benchwright.prices import prices_for
+from benchwright.proxy.model_proxy import ProxyHandle
+from benchwright.quotas import FairShare, GatedSut, model_call_limit
+from benchwright.runs.halts import HALTED_ERROR
+from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.pipeline import (
     MaterializeBatchInput,
     MaterializeBatchResult,
     MaterializeCompleteInput,
@@ -33,30 +34,12 @@ from benchwright.pipeline import (
     PhaseInput,
     PhaseResult,
 )
-from benchwright.prices import prices_for
-from benchwright.proxy.model_proxy import ProxyHandle
-from benchwright.quotas import FairShare, GatedSut, model_call_limit
-from benchwright.sandbox import ExecLimits
-from benchwright.scoring.host import ScorerLoadError, TrialItem, TrialLimits, TrialRecord, run_trials
+from benchwright.scoring.host import ScorerLoadError
 from benchwright.store.control import halt_run, halted_reasons
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.sut import SutClient, run_sut
 
 HEARTBEAT_EVERY_S = 1.0
-
-
-SANDBOX_MARGIN_S = 60.0
-"""The scorer sandbox outlives the batch's ceiling by this much: the host settles the trials and kills the runtime
-at the ceiling itself; the sandbox's own limits are the backstop."""
-
-
-def _limits(threads: int, ceilings: ScorerCeilings) -> ExecLimits:
-    # The runner's threads count against the process limit; leave room for what the scorer itself starts. One
-    # core: the runner is one Python process (one GIL), so only a scorer's own runaway children would want more;
-    # at one core its CPU time cannot exceed its wall time, so both share the batch's ceiling.
-    bound = ceilings.batch_duration_s + SANDBOX_MARGIN_S
-    return ExecLimits(cpu_seconds=int(bound), memory_mb=2048, wall_seconds=bound, max_processes=threads + 64,
-                      cpu_cores=1.0)
 
 
 HALT_POLL_S = 0.2
@@ -163,61 +146,6 @@ class MaterializeActivities:
 
         return SutBreaker(sut, spec=inp.model, threshold=settings.sut_breaker_threshold, on_trip=halt)
 
-    @staticmethod
-    def _scorer_env(proxy: ProxyHandle | None, box: Sandbox) -> dict[str, str]:
-        """The scorer's environment: a fake key and the proxy's URL when the run has a model proxy, never more."""
-        extra = {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": proxy.fake_key} if proxy else {}
-        return box.scorer_env(extra)
-
-    @staticmethod
-    def _allowed_internal(proxy: ProxyHandle | None) -> frozenset[tuple[str, int]]:
-        return frozenset({("127.0.0.1", proxy.port)}) if proxy else frozenset()
-
-    def _sequential(self, inp: MaterializeBatchInput, sut: SutClient, proxy: ProxyHandle | None) -> Execute:
-        """Every trial of the batch in one work sandbox restored from the post-Atomize snapshot."""
-
-        async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
-                          limits: TrialLimits) -> None:
-            if not items:
-                return
-            threads = scorer_threads(inp.concurrency, len(items))
-            async with sandbox(self.deps, run_id=inp.run_id, role="work",
-                               key=("materialize", inp.invocation, inp.start),
-                               restore=snapshot_of(self.deps, inp.run_id, "atomize"),
-                               internal_allowed=self._allowed_internal(proxy)) as box:
-                await run_trials(spawn=box.spawn(self._scorer_env(proxy, box), _limits(threads, self.ceilings)),
-                                 items=items, sut=sut, threads=threads, on_record=on_record, limits=limits)
-
-        return execute
-
-    def _fanout(self, inp: MaterializeBatchInput, sut: SutClient, proxy: ProxyHandle | None) -> Execute:
-        """Each task in its own task sandbox, restored from the post-Atomize snapshot and killed when it ends."""
-
-        async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
-                          limits: TrialLimits) -> None:
-            by_task: dict[int, list[TrialItem]] = {}
-            for item in items:
-                by_task.setdefault(item.index, []).append(item)
-            # Task sandboxes in existence at once: each costs a namespace set-up and a process tree, so the
-            # machine's cores bound them rather than the run's model-call concurrency.
-            gate = asyncio.Semaphore(max(1, min(inp.concurrency, self.deps.settings.fanout_sandboxes)))
-
-            async def one(index: int, trials: list[TrialItem]) -> None:
-                async with gate, sandbox(self.deps, run_id=inp.run_id, role="task",
-                                         key=("materialize", inp.invocation, index),
-                                         restore=snapshot_of(self.deps, inp.run_id, "atomize"),
-                                         internal_allowed=self._allowed_internal(proxy),
-                                         metadata={"task_index": index}) as box:
-                    spawn = box.spawn(self._scorer_env(proxy, box), _limits(len(trials), self.ceilings))
-                    await run_trials(spawn=spawn, items=trials, sut=sut, threads=len(trials), on_record=on_record,
-                                     limits=limits)
-
-            async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
-                for index, trials in by_task.items():
-                    group.create_task(one(index, trials))
-
-        return execute
-
     @activity.defn(name="materialize_batch")
     async def batch(self, inp: MaterializeBatchInput) -> MaterializeBatchResult:
         workdir = self.deps.workdir(inp.run_id)
@@ -247,15 +175,10 @@ class MaterializeActivities:
         warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
-        if inp.mode == "bridge":  # a harness-bridge run: the harness process is the whole batch
-            work = asyncio.create_task(bridge_batch(self.deps, inp=inp, sut=sut, progress=progress))
-        elif inp.mode == "fanout" and await is_product_run(self.deps, inp.run_id):  # agents in task sandboxes
-            work = asyncio.create_task(product_batch(self.deps, inp=inp, sut=sut, progress=progress))
-        else:
-            execute = (self._fanout if inp.mode == "fanout" else self._sequential)(inp, sut, proxy)
-            work = asyncio.create_task(run_batch(engine=self.deps.engine, inp=inp,
-                                                 tasks_path=workdir / "tasks.jsonl", execute=execute,
-                                                 progress=progress, ceilings=self.ceilings))
+        # benchwright.placement: the harness process, a product run's agents, or the scorer in its sandboxes
+        work = asyncio.create_task(run_placed_batch(
+            engine=self.deps.engine, settings=self.deps.settings, inp=inp, sut=sut, proxy=proxy, workdir=workdir,
+            progress=progress, ceilings=self.ceilings, attempt=activity.info().attempt))
         try:
             await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not work.done():

@@ -1,4 +1,4 @@
-"""Operator sessions (issue 26): thin adapters over ``benchwright.operator`` and ``benchwright.launch.start_run``.
+"""Operator sessions (issue 26): thin adapters over ``benchwright.operator`` and ``benchwright.runs.launch.start_run``.
 Every event key is derived from the session and the workflow's step, so a retried activity appends nothing twice."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from activities.common import Deps, in_thread
 from benchwright.compare import frontier, readable_run
 from benchwright.drivers.llm import _driver_key
 from benchwright.errors import BenchwrightError
-from benchwright.launch import plan_fork, start_run
 from benchwright.model_access import check_api_base
 from benchwright.operator.builtin import answer, extension, pair_evidence, plan, read_evidence
 from benchwright.operator.events import (
@@ -67,7 +66,8 @@ from benchwright.operator.store import (
     session_key,
     session_spent,
 )
-from benchwright.pipeline import StopRequest
+from benchwright.runs.launch import plan_fork, start_run
+from benchwright.runs.pipeline import StopRequest
 from benchwright.schemas import ForkOverrides, ForkRequest, LaunchRequest, ModelSpec
 from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent

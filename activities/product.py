@@ -6,38 +6,26 @@ work sandbox, run the setup commands, snapshot it (SnapshotCreated: every task s
 ``task_impl.py`` (runner + recipe header; ProductRecipeArtifact and AtomizeArtifact carry its digest and impl id).
 The frozen recipe and the generated impl are the run's work files (``recipe.json``, ``task_impl.py``).
 
-Materialize (``product_batch``, called by ``materialize_batch`` for a fanout batch of a recipe run): every task in
-its own task sandbox restored from the post-Setup snapshot and killed when the task ends, the builtin product
-runner driving the model through the batch's ``SutClient`` (the run's credential proxy). A retried batch skips
-the tasks an earlier attempt recorded in full.
+Materialize is ``benchwright.product.batch.product_batch`` (placed by ``benchwright.placement`` for a fanout batch of
+a recipe run): every task in its own task sandbox restored from the post-Setup snapshot, the builtin product runner
+driving the model through the batch's ``SutClient``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable
-from typing import Any
-
-from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
-from activities.sandboxes import put_file, sandbox, snapshot_of, take_snapshot
 from benchwright.dataset_access import LocalPathRules
 from benchwright.events import (
     AtomizeArtifact,
     DatasetTasksArtifact,
-    Event,
-    MaterializeTaskAggregated,
-    MaterializeTaskResult,
     ProductRecipeArtifact,
     TemplateProbeArtifact,
 )
 from benchwright.fingerprint import sha256_hex
-from benchwright.materialize import RunHalted, _recorded
-from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult, PhaseInput, PhaseResult
+from benchwright.product.batch import RECIPE_FILE
 from benchwright.product.recipe import (
-    Recipe,
     RecipeError,
     canonical,
     impl_id,
@@ -46,15 +34,12 @@ from benchwright.product.recipe import (
     resolve_ref,
     task_impl_source,
 )
-from benchwright.product.runner import Workspace, clip, run_task
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox import ExecLimits
+from benchwright.sandbox.lifecycle import open_sandbox, put_file, take_snapshot
 from benchwright.store.accounts import get_account
-from benchwright.store.control import budget_halt_reason, halt_run
-from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run
-from benchwright.sut import SutClient
 
-RECIPE_FILE = "recipe.json"
 PROBE_SECONDS = 30.0
 PROBE = r"""
 os=unknown
@@ -105,7 +90,8 @@ async def product_setup(deps: Deps, inp: PhaseInput) -> PhaseResult:
         recipe = await asyncio.to_thread(load, path)
         files = {name: text.encode() for name, text in recipe.base.files.items()}
         probe = await _probe(deps, inp, files)
-        async with sandbox(deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation), restore=None) as box:
+        async with open_sandbox(engine=deps.engine, settings=deps.settings, run_id=inp.run_id, role="work",
+                                key=("setup", inp.invocation), restore=None) as box:
             for name, data in files.items():
                 await put_file(box, name, data)
             for n, command in enumerate(recipe.setup, start=1):
@@ -117,7 +103,8 @@ async def product_setup(deps: Deps, inp: PhaseInput) -> PhaseResult:
                     raise RecipeError(f"recipe {recipe.name}: setup command {n} exited {result.returncode}"
                                       f"{' (' + result.killed_reason + ')' if result.killed_reason else ''}: {said}",
                                       code="setup_failed")
-            await take_snapshot(deps, box, run_id=inp.run_id, phase="setup", invocation=inp.invocation)
+            await take_snapshot(engine=deps.engine, settings=deps.settings, box=box, run_id=inp.run_id, phase="setup",
+                                invocation=inp.invocation)
         workdir = deps.workdir(inp.run_id)
         source = task_impl_source(recipe)
         (workdir / RECIPE_FILE).write_text(canonical(recipe))
@@ -134,77 +121,10 @@ async def product_setup(deps: Deps, inp: PhaseInput) -> PhaseResult:
 
 async def _probe(deps: Deps, inp: PhaseInput, files: dict[str, bytes]) -> TemplateProbeArtifact:
     """What the base holds, from a ``template_probe`` sandbox (killed at once)."""
-    async with sandbox(deps, run_id=inp.run_id, role="template_probe", key=("setup", inp.invocation, "probe"),
-                       restore=None) as box:
+    async with open_sandbox(engine=deps.engine, settings=deps.settings, run_id=inp.run_id, role="template_probe",
+                            key=("setup", inp.invocation, "probe"), restore=None) as box:
         for name, data in files.items():
             await put_file(box, name, data)
         result = await box.backend.exec(box.info.sandbox_id, ["/bin/sh", "-c", PROBE], env=box.scorer_env(),
                                         timeout_s=PROBE_SECONDS, limits=_limits(PROBE_SECONDS))
     return parse_probe(result.stdout.decode(errors="replace"), base_files=len(files))
-
-
-async def is_product_run(deps: Deps, run_id: str) -> bool:
-    run = await in_thread(get_run, deps.engine, run_id=run_id)
-    return bool((run.launch or {}).get("recipe"))
-
-
-async def product_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient,
-                        progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
-    """Run the batch's tasks, each in its own task sandbox (see the module docstring).
-
-    Raises:
-        RunHalted: a task's commit crossed run.cost (the row is halted first).
-    """
-    engine, run_id, invocation = deps.engine, inp.run_id, inp.invocation
-    recipe = Recipe.model_validate(json.loads((deps.workdir(run_id) / RECIPE_FILE).read_text()))
-    by_task, aggregated = await in_thread(_recorded, engine, inp)
-    snapshot = snapshot_of(deps, run_id, "setup")
-    attempt = activity.info().attempt if activity.in_activity() else 1
-    gate = asyncio.Semaphore(max(1, min(inp.concurrency, deps.settings.fanout_sandboxes)))
-    counts = {"pass": 0, "fail": 0, "err": 0}
-    written = 0
-
-    async def one(index: int) -> None:
-        nonlocal written
-        task = recipe.tasks[index]
-        async with gate, sandbox(deps, run_id=run_id, role="task", key=("materialize", invocation, index),
-                                 restore=snapshot, metadata={"task_index": index, "task_id": task.id}) as box:
-            ws = Workspace(backend=box.backend, sandbox_id=box.info.sandbox_id, home=box.home, env=box.scorer_env(),
-                           limits=recipe.limits)
-
-            async def emit(what: str, event: Event) -> None:
-                await in_thread(append_events, engine, run_id, [NewEvent.of(
-                    event_key(run_id, "materialize", invocation, index, "agent", attempt, what), event)])
-
-            ended = await run_task(sut=sut, ws=ws, task=task, system_prompt=recipe.system_prompt, index=index,
-                                   invocation=invocation, emit=emit)
-        meta = {"product": recipe.name, **ended.meta}
-        await in_thread(append_events, engine, run_id, [
-            NewEvent.of(event_key(run_id, "materialize", invocation, index, 0, "result"), MaterializeTaskResult(
-                invocation=invocation, index=index, trial=0, score=ended.score, outcome=ended.outcome,
-                output=clip(ended.output, 4096) if ended.output else None, meta=meta, error=ended.error,
-                usage=ended.usage, cost_usd=ended.cost_usd, input=task.instruction)),
-            NewEvent.of(event_key(run_id, "materialize", invocation, index, "aggregated"), MaterializeTaskAggregated(
-                invocation=invocation, index=index, score=ended.score, outcome=ended.outcome,
-                trial_scores=[ended.score]))])
-        counts[ended.outcome] += 1
-        written += 1
-        progress({"product": recipe.name, "trials_recorded": written})
-        reason = await in_thread(budget_halt_reason, engine, run_id=run_id, run_cost_usd=inp.run_cost_usd)
-        if reason:
-            await in_thread(halt_run, engine, run_id=run_id, reason=reason, key=f"materialize-{invocation}-budget")
-            raise RunHalted(reason)
-
-    todo = [i for i in range(inp.start, min(inp.stop, len(recipe.tasks))) if i not in aggregated]
-    for i in range(inp.start, inp.stop):
-        if i in aggregated and i in by_task:
-            t = by_task[i].get(0)
-            counts["err" if t is None or t.errored else "pass" if (t.score or 0) >= 1.0 else "fail"] += 1
-    try:
-        async with asyncio.TaskGroup() as group:  # one failure (a halt) cancels the siblings
-            for index in todo:
-                group.create_task(one(index))
-    except BaseExceptionGroup as failed:  # the batch activity translates a RunHalted or a domain error
-        raise failed.exceptions[0] from None
-    return MaterializeBatchResult(start=inp.start, stop=inp.stop, trials_recorded=written, passed=counts["pass"],
-                                  failed=counts["fail"], errored=counts["err"])

@@ -9,7 +9,7 @@ from temporalio import activity
 
 from activities.common import Deps, in_thread
 from benchwright.events import EVENT_TYPES
-from benchwright.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
+from benchwright.runs.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
 from benchwright.store.control import clear_halt, finish_halted, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import finish_run

@@ -2,7 +2,7 @@
 meet the account's host policy and land in the blocked-host log), snapshot → SetupArtifact, SnapshotCreated.
 
 Setup's input hash is model-free (the post-Fetch snapshot, the requirements, the Python version), so a public run's
-identical install is a cache hit (``activities.phase_cache``): its snapshot is reused and nothing is installed."""
+identical install is a cache hit (``benchwright.phase_cache``): its snapshot is reused and nothing is installed."""
 
 from __future__ import annotations
 
@@ -11,19 +11,13 @@ import platform
 from temporalio import activity
 
 from activities.common import Deps, phase
-from activities.phase_cache import PhaseCache, setup_input_hash
 from activities.product import product_setup
-from activities.sandboxes import (
-    DEPS_DIR,
-    latest_snapshot,
-    record_snapshot,
-    sandbox,
-    take_snapshot,
-)
 from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
-from benchwright.pipeline import PhaseInput, PhaseResult
+from benchwright.phase_cache import PhaseCache, setup_input_hash
+from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox import ExecLimits
+from benchwright.sandbox.lifecycle import DEPS_DIR, latest_snapshot, open_sandbox, record_snapshot, take_snapshot
 
 PIP_TIMEOUT_S = 600
 
@@ -44,9 +38,10 @@ class SetupActivities:
         python = platform.python_version()
         detail: dict[str, object] = {}
         async with phase(self.deps, inp) as scope:
-            before = latest_snapshot(self.deps, inp.run_id, before="setup")
-            cache = PhaseCache(self.deps, inp, setup_input_hash(before=before, requirements=requirements,
-                                                                python=python))
+            before = latest_snapshot(self.deps.engine, inp.run_id, before="setup")
+            cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings,
+                               workdir=self.deps.workdir(inp.run_id), inp=inp,
+                               input_hash=setup_input_hash(before=before, requirements=requirements, python=python))
             # Never skipped by a pin (§2): a public run's identical install is copied, or the install runs.
             if (hit := await cache.lookup()) is not None:
                 _, detail = await cache.replay(scope, hit)
@@ -56,15 +51,15 @@ class SetupActivities:
                     await self._install(inp, requirements, before)
                 else:
                     # Nothing to install: the filesystem is the post-Fetch one, and keeps its content-addressed id.
-                    await record_snapshot(self.deps, run_id=inp.run_id, phase="setup", invocation=inp.invocation,
-                                          snapshot_id=before)
+                    await record_snapshot(engine=self.deps.engine, run_id=inp.run_id, phase="setup",
+                                          invocation=inp.invocation, snapshot_id=before)
                 scope.emit("artifact", SetupArtifact(python=python, requirements=requirements))
                 await cache.record(scope)
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control, detail=detail)
 
     async def _install(self, inp: PhaseInput, requirements: list[str], before: str | None) -> None:
-        async with sandbox(self.deps, run_id=inp.run_id, role="work", key=("setup", inp.invocation),
-                           restore=before) as box:
+        async with open_sandbox(engine=self.deps.engine, settings=self.deps.settings, run_id=inp.run_id, role="work",
+                                key=("setup", inp.invocation), restore=before) as box:
             if requirements:
                 index = self.deps.settings.pip_index_url
                 env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
@@ -80,4 +75,5 @@ class SetupActivities:
                     raise RequirementsFailed(
                         f"installing {', '.join(requirements)} failed (exit {result.returncode}"
                         f"{', ' + result.killed_reason if result.killed_reason else ''}): {tail}")
-            await take_snapshot(self.deps, box, run_id=inp.run_id, phase="setup", invocation=inp.invocation)
+            await take_snapshot(engine=self.deps.engine, settings=self.deps.settings, box=box, run_id=inp.run_id,
+                                phase="setup", invocation=inp.invocation)

@@ -1,5 +1,5 @@
 """Input bounds (issue 23): every number a request body carries is finite and bounded, and a JSON value is no larger
-than its field allows. ``benchwright.schemas`` applies them to request bodies, ``benchwright.limits`` to limits."""
+than its field allows. ``benchwright.schemas`` applies them to request bodies, ``benchwright.runs.limits`` to limits."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ NUMBER_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "cost_per_token": (0.0, 1.0, False, "USD per token"),
 }
 """The range of each number ``limits`` (by quantity), ``constraints`` (by key) and ``metadata.limit`` (as
-``max_tasks``) may hold: ``benchwright.limits`` enforces the same table, the API refuses values outside it with 422."""
+``max_tasks``) may hold: ``benchwright.runs.limits`` enforces the same table, the API refuses values outside it
+with 422."""
 MAX_PRICE_PER_TOKEN = NUMBER_RANGES["cost_per_token"][1]
 """Upper bound of a launch's own per-token price, in USD (the dearest model priced today is ~1e-4)."""
 

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from benchwright.halts import HaltKind, HaltReason
+from benchwright.runs.halts import HaltKind, HaltReason
 from benchwright.schemas import ModelSpec
 from benchwright.sut import FATAL_FAILURES, SutClient, SutError, SutReply, explain
 

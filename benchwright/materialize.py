@@ -22,8 +22,8 @@ from sqlmodel import Session
 
 from benchwright.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
-from benchwright.limits import ScorerCeilings
-from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
+from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.control import budget_halt_reason, halt_run

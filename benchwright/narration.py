@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from benchwright.events import NarrationUsage
-from benchwright.halts import HaltKind, HaltReason
+from benchwright.runs.halts import HaltKind, HaltReason
 from benchwright.schemas import CostView, TasksSummary
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ _HALT_CAUSES: dict[HaltKind, str] = {
 
 
 def halt_cause(reason: str) -> str:
-    """A halt reason in words (``benchwright.halts`` reads its kind)."""
+    """A halt reason in words (``benchwright.runs.halts`` reads its kind)."""
     parsed = HaltReason.parse(reason)
     return _HALT_CAUSES[parsed.kind] if parsed is not None else "it was halted"
 

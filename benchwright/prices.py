@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from benchwright.errors import InvalidInput
 
 if TYPE_CHECKING:  # the credential proxy imports Prices: it stays light (no pydantic models)
-    from benchwright.limits import RunLimits
+    from benchwright.runs.limits import RunLimits
     from benchwright.schemas import ModelSpec
 
 

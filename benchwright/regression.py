@@ -37,11 +37,11 @@ from benchwright.compare import (
 )
 from benchwright.errors import BenchwrightError, InvalidInput
 from benchwright.events import RegressionDetected
-from benchwright.launch import ResolvedLaunch, admit_launch, prepare_run, record_run
-from benchwright.pipeline import RunInput
+from benchwright.runs.launch import ResolvedLaunch, admit_launch, prepare_run, record_run
+from benchwright.runs.pipeline import RunInput
+from benchwright.runs.status import display_status
 from benchwright.schemas import LaunchRequest
 from benchwright.settings import Settings
-from benchwright.status import display_status
 from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import Account, Run
@@ -217,7 +217,7 @@ def admit_replay(settings: Settings, engine: Engine, *, account: Account, refere
 
 
 def start_replay(settings: Settings, engine: Engine, inp: PrepareInput) -> PreparedReplay:
-    """Prepare and record the replay run (row + RunLaunched) on the one start path (``benchwright.launch``:
+    """Prepare and record the replay run (row + RunLaunched) on the one start path (``benchwright.runs.launch``:
     ``prepare_run`` + ``record_run``); the workflow starts it as its child. The schedule's creation was checked
     against the quota; a firing is not.
 

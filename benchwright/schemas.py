@@ -44,7 +44,7 @@ DRIVER_VALUES = ("builtin",)
 HARNESS_VALUES = ("benchwright", "inspect", "lmeval", "lighteval", "harbor")
 """What ``harness`` may say; ``benchwright.harness.config.HARNESSES`` (a test keeps the two equal)."""
 MAX_HARNESS_CONFIG_BYTES = 512 * 1024
-"""The drivers a launch may name; ``benchwright.launch.DRIVERS`` (a test keeps the two equal)."""
+"""The drivers a launch may name; ``benchwright.runs.launch.DRIVERS`` (a test keeps the two equal)."""
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _LAST_LABEL = r"[A-Za-z_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"

@@ -96,7 +96,7 @@ class Settings(BaseSettings):
 
     materialize_batch_tasks: int = 2500
     """Most tasks per Materialize batch activity (all trials of a task stay in one batch); see
-    ``benchwright.pipeline.plan_batches``."""
+    ``benchwright.runs.pipeline.plan_batches``."""
 
     materialize_parallel_batches: int = 4
     """Batch activities of one run in flight at once; the concurrency is split between them."""

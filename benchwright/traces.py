@@ -2,7 +2,7 @@
 
 ``PhaseFailed.stack_trace`` is shown to the run's owner (and to anyone reading a public run). A raw trace names
 absolute paths of the server (the checkout, the virtualenv, the user's home); ``relative_trace`` rewrites them
-relative to what a reader can look up: the repository (``benchwright/launch.py``), site-packages (``litellm/...``),
+relative to what a reader can look up: the repository (``benchwright/runs/launch.py``), site-packages (``litellm/...``),
 the standard library (``<stdlib>/asyncio/...``); any other absolute path keeps its last two parts (``…/x/y.py``).
 Traces are made with ``traceback.format_exception``, which never includes local variables' values.
 """

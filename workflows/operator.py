@@ -1,5 +1,5 @@
 """OperatorWorkflow: one Operator session (issue 26). Orchestration only: the builtin operator's plan, each launch
-(through ``benchwright.launch.start_run``, with a run id drawn from the workflow so a retry or a replay never
+(through ``benchwright.runs.launch.start_run``, with a run id drawn from the workflow so a retry or a replay never
 launches a run twice), each wait, the budget checks and the answer. The session's log is written by the activities.
 
 Signals: ``pause``, ``resume``, ``stop``, ``steer(message)``. A pause holds the next launch (a run already going

@@ -20,7 +20,7 @@ Queries:
 Every handler works from the workflow's first moment: ``@workflow.init`` gives the instance its input before any
 signal or update is delivered (a stop sent 0 ms after launch used to find no input and fail the workflow task).
 
-The plan comes from ``benchwright.pipeline.plan_phases``. Each phase invocation runs as a task the workflow can
+The plan comes from ``benchwright.runs.pipeline.plan_phases``. Each phase invocation runs as a task the workflow can
 interrupt: a halt (from an update, a ceiling timer, or an activity that saw the budget crossed) cancels it at once.
 Resumable halts (pause, review, restart cap) wait in ``_gate``; every other halt tears the run down: status keeps
 its value, halted stays up, PipelineFinished closes the log.
@@ -57,10 +57,11 @@ with workflow.unsafe.imports_passed_through():
         PhaseSkipped,
         PipelineStarted,
     )
-    from benchwright.halts import HALTED_ERROR, HaltKind, HaltReason, halt_kind, is_resumable, limit_exceeded
     from benchwright.harness.config import is_bridge
-    from benchwright.limits import unusable
-    from benchwright.pipeline import (
+    from benchwright.report import ReportInput
+    from benchwright.runs.halts import HALTED_ERROR, HaltKind, HaltReason, halt_kind, is_resumable, limit_exceeded
+    from benchwright.runs.limits import unusable
+    from benchwright.runs.pipeline import (
         RESTART_CAP,
         ControlResult,
         EventsInput,
@@ -82,7 +83,6 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
     )
-    from benchwright.report import ReportInput
     from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
 T = TypeVar("T")

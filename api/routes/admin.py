@@ -20,8 +20,8 @@ from api.deps import StateDep, current_account
 from api.routes.runs import _control
 from benchwright import audit
 from benchwright.errors import NotFound, Unauthorized
-from benchwright.pipeline import StopRequest
 from benchwright.quotas import MAX_QUOTA, Quotas, quotas_for, set_quotas, usage
+from benchwright.runs.pipeline import StopRequest
 from benchwright.schemas import RunView
 from benchwright.store.models import Account
 

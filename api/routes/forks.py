@@ -15,8 +15,8 @@ from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from benchwright.errors import InvalidInput
 from benchwright.fingerprint import derive
-from benchwright.launch import plan_fork, start_run
 from benchwright.registry.shape import READABLE_BY_ID, readable_run
+from benchwright.runs.launch import plan_fork, start_run
 from benchwright.schemas import (
     ForkOverrides,
     ForkRequest,

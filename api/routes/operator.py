@@ -85,9 +85,9 @@ def _admit(state: StateDep, account: AccountDep, body: SessionCreate) -> Operato
     again when the session makes it (the balance, the quota and the account's rules may change meanwhile).
     An LLM operator's own checks (``admit_operator``: its secret, its ``api_base``, its price); it plans as it goes,
     and each of its launches is checked when it makes it."""
-    from benchwright.launch import admit_launch
     from benchwright.operator.builtin import plan
     from benchwright.operator.llm import admit_operator
+    from benchwright.runs.launch import admit_launch
 
     llm = admit_operator(state.settings, state.engine, account=account, req=body)
     if llm is not None:

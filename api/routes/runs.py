@@ -19,10 +19,10 @@ from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from api.sse import resume_point
 from benchwright.errors import Conflict, InvalidInput, NotFound, Unavailable
-from benchwright.launch import start_run
-from benchwright.pipeline import ReviewResolution, StopRequest
 from benchwright.registry.shape import readable_run
 from benchwright.report.facts import run_narration
+from benchwright.runs.launch import start_run
+from benchwright.runs.pipeline import ReviewResolution, StopRequest
 from benchwright.schemas import (
     MAX_INDEX,
     EventPage,

@@ -15,7 +15,7 @@ builtin driver's deterministic logic; where no template fits, Analyze leaves the
 What the model is never given: the SUT's credential, its own credential, any other secret, or a way to launch a
 run: its messages hold only this module's prompts and the tools' answers.
 
-Budgets (``benchwright.limits``): ``phase.driver_steps`` model calls per invocation; spent without finishing, the
+Budgets (``benchwright.runs.limits``): ``phase.driver_steps`` model calls per invocation; spent without finishing, the
 phase asks for human review (the resolution re-runs it with a fresh step budget and the reviewer's instructions).
 ``run.driver_tokens`` over the run; spent, the phase fails ``driver_budget_exhausted`` (a review could not buy more).
 
@@ -61,8 +61,8 @@ from benchwright.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from benchwright.limits import DriverBudgets, RunLimits
 from benchwright.prices import Prices, prices_for
+from benchwright.runs.limits import DriverBudgets, RunLimits
 from benchwright.schemas import ModelSpec
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import EventRow

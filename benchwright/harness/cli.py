@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_support import BadFlag
+from benchwright.cli.support import BadFlag
 
 harness_app = typer.Typer(no_args_is_help=True,
                           help="Harness runtimes for bridge runs (inspect, lm-eval, lighteval, harbor).")

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from benchwright.errors import InvalidInput
-from benchwright.limits import RunLimits, TaskLimits
+from benchwright.runs.limits import RunLimits, TaskLimits
 from benchwright.schemas import LaunchRequest, suggest
 from benchwright.scoring.aggregators import AggregatorConfig, TrialPlan, TrialsConfig
 

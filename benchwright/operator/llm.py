@@ -7,8 +7,8 @@ their price (``benchwright.prices``): the session's own cost, charged to the acc
 ``cost.driver``.
 
 What the tools reach is what the session's account may reach, through the existing paths: ``launch`` and
-``extend`` call ``benchwright.launch.start_run``; ``replay``, ``fork`` and ``sweep`` call
-``benchwright.launch.plan_fork`` and then ``start_run``; ``get_run``, ``compare`` and ``frontier`` read through
+``extend`` call ``benchwright.runs.launch.start_run``; ``replay``, ``fork`` and ``sweep`` call
+``benchwright.runs.launch.plan_fork`` and then ``start_run``; ``get_run``, ``compare`` and ``frontier`` read through
 ``benchwright.compare.readable_run``; ``halt`` sends a run's ``stop`` update, only to a run the session launched.
 
 Hard ceilings (checked before every model call and every launch): ``limits.session.runs``, ``limits.session.cost``

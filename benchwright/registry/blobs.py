@@ -23,7 +23,7 @@ from pathlib import Path
 from benchwright.blobs import BlobNotFound
 from benchwright.blobs import BlobStore as SharedBlobStore
 from benchwright.errors import NotFound
-from benchwright.sandbox.local_snapshots import settle_object
+from benchwright.sandbox.local.snapshots import settle_object
 from benchwright.settings import Settings
 
 CHUNK = 1 << 20

@@ -36,7 +36,7 @@ from benchwright.sandbox.base import (
 from benchwright.sandbox.factory import OpenBackend, blob_store, open_backend
 from benchwright.sandbox.local import LocalBackend
 from benchwright.sandbox.snapshot_sync import export_snapshot, import_snapshot
-from benchwright.scoring.host import Spawn, runner_env
+from benchwright.scoring.host import RUNNER, Spawn, runner_env
 from benchwright.settings import Settings
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import EventRow
@@ -249,5 +249,16 @@ async def snapshot_files(*, engine: Engine, settings: Settings, files: dict[str,
     return snapshot_id
 
 
-__all__ = ["DEPS_DIR", "SNAPSHOTS", "Sandbox", "latest_snapshot", "open_sandbox", "record_snapshot", "run_backend",
-           "snapshot_files", "snapshot_of", "take_snapshot"]
+async def put_file(box: Sandbox, name: str, data: bytes) -> None:
+    """``data`` as ``name`` in the sandbox's working directory."""
+    await box.backend.write_file(box.info.sandbox_id, name, data)
+
+
+async def put_runtime(box: Sandbox, impl_source: str) -> None:
+    """The scorer runtime and task_impl.py into the sandbox's working directory."""
+    await put_file(box, "runner.py", Path(RUNNER).read_bytes())
+    await put_file(box, "task_impl.py", impl_source.encode())
+
+
+__all__ = ["DEPS_DIR", "SNAPSHOTS", "Sandbox", "latest_snapshot", "open_sandbox", "put_file", "put_runtime",
+           "record_snapshot", "run_backend", "snapshot_files", "snapshot_of", "take_snapshot"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchwright.halts import limit_exceeded
 from benchwright.results import model_input
+from benchwright.runs.halts import limit_exceeded
 from benchwright.scoring.aggregators import normalize_score, outcome_for
 from benchwright.sut import SutClient, SutError
 from benchwright.traces import relative_trace

@@ -9,8 +9,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col
 
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
-from benchwright.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.registry.shape import stamp_terminal
+from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, utcnow

@@ -18,6 +18,7 @@ from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.registry.catalog import check_can_be_public
 from benchwright.registry.shape import stamp_terminal
 from benchwright.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
+from benchwright.runs.status import display_status
 from benchwright.schemas import (
     AgentStepView,
     CostView,
@@ -36,7 +37,6 @@ from benchwright.schemas import (
     TrialView,
 )
 from benchwright.scoring.aggregators import pass_at_k_summary
-from benchwright.status import display_status
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals

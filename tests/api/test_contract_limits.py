@@ -25,7 +25,7 @@ from api.routes.runs import UPDATE_OUTLIVED_RUN, update_refusal
 from benchwright.compute import COMPUTE_CHOICES
 from benchwright.devstack import free_port
 from benchwright.errors import Conflict
-from benchwright.launch import DRIVERS
+from benchwright.runs.launch import DRIVERS
 from benchwright.schemas import COMPUTE_VALUES, DRIVER_VALUES, MAX_METADATA_BYTES
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, Stack, serve_app

@@ -128,8 +128,8 @@ async def test_a_signal_on_a_closed_run_is_refused_by_temporal(stack: Stack) -> 
 def _recorded_run(stack: Stack) -> tuple[str, Any]:
     """A run row with RunLaunched at seq 0 and the RunInput the API would start it with (no workflow yet)."""
     from benchwright.dataset_access import LocalPathRules
-    from benchwright.launch import resolve_launch
-    from benchwright.pipeline import MaterializeOptions, RunInput
+    from benchwright.runs.launch import resolve_launch
+    from benchwright.runs.pipeline import MaterializeOptions, RunInput
     from benchwright.schemas import LaunchRequest
     from benchwright.store.accounts import authenticate
     from benchwright.store.db import make_engine
@@ -155,7 +155,7 @@ async def test_an_update_delivered_with_the_start_itself_halts_the_run(stack: St
     from temporalio.client import WithStartWorkflowOperation
     from temporalio.common import WorkflowIDConflictPolicy
 
-    from benchwright.pipeline import ControlResult, StopRequest
+    from benchwright.runs.pipeline import ControlResult, StopRequest
     from workflows.run import RunWorkflow
 
     run_id, inp = _recorded_run(stack)

@@ -361,7 +361,7 @@ async def _record_history_once(stack: Stack, run_id: str, name: str) -> None:
 
 
 async def test_sdk_fork_and_the_lineage_tree_the_cli_prints(stack: Stack) -> None:
-    from benchwright.cli_forks import lineage_lines
+    from benchwright.cli.forks import lineage_lines
     from benchwright.client import Client
 
     async with stack.http() as http:

@@ -16,8 +16,8 @@ import pytest
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from benchwright.limits import RunLimits
-from benchwright.pipeline import RunInput
+from benchwright.runs.limits import RunLimits
+from benchwright.runs.pipeline import RunInput
 from benchwright.schemas import LaunchRequest
 from benchwright.scoring.aggregators import TrialsConfig
 from benchwright.store.db import make_engine

@@ -396,7 +396,7 @@ async def test_helps_reruns_the_reference_with_the_change(stack: Stack, fx: Fixt
 async def test_start_run_is_idempotent_on_the_run_id(stack: Stack, fx: Fixture) -> None:
     """The Operator's launch activity may run twice (a retry, a killed worker): one run, one workflow, one log."""
     from benchwright.errors import Conflict
-    from benchwright.launch import start_run
+    from benchwright.runs.launch import start_run
     from benchwright.schemas import LaunchRequest
     from benchwright.store.accounts import authenticate
     from benchwright.store.db import make_engine

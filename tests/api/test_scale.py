@@ -14,7 +14,7 @@ import pytest
 from api.main import create_app
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port
-from benchwright.pipeline import plan_batches
+from benchwright.runs.pipeline import plan_batches
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import DevModels, Stack, serve_app, start_worker_process
 

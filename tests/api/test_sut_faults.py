@@ -110,7 +110,7 @@ async def test_429_with_retry_after_is_waited_out_and_tasks_pass(stack: Stack, d
 def _cli_run(stack: Stack, *args: str) -> Any:
     from typer.testing import CliRunner
 
-    from benchwright.cli import app
+    from benchwright.cli.app import app
 
     return CliRunner().invoke(app, ["run", "--dataset", DATASET, "--model", "openai/dev", "--watch",
                                     "--api-url", stack.api_url, "--api-key", stack.api_key, *args])

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright.cli_support import fitted_table, runs_table
+from benchwright.cli.support import fitted_table, runs_table
 from benchwright.client import Client
 from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.devstack import free_port

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchwright.cli_support import model_name
+from benchwright.cli.support import model_name
 from benchwright.client import Client
 from benchwright.devmodel import DevModelConfig
 from benchwright.devstack import free_port

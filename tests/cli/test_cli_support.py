@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchwright.cli_support import BadFlag, Throughput, flat, nested, trials_block
+from benchwright.cli.support import BadFlag, Throughput, flat, nested, trials_block
 
 
 def test_limits_nest_and_parse_numbers() -> None:

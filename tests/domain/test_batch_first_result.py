@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from benchwright.events import MaterializeTaskResult
 from benchwright.materialize import run_batch
-from benchwright.pipeline import MaterializeBatchInput
+from benchwright.runs.pipeline import MaterializeBatchInput
 from benchwright.schemas import LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord

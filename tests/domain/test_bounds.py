@@ -9,8 +9,8 @@ import math
 import pytest
 
 from benchwright.errors import InvalidInput
-from benchwright.limits import RunLimits, TaskLimits, resolve_limits, unusable
 from benchwright.regression import parse_cadence
+from benchwright.runs.limits import RunLimits, TaskLimits, resolve_limits, unusable
 
 
 @pytest.mark.parametrize("limits, constraints, metadata, fragment", [

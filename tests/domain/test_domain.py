@@ -10,11 +10,11 @@ import pytest
 from benchwright.dataset_access import DatasetAccess, LocalPathRules
 from benchwright.datasets import analyze_dataset, detect_format, fetch_dataset, iter_rows
 from benchwright.errors import DatasetError, InvalidInput
-from benchwright.launch import resolve_launch, resolve_trials
-from benchwright.pipeline import batch_bounds, plan_batches, plan_phases
+from benchwright.runs.launch import resolve_launch, resolve_trials
+from benchwright.runs.pipeline import batch_bounds, plan_batches, plan_phases
+from benchwright.runs.status import display_status
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.scoring.aggregators import TrialsConfig
-from benchwright.status import display_status
 
 LOCAL = LocalPathRules(deployment=True, account=True)
 LOCAL_ACCESS = DatasetAccess(local=LOCAL)

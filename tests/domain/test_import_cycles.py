@@ -117,4 +117,4 @@ def test_the_scan_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == {frozenset({"a", "b"})}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == {frozenset({"a", "b", "c"})}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == set()
-    assert "benchwright.launch" in import_graph()["api.routes.runs"]
+    assert "benchwright.runs.launch" in import_graph()["api.routes.runs"]

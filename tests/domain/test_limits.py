@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchwright.errors import InvalidInput
-from benchwright.limits import matrix, resolve_limits
+from benchwright.runs.limits import matrix, resolve_limits
 
 
 def test_limits_resolve_to_the_run_shape() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchwright.limits import ScorerCeilings, TaskLimits, matrix
+from benchwright.runs.limits import ScorerCeilings, TaskLimits, matrix
 from benchwright.scoring.host import (
     RUNNER,
     ScorerLoadError,

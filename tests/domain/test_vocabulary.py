@@ -1,4 +1,4 @@
-"""The control vocabulary has one home (issue 24): halt reasons live in ``benchwright.halts``, event type names in
+"""The control vocabulary has one home (issue 24): halt reasons live in ``benchwright.runs.halts``, event type names in
 ``benchwright.events``. The reasons round-trip through their §9 wire strings, and a static read of the code keeps
 their string literals from coming back anywhere else."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import benchwright.events as events
-from benchwright.halts import RESUMABLE, HaltKind, HaltReason, halt_kind, is_resumable
-from benchwright.status import display_status
+from benchwright.runs.halts import RESUMABLE, HaltKind, HaltReason, halt_kind, is_resumable
+from benchwright.runs.status import display_status
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("benchwright", "api", "activities", "workflows")
-HOMES = {"benchwright/events.py", "benchwright/halts.py"}
+HOMES = {"benchwright/events.py", "benchwright/runs/halts.py"}
 EVENT_TYPES = {name for name, obj in vars(events).items()
                if isinstance(obj, type) and issubclass(obj, events.Event) and obj is not events.Event}
 HALT_LITERAL = re.compile(r"^(?:(?:" + "|".join(k.value for k in HaltKind if k is not HaltKind.ADMIN)
@@ -92,7 +92,7 @@ def test_no_halt_reason_or_event_type_literal_outside_its_home() -> None:
             if node.value in EVENT_TYPES:
                 found.append(f"{rel}:{node.lineno}: event type {node.value!r} (use {node.value}.type_name())")
             elif HALT_LITERAL.match(node.value) and (rel, node.value) not in NOT_HALTS:
-                found.append(f"{rel}:{node.lineno}: halt reason {node.value!r} (use benchwright.halts.HaltReason)")
+                found.append(f"{rel}:{node.lineno}: halt reason {node.value!r} (use benchwright.runs.halts.HaltReason)")
     assert not found, "\n".join(found)
 
 

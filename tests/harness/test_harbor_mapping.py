@@ -19,7 +19,7 @@ from benchwright.harness.harbor import (
     sandbox_path,
     task_files,
 )
-from benchwright.sandbox.local import _root_links
+from benchwright.sandbox.local.backend import _root_links
 
 
 def _task(root: Path, name: str, dockerfile: str | None, toml: str = "") -> Path:

@@ -14,8 +14,8 @@ from benchwright.harness.config import (
     sample_limit,
 )
 from benchwright.harness.install import RUNTIMES
-from benchwright.limits import RunLimits, TaskLimits
-from benchwright.pipeline import plan_phases
+from benchwright.runs.limits import RunLimits, TaskLimits
+from benchwright.runs.pipeline import plan_phases
 from benchwright.schemas import HARNESS_VALUES, LaunchRequest
 from benchwright.scoring.aggregators import TrialPlan, TrialsConfig
 from tests.harness.qa import harness_config

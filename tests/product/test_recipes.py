@@ -15,7 +15,6 @@ from activities.product import parse_probe
 from benchwright.dataset_access import LocalPathRules
 from benchwright.devmodel import start_server
 from benchwright.errors import InvalidInput
-from benchwright.pipeline import plan_phases
 from benchwright.product.recipe import (
     RecipeError,
     bundled_path,
@@ -25,6 +24,7 @@ from benchwright.product.recipe import (
     parse,
     task_impl_source,
 )
+from benchwright.runs.pipeline import plan_phases
 from benchwright.schemas import LaunchRequest
 from benchwright.testkit import product_double
 

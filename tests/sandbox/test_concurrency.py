@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from benchwright.sandbox import ExecLimits, IsolationUnavailable, LocalBackend, SandboxError, SandboxInfo, proxy_env
-from benchwright.sandbox import local as local_backend
+from benchwright.sandbox.local import backend as local_backend
 
 PY = sys.executable
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}

@@ -40,7 +40,7 @@ from benchwright.sandbox import (
     SandboxProcess,
     proxy_env,
 )
-from benchwright.sandbox.local_cgroups import _Cgroups, _cpu_quota_us
+from benchwright.sandbox.local.cgroups import _Cgroups, _cpu_quota_us
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "benchwright" / "scoring" / "runner.py"

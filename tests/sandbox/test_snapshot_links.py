@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchwright.sandbox import ExecLimits, LocalBackend, SandboxInfo
-from benchwright.sandbox.local_snapshots import LINK_MIN_BYTES
+from benchwright.sandbox.local.snapshots import LINK_MIN_BYTES
 from tests.sandbox.local_kit import create_work, local_backend
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}

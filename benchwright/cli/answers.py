@@ -1,6 +1,6 @@
 """CLI commands that answer questions across runs (issue 17): ``show``, ``compare``, ``frontier``, ``schedule ...``.
 
-Registered on the main app by ``benchwright/cli.py``; they share its client and consoles (imported when a command
+Registered on the main app by ``benchwright/cli/app.py``; they share its client and consoles (imported when a command
 runs, so the two modules do not import each other at load time).
 """
 
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from benchwright.cli_support import client_for, console, fitted_table, out
+from benchwright.cli.support import client_for, console, fitted_table, out
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Scheduled regression runs: replay a run on a cadence and "
                                                       "alert on a significant drop.")

@@ -1,5 +1,5 @@
 """``benchwright ask``: start an Operator session from a structured goal, follow the runs it launches, print its
-answer (issue 26). Registered on the main app by ``benchwright/cli.py``."""
+answer (issue 26). Registered on the main app by ``benchwright/cli/app.py``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _ci, _pct
-from benchwright.cli_support import BadFlag, console, out
+from benchwright.cli.answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _ci, _pct
+from benchwright.cli.support import BadFlag, console, out
 
 MAX_GOAL_BYTES = 64 * 1024
 ENDED = ("answered", "stopped", "failed")

@@ -1,6 +1,6 @@
 """CLI commands for the registry (§7, issue 9): ``registry publish | promote | benchmarks | leaderboard``.
 
-Registered on the main app by ``benchwright/cli.py``; they use its client (imported when a command runs)."""
+Registered on the main app by ``benchwright/cli/app.py``; they use its client (imported when a command runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from benchwright.cli_support import client_for, fitted_table
+from benchwright.cli.support import client_for, fitted_table
 
 registry_app = typer.Typer(no_args_is_help=True, help="The registry: publish runs, promote impls, leaderboards.")
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright).")]

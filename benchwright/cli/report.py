@@ -1,6 +1,6 @@
 """``benchwright report RUN -o report.html``: download a run's report (issue 26, docs/report.md).
 
-Registered on the main app by ``benchwright/cli.py``; it shares the client helpers of ``cli_answers``.
+Registered on the main app by ``benchwright/cli/app.py``; it shares the client helpers of ``cli_answers``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, _call
-from benchwright.cli_support import console
+from benchwright.cli.answers import ApiKey, ApiUrl, DataDir, _call
+from benchwright.cli.support import console
 
 REPORT_FILES = ("report.html", "results.json")
 

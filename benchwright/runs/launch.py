@@ -15,10 +15,10 @@ from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
 from benchwright.drivers.llm import LlmDriverSpec
 from benchwright.errors import InvalidInput
 from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
-from benchwright.limits import RunLimits, resolve_limits
-from benchwright.pipeline import ForkSpec, MaterializeOptions, RunInput
 from benchwright.prices import check_priced
 from benchwright.product.recipe import check_launch as check_recipe
+from benchwright.runs.limits import RunLimits, resolve_limits
+from benchwright.runs.pipeline import ForkSpec, MaterializeOptions, RunInput
 from benchwright.schemas import ForkRequest, LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 

@@ -19,7 +19,7 @@ from benchwright.sandbox.base import (
     SandboxError,
     SandboxPathError,
 )
-from benchwright.sandbox.local_util import _open_parent, _split_relpath, _write_json_atomic
+from benchwright.sandbox.local.util import _open_parent, _split_relpath, _write_json_atomic
 
 _SNAPSHOT_FORMAT = "benchwright-snapshot/1"
 LINK_MIN_BYTES = 1 << 20

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from benchwright.harness.config import is_bridge
-from benchwright.limits import RunLimits, TaskLimits
+from benchwright.runs.limits import RunLimits, TaskLimits
 from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig
 

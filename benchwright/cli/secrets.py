@@ -1,5 +1,5 @@
 """``benchwright secrets set | list | rm``: the account's provider secrets (API keys) from the command line, so a
-keyed model can be run with ``run --secret NAME``. Registered on the main app by ``benchwright/cli.py``.
+keyed model can be run with ``run --secret NAME``. Registered on the main app by ``benchwright/cli/app.py``.
 
 A value never travels in argv (where ``ps`` and shell history would show it) and is never printed: ``set`` reads it
 from stdin (a hidden prompt on a terminal) or from an environment variable named by ``--from-env``.
@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _print
-from benchwright.cli_support import console
+from benchwright.cli.answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _print
+from benchwright.cli.support import console
 
 secrets_app = typer.Typer(no_args_is_help=True, help="Provider secrets (API keys) the runs' model calls use; "
                                                      "values are write-only.")
@@ -71,7 +71,7 @@ def secrets_set(name: Annotated[str, typer.Argument(help="The secret's name, e.g
 def secrets_list(json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
                  api_key: ApiKey = None) -> None:
     """Your secrets' names, host patterns and creation times (values are never shown)."""
-    from benchwright.cli_support import fitted_table
+    from benchwright.cli.support import fitted_table
 
     found = _call(lambda c: c.secrets(), data_dir, api_url, api_key)
     if json_out:

@@ -115,11 +115,11 @@ from benchwright.sandbox.base import (
     SandboxPathError,
     read_capped,
 )
-from benchwright.sandbox.local_cgroups import _Cgroups, _detect_cgroups, _ExecCgroup, _remove_cgroups
-from benchwright.sandbox.local_process import LocalProcess
-from benchwright.sandbox.local_relay import _EgressRelay, _parse_proxy_url
-from benchwright.sandbox.local_snapshots import _SnapshotStore, _write_file_into
-from benchwright.sandbox.local_util import (
+from benchwright.sandbox.local.cgroups import _Cgroups, _detect_cgroups, _ExecCgroup, _remove_cgroups
+from benchwright.sandbox.local.process import LocalProcess
+from benchwright.sandbox.local.relay import _EgressRelay, _parse_proxy_url
+from benchwright.sandbox.local.snapshots import _SnapshotStore, _write_file_into
+from benchwright.sandbox.local.util import (
     WORK_INSIDE,
     _alive,
     _failure_detail,

@@ -1,5 +1,5 @@
 """``benchwright fork``, ``replay``, ``sweep`` and ``lineage`` (§10). Registered on the main app by
-``benchwright/cli.py``; they share its client and consoles (imported when a command runs)."""
+``benchwright/cli/app.py``; they share its client and consoles (imported when a command runs)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _print
-from benchwright.cli_support import BadFlag, console, first_error, run_succeeded, run_summary, watch
+from benchwright.cli.answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _print
+from benchwright.cli.support import BadFlag, console, first_error, run_succeeded, run_summary, watch
 
 MAX_MODELS_FILE_BYTES = 64 * 1024
 MODEL_KEYS = ("model", "api_base", "secret")

@@ -11,15 +11,15 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_accounts import accounts_app
-from benchwright.cli_demo import demo, dev_model, scripted_llm
-from benchwright.cli_support import DataDir, VisibleSuggestions, console, out
-from benchwright.cli_support import client_for as _client
-from benchwright.cli_support import data_dir_of as _data_dir
-from benchwright.cli_support import first_error as _first_error
-from benchwright.cli_support import run_succeeded as _run_succeeded
-from benchwright.cli_support import run_summary as _summary
-from benchwright.cli_support import watch as watch_run
+from benchwright.cli.accounts import accounts_app
+from benchwright.cli.demo import demo, dev_model, scripted_llm
+from benchwright.cli.support import DataDir, VisibleSuggestions, console, out
+from benchwright.cli.support import client_for as _client
+from benchwright.cli.support import data_dir_of as _data_dir
+from benchwright.cli.support import first_error as _first_error
+from benchwright.cli.support import run_succeeded as _run_succeeded
+from benchwright.cli.support import run_summary as _summary
+from benchwright.cli.support import watch as watch_run
 from benchwright.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -189,7 +189,7 @@ def runs_cmd(status: Annotated[str | None, typer.Option(
     """List your runs, newest first."""
     from itertools import islice
 
-    from benchwright.cli_support import model_name, runs_table
+    from benchwright.cli.support import model_name, runs_table
     from benchwright.client import ApiError
 
     try:
@@ -219,7 +219,7 @@ def events(run_id: str,
     """Print a run's event log, one line per event (seq, time, type, data)."""
     from collections.abc import Iterator
 
-    from benchwright.cli_support import event_line
+    from benchwright.cli.support import event_line
     from benchwright.client import ApiError
 
     def logged(client: Any) -> Iterator[dict[str, Any]]:
@@ -247,7 +247,7 @@ def tasks(run_id: str,
           json_out: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON array.")] = False,
           data_dir: DataDir = None, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Print a run's settled tasks: index, outcome, score and an excerpt of the output (all pages)."""
-    from benchwright.cli_support import tasks_table
+    from benchwright.cli.support import tasks_table
     from benchwright.client import ApiError
 
     try:
@@ -342,7 +342,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
         api_url: Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_URL")] = None,
         api_key: Annotated[str | None, typer.Option(envvar="BENCHWRIGHT_API_KEY")] = None) -> None:
     """Launch a run through the REST API (and optionally watch it). Every key of the launch body has a flag."""
-    from benchwright.cli_support import BadFlag, flat, nested, trials_block, with_max_tasks
+    from benchwright.cli.support import BadFlag, flat, nested, trials_block, with_max_tasks
     from benchwright.client import ApiError
     from benchwright.harness.cli import harness_body
 
@@ -388,7 +388,7 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
                 console.print(f"note: this run will not appear on a leaderboard: {launched['off_leaderboard']}",
                               highlight=False, markup=False)
             if watch and prompt and not (dataset or benchmark or harness):  # Find resolves it: say to what, and why
-                from benchwright.cli_find import find_resolution, resolution_lines
+                from benchwright.cli.find import find_resolution, resolution_lines
 
                 found = find_resolution(client, launched["id"])
                 for line in resolution_lines(found) if found else []:
@@ -414,35 +414,35 @@ def run(model: Annotated[str, typer.Option(help="LiteLLM model string provider/m
 app.command()(demo)
 
 
-from benchwright.cli_answers import compare_cmd, frontier_cmd, schedule_app, show_cmd  # noqa: E402
+from benchwright.cli.answers import compare_cmd, frontier_cmd, schedule_app, show_cmd  # noqa: E402
 
 app.command("show")(show_cmd)
 app.command("compare")(compare_cmd)
 app.command("frontier")(frontier_cmd)
 
-from benchwright.cli_forks import fork_cmd, lineage_cmd, sweep_cmd  # noqa: E402
+from benchwright.cli.forks import fork_cmd, lineage_cmd, sweep_cmd  # noqa: E402
 
 app.command("fork")(fork_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("lineage")(lineage_cmd)
 app.add_typer(schedule_app, name="schedule")
 
-from benchwright.cli_registry import registry_app  # noqa: E402
-from benchwright.cli_report import report_cmd  # noqa: E402
+from benchwright.cli.registry import registry_app  # noqa: E402
+from benchwright.cli.report import report_cmd  # noqa: E402
 
 app.command("report")(report_cmd)
 
 app.add_typer(registry_app, name="registry")
 
-from benchwright.cli_operator import ask_cmd  # noqa: E402
+from benchwright.cli.operator import ask_cmd  # noqa: E402
 
 app.command("ask")(ask_cmd)
 
-from benchwright.cli_sessions import session_app  # noqa: E402
+from benchwright.cli.sessions import session_app  # noqa: E402
 
 app.add_typer(session_app, name="session")
 
-from benchwright.cli_secrets import secrets_app  # noqa: E402
+from benchwright.cli.secrets import secrets_app  # noqa: E402
 
 app.add_typer(secrets_app, name="secrets")
 
@@ -450,7 +450,7 @@ from benchwright.harness.cli import harness_app  # noqa: E402
 
 app.add_typer(harness_app, name="harness")
 
-from benchwright.cli_keys import (  # noqa: E402
+from benchwright.cli.keys import (  # noqa: E402
     accounts_add_key,
     accounts_keys,
     accounts_revoke_key,
@@ -480,6 +480,3 @@ def main() -> None:
     sys.stderr.flush()
     os._exit(code)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """Materialize for a harness-bridge run: the harness process in the work sandbox, its samples into the log.
 
-The batch activity (``activities.materialize``) calls ``bridge_batch`` for a ``mode="bridge"`` batch and keeps
-what every batch has: heartbeats, the halt watcher (a stop cancels this coroutine; leaving the sandbox block kills
-the harness's whole PID namespace), the SUT breaker. The harness runs from its installed runtime (mounted
-read-only), restored from the post-Setup snapshot, and reaches the model only through the relay's one loopback
-endpoint via the sandbox's egress proxy (``benchwright.harness.relay``).
+``benchwright.placement.run_placed_batch`` runs ``bridge_batch`` for a ``mode="bridge"`` batch; the batch
+activity (``activities.materialize``) keeps what every batch has: heartbeats, the halt watcher (a stop cancels this
+coroutine; leaving the sandbox block kills the harness's whole PID namespace), the SUT breaker. The harness runs
+from its installed runtime (mounted read-only), restored from the post-Setup snapshot, and reaches the model only
+through the relay's one loopback endpoint via the sandbox's egress proxy (``benchwright.harness.relay``).
 
 harbor is the same batch with a ``harbor_orchestrator`` sandbox running harbor on a copy of the task set, and a
 task-environment broker (``benchwright.harness.harbor.TaskEnvBroker``) beside the relay that opens one
@@ -25,8 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from activities.common import Deps, in_thread
-from activities.sandboxes import put_file, sandbox, snapshot_of
+from sqlalchemy.engine import Engine
+
 from benchwright.errors import Unavailable
 from benchwright.events import HarnessLogArtifact, HarnessTaskArtifact
 from benchwright.fingerprint import sha256_hex
@@ -46,12 +46,14 @@ from benchwright.harness.harbor import (
 )
 from benchwright.harness.install import RUNTIMES, base_prefix, harness_root, installed
 from benchwright.harness.relay import Relay
-from benchwright.limits import RunLimits
-from benchwright.pipeline import MaterializeBatchInput, MaterializeBatchResult
+from benchwright.runs.limits import RunLimits
+from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox import ExecLimits
-from benchwright.sandbox.lifecycle import Sandbox
+from benchwright.sandbox.lifecycle import Sandbox, open_sandbox, put_file, snapshot_of
 from benchwright.sandbox.local import ROOT_LINKS_KEY
 from benchwright.schemas import LaunchRequest
+from benchwright.settings import Settings
+from benchwright.store.db import outage_tolerant
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run
 from benchwright.sut import SutClient
@@ -61,7 +63,7 @@ MEMORY_MB = 4096
 """lm-eval imports torch (~1 GB resident with its CPU kernels); inspect needs far less."""
 
 
-async def bridge_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient,
+async def bridge_batch(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, sut: SutClient,
                        progress: Callable[[dict[str, Any]], None]) -> MaterializeBatchResult:
     """Run the launch's harness task to the end (skipping what earlier attempts recorded) and record it.
 
@@ -70,40 +72,42 @@ async def bridge_batch(deps: Deps, *, inp: MaterializeBatchInput, sut: SutClient
         BridgeFailed: the harness ended without finishing (its stderr's tail is in the message).
         RunHalted: a commit crossed run.cost.
     """
-    run = await in_thread(get_run, deps.engine, run_id=inp.run_id)
+    run = await outage_tolerant(get_run, engine, run_id=inp.run_id)
     launch = LaunchRequest.model_validate(run.launch)
     config = check_harness(launch)
     assert config is not None and launch.harness is not None  # a bridge batch is planned for bridge launches only
-    root = harness_root(data_dir=deps.settings.data_dir, harness_dir=deps.settings.harness_dir)
+    root = harness_root(data_dir=settings.data_dir, harness_dir=settings.harness_dir)
     runtime = installed(root, launch.harness)
     if runtime is None:
         raise Unavailable(f"the {launch.harness} harness is not installed on this worker (under {root}); run "
                           f"`benchwright harness install {launch.harness}`")
     runtime = runtime.resolve()  # mounted and run at its real path (the sandbox has no symlinks of the host's)
-    await in_thread(append_events, deps.engine, inp.run_id, [NewEvent.of(
+    await outage_tolerant(append_events, engine, inp.run_id, [NewEvent.of(
         event_key(inp.run_id, "materialize", inp.invocation, "harness-task"),
         HarnessTaskArtifact(harness=launch.harness, version=RUNTIMES[launch.harness].version,
                             task=config.task or config.task_name or config.path,
                             config_sha256=sha256_hex(config.model_dump(mode="json"))))])
     relay = Relay(sut)
-    recorder = BridgeRecorder(engine=deps.engine, inp=inp, harness=launch.harness, meter=relay.meter,
+    recorder = BridgeRecorder(engine=engine, inp=inp, harness=launch.harness, meter=relay.meter,
                               progress=progress)
     done = await recorder.load()
     limit = sample_limit(config, RunLimits.model_validate(run.limits or {}))
     if launch.harness == "harbor":
-        return await _harbor_batch(deps, inp=inp, config=config, runtime=runtime, root=root, recorder=recorder,
-                                   limit=limit, done=done, relay=relay, model=launch.model.identifier)
-    async with relay as endpoint, sandbox(
-            deps, run_id=inp.run_id, role="work", key=("materialize", inp.invocation, "bridge"),
-            restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset({("127.0.0.1", endpoint.port)}),
+        return await _harbor_batch(engine=engine, settings=settings, inp=inp, config=config, runtime=runtime,
+                                   root=root, recorder=recorder, limit=limit, done=done, relay=relay,
+                                   model=launch.model.identifier)
+    async with relay as endpoint, open_sandbox(
+            engine=engine, settings=settings, run_id=inp.run_id, role="work",
+            key=("materialize", inp.invocation, "bridge"), restore=snapshot_of(engine, inp.run_id, "setup"),
+            internal_allowed=frozenset({("127.0.0.1", endpoint.port)}),
             metadata={"harness": launch.harness}, ro_paths=(runtime,)) as box:
         plan = plan_bridge(harness=launch.harness, config=config, model=launch.model.identifier, endpoint=endpoint,
                            home=box.home, limit=limit, done=done, concurrency=inp.concurrency)
         for name, data in plan.files.items():
             await put_file(box, name, data)
-        bound = deps.settings.materialize_batch_duration_s
+        bound = settings.materialize_batch_duration_s
         await _run_harness(box, runtime=runtime, env=plan.env, bound=bound, recorder=recorder, harness=launch.harness)
-        await _keep_log(deps, box, inp=inp, harness=launch.harness, path=recorder.done_line.get("log")
+        await _keep_log(engine, settings, box, inp=inp, harness=launch.harness, path=recorder.done_line.get("log")
                         if recorder.done_line else None, home=box.home)
     return recorder.result()
 
@@ -145,9 +149,9 @@ async def _run_harness(box: Sandbox, *, runtime: Path, env: dict[str, str], boun
                            + "\n".join(tail)[-3000:])
 
 
-async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: HarnessConfig, runtime: Path, root: Path,
-                        recorder: BridgeRecorder, limit: int | None, done: list[int], relay: Relay,
-                        model: str) -> MaterializeBatchResult:
+async def _harbor_batch(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, config: HarnessConfig,
+                        runtime: Path, root: Path, recorder: BridgeRecorder, limit: int | None, done: list[int],
+                        relay: Relay, model: str) -> MaterializeBatchResult:
     """harbor in a ``harbor_orchestrator`` sandbox, each trial's environment a ``harbor_task_env`` sandbox; a
     model-driven agent (``terminus-2``) runs in harbor's process and reaches the model only through ``relay``.
 
@@ -155,17 +159,17 @@ async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: Harne
         InvalidInput: the task set cannot be found or one of its environments cannot be mapped (before harbor runs).
     """
     assert config.path is not None  # checked at launch
-    tasks = await in_thread(resolve_task_set, config.path, harness_dir=root)
-    plans = await in_thread(environment_plans, tasks)
-    files = await in_thread(task_files, tasks)
+    tasks = await outage_tolerant(resolve_task_set, config.path, harness_dir=root)
+    plans = await outage_tolerant(environment_plans, tasks)
+    files = await outage_tolerant(task_files, tasks)
     base = base_prefix(runtime)
     ro_paths = (runtime, *((base.resolve(),) if base is not None else ()))
 
     def open_env(session: str, plan: EnvPlan) -> AbstractAsyncContextManager[Sandbox]:
-        return sandbox(deps, run_id=inp.run_id, role="harbor_task_env",
-                       key=("materialize", inp.invocation, "harbor", session), restore=None,
-                       metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
-                       backend_options={ROOT_LINKS_KEY: plan.root_links})
+        return open_sandbox(engine=engine, settings=settings, run_id=inp.run_id, role="harbor_task_env",
+                            key=("materialize", inp.invocation, "harbor", session), restore=None,
+                            metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
+                            backend_options={ROOT_LINKS_KEY: plan.root_links})
 
     agent = config.agent or "oracle"
     uses_model = agent in HARBOR_MODEL_AGENTS
@@ -179,43 +183,44 @@ async def _harbor_batch(deps: Deps, *, inp: MaterializeBatchInput, config: Harne
             endpoint = await stack.enter_async_context(relay)
             allowed.add(("127.0.0.1", endpoint.port))
             model_env = harbor_model_env(endpoint)
-        box = await stack.enter_async_context(sandbox(
-            deps, run_id=inp.run_id, role="harbor_orchestrator", key=("materialize", inp.invocation, "harbor"),
-            restore=snapshot_of(deps, inp.run_id, "setup"), internal_allowed=frozenset(allowed),
-            metadata={"harness": "harbor"}, ro_paths=ro_paths))
+        box = await stack.enter_async_context(open_sandbox(
+            engine=engine, settings=settings, run_id=inp.run_id, role="harbor_orchestrator",
+            key=("materialize", inp.invocation, "harbor"), restore=snapshot_of(engine, inp.run_id, "setup"),
+            internal_allowed=frozenset(allowed), metadata={"harness": "harbor"}, ro_paths=ro_paths))
         broker.tasks_root = f"{box.home}/{TASKS_DIR}"
         for name, data in files.items():
             await put_file(box, f"{TASKS_DIR}/{name}", data)
         names = [t.relative_to(tasks.root).as_posix() if t != tasks.root else t.name for t in tasks.tasks]
-        settings = {"tasks": [f"{box.home}/{TASKS_DIR}/{n}" for n in names], "agent": agent,
-                    "model": harbor_model_name(model) if uses_model else None,
-                    "agent_kwargs": HARBOR_AGENT_KWARGS.get(agent, {}),
-                    "attempts": inp.trials.plan.k, "limit": limit, "done": done, "jobs_dir": f"{box.home}/bw_jobs",
-                    "job_name": "benchwright", "concurrency": max(1, min(inp.concurrency, 4))}
+        harbor_config = {"tasks": [f"{box.home}/{TASKS_DIR}/{n}" for n in names], "agent": agent,
+                         "model": harbor_model_name(model) if uses_model else None,
+                         "agent_kwargs": HARBOR_AGENT_KWARGS.get(agent, {}),
+                         "attempts": inp.trials.plan.k, "limit": limit, "done": done,
+                         "jobs_dir": f"{box.home}/bw_jobs", "job_name": "benchwright",
+                         "concurrency": max(1, min(inp.concurrency, 4))}
         await put_file(box, SCRIPT, resources.files("benchwright.harness").joinpath(
             "sandbox_side/harbor_bridge.py").read_bytes())
         await put_file(box, "bw_harbor_env.py", resources.files("benchwright.harness").joinpath(
             "sandbox_side/bw_harbor_env.py").read_bytes())
-        await put_file(box, CONFIG, json.dumps(settings).encode())
+        await put_file(box, CONFIG, json.dumps(harbor_config).encode())
         env = {"BW_HARBOR_ENV_URL": url, "BW_HARBOR_ENV_KEY": key, "HARBOR_TELEMETRY": "off", "DO_NOT_TRACK": "1",
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "HOME": box.home,
                "XDG_CACHE_HOME": f"{box.home}/.bw_cache", "XDG_CONFIG_HOME": f"{box.home}/.bw_config",
                "XDG_DATA_HOME": f"{box.home}/.bw_data", **model_env}
-        await _run_harness(box, runtime=runtime, env=env, bound=deps.settings.materialize_batch_duration_s,
+        await _run_harness(box, runtime=runtime, env=env, bound=settings.materialize_batch_duration_s,
                            recorder=recorder, harness="harbor")
-        await _keep_log(deps, box, inp=inp, harness="harbor", path=recorder.done_line.get("log")
+        await _keep_log(engine, settings, box, inp=inp, harness="harbor", path=recorder.done_line.get("log")
                         if recorder.done_line else None, home=box.home)
     return recorder.result()
 
 
-async def _keep_log(deps: Deps, box: Any, *, inp: MaterializeBatchInput, harness: str, path: object,
-                    home: str) -> None:
+async def _keep_log(engine: Engine, settings: Settings, box: Any, *, inp: MaterializeBatchInput, harness: str,
+                    path: object, home: str) -> None:
     """The harness's native log as a run artifact (none when a resumed batch had nothing left to run)."""
     if not isinstance(path, str) or not path:
         return
     relative = os.path.relpath(path, home) if os.path.isabs(path) else path
     data = await box.backend.read_file(box.info.sandbox_id, relative)
-    digest = await in_thread(store_artifact, deps.settings.data_dir, run_id=inp.run_id, data=data)
-    await in_thread(append_events, deps.engine, inp.run_id, [NewEvent.of(
+    digest = await outage_tolerant(store_artifact, settings.data_dir, run_id=inp.run_id, data=data)
+    await outage_tolerant(append_events, engine, inp.run_id, [NewEvent.of(
         event_key(inp.run_id, "materialize", inp.invocation, "harness-log", digest),
         HarnessLogArtifact(harness=harness, filename=Path(relative).name, sha256=digest, bytes=len(data)))])

@@ -1,5 +1,5 @@
 """``benchwright accounts create``, ``credit`` and ``quota`` (an operator's commands on the stack's database). The
-``accounts`` group is added to the main app by ``benchwright/cli.py``, which also hangs the key commands on it."""
+``accounts`` group is added to the main app by ``benchwright/cli/app.py``, which also hangs the key commands on it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from benchwright.cli_support import DataDir, console, out
-from benchwright.cli_support import data_dir_of as _data_dir
+from benchwright.cli.support import DataDir, console, out
+from benchwright.cli.support import data_dir_of as _data_dir
 from benchwright.settings import Settings
 
 accounts_app = typer.Typer(no_args_is_help=True, help="Accounts and their API keys.")

@@ -1,6 +1,6 @@
 """``benchwright session ...``: Operator sessions (issue 26) from the terminal: list them, watch one live (its log
 over SSE: each decision with its reason, each run it launched and read), print its answer. Registered on the main
-app by ``benchwright/cli.py``."""
+app by ``benchwright/cli/app.py``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _ci, _pct
-from benchwright.cli_support import console, out
+from benchwright.cli.answers import ApiKey, ApiUrl, DataDir, JsonOut, _call, _ci, _pct
+from benchwright.cli.support import console, out
 
 session_app = typer.Typer(no_args_is_help=True, help="Operator sessions: list them, watch one live, read its answer.")
 
@@ -42,7 +42,7 @@ def session_line(event: dict[str, Any]) -> str | None:
 def watch_cmd(session_id: str, json_out: JsonOut = False, data_dir: DataDir = None, api_url: ApiUrl = None,
               api_key: ApiKey = None) -> None:
     """Follow a session live until it answers: its decisions, the runs it launches and reads, then the answer."""
-    from benchwright.cli_operator import print_answer
+    from benchwright.cli.operator import print_answer
 
     def go(client: Any) -> dict[str, Any]:
         for event in client.stream_session_events(session_id):

@@ -1,5 +1,5 @@
 """``benchwright demo``, ``dev-model`` and ``scripted-llm``: the offline demo and the loopback test doubles it (and the
-tests) serve. Registered on the main app by ``benchwright/cli.py``."""
+tests) serve. Registered on the main app by ``benchwright/cli/app.py``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Annotated, Any
 
 import typer
 
-from benchwright.cli_support import SAMPLE, DataDir, console, out
-from benchwright.cli_support import data_dir_of as _data_dir
-from benchwright.cli_support import run_summary as _summary
-from benchwright.cli_support import watch as watch_run
+from benchwright.cli.support import SAMPLE, DataDir, console, out
+from benchwright.cli.support import data_dir_of as _data_dir
+from benchwright.cli.support import run_summary as _summary
+from benchwright.cli.support import watch as watch_run
 
 
 def dev_model(answers: Annotated[Path, typer.Option(help="JSONL answer key of {question, answer}.")] = SAMPLE,

@@ -1,4 +1,4 @@
-"""The phase activities' side of the cross-run cache (§2): look a phase's input hash up, replay a hit, record the
+"""A phase's side of the cross-run cache (§2): look a phase's input hash up, replay a hit, record the
 phase's own cell.
 
 A hit reproduces everything the phases after it read, so the run goes on exactly as if the phase had run: the
@@ -10,23 +10,45 @@ a ``PhaseCacheHit`` event naming the source run and the cell, and the activity's
 
 Lookups happen on a phase's first invocation without reviewer instructions only: a restart or a review asks for
 the work to be done again.
+
+The phase activities (Fetch, Setup, Analyze) call it inside their phase bracket (``activities.common.phase``), whose
+scope is the ``PhaseOutput`` here: where the cache queues events and shows a hit on the heartbeat.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from activities.common import Deps, PhaseScope, in_thread
-from activities.sandboxes import SNAPSHOTS, record_snapshot, snapshot_of
+from sqlalchemy.engine import Engine
+
 from benchwright.digests import file_digests
-from benchwright.events import EVENT_TYPES, FetchArtifact, PhaseCacheHit
+from benchwright.events import EVENT_TYPES, Event, FetchArtifact, PhaseCacheHit
 from benchwright.fingerprint import is_artifact, sha256_hex
-from benchwright.pipeline import PhaseInput
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.cache import Cell, find_public_cell, record_cell, run_cell
+from benchwright.runs.pipeline import PhaseInput
+from benchwright.sandbox.lifecycle import SNAPSHOTS, record_snapshot, snapshot_of
+from benchwright.settings import Settings
+from benchwright.store.db import outage_tolerant as in_thread
 
 Listing = dict[str, tuple[int, int]]
+
+
+class Beat(Protocol):
+    def send(self, *details: Any) -> None: ...
+
+
+class PhaseOutput(Protocol):
+    """What a phase invocation's bracket gives the cache: its queued events and its heartbeat."""
+
+    @property
+    def artifacts(self) -> list[tuple[str, Event]]: ...
+
+    @property
+    def heartbeat(self) -> Beat: ...
+
+    def emit(self, what: str, event: Event) -> None: ...
 
 
 def _listing(workdir: Path) -> Listing:
@@ -39,10 +61,10 @@ def _listing(workdir: Path) -> Listing:
     return out
 
 
-def analyze_input_hash(deps: Deps, inp: PhaseInput) -> str | None:
+def analyze_input_hash(engine: Engine, inp: PhaseInput) -> str | None:
     """Analyze's phase fingerprint: the dataset's bytes (Fetch's artifact, as this run recorded it), the task cap,
     whether the launch brings its own scorer, the Driver and a prompt's wording. None before Fetch recorded."""
-    fetched = run_cell(deps.engine, run_id=inp.run_id, phase="fetch")
+    fetched = run_cell(engine, run_id=inp.run_id, phase="fetch")
     sha = next((a["data"].get("sha256") for a in fetched.artifacts if a["type"] == FetchArtifact.type_name()), None) \
         if fetched else None
     if sha is None:
@@ -62,17 +84,18 @@ class PhaseCache:
     """One phase invocation's use of the cache; ``input_hash`` is the phase's model-free input hash (None: the
     phase cannot be keyed, so it neither hits nor records)."""
 
-    def __init__(self, deps: Deps, inp: PhaseInput, input_hash: str | None) -> None:
-        self.deps, self.inp, self.input_hash = deps, inp, input_hash
-        self.blobs = BlobStore.from_settings(deps.settings)
-        self.workdir = deps.workdir(inp.run_id)
+    def __init__(self, *, engine: Engine, settings: Settings, workdir: Path, inp: PhaseInput,
+                 input_hash: str | None) -> None:
+        self.engine, self.inp, self.input_hash = engine, inp, input_hash
+        self.blobs = BlobStore.from_settings(settings)
+        self.workdir = workdir
         self._before: Listing = {}
 
     async def lookup(self) -> Cell | None:
         """A served cell whose stored files and snapshot are all still present, or None."""
         if self.input_hash is None or self.inp.invocation != 1 or self.inp.instructions:
             return None
-        cell = await in_thread(find_public_cell, self.deps.engine, phase=self.inp.phase, input_hash=self.input_hash,
+        cell = await in_thread(find_public_cell, self.engine, phase=self.inp.phase, input_hash=self.input_hash,
                                exclude_run_id=self.inp.run_id)
         if cell is None:
             return None
@@ -80,7 +103,7 @@ class PhaseCache:
         present = await in_thread(lambda: all(self.blobs.has(d) for d in cell.files.values()))
         return cell if present else None
 
-    async def replay(self, scope: PhaseScope, cell: Cell) -> tuple[int | None, dict[str, Any]]:
+    async def replay(self, scope: PhaseOutput, cell: Cell) -> tuple[int | None, dict[str, Any]]:
         """Put the cell's files, snapshot and artifacts in place of the phase's work; record this run's copy.
 
         Returns:
@@ -91,7 +114,7 @@ class PhaseCache:
             # Its digest is the blob's: the hand-off at this phase's end need not read a linked 52 MB file again.
             await in_thread(file_digests.note, self.workdir / name, digest)
         if cell.snapshot_id:
-            await record_snapshot(self.deps, run_id=self.inp.run_id, phase=self.inp.phase,
+            await record_snapshot(engine=self.engine, run_id=self.inp.run_id, phase=self.inp.phase,
                                   invocation=self.inp.invocation, snapshot_id=cell.snapshot_id)
         hit = {"source_run_id": cell.origin_run_id, "phase": cell.phase, "input_hash": cell.input_hash}
         scope.heartbeat.send({"cache_hit": hit})  # resent by every later beat of the phase (activities.common)
@@ -99,7 +122,7 @@ class PhaseCache:
                                               input_hash=cell.input_hash, snapshot_id=cell.snapshot_id))
         for i, artifact in enumerate(cell.artifacts):
             scope.emit(f"artifact-{i}", EVENT_TYPES[artifact["type"]].model_validate(artifact["data"]))
-        await in_thread(record_cell, self.deps.engine, Cell(
+        await in_thread(record_cell, self.engine, Cell(
             run_id=self.inp.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=cell.artifacts,
             snapshot_id=cell.snapshot_id, files=cell.files, result=cell.result, source_run_id=cell.origin_run_id))
         return cell.result.get("tasks"), {**cell.result.get("detail", {}), "cache_hit": hit}
@@ -108,7 +131,7 @@ class PhaseCache:
         """Note the work directory before the phase works (to tell which files it wrote)."""
         self._before = _listing(self.workdir)
 
-    async def record(self, scope: PhaseScope, *, tasks: int | None = None,
+    async def record(self, scope: PhaseOutput, *, tasks: int | None = None,
                      detail: dict[str, Any] | None = None) -> None:
         """The phase's cell: the files it created or changed, its snapshot, its Artifact events."""
         if self.input_hash is None:
@@ -118,7 +141,7 @@ class PhaseCache:
         files = {name: await in_thread(self.blobs.put_file, self.workdir / name) for name in sorted(changed)}
         artifacts = [{"type": ev.type_name(), "data": ev.model_dump(mode="json")}
                      for _, ev in scope.artifacts if is_artifact(ev.type_name())]
-        await in_thread(record_cell, self.deps.engine, Cell(
+        await in_thread(record_cell, self.engine, Cell(
             run_id=self.inp.run_id, phase=self.inp.phase, input_hash=self.input_hash, artifacts=artifacts,
-            snapshot_id=snapshot_of(self.deps, self.inp.run_id, self.inp.phase), files=files,
+            snapshot_id=snapshot_of(self.engine, self.inp.run_id, self.inp.phase), files=files,
             result={"tasks": tasks, "detail": detail or {}}))

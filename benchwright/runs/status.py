@@ -14,7 +14,7 @@ Reasons carry suffixes (``operator_kill: too slow``), so they are matched by pre
 
 from __future__ import annotations
 
-from benchwright.halts import HaltReason
+from benchwright.runs.halts import HaltReason
 from benchwright.schemas import DisplayStatus
 
 

@@ -1,0 +1,5 @@
+"""``python -m benchwright.cli``: the ``benchwright`` command line."""
+
+from benchwright.cli.app import main
+
+main()
