@@ -95,6 +95,12 @@ async def test_signals_pause_resume_and_stop_with_the_updates_bookkeeping(
         await handle.signal("pause")  # refused: already_halted
         await handle.signal("resume")
         await until(http, run["id"], lambda r: not r["halted"])
+        # The store is cleared by the resume's activity, the workflow's own state once that activity's result is
+        # processed: a second resume between the two would resume the same pause again. Read the workflow's state.
+        deadline = asyncio.get_running_loop().time() + 60
+        while (await handle.query("state"))["halted"]:
+            assert asyncio.get_running_loop().time() < deadline, "the workflow never saw its resume finish"
+            await asyncio.sleep(0.05)
         await handle.signal("resume")  # refused: not_paused
 
         await handle.signal("stop", {"reason": "seen enough"})
