@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchwright.devmodel import DevModelConfig
-from tests.api.helpers import launch, wait_terminal
+from tests.api.helpers import launch, record_history, wait_terminal
 from tests.api.test_scale import _live_sandboxes
 from tests.conftest import DevModels, Stack
 from tests.harness.qa import answers, harness_config, qa_jsonl
@@ -131,3 +131,4 @@ async def test_the_harness_never_sees_the_real_key(stack: Stack, dev_models: Dev
     assert final["tasks"]["summary"]["passed"] == 10 == final["tasks"]["summary"]["total"]
     assert final["cost"]["model"] > 0
     assert REAL_KEY not in str(events)
+    await record_history(stack, run["id"], "run_harness_bridge.json")  # the harness-bridge patch on (tests/replay)

@@ -35,9 +35,6 @@ WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
 
 # Patches with no recorded history taken with them on. Shrink-only.
 NO_ON_HISTORY: dict[str, str] = {
-    # A harness-bridge run needs a harness (inspect/lmeval) installed in the work sandbox; its end-to-end tests
-    # (tests/harness) do not record a history yet.
-    "harness-bridge": "no harness-bridge run recorded",
 }
 
 # Patches whose pre-patch behaviour was never recorded (no history from an older worker reaches the call site).
