@@ -33,7 +33,7 @@ from typer.core import TyperCommand, TyperOption
 
 from benchwright.settings import default_data_dir
 
-SAMPLE = Path(__file__).parent / "samples" / "arithmetic.jsonl"
+SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "arithmetic.jsonl"
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ~/.benchwright, or "
                                                                     "$BENCHWRIGHT_DATA_DIR).")]
 
