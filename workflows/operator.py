@@ -22,6 +22,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.operator import OperatorActivities, OperatorLlmActivities
     from benchwright.operator.builtin import PlannedLaunch
     from benchwright.operator.goals import Answer, Evidence
     from benchwright.operator.llm import LAUNCHING, MAX_TURNS, NUDGE, ToolCall
@@ -88,9 +89,9 @@ class OperatorWorkflow:
         if inp.llm is not None and workflow.patched("operator-llm"):
             return await self._run_llm(inp)
         sid = inp.session_id
-        planned: PlanResult = await workflow.execute_activity(
-            "operator_plan", PlanStep(session_id=sid, account_id=inp.account_id, goal=inp.goal),
-            result_type=PlanResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+        planned: PlanResult = await workflow.execute_activity_method(
+            OperatorActivities.plan, PlanStep(session_id=sid, account_id=inp.account_id, goal=inp.goal),
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
             summary="plan the runs")
         evidence: list[Evidence] = []
         cut_short = planned.refused if planned.refused is not None else \
@@ -98,10 +99,10 @@ class OperatorWorkflow:
         answered_with = evidence
         if cut_short is None and not self._stopped and inp.goal.get("question") == "better" \
                 and inp.goal.get("tasks") is not None and workflow.patched("operator-extend"):
-            extension: PlanResult = await workflow.execute_activity(
-                "operator_extend", ExtendStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
+            extension: PlanResult = await workflow.execute_activity_method(
+                OperatorActivities.extend, ExtendStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
                                               evidence=evidence, runs_left=inp.limits.session.runs - len(evidence)),
-                result_type=PlanResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+                start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
                 summary="extend an inconclusive comparison")
             if extension.launches:
                 more: list[Evidence] = []
@@ -113,11 +114,11 @@ class OperatorWorkflow:
         await self._flush(sid)
         if self._stopped and workflow.patched("operator-stop-halts-runs"):
             await self._halt_runs(inp)
-        result: Answer = await workflow.execute_activity(
-            "operator_answer", AnswerStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
+        result: Answer = await workflow.execute_activity_method(
+            OperatorActivities.answer, AnswerStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
                                           evidence=answered_with,
                                           reference=planned.reference, cut_short=cut_short, stopped=self._stopped),
-            result_type=Answer, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
         workflow.set_current_details(f"**{result.outcome}**  \n{result.sentence}")
         return result
 
@@ -143,17 +144,17 @@ class OperatorWorkflow:
             await self._decide(sid, f"launch:{i}", "launch", step.reason, {
                 "label": step.label, "model": step.launch.model.identifier, "runs_launched": i, "spent": spent,
                 "budget": budget.model_dump(mode="json", exclude_none=True)})
-            launched: LaunchResult = await workflow.execute_activity(
-                "operator_launch", LaunchStep(session_id=sid, account_id=inp.account_id, index=i, planned=step,
+            launched: LaunchResult = await workflow.execute_activity_method(
+                OperatorActivities.launch, LaunchStep(session_id=sid, account_id=inp.account_id, index=i, planned=step,
                                               run_id=str(workflow.uuid4())),
-                result_type=LaunchResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+                start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
                 summary=f"launch the {step.label} run")
             if launched.run_id is None:
                 cut_short = f"the {step.label} run was refused: {launched.refused}"
                 break
-            waiting = workflow.start_activity(
-                "operator_wait", WaitStep(session_id=sid, run_id=launched.run_id, label=step.label),
-                result_type=Evidence, start_to_close_timeout=WAIT_TIMEOUT, heartbeat_timeout=WAIT_HEARTBEAT,
+            waiting = workflow.start_activity_method(
+                OperatorActivities.wait, WaitStep(session_id=sid, run_id=launched.run_id, label=step.label),
+                start_to_close_timeout=WAIT_TIMEOUT, heartbeat_timeout=WAIT_HEARTBEAT,
                 retry_policy=WAIT_RETRY, summary=f"wait for the {step.label} run")
             if not await self._settled(sid, waiting):
                 cut_short = "the session was stopped"
@@ -196,8 +197,8 @@ class OperatorWorkflow:
     @staticmethod
     async def _halt_runs(inp: OperatorInput) -> None:
         """A stopped session stops the runs it launched that are still going."""
-        await workflow.execute_activity(
-            "operator_halt_runs", HaltRunsStep(session_id=inp.session_id, account_id=inp.account_id),
+        await workflow.execute_activity_method(
+            OperatorActivities.halt_runs, HaltRunsStep(session_id=inp.session_id, account_id=inp.account_id),
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="stop the session's runs")
 
     async def _decide(self, sid: str, key: str, action: str, reason: str, evidence: dict[str, object]) -> None:
@@ -217,8 +218,8 @@ class OperatorWorkflow:
 
     @staticmethod
     async def _record(sid: str, key: str, type_: str, data: dict[str, object], status: str | None = None) -> None:
-        await workflow.execute_activity(
-            "operator_record", RecordStep(session_id=sid, key=key, type=type_, data=data, status=status),
+        await workflow.execute_activity_method(
+            OperatorActivities.record, RecordStep(session_id=sid, key=key, type=type_, data=data, status=status),
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary=f"record {type_}")
 
     # -- the LLM operator (patched "operator-llm") ---------------------------------------------------------------
@@ -240,10 +241,10 @@ class OperatorWorkflow:
                 break
             transcript += [{"role": "user", "content": f"A person steers the session: {m}"} for m in self._steers]
             self._steers.clear()
-            result: LlmTurnResult = await workflow.execute_activity(
-                "operator_llm_turn", LlmTurnStep(session_id=sid, account_id=inp.account_id, llm=inp.llm,
+            result: LlmTurnResult = await workflow.execute_activity_method(
+                OperatorLlmActivities.turn, LlmTurnStep(session_id=sid, account_id=inp.account_id, llm=inp.llm,
                                                  goal=inp.goal, limits=inp.limits, turn=turn, transcript=transcript),
-                result_type=LlmTurnResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+                start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
                 summary=f"operator turn {turn}")
             if result.reply is None:
                 cut_short = result.over or "the operator could not be called"
@@ -275,11 +276,11 @@ class OperatorWorkflow:
         if call.name in LAUNCHING:
             models = call.arguments.get("models") if call.name == "sweep" else None
             count = min(len(models) if isinstance(models, list) else 1, inp.limits.session.runs)
-        done: ToolResult = await workflow.execute_activity(
-            "operator_tool", ToolStep(session_id=inp.session_id, account_id=inp.account_id, limits=inp.limits,
-                                      turn=turn, index=i, call=call,
-                                      run_ids=[str(workflow.uuid4()) for _ in range(count)]),
-            result_type=ToolResult, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
+        done: ToolResult = await workflow.execute_activity_method(
+            OperatorLlmActivities.tool,
+            ToolStep(session_id=inp.session_id, account_id=inp.account_id, limits=inp.limits, turn=turn, index=i,
+                     call=call, run_ids=[str(workflow.uuid4()) for _ in range(count)]),
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY,
             summary=f"operator tool {call.name}")
         launched += [r for r in done.launched if r not in launched]
         self._labels.update(done.labels)
@@ -294,9 +295,9 @@ class OperatorWorkflow:
         wanted = [r for r in wanted if r in launched]
         reads: list[dict[str, object]] = []
         for run_id in wanted:
-            waiting = workflow.start_activity(
-                "operator_wait", WaitStep(session_id=inp.session_id, run_id=run_id, label=run_id),
-                result_type=Evidence, start_to_close_timeout=WAIT_TIMEOUT, heartbeat_timeout=WAIT_HEARTBEAT,
+            waiting = workflow.start_activity_method(
+                OperatorActivities.wait, WaitStep(session_id=inp.session_id, run_id=run_id, label=run_id),
+                start_to_close_timeout=WAIT_TIMEOUT, heartbeat_timeout=WAIT_HEARTBEAT,
                 retry_policy=WAIT_RETRY, summary=f"wait for run {run_id[:8]}")
             if not await self._settled(inp.session_id, waiting):
                 return "the session was stopped while waiting"
@@ -311,9 +312,9 @@ class OperatorWorkflow:
     @staticmethod
     async def _llm_answer(inp: OperatorInput, arguments: dict[str, object] | None, cut_short: str | None,
                           stopped: bool = False) -> Answer:
-        result: Answer = await workflow.execute_activity(
-            "operator_llm_answer", LlmAnswerStep(session_id=inp.session_id, account_id=inp.account_id,
+        result: Answer = await workflow.execute_activity_method(
+            OperatorLlmActivities.answer, LlmAnswerStep(session_id=inp.session_id, account_id=inp.account_id,
                                                  arguments=arguments, cut_short=cut_short, stopped=stopped),
-            result_type=Answer, start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
+            start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary="answer")
         workflow.set_current_details(f"**{result.outcome}**  \n{result.sentence}")
         return result
