@@ -16,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from activities.attach import live_proxy
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
 from benchwright import handoff
+from benchwright.aio import wait_out
 from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
@@ -193,6 +194,9 @@ class MaterializeActivities:
         finally:
             for task in (warming, ticker, watcher, work):
                 task.cancel()
+            # Even when Temporal cancels this activity, the batch's sandboxes end (SandboxKilled) before it does:
+            # the workflow writes the run's end once the activity has ended.
+            await wait_out(work)
             await sut.aclose()
         maybe_inject_fault(self.deps, inp.metadata, "materialize")
         return result

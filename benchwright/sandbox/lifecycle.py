@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from benchwright.aio import uncancellable
 from benchwright.blobs import BlobNotFound
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
@@ -160,23 +160,7 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
         # Shielded and waited for: a cancellation (a task group tearing down siblings, a halted batch) must neither
         # leave a sandbox alive or its ledger entry open, nor end the block before its SandboxKilled is written (the
         # run's terminal event comes after every sandbox's end).
-        await _uncancellable(_dispose(engine, opened, egress, info, run_id=run_id, role=role, key=key))
-
-
-async def _uncancellable(work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` to its end even when the caller is cancelled meanwhile; the cancellation is raised after it."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done() and task.cancelled():
-                raise
-            cancelled = True
-    task.result()
-    if cancelled:
-        raise asyncio.CancelledError
+        await uncancellable(_dispose(engine, opened, egress, info, run_id=run_id, role=role, key=key))
 
 
 async def _dispose(engine: Engine, opened: OpenBackend | None, egress: EgressProxy, info: SandboxInfo | None, *,
