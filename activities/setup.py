@@ -1,5 +1,6 @@
-"""Setup: install the scorer's Python requirements into the work sandbox through the egress proxy (so pip's hosts
-meet the account's host policy and land in the blocked-host log), snapshot → SetupArtifact, SnapshotCreated.
+"""Setup: a product-sandbox run's probe, setup commands and generated impl (``benchwright.product.setup``), or the
+scorer's Python requirements installed into the work sandbox and snapshotted (``benchwright.scoring.requirements``)
+→ SetupArtifact, SnapshotCreated.
 
 Setup's input hash is model-free (the post-Fetch snapshot, the requirements, the Python version), so a public run's
 identical install is a cache hit (``benchwright.phase_cache``): its snapshot is reused and nothing is installed."""
@@ -11,19 +12,12 @@ import platform
 from temporalio import activity
 
 from activities.common import Deps, phase
-from activities.product import product_setup
-from benchwright.errors import InvalidInput
 from benchwright.events import SetupArtifact
 from benchwright.phase_cache import PhaseCache, setup_input_hash
+from benchwright.product.setup import setup_product
 from benchwright.runs.pipeline import PhaseInput, PhaseResult
-from benchwright.sandbox import ExecLimits
-from benchwright.sandbox.lifecycle import DEPS_DIR, latest_snapshot, open_sandbox, record_snapshot, take_snapshot
-
-PIP_TIMEOUT_S = 600
-
-
-class RequirementsFailed(InvalidInput):
-    code = "requirements_failed"
+from benchwright.sandbox.lifecycle import latest_snapshot
+from benchwright.scoring.requirements import setup_requirements
 
 
 class SetupActivities:
@@ -33,7 +27,7 @@ class SetupActivities:
     @activity.defn(name="setup")
     async def setup(self, inp: PhaseInput) -> PhaseResult:
         if inp.launch.recipe is not None:  # a product-sandbox run: probe, setup commands, generated impl
-            return await product_setup(self.deps, inp)
+            return await self._product(inp, inp.launch.recipe)
         requirements = list(inp.launch.requirements)
         python = platform.python_version()
         detail: dict[str, object] = {}
@@ -47,33 +41,16 @@ class SetupActivities:
                 _, detail = await cache.replay(scope, hit)
             else:
                 cache.begin()
-                if requirements or before is None:
-                    await self._install(inp, requirements, before)
-                else:
-                    # Nothing to install: the filesystem is the post-Fetch one, and keeps its content-addressed id.
-                    await record_snapshot(engine=self.deps.engine, run_id=inp.run_id, phase="setup",
-                                          invocation=inp.invocation, snapshot_id=before)
+                await setup_requirements(engine=self.deps.engine, settings=self.deps.settings, run_id=inp.run_id,
+                                         invocation=inp.invocation, requirements=requirements, before=before)
                 scope.emit("artifact", SetupArtifact(python=python, requirements=requirements))
                 await cache.record(scope)
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control, detail=detail)
 
-    async def _install(self, inp: PhaseInput, requirements: list[str], before: str | None) -> None:
-        async with open_sandbox(engine=self.deps.engine, settings=self.deps.settings, run_id=inp.run_id, role="work",
-                                key=("setup", inp.invocation), restore=before) as box:
-            if requirements:
-                index = self.deps.settings.pip_index_url
-                env = box.scorer_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
-                                      **({"PIP_INDEX_URL": index} if index else {})})
-                result = await box.backend.exec(
-                    box.info.sandbox_id,
-                    [box.python, "-m", "pip", "install", "--no-cache-dir", "--target", DEPS_DIR, *requirements],
-                    env=env, timeout_s=PIP_TIMEOUT_S,
-                    limits=ExecLimits(cpu_seconds=PIP_TIMEOUT_S, memory_mb=2048, wall_seconds=PIP_TIMEOUT_S,
-                                      cpu_cores=2.0))
-                if result.returncode != 0:
-                    tail = (result.stderr or result.stdout).decode(errors="replace").strip()[-1500:]
-                    raise RequirementsFailed(
-                        f"installing {', '.join(requirements)} failed (exit {result.returncode}"
-                        f"{', ' + result.killed_reason if result.killed_reason else ''}): {tail}")
-            await take_snapshot(engine=self.deps.engine, settings=self.deps.settings, box=box, run_id=inp.run_id,
-                                phase="setup", invocation=inp.invocation)
+    async def _product(self, inp: PhaseInput, recipe: str) -> PhaseResult:
+        async with phase(self.deps, inp) as scope:
+            total = await setup_product(engine=self.deps.engine, settings=self.deps.settings,
+                                        workdir=self.deps.workdir(inp.run_id), run_id=inp.run_id,
+                                        invocation=inp.invocation, recipe_ref=recipe, max_tasks=inp.max_tasks,
+                                        emit=scope.emit)
+        return PhaseResult(phase=inp.phase, invocation=inp.invocation, tasks=total, control=scope.control)

@@ -1,7 +1,8 @@
 """Materialize for a product-sandbox run (``launch.recipe``; docs/agents.md): every task in its own task sandbox
 restored from the post-Setup snapshot and killed when the task ends, the builtin product runner driving the model
 through the batch's ``SutClient`` (the run's credential proxy). A retried batch skips the tasks an earlier attempt
-recorded in full. Setup (the recipe frozen into ``recipe.json``, the post-Setup snapshot) is ``activities.product``.
+recorded in full. Setup (the recipe frozen into ``recipe.json``, the post-Setup snapshot) is
+``benchwright.product.setup``.
 """
 
 from __future__ import annotations

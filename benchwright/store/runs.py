@@ -292,7 +292,7 @@ MAX_AGENT_STEPS = 1000
 def _agent_steps(session: Session, run_id: str, invocation: int, index: int) -> list[AgentStepView]:
     """A product run's agent steps on one task, from the latest attempt that logged any: a range scan of the
     events' unique idempotency keys (``<run>:materialize:<invocation>:<index>:agent:<attempt>:<what>``, written by
-    ``activities.product``), so a task's steps cost an index lookup, not a scan of the run's log."""
+    ``benchwright.product.batch``), so a task's steps cost an index lookup, not a scan of the run's log."""
     prefix = event_key(run_id, "materialize", invocation, index, "agent") + ":"
     rows = list(session.execute(
         select(EventRow.seq, EventRow.type, EventRow.data, EventRow.idem_key)

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.product import parse_probe
 from benchwright.dataset_access import LocalPathRules
 from benchwright.devmodel import start_server
 from benchwright.errors import InvalidInput
@@ -24,6 +23,7 @@ from benchwright.product.recipe import (
     parse,
     task_impl_source,
 )
+from benchwright.product.setup import parse_probe
 from benchwright.runs.pipeline import plan_phases
 from benchwright.schemas import LaunchRequest
 from benchwright.testkit import product_double
