@@ -10,13 +10,12 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Engine
 from temporalio import activity
-from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.service import RPCError
+from temporalio.client import Client
 
 from activities.common import Deps, in_thread
 from benchwright.compare import frontier, readable_run
 from benchwright.drivers.llm import _driver_key
-from benchwright.errors import BenchwrightError
+from benchwright.errors import BenchwrightError, Conflict
 from benchwright.model_access import check_api_base
 from benchwright.operator.builtin import answer, extension, pair_evidence, plan, read_evidence
 from benchwright.operator.events import (
@@ -66,6 +65,7 @@ from benchwright.operator.store import (
     session_key,
     session_spent,
 )
+from benchwright.runs.control import control_run
 from benchwright.runs.launch import plan_fork, start_run
 from benchwright.runs.pipeline import StopRequest
 from benchwright.schemas import ForkOverrides, ForkRequest, LaunchRequest, ModelSpec
@@ -171,7 +171,8 @@ class OperatorActivities:
         row = await in_thread(get_session, deps.engine, session_id=sid, account_id=step.account_id)
         stopped = []
         for run_id in row.runs:
-            if await halt_run(self.client, deps.engine, run_id=run_id, reason=f"operator session {sid} was stopped",
+            if await halt_run(self.client, deps.engine, account_id=step.account_id, run_id=run_id,
+                              reason=f"operator session {sid} was stopped",
                               request_id=f"op-stop-{sid}-{run_id}"):
                 stopped.append(run_id)
         await self._decide(sid, "halt-runs", "halt", "the session was stopped: its runs that were still going are "
@@ -300,7 +301,7 @@ class OperatorLlmActivities:
         if run_id not in row.runs:
             return ToolResult(ok=False, content=f"halt stops only runs this session launched ({', '.join(row.runs)})")
         reason = f"operator session {step.session_id}: {step.call.arguments.get('reason') or 'halted'}"
-        if not await halt_run(self.client, self.deps.engine, run_id=run_id, reason=reason,
+        if not await halt_run(self.client, self.deps.engine, account_id=step.account_id, run_id=run_id, reason=reason,
                               request_id=f"op-{step.session_id}-{step.turn}-{step.index}"):
             return ToolResult(ok=False, content=f"run {run_id} is not running (it has finished)")
         return ToolResult(ok=True, content=f"run {run_id} stopped")
@@ -414,26 +415,15 @@ class OperatorLlmActivities:
         return result
 
 
-async def halt_run(client: Client, engine: Engine, *, run_id: str, reason: str, request_id: str) -> bool:
-    """Send a run its ``stop`` update (the path of ``POST /v1/runs/{id}/stop``); False when it has finished."""
-    from sqlmodel import Session
-
-    def finished() -> bool:
-        with Session(engine) as session:
-            run = session.get(Run, run_id)
-        return run is None or run.finished_at is not None
-
-    if await in_thread(finished):
-        return False
+async def halt_run(client: Client, engine: Engine, *, account_id: str, run_id: str, reason: str,
+                   request_id: str) -> bool:
+    """Stop one of the account's runs (``benchwright.runs.control``, the path of ``POST /v1/runs/{id}/stop``);
+    False when it has finished (or finishes first)."""
     try:
-        await client.get_workflow_handle(run_id).execute_update("stop", StopRequest(reason=reason[:500]),
-                                                                 id=request_id)
-    except WorkflowUpdateFailedError:
-        return False  # refused by the run (it finished meanwhile)
-    except RPCError:
-        if await in_thread(finished):
-            return False
-        raise
+        await control_run(client, engine, run_id=run_id, account_id=account_id, update="stop",
+                          arg=StopRequest(reason=reason[:500]), request_id=request_id)
+    except Conflict:
+        return False
     return True
 
 

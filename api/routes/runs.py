@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -11,16 +10,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
-from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from api.sse import resume_point
-from benchwright.errors import Conflict, InvalidInput, NotFound, Unavailable
+from benchwright.errors import InvalidInput, Unavailable
 from benchwright.registry.shape import readable_run
 from benchwright.report.facts import run_narration
+from benchwright.runs.control import ControlUpdate, control_run
 from benchwright.runs.launch import start_run
 from benchwright.runs.pipeline import ReviewResolution, StopRequest
 from benchwright.schemas import (
@@ -206,50 +203,15 @@ class RunPatch(BaseModel):
     visibility: Visibility | SkipJsonSchema[None] = None
 
 
-UPDATE_OUTLIVED_RUN = "AcceptedUpdateCompletedWorkflow"
-"""The failure type the Temporal server gives an accepted update whose workflow completed before the handler
-returned (a stop racing the run's own PipelineFinished). It is a 409 like any call on a finished run."""
 CONTROL_RESPONSES = responses(404, 409, 503)
 
 
-def update_refusal(exc: WorkflowUpdateFailedError, *, update: str, finished_code: str) -> Exception:
-    """What a failed control update means to the caller: a validator's refusal or the run finishing first are
-    409s (with the validator's code, or ``finished_code``); anything else stays the SDK's error (a 500)."""
-    cause = exc.cause
-    if isinstance(cause, ApplicationError) and cause.type == "Conflict":
-        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-        return Conflict(cause.message, code=str(details.get("code", "conflict")))
-    if isinstance(cause, ApplicationError) and cause.type == UPDATE_OUTLIVED_RUN:
-        return Conflict(f"the run finished while the {update} was being applied", code=finished_code)
-    return exc
-
-
-async def _control(state: StateDep, run_id: str, account_id: str | None, update: str, arg: Any = None,
+async def _control(state: StateDep, run_id: str, account_id: str | None, update: ControlUpdate, arg: Any = None,
                    request_id: str | None = None) -> RunView:
-    """Send a control update to the run's workflow; its refusal (a validator's Conflict), or the run finishing
-    first, becomes a 409. ``account_id`` None reaches any account's run (the admin halt, ``api/routes/admin.py``)."""
-    run = await run_in_threadpool(get_run, state.engine, run_id=run_id, account_id=account_id)
-    finished_code = {"resume": "not_paused", "resolve_review": "not_waiting"}.get(update, "already_finished")
-    if run.finished_at is not None:
-        raise Conflict(f"the run has finished ({run.status}{f', halted: {run.halt_reason}' if run.halted else ''})",
-                       code=finished_code)
-    client = await state.temporal()
-    handle = client.get_workflow_handle(run_id)
-    args = [arg] if arg is not None else []
-    try:
-        await handle.execute_update(update, *args, id=request_id, rpc_timeout=timedelta(seconds=30))
-    except WorkflowUpdateFailedError as exc:
-        raise update_refusal(exc, update=update, finished_code=finished_code) from exc
-    except WorkflowUpdateRPCTimeoutOrCancelledError as exc:
-        raise Unavailable("no worker answered the control call in time; is a worker running?") from exc
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            # The server says NOT_FOUND ("workflow execution already completed") to an update that reaches a
-            # workflow that has just returned: the same race as above, one step earlier.
-            if (await run_in_threadpool(get_run, state.engine, run_id=run_id)).finished_at is not None:
-                raise Conflict(f"the run finished before the {update} reached it", code=finished_code) from exc
-            raise NotFound(f"run {run_id} has no live workflow") from exc
-        raise
+    """Send a control update to the run's workflow (``benchwright.runs.control``); its refusal, or the run finishing
+    first, is a 409. ``account_id`` None reaches any account's run (the admin halt, ``api/routes/admin.py``)."""
+    await control_run(state.temporal, state.engine, run_id=run_id, account_id=account_id, update=update, arg=arg,
+                      request_id=request_id)
     fresh = await run_in_threadpool(get_run, state.engine, run_id=run_id)
     return await run_in_threadpool(run_view, state.engine, fresh)
 

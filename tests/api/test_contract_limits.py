@@ -21,10 +21,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from api.main import create_app
-from api.routes.runs import UPDATE_OUTLIVED_RUN, update_refusal
 from benchwright.compute import COMPUTE_CHOICES
 from benchwright.devstack import free_port
 from benchwright.errors import Conflict
+from benchwright.runs.control import UPDATE_OUTLIVED_RUN, update_refusal
 from benchwright.runs.launch import DRIVERS
 from benchwright.schemas import COMPUTE_VALUES, DRIVER_VALUES, MAX_METADATA_BYTES
 from tests.api.helpers import launch, wait_terminal
