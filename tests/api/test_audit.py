@@ -24,8 +24,6 @@ from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _dataset
 from tests.conftest import SAMPLE, DevModels, Stack
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
-
 
 async def _all_entries(http: httpx.AsyncClient, **params: Any) -> list[dict[str, Any]]:
     """Every entry, following next_cursor two at a time (exercises the paging)."""

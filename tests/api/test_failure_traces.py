@@ -9,7 +9,6 @@ import sysconfig
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 import pytest_asyncio
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
@@ -20,7 +19,6 @@ from benchwright.traces import format_trace, relative_trace
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import Stack, serve_app
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 REPO = str(Path(__file__).resolve().parents[2])
 FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
