@@ -162,6 +162,12 @@ class Settings(BaseSettings):
     e2b_api_url: str | None = None
     e2b_sandbox_url: str | None = None
     """Where the E2B SDK sends REST and envd calls (unset: E2B's own; the tests point them at the E2B double)."""
+    harbor_templates: dict[str, dict[str, str]] = Field(default_factory=dict)
+    """harbor task environments on a remote backend (``benchwright.harness.harbor_remote``): backend name ->
+    {the ``FROM`` image of a task's Dockerfile -> the template that stands in for it there (an E2B template id, a
+    sandbox0 image)}, e.g. ``{"e2b": {"ubuntu:24.04": "bw-harbor-ubuntu"}}``. An image with no entry is refused
+    before harbor starts (there is no Docker engine to build it); the local backend needs none (its host image
+    stands in for every ``FROM``)."""
     sandbox_usd_per_hour: dict[str, float] = Field(default_factory=lambda: {
         # E2B's published per-second prices, $0.000014 per vCPU-s and $0.0000045 per GiB-s, i.e. per hour
         # $0.0504 per vCPU + $0.0162 per GiB.

@@ -9,7 +9,8 @@ through the relay's one loopback endpoint via the sandbox's egress proxy (``benc
 harbor is the same batch with a ``harbor_orchestrator`` sandbox running harbor on a copy of the task set, and a
 task-environment broker (``benchwright.harness.harbor.TaskEnvBroker``) beside the relay that opens one
 ``harbor_task_env`` sandbox per trial on the run's backend (``SandboxCreated``/``SandboxKilled`` each) and kills
-whatever is still open when the batch ends.
+whatever is still open when the batch ends. On a remote run the orchestrator stays on the worker's local backend
+(where harbor's venv is) and only the task sandboxes are remote (``benchwright.harness.harbor_remote``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from benchwright.harness.harbor import (
     resolve_task_set,
     task_files,
 )
+from benchwright.harness.harbor_remote import env_options, place_plans
 from benchwright.harness.install import RUNTIMES, base_prefix, harness_root, installed
 from benchwright.harness.relay import Relay
 from benchwright.runs.limits import RunLimits
@@ -95,7 +97,7 @@ async def bridge_batch(*, engine: Engine, settings: Settings, inp: MaterializeBa
     if launch.harness == "harbor":
         return await _harbor_batch(engine=engine, settings=settings, inp=inp, config=config, runtime=runtime,
                                    root=root, recorder=recorder, limit=limit, done=done, relay=relay,
-                                   model=launch.model.identifier)
+                                   model=launch.model.identifier, backend=run.backend or "local")
     async with relay as endpoint, open_sandbox(
             engine=engine, settings=settings, run_id=inp.run_id, role="work",
             key=("materialize", inp.invocation, "bridge"), restore=snapshot_of(engine, inp.run_id, "setup"),
@@ -151,16 +153,20 @@ async def _run_harness(box: Sandbox, *, runtime: Path, env: dict[str, str], boun
 
 async def _harbor_batch(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, config: HarnessConfig,
                         runtime: Path, root: Path, recorder: BridgeRecorder, limit: int | None, done: list[int],
-                        relay: Relay, model: str) -> MaterializeBatchResult:
-    """harbor in a ``harbor_orchestrator`` sandbox, each trial's environment a ``harbor_task_env`` sandbox; a
-    model-driven agent (``terminus-2``) runs in harbor's process and reaches the model only through ``relay``.
+                        relay: Relay, model: str, backend: str) -> MaterializeBatchResult:
+    """harbor in a ``harbor_orchestrator`` sandbox, each trial's environment a ``harbor_task_env`` sandbox on the
+    run's ``backend`` (the orchestrator is on the worker's local backend, where harbor's venv is: see
+    ``benchwright.harness.harbor_remote``); a model-driven agent (``terminus-2``) runs in harbor's process and
+    reaches the model only through ``relay``.
 
     Raises:
-        InvalidInput: the task set cannot be found or one of its environments cannot be mapped (before harbor runs).
+        InvalidInput: the task set cannot be found or one of its environments cannot be mapped on ``backend``
+            (before harbor runs).
     """
     assert config.path is not None  # checked at launch
     tasks = await outage_tolerant(resolve_task_set, config.path, harness_dir=root)
-    plans = await outage_tolerant(environment_plans, tasks)
+    plans = place_plans(await outage_tolerant(environment_plans, tasks), backend=backend,
+                        templates=settings.harbor_templates)
     files = await outage_tolerant(task_files, tasks)
     base = base_prefix(runtime)
     ro_paths = (runtime, *((base.resolve(),) if base is not None else ()))
@@ -168,8 +174,9 @@ async def _harbor_batch(*, engine: Engine, settings: Settings, inp: MaterializeB
     def open_env(session: str, plan: EnvPlan) -> AbstractAsyncContextManager[Sandbox]:
         return open_sandbox(engine=engine, settings=settings, run_id=inp.run_id, role="harbor_task_env",
                             key=("materialize", inp.invocation, "harbor", session), restore=None,
-                            metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links},
-                            backend_options={ROOT_LINKS_KEY: plan.root_links})
+                            metadata={"harbor_session": session, ROOT_LINKS_KEY: plan.root_links,
+                                      **({"template": plan.template} if plan.template else {})},
+                            backend_options=env_options(plan))
 
     agent = config.agent or "oracle"
     uses_model = agent in HARBOR_MODEL_AGENTS
@@ -185,8 +192,11 @@ async def _harbor_batch(*, engine: Engine, settings: Settings, inp: MaterializeB
             model_env = harbor_model_env(endpoint)
         box = await stack.enter_async_context(open_sandbox(
             engine=engine, settings=settings, run_id=inp.run_id, role="harbor_orchestrator",
-            key=("materialize", inp.invocation, "harbor"), restore=snapshot_of(engine, inp.run_id, "setup"),
-            internal_allowed=frozenset(allowed), metadata={"harness": "harbor"}, ro_paths=ro_paths))
+            key=("materialize", inp.invocation, "harbor"),
+            # A remote run's Setup snapshot is in the remote backend's format; harbor runs from its own venv.
+            restore=snapshot_of(engine, inp.run_id, "setup") if backend == "local" else None,
+            internal_allowed=frozenset(allowed), metadata={"harness": "harbor"}, ro_paths=ro_paths,
+            on_worker=backend != "local"))
         broker.tasks_root = f"{box.home}/{TASKS_DIR}"
         for name, data in files.items():
             await put_file(box, f"{TASKS_DIR}/{name}", data)

@@ -15,13 +15,16 @@ template (the host image on the local backend): a Dockerfile of ``FROM`` (any im
 it), ``WORKDIR`` (a top-level directory) and ``ENV`` lines maps; anything that needs a build (``RUN``, ``COPY``,
 ``ADD``...), a compose file or a prebuilt ``docker_image`` is refused with the line that cannot be mapped, before
 harbor starts. harbor's fixed paths (``/logs``, ``/tests``, ``/solution``) and the workdir are top-level symlinks
-into the task sandbox's work directory (the local backend's ``root_links``; namespaces isolation only).
+into the task sandbox's work directory (the local backend's ``root_links``; namespaces isolation only). On a remote
+backend (``e2b``, ``sandbox0``) the task sandbox starts from the template mapped to the task's ``FROM`` image, which
+must hold those directories (``benchwright.harness.harbor_remote``, ``prepare_remote``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import secrets
 import shlex
@@ -75,8 +78,16 @@ class EnvPlan:
     """What a task's environment becomes on the backend: the template plus a workdir and variables."""
 
     workdir: str
-    """A top-level directory (``/app``), a symlink into the task sandbox's work directory."""
+    """A top-level directory (``/app``): a symlink into the task sandbox's work directory on the local backend, a
+    directory of the template elsewhere."""
     env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    """The Dockerfile's (last) ``FROM`` image, None without one; the local backend's host image stands in for any,
+    a remote backend needs a template mapped to it (``benchwright.harness.harbor_remote``)."""
+    image_line: int = 0
+    """The Dockerfile line of that ``FROM`` (for the refusal)."""
+    template: str | None = None
+    """On a remote backend, the template (E2B template, sandbox0 image) mapped to ``image``; None on the local one."""
 
     @property
     def root_links(self) -> list[str]:
@@ -176,13 +187,16 @@ def map_environment(task: Path) -> EnvPlan:
                              "environments need a container engine")
     env = {str(k): str(v) for k, v in (env_config.get("env") or {}).items()}
     workdir = "/app"
+    image, image_line = None, 0
     dockerfile = env_dir / "Dockerfile"
     if dockerfile.is_file():
         for number, line in _dockerfile_lines(dockerfile.read_text(errors="replace")):
             word, _, rest = line.partition(" ")
             instruction, rest = word.upper(), rest.strip()
-            if instruction == "FROM":
-                continue  # the backend's template stands in for the base image
+            if instruction == "FROM":  # the backend's template stands in for the base image
+                words = [w for w in rest.split() if not w.startswith("--")]
+                image, image_line = (words[0] if words else None), number
+                continue
             if instruction == "WORKDIR":
                 match = _WORKDIR.match(rest)
                 if match is None or match.group(1) in _RESERVED:
@@ -195,7 +209,7 @@ def map_environment(task: Path) -> EnvPlan:
                 raise Unmappable(f"harbor task {name}: environment/Dockerfile line {number} ({line!r}) needs an "
                                  f"image build ({instruction}), and this backend has no Docker engine: only FROM, "
                                  "WORKDIR and ENV map onto its template")
-    return EnvPlan(workdir=workdir, env=env)
+    return EnvPlan(workdir=workdir, env=env, image=image, image_line=image_line)
 
 
 _RESERVED = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc", "tmp", "sandbox",
@@ -267,6 +281,40 @@ def sandbox_path(path: str, plan: EnvPlan) -> str:
                        f"({', '.join('/' + p for p in plan.root_links)}, /tmp)")
 
 
+REMOTE_PREPARE = ('pwd; missing=""; for d in "$@"; do mkdir -p "$d" 2>/dev/null; { [ -d "$d" ] && [ -w "$d" ]; } || '
+                  'missing="$missing $d"; done; [ -z "$missing" ] || { echo "bw-missing:$missing" >&2; exit 3; }; '
+                  'mkdir -p /logs/agent /logs/verifier /logs/artifacts')
+"""Prints the remote task sandbox's work directory, then makes harbor's paths (its arguments) or names those the
+sandbox user cannot write (exit 3)."""
+
+
+async def prepare_remote(box: Sandbox, plan: EnvPlan) -> Sandbox:
+    """A task sandbox on a remote backend made ready for harbor: its template must have harbor's fixed paths and the
+    task's workdir as top-level directories its user can write (they are made when it may create them); returns
+    the sandbox with ``home`` = its work directory as its commands see it.
+
+    Raises:
+        Unmappable: the template lacks one of them (naming the template and the paths).
+    """
+    env = box.scorer_env({"HOME": box.home, **plan.env})
+    dirs = [f"/{name}" for name in plan.root_links]
+    result = await box.backend.exec(box.info.sandbox_id, ["/bin/sh", "-c", REMOTE_PREPARE, "sh", *dirs], env=env,
+                                    timeout_s=120, limits=TASK_ENV_LIMITS)
+    out = result.stdout.decode(errors="replace") if isinstance(result.stdout, bytes) else str(result.stdout)
+    err = result.stderr.decode(errors="replace") if isinstance(result.stderr, bytes) else str(result.stderr)
+    if result.returncode != 0 or not out.strip():
+        meta = box.info.metadata
+        template = meta.get("benchwright_template") or meta.get("benchwright_image") or "?"
+        marked = [line for line in err.splitlines() if line.startswith("bw-missing:")]
+        missing = marked[-1][len("bw-missing:"):].strip()[:300] if marked and result.returncode == 3 else \
+            f"(the check failed: {err.strip()[-300:]})"
+        raise Unmappable(f"harbor task environment on {box.backend.name}: the template {template!r} has no "
+                         f"directory {missing} its user can write; harbor's fixed paths ({', '.join(dirs)}) must be "
+                         "top-level directories of the template writable by its user (there is no Docker engine to "
+                         "add them: build them into the template)")
+    return dataclasses.replace(box, home=out.strip().splitlines()[0])
+
+
 OpenEnv = Callable[[str, EnvPlan], AbstractAsyncContextManager[Sandbox]]
 """Opens a ``harbor_task_env`` sandbox for a trial (session id, plan) and kills it on exit."""
 
@@ -327,12 +375,15 @@ class TaskEnvBroker:
         stack = AsyncExitStack()
         try:
             box = await stack.enter_async_context(self.open_env(session, plan))
-            if box.backend.name != "local" or box.info.metadata.get("isolation") != "namespaces":
-                raise InvalidInput("harbor task environments need the local backend's namespaces isolation (its "
-                                   "fixed /logs, /tests paths are links in a private root)")
-            dirs = " ".join(shlex.quote(f"{box.home}/{name}") for name in plan.root_links)
-            await self._run(box, f"mkdir -p {dirs} {box.home}/logs/agent {box.home}/logs/verifier "
-                                 f"{box.home}/logs/artifacts", plan=plan, cwd=box.home)
+            if box.backend.name == "local":
+                if box.info.metadata.get("isolation") != "namespaces":
+                    raise InvalidInput("harbor task environments on the local backend need its namespaces "
+                                       "isolation (its fixed /logs, /tests paths are links in a private root)")
+                dirs = " ".join(shlex.quote(f"{box.home}/{name}") for name in plan.root_links)
+                await self._run(box, f"mkdir -p {dirs} {box.home}/logs/agent {box.home}/logs/verifier "
+                                     f"{box.home}/logs/artifacts", plan=plan, cwd=box.home)
+            else:
+                box = await prepare_remote(box, plan)
             if self.terminal:
                 await self._tmux_server(box, plan, stack)
         except BaseException:

@@ -23,6 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 ROLES: tuple[str, ...] = ("driver", "work", "proxy", "task", "template_probe", "harbor_orchestrator",
                           "harbor_task_env")
 """What a sandbox is for; recorded in its metadata as ``benchwright_role``."""
+TEMPLATE_KEY = "template"
+"""``metadata["template"]`` of a remote backend's ``create``: the E2B template (``e2b``) or image (``sandbox0``) this
+sandbox starts from instead of the backend's configured one (a harbor task environment's mapped ``FROM``)."""
 
 MiB = 1024 * 1024
 

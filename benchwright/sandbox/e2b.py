@@ -1,8 +1,9 @@
 """The ``e2b`` backend: E2B micro-VMs through the ``e2b`` SDK (``AsyncSandbox``).
 
-* **Create**: ``AsyncSandbox.create`` from a template, with metadata (``benchwright_role``, ``benchwright_run_id``,
-  ``benchwright_managed``, the creation time and instance size: what ``reap`` reads back after a crash), a lifetime
-  (``timeout``) and a network that allows only the egress proxy (``deny_out`` everything else) or nothing.
+* **Create**: ``AsyncSandbox.create`` from a template (the configured one, or ``metadata["template"]``), with
+  metadata (``benchwright_role``, ``benchwright_run_id``, ``benchwright_managed``, the creation time, instance size
+  and template: what ``reap`` reads back after a crash), a lifetime (``timeout``) and a network that allows only the
+  egress proxy (``deny_out`` everything else) or nothing.
 * **Commands** through the SDK (``commands.run(background=True, stdin=True)``: envd's ``Process.Start`` stream,
   ``SendInput``/``CloseStdin``/``SendSignal``), wrapped by :func:`benchwright.sandbox.remote.wrap_command` for the
   limits. envd hands output to the SDK as text (UTF-8, undecodable bytes replaced), so binary data never travels
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 
 from benchwright.blobs import BlobStore
 from benchwright.sandbox.base import (
+    TEMPLATE_KEY,
     ExecLimits,
     ExecResult,
     SandboxError,
@@ -101,11 +103,13 @@ class E2BBackend(WrappedCommands):
         from e2b import AsyncSandbox
 
         archive = await snapshot_archive(self.blobs, role, snapshot_id)
-        meta = {**{k: str(v) for k, v in (metadata or {}).items()}, "benchwright_role": role,
+        options = dict(metadata or {})
+        template = str(options.pop(TEMPLATE_KEY, None) or self.template)
+        meta = {**{k: str(v) for k, v in options.items()}, "benchwright_role": role,
                 "benchwright_run_id": run_id, "benchwright_managed": "1", "benchwright_created_at": repr(time.time()),
-                "benchwright_instance_size": self.instance_size}
+                "benchwright_instance_size": self.instance_size, "benchwright_template": template}
         try:
-            box = await AsyncSandbox.create(template=self.template, timeout=self.lifetime_s, metadata=meta,
+            box = await AsyncSandbox.create(template=template, timeout=self.lifetime_s, metadata=meta,
                                             network=self._network(), **self._opts)
         except Exception as exc:  # the SDK's exceptions: the sandbox was not made
             raise SandboxError(f"E2B could not create a sandbox: {exc}") from exc

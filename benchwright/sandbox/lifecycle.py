@@ -121,18 +121,22 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
                        restore: str | None, internal_allowed: frozenset[tuple[str, int]] = frozenset(),
                        metadata: Mapping[str, object] | None = None,
                        ro_paths: tuple[Path, ...] = (),
-                       backend_options: Mapping[str, object] | None = None) -> AsyncIterator[Sandbox]:
+                       backend_options: Mapping[str, object] | None = None,
+                       on_worker: bool = False) -> AsyncIterator[Sandbox]:
     """A sandbox for the length of the block, on the run's backend, with its egress proxy; killed (and its cost
     recorded) on the way out, whatever happens inside. ``ro_paths``: host directories shown read-only at the same
     path (a harness runtime; the local backend only, remote backends bake them into their image or template).
-    ``backend_options``: passed to the backend's ``create`` with its metadata (the local backend's ``root_links``).
+    ``backend_options``: passed to the backend's ``create`` with its metadata (the local backend's ``root_links``,
+    a remote backend's ``template``). ``on_worker``: on the worker's own local backend whatever the run's (a harness
+    runner that drives task sandboxes on the run's backend through the worker, as harbor's orchestrator does; its
+    SandboxCreated names ``local``, and it leaves the run's recorded isolation alone).
 
     Raises:
         InvalidInput: the run's backend is not configured on this worker (naming what to configure), or
             ``ro_paths`` were asked of a remote backend.
     """
     run = await asyncio.to_thread(get_run, engine, run_id=run_id)
-    backend_name = run.backend or "local"
+    backend_name = "local" if on_worker else run.backend or "local"
     operator_allowed = {(h, int(p)) for h, _, p in (e.rpartition(":") for e in settings.egress_internal_allowed)}
     egress = EgressProxy(policy_provider=_PolicyCache(engine, run.account_id),
                          recorder=_RunBlockedLog(engine, run_id, run.account_id),
@@ -153,7 +157,7 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
             SandboxCreated(sandbox_id=info.sandbox_id, role=role, backend=opened.backend.name,
                            instance_size=info.instance_size, isolation=isolation,
                            metadata={**(metadata or {}), "benchwright_role": role, "isolation": isolation}))])
-        if run.isolation != isolation:
+        if run.isolation != isolation and not on_worker:
             await asyncio.to_thread(record_isolation, engine, run_id=run_id, isolation=isolation)
         yield Sandbox(backend=opened.backend, info=info, home=_home(info), python=opened.python)
     finally:

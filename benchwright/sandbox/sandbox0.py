@@ -16,7 +16,8 @@
 * **Kill** deletes the pod (grace 0) and its NetworkPolicy; **reap** lists pods by the managed-by label.
 
 Configured by a kubeconfig (``BENCHWRIGHT_SANDBOX0_KUBECONFIG``) or the in-cluster service account, a namespace
-and an image (which must have ``sh``, coreutils ``timeout``/``head``/``env``, ``tar`` and ``python3``).
+and an image (which must have ``sh``, coreutils ``timeout``/``head``/``env``, ``tar`` and ``python3``; the configured
+one, or ``metadata["template"]`` of ``create``).
 
 Tested with the real client against :mod:`benchwright.testkit.k8s_double`, a loopback API server speaking the same
 REST and exec websocket protocol; see docs/backends.md for running the same suite against a real cluster.
@@ -39,6 +40,7 @@ from urllib.parse import urlsplit
 
 from benchwright.blobs import BlobStore
 from benchwright.sandbox.base import (
+    TEMPLATE_KEY,
     ExecLimits,
     ExecResult,
     SandboxError,
@@ -126,8 +128,8 @@ class Sandbox0Backend(WrappedCommands):
         ip = socket.gethostbyname(parts.hostname)
         return [{"to": [{"ipBlock": {"cidr": f"{ip}/32"}}], "ports": [{"protocol": "TCP", "port": parts.port}]}]
 
-    def _manifests(self, name: str, *, role: str, run_id: str,
-                   metadata: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _manifests(self, name: str, *, role: str, run_id: str, metadata: Mapping[str, Any],
+                   image: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         labels = {**MANAGED, "benchwright/sandbox": name, "benchwright_role": role,
                   "benchwright/run-id": _label_value(run_id),
                   "benchwright/account": _label_value(str(metadata.get("account", "none")))}
@@ -138,7 +140,8 @@ class Sandbox0Backend(WrappedCommands):
                "metadata": {"name": name, "labels": labels, "annotations": annotations},
                "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
                         "enableServiceLinks": False, "terminationGracePeriodSeconds": 0,
-                        "containers": [{"name": "sandbox", "image": self.image, "command": ["sleep", "infinity"],
+                        "containers": [{"name": "sandbox", "image": image or self.image,
+                                        "command": ["sleep", "infinity"],
                                         "workingDir": self.workdir,
                                         "env": [{"name": k, "value": v} for k, v in _POD_ENV.items()],
                                         "resources": {"requests": quantity, "limits": quantity}}]}}
@@ -153,8 +156,10 @@ class Sandbox0Backend(WrappedCommands):
         """A pod for a sandbox, Running, with ``snapshot_id``'s files in its work directory when given."""
         archive = await snapshot_archive(self.blobs, role, snapshot_id)
         name = f"bw-{role.replace('_', '-')}-{secrets.token_hex(6)}"
-        meta = {**(metadata or {}), "benchwright_role": role, "benchwright_run_id": run_id}
-        pod, policy = self._manifests(name, role=role, run_id=run_id, metadata=meta)
+        options = dict(metadata or {})
+        image = str(options.pop(TEMPLATE_KEY, None) or self.image)
+        meta = {**options, "benchwright_role": role, "benchwright_run_id": run_id, "benchwright_image": image}
+        pod, policy = self._manifests(name, role=role, run_id=run_id, metadata=meta, image=image)
         try:
             await asyncio.to_thread(self._net.create_namespaced_network_policy, self.namespace, policy)
             created = await asyncio.to_thread(self._core.create_namespaced_pod, self.namespace, pod)

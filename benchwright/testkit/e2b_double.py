@@ -13,7 +13,10 @@ It is a *double*: it implements only what :mod:`benchwright.sandbox.e2b` uses, w
 
 The SDK is pointed at it by its own configuration: ``api_url`` and ``sandbox_url`` (``E2B_API_URL`` /
 ``E2B_SANDBOX_URL``), HTTP/1.1. Each sandbox is a local-backend sandbox whose work directory stands for the E2B
-user's home (``/home/user``); file paths outside it are refused. What it does not do: templates, pause/resume,
+user's home (``/home/user``); file paths outside it are refused. ``templates`` names templates whose image has
+top-level directories of the user's (``{"harbor-ubuntu": ["logs", "tests", "solution", "app"]}``: links into the
+work directory, the local backend's ``root_links``, made at creation). What it does not do: building templates,
+pause/resume,
 snapshots, PTYs, watches, the filesystem RPC service, lifetimes (``timeout`` is recorded, not enforced).
 """
 
@@ -27,7 +30,7 @@ import signal
 import socket
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -45,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from benchwright.sandbox.base import ExecLimits, SandboxPathError
-from benchwright.sandbox.local import LocalBackend, LocalProcess
+from benchwright.sandbox.local import ROOT_LINKS_KEY, LocalBackend, LocalProcess
 
 HOME = "/home/user"
 ENVD_VERSION = "0.5.7"
@@ -92,11 +95,14 @@ class E2BDouble:
     Args:
         root: Where the sandboxes' local directories live.
         cpu_count, memory_mb: What every sandbox gets (its template's size, on E2B).
+        templates: Template id -> the top-level directories its sandboxes' user owns (see the module docstring).
         local_options: Passed to the :class:`LocalBackend` (``allow_unisolated``...).
     """
 
-    def __init__(self, root: Path, *, cpu_count: int = 2, memory_mb: int = 2048, **local_options: Any) -> None:
+    def __init__(self, root: Path, *, cpu_count: int = 2, memory_mb: int = 2048,
+                 templates: Mapping[str, Sequence[str]] | None = None, **local_options: Any) -> None:
         self.api_key = f"e2b_{secrets.token_hex(20)}"
+        self.templates = {k: list(v) for k, v in (templates or {}).items()}
         self.boxes: dict[str, _Box] = {}
         self.limits = ExecLimits(cpu_seconds=_WALL_S, memory_mb=memory_mb, wall_seconds=_WALL_S, max_processes=512,
                                  max_file_mb=1 << 20, cpu_cores=float(cpu_count))
@@ -162,10 +168,16 @@ class E2BDouble:
             return _error(401, "Invalid API key")
         body = await request.json()
         metadata = {str(k): str(v) for k, v in (body.get("metadata") or {}).items()}
+        template = str(body.get("templateID", "base"))
+        dirs = self.templates.get(template, [])
         info = await self.local.create(role=metadata.get("benchwright_role", "work"),
-                                       run_id=metadata.get("benchwright_run_id", "double"))
+                                       run_id=metadata.get("benchwright_run_id", "double"),
+                                       metadata={ROOT_LINKS_KEY: dirs} if dirs else None)
+        if dirs:
+            await self.local.exec(info.sandbox_id, ["mkdir", "-p", *dirs], env=_BASE_ENV, timeout_s=30,
+                                  limits=self.limits)
         sid = f"i{secrets.token_hex(9)}"
-        box = _Box(sandbox_id=sid, template=body.get("templateID", "base"), metadata=metadata,
+        box = _Box(sandbox_id=sid, template=template, metadata=metadata,
                    env={**_BASE_ENV, **(body.get("envVars") or {})}, token=secrets.token_hex(16),
                    started_at=time.time(), backend=self.local, local_id=info.sandbox_id, limits=self.limits)
         self.boxes[sid] = box

@@ -25,6 +25,7 @@ import contextlib
 import json
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from benchwright.sandbox.base import ExecLimits
-from benchwright.sandbox.local import LocalBackend, LocalProcess
+from benchwright.sandbox.local import ROOT_LINKS_KEY, LocalBackend, LocalProcess
 
 V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
 _POD_WALL_S = 24 * 3600
@@ -81,11 +82,15 @@ class K8sDouble:
     Args:
         root: Where the pods' local sandboxes live.
         protocols: Exec subprotocols offered, preferred first (``(V4,)`` tests a v4-only server).
+        images: Image -> top-level directories its pods' user owns (``["logs", "tests", "app"]``: links into the
+            work directory, the local backend's ``root_links``, made when the pod starts); other images have none.
         local_options: Passed to every pod's :class:`LocalBackend` (``allow_unisolated``, ``isolation``...).
     """
 
-    def __init__(self, root: Path, *, protocols: tuple[str, ...] = (V5, V4), **local_options: Any) -> None:
+    def __init__(self, root: Path, *, protocols: tuple[str, ...] = (V5, V4),
+                 images: Mapping[str, Sequence[str]] | None = None, **local_options: Any) -> None:
         self.root, self.protocols, self.local_options = Path(root), protocols, local_options
+        self.images = {k: list(v) for k, v in (images or {}).items()}
         self.token = secrets.token_hex(16)
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
@@ -195,8 +200,13 @@ class K8sDouble:
                                  cpu_cores=_cpu(limits.get("cpu", "1")))
         labels = meta.get("labels") or {}
         backend = LocalBackend(self.root, egress_proxy_url=self._egress_for(ns, labels), **self.local_options)
+        dirs = self.images.get(str(containers[0].get("image", "")), [])
         info = await backend.create(role=labels.get("benchwright_role", "work"),
-                                    run_id=labels.get("benchwright/run-id", "double"))
+                                    run_id=labels.get("benchwright/run-id", "double"),
+                                    metadata={ROOT_LINKS_KEY: dirs} if dirs else None)
+        if dirs:
+            await backend.exec(info.sandbox_id, ["mkdir", "-p", *dirs], env={"PATH": "/usr/bin:/bin"}, timeout_s=30,
+                               limits=exec_limits)
         meta.update({"namespace": ns, "uid": secrets.token_hex(8),
                      "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         body["status"] = {"phase": "Pending"}

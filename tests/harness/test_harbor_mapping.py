@@ -12,6 +12,7 @@ from benchwright.errors import InvalidInput
 from benchwright.harness import install
 from benchwright.harness.harbor import (
     EnvPlan,
+    TaskSet,
     Unmappable,
     environment_plans,
     map_environment,
@@ -19,6 +20,7 @@ from benchwright.harness.harbor import (
     sandbox_path,
     task_files,
 )
+from benchwright.harness.harbor_remote import env_options, place_plans
 from benchwright.sandbox.local.backend import _root_links
 
 
@@ -36,7 +38,7 @@ def test_the_bundled_set_resolves_in_name_order_and_maps_onto_the_template(tmp_p
     assert [t.name for t in tasks.tasks] == ["hello-file", "json-config", "reverse-script", "sum-to-100"]
     plans = environment_plans(tasks)
     assert set(plans) == {f"{t.name}/environment" for t in tasks.tasks}
-    assert all(p == EnvPlan(workdir="/app") for p in plans.values())
+    assert all(p == EnvPlan(workdir="/app", image="ubuntu:24.04", image_line=1) for p in plans.values())
     files = task_files(tasks)
     assert "hello-file/solution/solve.sh" in files and "sum-to-100/tests/test.sh" in files
     one = resolve_task_set("bundled/demo/hello-file", harness_dir=tmp_path)
@@ -51,7 +53,8 @@ def test_paths_stay_under_their_root(tmp_path: Path) -> None:
             resolve_task_set(path, harness_dir=tmp_path)
     _task(tmp_path / "harbor-tasks" / "mine", "t1", "FROM python:3.12\nWORKDIR /work\nENV A=1 B=two\n")
     tasks = resolve_task_set("mine", harness_dir=tmp_path)
-    assert environment_plans(tasks) == {"t1/environment": EnvPlan(workdir="/work", env={"A": "1", "B": "two"})}
+    assert environment_plans(tasks) == {"t1/environment": EnvPlan(workdir="/work", env={"A": "1", "B": "two"},
+                                                                  image="python:3.12", image_line=1)}
 
 
 @pytest.mark.parametrize(("dockerfile", "toml", "says"), [
@@ -76,6 +79,33 @@ def test_a_compose_environment_is_refused(tmp_path: Path) -> None:
     (task / "environment" / "docker-compose.yaml").write_text("services: {}\n")
     with pytest.raises(Unmappable, match=r"docker-compose\.yaml cannot be mapped"):
         map_environment(task)
+
+
+def test_a_remote_backend_maps_each_image_to_its_template_and_refuses_an_unmapped_one(tmp_path: Path) -> None:
+    _task(tmp_path / "set", "a", "FROM --platform=linux/amd64 ubuntu:24.04 AS base\nWORKDIR /app\n")
+    _task(tmp_path / "set", "b", "# comment\nFROM debian:12\n")
+    plans = environment_plans(_set(tmp_path / "set"))
+    assert place_plans(plans, backend="local", templates={}) == plans  # the host image stands in for any
+    assert env_options(plans["a/environment"]) == {"root_links": ["app", "logs", "solution", "tests"]}
+    templates = {"e2b": {"ubuntu:24.04": "bw-ubuntu", "debian:12": "bw-debian"}, "sandbox0": {"ubuntu:24.04": "u"}}
+    placed = place_plans(plans, backend="e2b", templates=templates)
+    assert {k: p.template for k, p in placed.items()} == {"a/environment": "bw-ubuntu", "b/environment": "bw-debian"}
+    assert env_options(placed["b/environment"]) == {"template": "bw-debian"}
+    with pytest.raises(Unmappable) as caught:
+        place_plans(plans, backend="sandbox0", templates=templates)
+    assert caught.value.code == "harbor_environment_unmappable"
+    assert str(caught.value) == (
+        "harbor task b: environment/Dockerfile line 2 (FROM debian:12) cannot be mapped on the sandbox0 backend: no "
+        "sandbox0 image is mapped to the image 'debian:12' (there is no Docker engine to pull or build it; map one "
+        'with BENCHWRIGHT_HARBOR_TEMPLATES, e.g. {"sandbox0": {"debian:12": "<sandbox0 image>"}}; mapped on '
+        "sandbox0: ubuntu:24.04)")
+    _task(tmp_path / "bare", "c", None)
+    with pytest.raises(Unmappable, match="has no FROM line, so no E2B template can stand in"):
+        place_plans(environment_plans(_set(tmp_path / "bare")), backend="e2b", templates=templates)
+
+
+def _set(root: Path) -> TaskSet:
+    return TaskSet(root=root, tasks=sorted(p for p in root.iterdir()))
 
 
 def test_harbor_paths_map_to_the_task_sandbox_and_nothing_else() -> None:
