@@ -7,8 +7,8 @@ keeps going); a stop stops the session's runs that are still going (``patched("o
 ends the session with an answer from what it read; a steer is recorded (the builtin operator follows its plan; an
 LLM operator reads it before its next model call).
 
-An LLM operator (``inp.llm``, ``patched("operator-llm")``) runs ``_run_llm`` instead of the builtin plan: model
-turns and tool calls, each an activity, the conversation held here.
+An LLM operator (``inp.llm``, ``deprecate_patch("operator-llm")``) runs ``_run_llm`` instead of the builtin plan:
+model turns and tool calls, each an activity, the conversation held here.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ class OperatorWorkflow:
 
     @workflow.run
     async def run(self, inp: OperatorInput) -> Answer:
-        if inp.llm is not None and workflow.patched("operator-llm"):
+        if inp.llm is not None:
+            workflow.deprecate_patch("operator-llm")  # no session from before it had an LLM operator
             return await self._run_llm(inp)
         sid = inp.session_id
         planned: PlanResult = await workflow.execute_activity_method(
@@ -98,7 +99,8 @@ class OperatorWorkflow:
             await self._launch_all(inp, planned.launches, evidence, planned=len(planned.launches))
         answered_with = evidence
         if cut_short is None and not self._stopped and inp.goal.get("question") == "better" \
-                and inp.goal.get("tasks") is not None and workflow.patched("operator-extend"):
+                and inp.goal.get("tasks") is not None:
+            workflow.deprecate_patch("operator-extend")  # no goal from before it could carry ``tasks``
             extension: PlanResult = await workflow.execute_activity_method(
                 OperatorActivities.extend, ExtendStep(session_id=sid, account_id=inp.account_id, goal=inp.goal,
                                               evidence=evidence, runs_left=inp.limits.session.runs - len(evidence)),
@@ -222,7 +224,7 @@ class OperatorWorkflow:
             OperatorActivities.record, RecordStep(session_id=sid, key=key, type=type_, data=data, status=status),
             start_to_close_timeout=STEP_TIMEOUT, retry_policy=STEP_RETRY, summary=f"record {type_}")
 
-    # -- the LLM operator (patched "operator-llm") ---------------------------------------------------------------
+    # -- the LLM operator (deprecated patch "operator-llm") ----------------------------------------------------
 
     async def _run_llm(self, inp: OperatorInput) -> Answer:
         """Model call, tool calls, model call, ... until the model answers, the budget or the turns run out, or a

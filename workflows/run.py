@@ -281,9 +281,11 @@ class RunWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return refused
         try:
-            if inp.fork is not None and workflow.patched("fork-phase"):
+            if inp.fork is not None:
                 # A forked launch: the Fork phase seeds the run from its parent before the pipeline starts, so the
-                # inherited events follow RunLaunched and the plan knows which phases are inherited.
+                # inherited events follow RunLaunched and the plan knows which phases are inherited. Deprecated patch
+                # (docs/architecture.md, "Workflow versioning"): no RunInput from before it carried a fork.
+                workflow.deprecate_patch("fork-phase")
                 clock = asyncio.create_task(self._run_clock(inp.limits.run_duration_s))
                 await self._phase_loop("fork")
             plan = plan_phases(self._launch, fork=self._fork)
@@ -496,8 +498,9 @@ class RunWorkflow:
                                                start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
                                                summary=f"materialize v{invocation}: start")
         opts = inp.materialize
-        bridged = is_bridge(self._launch) and workflow.patched("harness-bridge")
+        bridged = is_bridge(self._launch)
         if bridged:  # §4: a harness-bridge run is one harness process in the work sandbox, sequential
+            workflow.deprecate_patch("harness-bridge")  # no launch from before it could name a harness
             bounds, in_flight = [(0, 1)], 1
         elif workflow.patched("balanced-batches"):
             bounds, in_flight = plan_batches(self._tasks_total, opts.batch_tasks, opts.parallel_batches)

@@ -34,6 +34,15 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   inconclusive, extended to two larger runs (``patched("operator-extend")``: the ``operator_extend`` activity).
 - ``run_stopped_during_materialize.json``: a run stopped mid-Materialize (tests/api/test_control.py): its teardown
   waits for the halt row's write (``patched("halt-written-before-teardown")``) before ``finish_halted``.
+- Pre-patch histories recorded later with the code from before their patch (a ``git worktree`` of the patch's
+  parent commit running its own test): ``run_stopped_before_halt_written_before_teardown.json`` (0487831, parent of
+  24514fe: the same stop mid-Materialize, torn down without waiting), ``run_before_revoke_model_route.json``
+  (f2b10b8, parent of c7ad09d: a run with a model proxy that slept the proxy linger after its terminal event, then
+  stopped the proxy), ``operator_builtin_stopped_before_stop_halts_runs.json`` (908920d, parent of f7cf371: a
+  stopped builtin session that answered without stopping its run).
+- ``operator_llm_session_deprecated.json`` and ``operator_builtin_extended_deprecated.json``: the same sessions
+  recorded after ``operator-llm`` and ``operator-extend`` were deprecated (their markers say ``deprecated``; such a
+  history replays once the call is removed, test_patch_histories.py).
 
 test_patch_histories.py checks that every patch in workflows/*.py has a history here with it on and one from
 before it (or an allow-listed reason why not).
@@ -120,18 +129,18 @@ async def test_phase_heartbeat_branch_follows_the_history(monkeypatch: pytest.Mo
     assert seen == {heartbeat}
 
 
-@pytest.mark.parametrize(("name", "patch"), [("operator_llm_session.json", "operator-llm"),
-                                             ("operator_builtin_stopped.json", "operator-stop-halts-runs"),
-                                             ("operator_builtin_extended.json", "operator-extend")])
+@pytest.mark.parametrize(("name", "patch", "on"), [
+    ("operator_builtin_stopped.json", "operator-stop-halts-runs", False),
+    ("operator_builtin_stopped_before_stop_halts_runs.json", "operator-stop-halts-runs", True)])
 async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatch: pytest.MonkeyPatch, name: str,
-                                                                      patch: str) -> None:
-    """Without ``operator-llm`` the session would take the builtin path (its recorded turns no longer match);
-    without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs; without
-    ``operator-extend`` an inconclusive ``better`` would answer at once."""
+                                                                      patch: str, on: bool) -> None:
+    """Without ``operator-stop-halts-runs`` a stopped session would answer without stopping its runs, and with it a
+    session stopped by an older worker would stop them: each history replays only on its own side of the patch.
+    (``operator-llm`` and ``operator-extend`` are deprecated: their old branch is gone.)"""
     from temporalio import workflow
 
     real = workflow.patched
-    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == patch else real(patch_id))
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: on if patch_id == patch else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
