@@ -247,10 +247,10 @@ class FairShare:
       that the twenty's sandbox starts no longer crowd.
 
     Alone, an account is bounded only by its quota and ``alone_phase_slots`` (its phases and batch starts at once;
-    the worker sets it to twice its cores: twenty runs launched together set up a few at a time, as fast on busy
-    cores, and an account arriving next waits behind those few instead of twenty). Waiters are
-    admitted first come, first served within their account, and an account's waiters never wait for another
-    account's calls or phases: each account's bound is its own.
+    the worker sets it to twice its cores: twenty runs launched together set up a few at a time, and an account
+    arriving next waits behind those few instead of twenty). Waiters are admitted first come, first served within
+    their account; an account's calls never wait for another account's calls, and its phases and batch starts
+    wait for another account's only while that one is lighter (above).
     """
 
     LAG_PROBE_S = 0.1
