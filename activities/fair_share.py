@@ -2,7 +2,8 @@
 
 Every activity of a run carries its account as Temporal's ``fairness_key`` (``benchwright.quotas.fairness_key``,
 inherited from the run's workflow), so the worker knows whose work each one is without reading the store: an account
-is active on this worker while one of its activities runs, and the pipeline phases wait for their account's share.
+is active on this worker while one of its activities runs, and the pipeline phases and Materialize batch starts
+wait for their account's share (a lighter account's go first).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ PHASES = frozenset({"fork", "find", "fetch", "analyze", "setup", "attach", "atom
 """The activities bounded by an account's phase share: the pipeline's work (sandboxes, datasets, scorer set-up).
 Not the Materialize batches (their model calls have their own share), the run log's bookkeeping, nor the long
 waits (an Operator waiting for its runs must not hold a slot its runs need)."""
+
+STARTS = frozenset({"materialize_batch"})
+"""Activities whose start is bounded like a phase (a sandbox restored, a scorer runtime started), up to their first
+model call (``benchwright.quotas.Start``) or ``START_BOUND_S``, whichever is first."""
+
+START_BOUND_S = 5.0
 
 HEARTBEAT_WHILE_WAITING_S = 1.0
 
@@ -43,6 +50,15 @@ class _Inbound(ActivityInboundInterceptor):
             return await self.next.execute_activity(input)
         self.share.enter(account)
         try:
+            if info.activity_type in STARTS:
+                await self._wait_for_phase(account, info.heartbeat_details)
+                start = self.share.starting(account)
+                bound = asyncio.get_running_loop().call_later(START_BOUND_S, start.end)
+                try:
+                    return await self.next.execute_activity(input)
+                finally:
+                    bound.cancel()
+                    start.end()
             if info.activity_type not in PHASES:
                 return await self.next.execute_activity(input)
             await self._wait_for_phase(account, info.heartbeat_details)

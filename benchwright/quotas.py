@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,11 +188,34 @@ class _Share:
         self.kind = kind
         self.in_flight = 0
         self.peak = 0
+        self.ended_at = -1e18
+        """When one of its admissions was last given back (``FairShare.yield_s``)."""
         self.waiters: deque[asyncio.Future[None]] = deque()
 
     def take(self) -> None:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
+
+
+class Start:
+    """A Materialize batch's start (its sandbox restored, its scorer runtime started: CPU-heavy, like a phase) held as
+    one of its account's phase admissions until the batch asks for its first model call (``FairShare.call``) or
+    ``end`` is called, whichever comes first (``activities.fair_share`` also ends it after a bound: a batch that
+    makes no model call through the share, a harness bridge's, must not hold it for its whole run)."""
+
+    def __init__(self, share: FairShare, account: str) -> None:
+        self.share = share
+        self.account = account
+        self.open = True
+
+    def end(self) -> None:
+        if self.open:
+            self.open = False
+            self.share.leave_phase(self.account)
+
+
+_STARTING: ContextVar[Start | None] = ContextVar("benchwright_fair_start", default=None)
+"""The batch start of the activity this code runs in (set by ``FairShare.starting``), ended by its first call."""
 
 
 class FairShare:
@@ -212,22 +236,33 @@ class FairShare:
       has used little (a 200-task run beside another's twenty) is never the one cut: its calls go at once, up to
       its quota. If it comes to use more than the other, it becomes the one cut, so two heavy accounts end near
       equal shares. Against a slow model (real providers: seconds per call) the loop keeps up and nothing is cut.
-    * **Phases.** Each account runs at most ``phase_slots // accounts`` (at least one) of its pipeline phases at
-      once; its others wait for its own (an account's twenty runs starting at once no longer run twenty sandboxes'
-      set-up beside the other account's one).
+    * **Phases.** Each account runs at most ``phase_slots // accounts`` (at least one) of its pipeline phases and
+      Materialize batch starts (``starting``) at once; its others wait for its own (an account's twenty runs
+      starting at once no longer run twenty sandboxes' set-up beside the other account's one). And the lighter
+      account goes first: while an active account that has used the worker less lately (``used``) has a phase or
+      batch start in flight or waiting, or ended one within ``yield_s`` (the gap between a run's phases, while its
+      workflow schedules the next), a heavier account starts none (those under way finish). Every phase or batch
+      start admitted counts ``start_weight`` model calls in ``used``. The lightest account never waits for another,
+      so one always goes; a 200-task run's phases beside another account's twenty runs run on a worker (and cores)
+      that the twenty's sandbox starts no longer crowd.
 
-    Alone, an account is bounded only by its quota: a single-account deployment runs as before. Waiters are
-    admitted first come, first served within their account, and an account's waiters never wait for another
-    account's calls or phases: each account's bound is its own.
+    Alone, an account is bounded only by its quota and ``alone_phase_slots`` (its phases and batch starts at once;
+    the worker sets it to twice its cores: twenty runs launched together set up a few at a time, and an account
+    arriving next waits behind those few instead of twenty). Waiters are admitted first come, first served within
+    their account; an account's calls never wait for another account's calls, and its phases and batch starts
+    wait for another account's only while that one is lighter (above).
     """
 
     LAG_PROBE_S = 0.1
     RUNNING_POLL_S = 0.5
 
     def __init__(self, *, phase_slots: int = 2, lag_target_s: float = 0.05, min_calls: int = 4,
-                 linger_s: float = 2.0, half_life_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 linger_s: float = 2.0, half_life_s: float = 10.0, yield_s: float = 1.0, start_weight: float = 10.0,
+                 alone_phase_slots: int = MAX_QUOTA, clock: Callable[[], float] = time.monotonic) -> None:
         self.phase_slots = phase_slots
+        self.alone_phase_slots = alone_phase_slots
+        self.yield_s = yield_s
+        self.start_weight = start_weight
         self.lag_target_s = lag_target_s
         self.min_calls = min_calls
         self.linger_s = linger_s
@@ -281,8 +316,24 @@ class FairShare:
         return quota if cap is None else min(quota, cap)
 
     def phase_limit(self, account: str) -> int:
-        n = len(self.active() | {account})
-        return MAX_QUOTA if n <= 1 else max(1, self.phase_slots // n)
+        active = self.active() | {account}
+        if len(active) <= 1:
+            return self.alone_phase_slots
+        return 0 if self.yields(account, active) else max(1, self.phase_slots // len(active))
+
+    def yields(self, account: str, active: set[str] | None = None) -> bool:
+        """Whether ``account``'s phases and batch starts wait for a lighter account's: one that has used the worker
+        less lately has one in flight or waiting, or ended one within ``yield_s``."""
+        now = self._clock()
+        mine = self.used(account)
+        for other in (self.active() if active is None else active) - {account}:
+            share = self._phases.get(other)
+            if share is None:
+                continue
+            busy = share.in_flight > 0 or bool(share.waiters) or now - share.ended_at < self.yield_s
+            if busy and self.used(other) < mine:
+                return True
+        return False
 
     def used(self, account: str) -> float:
         """The account's model calls admitted lately (each counts for less as ``half_life_s`` passes)."""
@@ -342,8 +393,8 @@ class FairShare:
 
     def _take(self, share: _Share) -> None:
         share.take()
-        if share.kind == "calls":
-            self._used[share.account] = (self.used(share.account) + 1, self._clock())
+        weight = 1.0 if share.kind == "calls" else self.start_weight
+        self._used[share.account] = (self.used(share.account) + weight, self._clock())
 
     def _wake(self, share: _Share) -> None:
         limit = self._limit(share)
@@ -375,6 +426,7 @@ class FairShare:
 
     def _release(self, share: _Share) -> None:
         share.in_flight -= 1
+        share.ended_at = self._clock()
         self._wake(share)
 
     def _share(self, table: dict[str, _Share], account: str, kind: str) -> _Share:
@@ -386,6 +438,9 @@ class FairShare:
     @asynccontextmanager
     async def call(self, account: str) -> AsyncIterator[None]:
         """Hold one of ``account``'s model-call admissions for the call's duration."""
+        start = _STARTING.get()
+        if start is not None and start.account == account:  # the batch's first call: its start is over
+            start.end()
         share = self._share(self._calls, account, "calls")
         await self._acquire(share)
         try:
@@ -399,6 +454,14 @@ class FairShare:
 
     def leave_phase(self, account: str) -> None:
         self._release(self._phases[account])
+
+    def starting(self, account: str) -> Start:
+        """Hold the phase admission ``account`` was just given (``enter_phase``) as the start of the Materialize
+        batch this code runs in (and the tasks it creates): its first model call through ``call``, or
+        ``Start.end``, gives it back."""
+        start = Start(self, account)
+        _STARTING.set(start)
+        return start
 
     def in_flight(self, account: str, kind: str = "calls") -> int:
         share = (self._calls if kind == "calls" else self._phases).get(account)

@@ -135,7 +135,8 @@ async def test_two_heavy_accounts_are_cut_in_turn_and_grow_back_to_their_quotas(
 
 async def test_phases_are_shared_out_only_while_several_accounts_are_active() -> None:
     clock = Clock()
-    share = FairShare(phase_slots=4, clock=clock)  # two accounts active: two phases each
+    # two accounts active: two phases each (phases not counted in their use: neither is lighter, neither yields)
+    share = FairShare(phase_slots=4, start_weight=0.0, clock=clock)
     entered: list[str] = []
 
     async def phase(account: str) -> None:
@@ -188,3 +189,98 @@ async def test_an_account_with_a_run_running_is_active_before_its_first_activity
     assert share.caps == {}
     await calls.end("a", 40)
     await asyncio.gather(*calls.tasks)
+
+
+async def test_a_lighter_accounts_phases_and_batch_starts_go_first() -> None:
+    """While B (lighter: fewer model calls and phases admitted lately) has a phase or a batch start in flight, or ended
+    one within ``yield_s``, A (heavier) starts none; B never waits for A. A batch start ends at its first call."""
+    clock = Clock()
+    share = FairShare(phase_slots=4, yield_s=1.0, start_weight=10.0, clock=clock)
+    entered: list[str] = []
+
+    async def phase(account: str) -> None:
+        await share.enter_phase(account)
+        entered.append(account)
+
+    share.enter("a")
+    a_first = [asyncio.create_task(phase("a")) for _ in range(3)]  # alone: no bound
+    await settle()
+    share.enter("b")
+    a_more = [asyncio.create_task(phase("a")) for _ in range(2)]
+    b_phase = asyncio.create_task(phase("b"))
+    await settle()
+    assert entered == ["a"] * 3 + ["b"]  # B at once, past A's waiting two
+    assert share.used("a") > share.used("b") and share.yields("a") and not share.yields("b")
+    for _ in range(3):
+        share.leave_phase("a")
+    await settle()
+    assert entered.count("a") == 3 and share.phase_limit("a") == 0  # A's share is free, yet A yields to B
+    share.leave_phase("b")
+    clock.now += 0.5  # B between two phases (its workflow scheduling the next): A still waits
+    share.observe_lag(0.0)
+    await settle()
+    assert entered.count("a") == 3
+
+    async def batch(account: str) -> bool:
+        await share.enter_phase(account)
+        start = share.starting(account)
+        entered.append(f"{account} batch")
+        async with share.call(account):
+            return start.open
+
+    b_batch = asyncio.create_task(batch("b"))  # B's batch start holds its phase admission until its first call
+    await settle()
+    assert entered[-1] == "b batch" and await b_batch is False and share.in_flight("b", "phases") == 0
+    clock.now += 0.9  # the start ended 0.9 s ago: within yield_s
+    share.observe_lag(0.0)
+    await settle()
+    assert entered.count("a") == 3
+    clock.now += 0.2
+    share.observe_lag(0.0)  # B quiet for yield_s: A's waiting phases go, up to its share of two
+    await settle()
+    assert entered.count("a") == 5 and not share.yields("a")
+    await asyncio.gather(*a_first, *a_more, b_phase)
+
+
+async def test_a_batch_start_is_held_until_its_first_call_or_its_end() -> None:
+    share = FairShare(phase_slots=2)
+    share.enter("a")
+    share.enter("b")
+
+    async def batch() -> None:
+        await share.enter_phase("a")
+        start = share.starting("a")
+        assert share.in_flight("a", "phases") == 1
+        start.end()
+        start.end()  # once only
+        assert share.in_flight("a", "phases") == 0
+
+    await asyncio.create_task(batch())
+    await share.enter_phase("a")  # not in a batch's start: a call gives nothing back
+    async with share.call("a"):
+        assert share.in_flight("a", "phases") == 1
+    share.leave_phase("a")
+
+
+async def test_alone_an_account_runs_alone_phase_slots_phases_at_once() -> None:
+    """Twenty runs launched together set up ``alone_phase_slots`` at a time: the next account to arrive waits behind
+    those few, not twenty. A second account then shares the slots out as above."""
+    share = FairShare(phase_slots=2, alone_phase_slots=3, clock=Clock())
+    entered: list[str] = []
+
+    async def phase(account: str) -> None:
+        await share.enter_phase(account)
+        entered.append(account)
+
+    share.enter("a")
+    runs = [asyncio.create_task(phase("a")) for _ in range(20)]
+    await settle()
+    assert entered == ["a"] * 3
+    share.leave_phase("a")
+    await settle()
+    assert entered == ["a"] * 4 and share.in_flight("a", "phases") == 3
+    for _ in range(19):
+        share.leave_phase("a")
+        await settle()
+    assert entered == ["a"] * 20
+    await asyncio.gather(*runs)

@@ -1,0 +1,61 @@
+"""The activity interceptor (``activities.fair_share``) under Temporal's own ``ActivityEnvironment``: a Materialize
+batch of a heavier account waits for a lighter account's phase, runs holding its account's phase admission as its
+start, and gives it back at its first model call. The account comes from the activity's fairness key. No sleeps,
+no timings: a fake clock, ``observe_lag`` to re-check the bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from temporalio.common import Priority
+from temporalio.testing import ActivityEnvironment
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
+
+from activities.fair_share import FairShareInterceptor
+from benchwright.quotas import FairShare
+from tests.domain.test_fair_share_domain import Clock, settle
+
+
+class _Call(ActivityInboundInterceptor):
+    """The end of the chain: calls the activity function itself (what Temporal's worker does)."""
+
+    def __init__(self) -> None:
+        pass
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        return await input.fn(*input.args)
+
+
+async def test_a_heavier_accounts_batch_waits_for_the_lighter_ones_phase_and_its_start_ends_at_its_first_call(
+        ) -> None:
+    clock = Clock()
+    share = FairShare(phase_slots=2, yield_s=1.0, clock=clock)
+    for _ in range(20):  # A has used the worker: heavier than B
+        async with share.call("a"):
+            pass
+    share.enter("b")
+    await share.enter_phase("b")  # B's phase under way
+    seen: dict[str, int] = {}
+
+    async def batch() -> str:
+        seen["phases at start"] = share.in_flight("a", "phases")
+        async with share.call("a"):
+            seen["phases at first call"] = share.in_flight("a", "phases")
+        return "done"
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, activity_type="materialize_batch",
+                                   priority=Priority(fairness_key="a"))
+    inbound = FairShareInterceptor(share).intercept_activity(_Call())
+    run = asyncio.ensure_future(env.run(
+        inbound.execute_activity, ExecuteActivityInput(fn=batch, args=[], executor=None, headers={})))
+    await settle()
+    assert not seen and share.yields("a")  # A's batch waits while B's phase runs
+    share.leave_phase("b")
+    clock.now += 1.1
+    share.observe_lag(0.0)
+    assert await run == "done"
+    assert seen == {"phases at start": 1, "phases at first call": 0}
+    assert share.in_flight("a", "phases") == 0 and share.in_flight("a") == 0
