@@ -27,14 +27,14 @@ from activities.regression import RegressionActivities
 from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
-from benchwright.crypto import load_keyring
 from benchwright.drivers.llm import install_llm_driver
-from benchwright.procreg import ProcessRegistry
-from benchwright.quotas import FairShare, running_accounts
+from benchwright.security.crypto import load_keyring
+from benchwright.security.quotas import FairShare, running_accounts
 from benchwright.settings import Settings
+from benchwright.stack.procreg import ProcessRegistry
+from benchwright.stack.teardown import reap_worker_leftovers, release_worker, sweep_routes
 from benchwright.store.db import outage_tolerant
 from benchwright.store.policy import prepare_secrets
-from benchwright.teardown import reap_worker_leftovers, release_worker, sweep_routes
 from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
@@ -123,13 +123,14 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         settings=settings,
         engine=engine,
         share=share,
-        interceptors=[FairShareInterceptor(share)],  # each account's share of this worker (benchwright.quotas)
+        interceptors=[FairShareInterceptor(share)],  # each account's share of this worker (benchwright.security.quotas)
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
         activities=activities,
         max_concurrent_activities=settings.worker_max_activities,
         # Eager dispatch hands a workflow's next activity to the slot its last one freed, past the task queue: one
-        # account's runs would keep the worker's slots and the queue's fairness (benchwright.quotas) never apply.
+        # account's runs would keep the worker's slots and the queue's fairness (benchwright.security.quotas) never
+        # apply.
         disable_eager_activity_execution=not settings.worker_eager_activities,
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
@@ -139,8 +140,8 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
 async def run_worker(settings: Settings) -> None:
     """Connect, migrate the store, and poll the task queue until SIGTERM/SIGINT; then shut down cleanly (activities
     cancelled, this worker's sandboxes killed and model proxies stopped) and return."""
+    from benchwright.stack.temporal_client import connect
     from benchwright.store.db import make_engine, migrate
-    from benchwright.temporal_client import connect
 
     ProcessRegistry(settings.data_dir).record(kind="worker", pid=os.getpid(), group=os.getpgid(0) == os.getpid())
     stop = asyncio.Event()

@@ -11,8 +11,7 @@ from temporalio import activity
 from activities.common import Deps, PhaseScope, in_thread, phase
 from activities.driving import driver_context, no_decision, require_event, take_request
 from activities.find import with_found_scorer
-from benchwright import handoff
-from benchwright.datasets import (
+from benchwright.data.datasets import (
     analyze_dataset,
     iter_task_rows,
     keep_rows,
@@ -27,7 +26,8 @@ from benchwright.events import (
     FetchArtifact,
     SyntheticSubsetCreated,
 )
-from benchwright.phase_cache import PhaseCache, analyze_input_hash
+from benchwright.runs import handoff
+from benchwright.runs.phase_cache import PhaseCache, analyze_input_hash
 from benchwright.runs.pipeline import PhaseInput, PhaseResult
 
 

@@ -19,7 +19,7 @@ from activities.driving import (
     take_request,
 )
 from activities.find import with_found_scorer
-from benchwright.datasets import read_task_rows
+from benchwright.data.datasets import read_task_rows
 from benchwright.drivers import DatasetSchema, ScorerPlan, driver_for
 from benchwright.drivers.base import SAMPLE_ROWS
 from benchwright.drivers.templates import impl_sha256

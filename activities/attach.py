@@ -10,7 +10,7 @@ Then Attach proves the model is live (§2: it sits right before Atomize for this
 scorer's calls will take: first by asking the proxy whether the provider lists the model for the real key (its
 ``GET /models``: one round trip, no tokens, no generation latency; at a 1 s endpoint this took a second off every
 run's critical path), and when it does not (no listing, a refused key, an unknown model, a LiteLLM-routed provider)
-by one ``max_tokens=1`` completion (``benchwright.sut.run_sut``). A dead endpoint, a refused key or an unknown model
+by one ``max_tokens=1`` completion (``benchwright.llm.sut.run_sut``). A dead endpoint, a refused key or an unknown model
 fails the phase with the provider's answer in plain words, so the run ends ``error`` at Attach instead of erroring
 every task. The probe's cost (a few tokens, when it spends any) is not recorded: it belongs to no task, and
 cost.model is the sum of the tasks' model spend.
@@ -28,29 +28,29 @@ from benchwright.events import (
     SandboxCreated,
     SandboxKilled,
 )
-from benchwright.model_access import ModelAccess, check_api_base
-from benchwright.prices import prices_for
-from benchwright.procreg import ProcessRegistry
+from benchwright.llm.model_access import ModelAccess, check_api_base
+from benchwright.llm.prices import prices_for
+from benchwright.llm.sut import listed_at_proxy, probe, run_sut
 from benchwright.proxy.addresses import parse_endpoints
+from benchwright.proxy.litellm_config import litellm_config_yaml, secret_env_name
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
     load_handle,
     start_model_proxy,
     stop_model_proxy,
 )
-from benchwright.proxy_config import litellm_config_yaml, secret_env_name
 from benchwright.runs.pipeline import FinishInput, PhaseInput, PhaseResult
 from benchwright.schemas import ModelSpec
+from benchwright.stack.procreg import ProcessRegistry
 from benchwright.store.accounts import get_account
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.policy import get_policy, record_blocked, secret_value
 from benchwright.store.runs import get_run
-from benchwright.sut import listed_at_proxy, probe, run_sut
 
 
 def _checked_address(deps: Deps, *, run_id: str, account_id: str, api_base: str) -> str | None:
     """The address the run's calls to ``api_base`` go to, after the account's host policy and the internal-address
-    refusal (``benchwright.model_access``); a refused host lands in the blocked-host log."""
+    refusal (``benchwright.llm.model_access``); a refused host lands in the blocked-host log."""
     settings = deps.settings
     account = get_account(deps.engine, account_id=account_id)
     access = ModelAccess(policy=get_policy(deps.engine, account_id=account_id),

@@ -23,17 +23,17 @@ from sqlalchemy.engine import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from benchwright import handoff
-from benchwright.blobs import BlobStore
+from benchwright.data.blobs import BlobStore
 from benchwright.errors import BenchwrightError
 from benchwright.events import AgentTextEvent, Event, PhaseCompleted, PhaseRestartRequested, PhaseStarted
+from benchwright.runs import handoff
 from benchwright.runs.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
+from benchwright.security.traces import format_trace
 from benchwright.settings import Settings
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.db import outage_tolerant
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.traces import format_trace
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class Deps:
 
     @property
     def blobs(self) -> BlobStore:
-        """Where phases hand files to each other (``benchwright.handoff``) and remote snapshots live."""
+        """Where phases hand files to each other (``benchwright.runs.handoff``) and remote snapshots live."""
         return blob_store(self.settings)
 
     def workdir(self, run_id: str) -> Path:
@@ -114,7 +114,7 @@ class PhaseScope:
 
 def failure(exc: BaseException) -> ApplicationError:
     """A permanent failure as Temporal should carry it: our error type's name, message and stack trace."""
-    # Relative paths, no local values (benchwright.traces): the trace reaches the run's owner as PhaseFailed.
+    # Relative paths, no local values (benchwright.security.traces): the trace reaches the run's owner as PhaseFailed.
     return ApplicationError(str(exc), {"stack_trace": format_trace(exc)}, type=type(exc).__name__,
                             non_retryable=True)
 
@@ -139,7 +139,8 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
         opening.append(NewEvent.of(event_key(inp.run_id, *key, "instructions"), AgentTextEvent(
             phase=inp.phase, text=f"Following the reviewer's instructions: {inp.instructions}")))
     await in_thread(append_events, deps.engine, inp.run_id, opening)
-    # The work directory is a cache of the run's handed-off files (benchwright.handoff): any worker holds any phase.
+    # The work directory is a cache of the run's handed-off files (benchwright.runs.handoff): any worker holds any
+    # phase.
     await handoff.restore(engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, workdir=deps.workdir(inp.run_id))
     scope = PhaseScope(inp, heartbeat=heartbeat)
     try:

@@ -11,7 +11,7 @@ from sqlmodel import Session, col, select
 
 from activities.attach import live_proxy
 from activities.common import Deps, PhaseScope, in_thread
-from benchwright.dataset_access import DatasetAccess
+from benchwright.data.dataset_access import DatasetAccess
 from benchwright.drivers import DriverContext, DriverFailed, SampleResult
 from benchwright.drivers.base import DriverPhase
 from benchwright.drivers.catalog import (
@@ -21,7 +21,8 @@ from benchwright.drivers.catalog import (
     load_catalog,
 )
 from benchwright.events import AgentTextEvent, DatasetResolved, Event
-from benchwright.prices import prices_for
+from benchwright.llm.prices import prices_for
+from benchwright.llm.sut import run_sut
 from benchwright.runs.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox, put_runtime
@@ -35,7 +36,6 @@ from benchwright.scoring.host import (
 )
 from benchwright.settings import Settings
 from benchwright.store.models import EventRow
-from benchwright.sut import run_sut
 
 CHECK_LIMITS = ExecLimits(cpu_seconds=60, memory_mb=1024, wall_seconds=120, max_processes=64)
 SAMPLE_LIMITS = ExecLimits(cpu_seconds=300, memory_mb=2048, wall_seconds=600, max_processes=128)

@@ -1,9 +1,9 @@
-"""The adapter between Temporal's activities and the worker's fair share (``benchwright.quotas.FairShare``).
+"""The adapter between Temporal's activities and the worker's fair share (``benchwright.security.quotas.FairShare``).
 
-Every activity of a run carries its account as Temporal's ``fairness_key`` (``benchwright.quotas.fairness_key``,
-inherited from the run's workflow), so the worker knows whose work each one is without reading the store: an account
-is active on this worker while one of its activities runs, and the pipeline phases and Materialize batch starts
-wait for their account's share (a lighter account's go first).
+Every activity of a run carries its account as Temporal's ``fairness_key``
+(``benchwright.security.quotas.fairness_key``, inherited from the run's workflow), so the worker knows whose work each
+one is without reading the store: an account is active on this worker while one of its activities runs, and the pipeline
+phases and Materialize batch starts wait for their account's share (a lighter account's go first).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from benchwright.quotas import FairShare
+from benchwright.security.quotas import FairShare
 
 PHASES = frozenset({"fork", "find", "fetch", "analyze", "setup", "attach", "atomize", "report_run"})
 """The activities bounded by an account's phase share: the pipeline's work (sandboxes, datasets, scorer set-up).
@@ -23,7 +23,7 @@ waits (an Operator waiting for its runs must not hold a slot its runs need)."""
 
 STARTS = frozenset({"materialize_batch"})
 """Activities whose start is bounded like a phase (a sandbox restored, a scorer runtime started), up to their first
-model call (``benchwright.quotas.Start``) or ``START_BOUND_S``, whichever is first."""
+model call (``benchwright.security.quotas.Start``) or ``START_BOUND_S``, whichever is first."""
 
 START_BOUND_S = 5.0
 

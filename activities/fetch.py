@@ -4,11 +4,11 @@ Fetch (on any worker) learn which work file is the dataset and its format: nothi
 
 The worker does the fetching outside any sandbox, so the source is untrusted input: the account's host policy,
 the internal-address refusal, the operator's endpoints and the local-path rules all apply here
-(``benchwright.dataset_access``), and every refused host lands in the run's blocked-host log. The snapshot is made
+(``benchwright.data.dataset_access``), and every refused host lands in the run's blocked-host log. The snapshot is made
 from the file directly rather than through a live sandbox (measured: ~45 ms of a ~0.5 s run went to creating and
 killing one to write a file).
 
-A URL dataset a public run already fetched is a cache hit (``benchwright.phase_cache``): nothing is downloaded, as
+A URL dataset a public run already fetched is a cache hit (``benchwright.runs.phase_cache``): nothing is downloaded, as
 long as the account's host policy allows the URL's host. A pinned launch's ``registry:`` dataset is the subset
 snapshot it pinned, copied from the blob store.
 """
@@ -22,17 +22,17 @@ from temporalio import activity
 
 from activities.common import Deps, in_thread, phase
 from activities.driving import fetch_source, resolved_source
-from benchwright.dataset_access import DatasetAccess, LocalPathRules, is_url
-from benchwright.datasets import Fetched, detect_format, fetch_dataset
+from benchwright.data.dataset_access import DatasetAccess, LocalPathRules, is_url
+from benchwright.data.datasets import Fetched, detect_format, fetch_dataset
 from benchwright.errors import DatasetError
 from benchwright.events import FetchArtifact
 from benchwright.fingerprint import sha256_hex
-from benchwright.phase_cache import PhaseCache
 from benchwright.proxy.addresses import parse_endpoints
 from benchwright.proxy.policy import decide, normalize_host
 from benchwright.registry.blobs import BlobStore
 from benchwright.registry.catalog import REGISTRY_SOURCE
 from benchwright.registry.pinned import fetch_pinned
+from benchwright.runs.phase_cache import PhaseCache
 from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox.lifecycle import snapshot_files
 from benchwright.store.accounts import get_account

@@ -1,5 +1,5 @@
 """Fork: the pre-pipeline phase of a forked launch (§2, §10). It reads the fork request, has the Driver interpret
-its prose (the builtin driver's vocabulary, ``benchwright.forks.VOCABULARY``), settles the rewind point, and seeds
+its prose (the builtin driver's vocabulary, ``benchwright.runs.forks.VOCABULARY``), settles the rewind point, and seeds
 the run from the parent: the parent's events before the rewind point copied with ``inherited_from``, its
 work-directory state and snapshot ids, then PhaseStarted(fork), ForkDecided and PhaseCompleted(fork), all in one
 transaction so the copies follow RunLaunched directly.
@@ -19,10 +19,10 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.common import Deps, failure, heartbeating, in_thread
-from benchwright import handoff
 from benchwright.errors import BenchwrightError
 from benchwright.events import ForkDecided, PhaseCompleted, PhaseStarted
-from benchwright.forks import (
+from benchwright.runs import handoff
+from benchwright.runs.forks import (
     check_overrides,
     copy_workdir,
     cut_point,

@@ -1,7 +1,7 @@
 """Materialize: open the phase, run task batches (heartbeating, resumable), close the phase.
 
 The workflow fans batches out and bounds how many run at once; each batch is one domain call
-(``benchwright.placement.run_placed_batch``) with this worker's SUT client, wrapped in heartbeats, the halt watch
+(``benchwright.runs.placement.run_placed_batch``) with this worker's SUT client, wrapped in heartbeats, the halt watch
 and error mapping. Results go to the store, never into workflow history.
 """
 
@@ -15,18 +15,17 @@ from temporalio.exceptions import ApplicationError
 
 from activities.attach import live_proxy
 from activities.common import Deps, failure, in_thread, maybe_inject_fault
-from benchwright import handoff
 from benchwright.aio import wait_out
-from benchwright.breaker import SutBreaker
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
-from benchwright.materialize import RunHalted
-from benchwright.placement import run_placed_batch
-from benchwright.prices import prices_for
+from benchwright.llm.breaker import SutBreaker
+from benchwright.llm.prices import prices_for
+from benchwright.llm.sut import SutClient, run_sut
 from benchwright.proxy.model_proxy import ProxyHandle
-from benchwright.quotas import FairShare, GatedSut, model_call_limit
+from benchwright.runs import handoff
 from benchwright.runs.halts import HALTED_ERROR
 from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.materialize import RunHalted
 from benchwright.runs.pipeline import (
     MaterializeBatchInput,
     MaterializeBatchResult,
@@ -35,10 +34,11 @@ from benchwright.runs.pipeline import (
     PhaseInput,
     PhaseResult,
 )
+from benchwright.runs.placement import run_placed_batch
 from benchwright.scoring.host import ScorerLoadError
+from benchwright.security.quotas import FairShare, GatedSut, model_call_limit
 from benchwright.store.control import halt_run, halted_reasons
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.sut import SutClient, run_sut
 
 HEARTBEAT_EVERY_S = 1.0
 
@@ -49,7 +49,7 @@ HALT_POLL_S = 0.2
 class HaltWatch:
     """The halted flag of every batch this worker runs, polled in one read per ``HALT_POLL_S`` (one read per batch
     per interval was a worker's largest store load beside twenty batches, and held its event loop up for every other
-    account's work: ``benchwright.quotas``)."""
+    account's work: ``benchwright.security.quotas``)."""
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -176,7 +176,7 @@ class MaterializeActivities:
         warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())
         watcher = asyncio.create_task(watch_halt())
-        # benchwright.placement: the harness process, a product run's agents, or the scorer in its sandboxes
+        # benchwright.runs.placement: the harness process, a product run's agents, or the scorer in its sandboxes
         work = asyncio.create_task(run_placed_batch(
             engine=self.deps.engine, settings=self.deps.settings, inp=inp, sut=sut, proxy=proxy, workdir=workdir,
             progress=progress, ceilings=self.ceilings, attempt=activity.info().attempt))

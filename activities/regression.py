@@ -1,4 +1,5 @@
-"""Scheduled regression runs: adapters over ``benchwright.regression`` and ``benchwright.webhook`` (issue 17)."""
+"""Scheduled regression runs: adapters over ``benchwright.comparison.regression`` and ``benchwright.comparison.webhook``
+(issue 17)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.common import Deps, in_thread
-from benchwright.errors import BenchwrightError
-from benchwright.events import RegressionDetected
-from benchwright.proxy.addresses import parse_endpoints
-from benchwright.regression import (
+from benchwright.comparison.regression import (
     CheckInput,
     CheckResult,
     PreparedReplay,
@@ -17,8 +15,11 @@ from benchwright.regression import (
     check_replay,
     start_replay,
 )
+from benchwright.comparison.webhook import post_webhook
+from benchwright.errors import BenchwrightError
+from benchwright.events import RegressionDetected
+from benchwright.proxy.addresses import parse_endpoints
 from benchwright.store.policy import get_policy, record_blocked
-from benchwright.webhook import post_webhook
 
 
 class AlertInput(CheckInput):

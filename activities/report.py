@@ -9,8 +9,8 @@ import asyncio
 from temporalio import activity
 
 from activities.common import Deps
-from benchwright.narration import NarratorConfig
 from benchwright.report import ReportInput, ReportResult, write_run_report
+from benchwright.report.narration import NarratorConfig
 
 
 class ReportActivities:

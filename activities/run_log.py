@@ -10,10 +10,10 @@ from temporalio import activity
 from activities.common import Deps, in_thread
 from benchwright.events import EVENT_TYPES
 from benchwright.runs.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
+from benchwright.security.traces import relative_trace
 from benchwright.store.control import clear_halt, finish_halted, halt_run
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import finish_run
-from benchwright.traces import relative_trace
 
 
 def _shown(data: dict[str, Any]) -> dict[str, Any]:

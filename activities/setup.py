@@ -3,7 +3,7 @@ scorer's Python requirements installed into the work sandbox and snapshotted (``
 → SetupArtifact, SnapshotCreated.
 
 Setup's input hash is model-free (the post-Fetch snapshot, the requirements, the Python version), so a public run's
-identical install is a cache hit (``benchwright.phase_cache``): its snapshot is reused and nothing is installed."""
+identical install is a cache hit (``benchwright.runs.phase_cache``): its snapshot is reused and nothing is installed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from temporalio import activity
 
 from activities.common import Deps, phase
 from benchwright.events import SetupArtifact
-from benchwright.phase_cache import PhaseCache, setup_input_hash
 from benchwright.product.setup import setup_product
+from benchwright.runs.phase_cache import PhaseCache, setup_input_hash
 from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox.lifecycle import latest_snapshot
 from benchwright.scoring.requirements import setup_requirements

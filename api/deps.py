@@ -13,9 +13,9 @@ from temporalio.client import Client
 from api.sse import SESSION_LOG, SseHub
 from benchwright.errors import Unavailable
 from benchwright.settings import Settings
+from benchwright.stack.temporal_client import connect
 from benchwright.store.accounts import authenticate
 from benchwright.store.models import Account
-from benchwright.temporal_client import connect
 
 
 class AppState:

@@ -26,7 +26,7 @@ from api.routes import (
     ui,
 )
 from api.routes import files as report_files
-from benchwright.crypto import load_keyring
+from benchwright.security.crypto import load_keyring
 from benchwright.settings import Settings
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.policy import prepare_secrets

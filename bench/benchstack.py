@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from benchwright.crypto import Keyring
-from benchwright.payload_codec import EncryptionCodec
+from benchwright.security.crypto import Keyring
+from benchwright.security.payload_codec import EncryptionCodec
 
 SIZES = {"control 200 B": 200, "launch 8 KB": 8 * 1024, "phase result 64 KB": 64 * 1024, "ceiling 2 MB": 2 << 20}
 

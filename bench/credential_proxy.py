@@ -3,7 +3,7 @@ called directly, through the credential proxy, and through a LiteLLM proxy (the 
 multi-tenant mode needs Postgres for virtual keys, so its single-key, master-key config is what runs offline).
 
 Prints per route: start-up time, wall (median of ``--repeat``), the caller's CPU, the proxy's CPU per call and
-its RSS. The caller is the worker's own SUT client (``benchwright.sut``), as in a run.
+its RSS. The caller is the worker's own SUT client (``benchwright.llm.sut``), as in a run.
 
     python bench/credential_proxy.py                 # N=1000, C=128, L=50 ms, 3 repeats, all three routes
     python bench/credential_proxy.py --routes direct lean
@@ -35,16 +35,16 @@ import httpx
 import yaml
 from benchstack import BW, cpu_s, rss_mb, wait_file, write_dataset
 
-from benchwright.devstack import free_port
-from benchwright.prices import Prices
-from benchwright.procreg import ProcessRegistry
+from benchwright.llm.prices import Prices
+from benchwright.llm.sut import make_sut, run_sut
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
     start_model_proxy,
     stop_owned_proxies,
 )
 from benchwright.schemas import ModelSpec
-from benchwright.sut import make_sut, run_sut
+from benchwright.stack.devstack import free_port
+from benchwright.stack.procreg import ProcessRegistry
 
 KEY = "sk-bench-provider-" + "k" * 24
 

@@ -31,7 +31,7 @@ from typing import Any
 from benchstack import ROOT, running_stack
 
 from benchwright.client import Client
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 
 PKG = "bwbenchdep"
 GOAL = 5.0

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 from benchstack import rss_mb, write_dataset
 
-from benchwright.devstack import free_port, port_open, temporal_binary
-from benchwright.temporal_ui import dev_server_args
+from benchwright.stack.devstack import free_port, port_open, temporal_binary
+from benchwright.stack.temporal_ui import dev_server_args
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 HTTP_TRIES = 5

@@ -46,7 +46,7 @@ from benchstack import (
     write_dataset,
 )
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 
 GOAL_TAIL_S, GOAL_P99_MS = 2.0, 50.0
 _ID = re.compile(rb"\nid: (\d+)\n")

@@ -11,7 +11,7 @@ translate them to non-retryable Temporal ``ApplicationError``s.
     ├── NotFound            404 — no such resource for this caller
     ├── Conflict            409 — the resource is in a state that refuses the call
     ├── PayloadTooLarge     413 — the request (or what it would make: a workflow input) is over a size limit
-    ├── QuotaExceeded       429 — the account is at one of its quotas (``benchwright.quotas``); carries Retry-After
+    ├── QuotaExceeded       429 — the account is at a quota (``benchwright.security.quotas``); carries Retry-After
     └── Unavailable         503 — a service Benchwright needs is not answering
 """
 

@@ -173,7 +173,7 @@ class MaterializeTaskResult(Event):
     usage: dict[str, int] = Field(default_factory=dict)
     cost_usd: float = 0.0
     input: str | None = None
-    """What the model saw on the scorer's last model call, bounded (``benchwright.results.model_input``)."""
+    """What the model saw on the scorer's last model call, bounded (``benchwright.scoring.results.model_input``)."""
     duration_ms: int | None = None
     """The trial's latency: from the scorer runtime taking it up to its settling, retries included (None where
     the runtime does not time trials: a harness bridge, results recorded before it was kept)."""
@@ -406,7 +406,7 @@ EVENT_TYPES.update({cls.__name__: cls for cls in (TemplateProbeArtifact, Product
 
 class WorkFilesRecorded(Event):
     """The run's work files when a phase invocation completed (path -> blob id in the blob store): how the next
-    phase, on any worker, gets them (``benchwright.handoff``)."""
+    phase, on any worker, gets them (``benchwright.runs.handoff``)."""
 
     phase: str
     invocation: int
@@ -417,7 +417,7 @@ EVENT_TYPES[WorkFilesRecorded.type_name()] = WorkFilesRecorded
 
 
 class RunNarrated(Event):
-    """The run's narration (issue 26, ``benchwright.narration``): a short prose summary written once the run is
+    """The run's narration (issue 26, ``benchwright.report.narration``): a short prose summary written once the run is
     over. An output event: it follows PipelineFinished and never feeds the fingerprint."""
 
     text: str

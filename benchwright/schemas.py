@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from benchwright.bounds import MAX_PRICE_PER_TOKEN, check_json_size, check_numbers
 from benchwright.scoring.aggregators import TrialsConfig
+from benchwright.security.bounds import MAX_PRICE_PER_TOKEN, check_json_size, check_numbers
 
 PHASES: tuple[str, ...] = ("find", "fetch", "analyze", "setup", "attach", "atomize", "materialize")
 """The pipeline's phases in execution order (§2). ``fork`` precedes them on forked launches."""
@@ -39,7 +39,7 @@ MAX_INDEX = 2**31 - 1
 """Bound of every integer path/query parameter (task index, ``after``): the store's integer columns and SQLite's
 and Postgres's parameters stay far from 2^63, which answered 500 before (issue 15 item 5)."""
 COMPUTE_VALUES = ("local", "sandbox0", "e2b", "default", "auto")
-"""What ``compute`` may say; ``benchwright.compute.COMPUTE_CHOICES`` (a test keeps the two equal)."""
+"""What ``compute`` may say; ``benchwright.sandbox.compute.COMPUTE_CHOICES`` (a test keeps the two equal)."""
 DRIVER_VALUES = ("builtin",)
 HARNESS_VALUES = ("benchwright", "inspect", "lmeval", "lighteval", "harbor")
 """What ``harness`` may say; ``benchwright.harness.config.HARNESSES`` (a test keeps the two equal)."""
@@ -186,7 +186,7 @@ class LaunchRequest(_Strict):
     names its task)."""
     group_by: str | None = Field(default=None, min_length=1, max_length=128)
     """The dataset column results are grouped by by default (``GET /v1/runs/{id}/breakdown``, ``show --by``);
-    unset: the first of ``benchwright.results.GROUP_COLUMNS`` the data has."""
+    unset: the first of ``benchwright.scoring.results.GROUP_COLUMNS`` the data has."""
     recipe: str | None = Field(default=None, min_length=1, max_length=4096)
     """A product-sandbox run (docs/agents.md): a bundled recipe's name (``terminal-basics``) or the path of a recipe
     YAML on the worker's host (the local-path rules of ``dataset``). Agents work the recipe's tasks in task sandboxes;
@@ -233,7 +233,8 @@ class TasksSummary(BaseModel):
     """Every ``fail``, including ``no_answer``."""
     errored: int = 0
     no_answer: int = 0
-    """Of ``failed``, the tasks where no answer was found in the reply (``benchwright.results``): still fails."""
+    """Of ``failed``, the tasks where no answer was found in the reply (``benchwright.scoring.results``): still
+    fails."""
     running: int = 0
     total: int = 0
     pass_rate: float | None = None
@@ -241,7 +242,7 @@ class TasksSummary(BaseModel):
     pass_at_k: dict[str, float] = Field(default_factory=dict)
     """Unbiased pass@k estimates over the per-trial results (``{"pass@1": .., "pass@k": ..}``) for runs with k > 1."""
     pass_rate_se: float | None = None
-    """Standard error of ``pass_rate``, ``√(p(1−p)/n)`` over the n scored tasks (``benchwright.stats``)."""
+    """Standard error of ``pass_rate``, ``√(p(1−p)/n)`` over the n scored tasks (``benchwright.comparison.stats``)."""
     pass_rate_ci: tuple[float, float] | None = None
     """95 % Wilson score interval of ``pass_rate`` [low, high]; from the counts, so live runs have it too."""
     mean_score: ScoreEstimate | None = None
@@ -288,7 +289,8 @@ class CostView(BaseModel):
     """Tokens the SUT spent during Materialize."""
     sandbox: float = 0.0
     narration: float = 0.0
-    """The run-summary LLM's spend (``benchwright.narration``); its calls and tokens are in ``narration_usage``."""
+    """The run-summary LLM's spend (``benchwright.report.narration``); its calls and tokens are in
+    ``narration_usage``."""
     narration_usage: NarrationCounts = Field(default_factory=NarrationCounts)
     incurred: float = 0.0
     """driver + model + sandbox + narration."""
@@ -332,7 +334,7 @@ class RunView(BaseModel):
     """Why the run will not appear on a leaderboard (private run, private benchmark, on no benchmark...); None
     when it will, once it finishes ok (``benchwright.registry.pinned.leaderboard_note``)."""
     narration: str | None = None
-    """A short prose summary of the terminal run (``benchwright.narration``); null while it runs. On
+    """A short prose summary of the terminal run (``benchwright.report.narration``); null while it runs. On
     ``GET /v1/runs/{id}`` only (listings leave it out)."""
     terminal: bool = False
     """The run is over: its log is closed by PipelineFinished (the SSE stream ends there, and polling the events
@@ -413,7 +415,7 @@ class TaskRowView(BaseModel):
     shows its last 1,000 characters, the task detail all of it (up to 8,000)."""
     reference: str | None = None
     """The reference answer: ``score_meta.reference``, else the row's reference column
-    (``benchwright.results.reference_column``); bounded."""
+    (``benchwright.scoring.results.reference_column``); bounded."""
     answer: str | None = None
     """The answer the scorer extracted (``score_meta.answer``), bounded; first trial."""
     extracted: bool | None = None
@@ -481,13 +483,13 @@ def suggest(value: str, allowed: list[str] | tuple[str, ...]) -> str:
 # -- forks, replays, sweeps (§10) -----------------------------------------------------------------------------------
 
 REWIND_POINTS: tuple[str, ...] = ("fetch", "analyze", "setup", "attach", "atomize", "materialize")
-"""Phases a fork may rewind to; every phase before it is inherited from the parent (``benchwright.forks``)."""
+"""Phases a fork may rewind to; every phase before it is inherited from the parent (``benchwright.runs.forks``)."""
 RewindPoint = Literal["fetch", "analyze", "setup", "attach", "atomize", "materialize"]
 
 
 class ForkOverrides(_Strict):
     """What a fork changes. Each override needs the rewind point at or before the phase that consumes it
-    (``benchwright.forks.OVERRIDE_NEEDS``): a later rewind point is refused with 400 naming both."""
+    (``benchwright.runs.forks.OVERRIDE_NEEDS``): a later rewind point is refused with 400 naming both."""
 
     model: ModelSpec | None = None
     """The SUT (rewind to attach; a replay rebinds it at materialize)."""
@@ -523,7 +525,7 @@ class ForkRequest(_Bounded):
     """Where the fork starts over. Optional only with ``instructions`` (the Fork phase then decides)."""
     overrides: ForkOverrides = Field(default_factory=ForkOverrides)
     instructions: str | None = Field(default=None, min_length=1, max_length=20_000)
-    """Prose the Driver interprets in the Fork phase (the builtin driver's vocabulary: ``benchwright.forks``)."""
+    """Prose the Driver interprets in the Fork phase (the builtin driver's vocabulary: ``benchwright.runs.forks``)."""
 
 
 class ReplayRequest(_Bounded):

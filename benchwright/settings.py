@@ -55,8 +55,8 @@ class Settings(BaseSettings):
     """Most sample tasks one runScorer tool call may run in the work sandbox."""
 
     narrator: str = "builtin"
-    """Who writes each terminal run's narration (``benchwright.narration``): ``builtin`` (deterministic, free) or a
-    LiteLLM model string (``openai/gpt-4o-mini``), whose spend is the run's cost.narration (billed). A failing or
+    """Who writes each terminal run's narration (``benchwright.report.narration``): ``builtin`` (deterministic, free) or
+    a LiteLLM model string (``openai/gpt-4o-mini``), whose spend is the run's cost.narration (billed). A failing or
     slow LLM narrator falls back to the builtin text; narration never blocks or fails a run."""
     narrator_api_base: str | None = None
     """Where the LLM narrator's calls go instead of the provider's own endpoint (a gateway; the scripted-LLM double
@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     @field_validator("narrator")
     @classmethod
     def _narrator_shape(cls, v: str) -> str:
-        from benchwright.narration import check_narrator  # one rule, beside the narrator
+        from benchwright.report.narration import check_narrator  # one rule, beside the narrator
 
         return check_narrator(v)
 
@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     dataset_roots: list[Path] = Field(default_factory=list)
     """When set (``BENCHWRIGHT_DATASET_ROOTS='["/srv/datasets"]'``), local dataset paths must resolve under one of
     these directories. Local paths also need the account's ``local_paths`` flag, and are never read from the data
-    directory or the host's secret-holding places (``benchwright.dataset_access``)."""
+    directory or the host's secret-holding places (``benchwright.data.dataset_access``)."""
 
     dataset_fetch_timeout_s: float = 600.0
     """Longest a dataset download may take in all (connect and read are bounded separately, at 10 s and 30 s)."""
@@ -104,14 +104,14 @@ class Settings(BaseSettings):
     sut_timeout_s: float = 120.0
     sut_retries: int = 2
     """Most retries of one model call after a transient fault (connection, 429, 5xx, timeout); 429/503 waits honour
-    ``Retry-After`` and never outlast the trial attempt's duration limit (``benchwright.sut``)."""
+    ``Retry-After`` and never outlast the trial attempt's duration limit (``benchwright.llm.sut``)."""
     sut_probe_timeout_s: float = 30.0
     """Bound on each try of Attach's liveness probe (one ``max_tokens=1`` completion through the scorer's route)."""
     sut_probe_retries: int = 3
     """Retries of the probe after a transient fault (429, 5xx, connection) before Attach fails."""
     sut_breaker_threshold: int = 10
     """Consecutive fatal model-call failures (unreachable, 401/403, 404) with no success between that halt a run
-    ``sut_unavailable`` during Materialize (``benchwright.breaker``)."""
+    ``sut_unavailable`` during Materialize (``benchwright.llm.breaker``)."""
 
     default_attempt_duration_s: float = Field(default=300.0, gt=0)
     """``attempt.duration`` for launches that set none, so a scorer that never returns yields err rows, never a
@@ -128,8 +128,9 @@ class Settings(BaseSettings):
     ``DIR/dev.json``); unset on a shared deployment, whose sign-in page names no server path."""
 
     deployment_key: SecretStr | None = None
-    """The deployment key(s) that encrypt provider secrets and Temporal payloads (``benchwright.crypto``): base64
-    of 32 bytes, several comma-separated during a rotation (the first encrypts). Unset: ``deployment_key_file``."""
+    """The deployment key(s) that encrypt provider secrets and Temporal payloads (``benchwright.security.crypto``):
+    base64 of 32 bytes, several comma-separated during a rotation (the first encrypts). Unset:
+    ``deployment_key_file``."""
     deployment_key_file: Path | None = None
     """A file of deployment keys, one a line, the first encrypting. Unset: ``<data_dir>/deployment.key`` if it
     exists (``benchwright up`` creates it, mode 0600)."""
@@ -178,7 +179,7 @@ class Settings(BaseSettings):
     refused when its backend is opened; the local backend's sizes fall back to ``local_sandbox_usd_per_hour``."""
     blob_store_url: str | None = None
     """Where blobs (snapshots of remote sandboxes, phase hand-offs) go: ``s3://bucket/prefix`` or ``file:///path``;
-    default ``<data_dir>/blobs`` (``benchwright.blobs``)."""
+    default ``<data_dir>/blobs`` (``benchwright.data.blobs``)."""
     blob_s3_endpoint_url: str | None = None
     """An S3-compatible endpoint (MinIO...) for an ``s3://`` blob store; credentials from boto3's usual chain."""
 
@@ -193,7 +194,7 @@ class Settings(BaseSettings):
     package mirror, say). Every other loopback/private/link-local target is refused whatever an account allows."""
     model_internal_allowed: list[str] = Field(default_factory=list)
     """``host:port`` model endpoints on internal addresses that runs of any account may name as ``api_base`` (a
-    self-hosted vLLM on the private network, say; ``benchwright.model_access``). Accounts trusted with the machine
+    self-hosted vLLM on the private network, say; ``benchwright.llm.model_access``). Accounts trusted with the machine
     (``local_paths``) may name any; every other internal target is refused."""
     pip_index_url: str | None = None
     """The package index Setup's ``pip install`` uses (``PIP_INDEX_URL``), e.g. an internal mirror listed in
@@ -225,8 +226,8 @@ class Settings(BaseSettings):
     it is parsed. A launch's own fields are bounded tighter (metadata 64 KiB serialized, task_impl 512 KiB)."""
 
     quota_runs: int = Field(default=100, ge=1, le=10_000_000)
-    """Runs an account may have running at once (``benchwright.quotas``); a launch over it answers 429. An admin
-    overrides it per account (``benchwright accounts quota NAME --runs N``)."""
+    """Runs an account may have running at once (``benchwright.security.quotas``); a launch over it answers 429. An
+    admin overrides it per account (``benchwright accounts quota NAME --runs N``)."""
     quota_model_calls: int = Field(default=256, ge=1, le=10_000_000)
     """Model calls of one account in flight at once on one worker, across all of its runs: the surplus waits for
     the account's own calls to end, so one account cannot take the worker from the others (``--model-calls``)."""
@@ -238,17 +239,18 @@ class Settings(BaseSettings):
     fair_phase_slots: int = Field(default=2, ge=1, le=4096)
     """While several accounts have work on a worker, the pipeline phases (fetch, analyze, setup, attach, atomize,
     ...) it runs at once are shared out: each account runs at most ``fair_phase_slots // accounts`` (at least one),
-    the rest of its phases wait for its own. Alone, an account is not bounded (``benchwright.quotas.FairShare``)."""
+    the rest of its phases wait for its own. Alone, an account is not bounded
+    (``benchwright.security.quotas.FairShare``)."""
     fair_lag_target_ms: float = Field(default=50.0, gt=0, le=10_000)
     """While several accounts have work on a worker and its event loop answers later than this, the account that has
     used the worker most lately has its model calls in flight cut back (and let grow again while the loop answers
-    within half of it); ``benchwright.quotas.FairShare``."""
+    within half of it); ``benchwright.security.quotas.FairShare``."""
     worker_max_activities: int = Field(default=64, ge=1, le=4096)
     """Activities one worker process runs at once (Temporal's ``max_concurrent_activities``)."""
     worker_eager_activities: bool = False
     """Temporal's eager activity dispatch: a workflow's next activity straight to the worker slot its last one
     freed, skipping the task queue (a few ms sooner per activity). Off: every activity goes through the queue, where
-    the accounts' fairness keys share the slots out (``benchwright.quotas``)."""
+    the accounts' fairness keys share the slots out (``benchwright.security.quotas``)."""
 
     initial_balance_usd: float = 10.0
     """Balance a new account starts with (``benchwright accounts credit`` adds more)."""

@@ -28,14 +28,14 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.main import create_app
-from benchwright.crypto import ensure_key_file, load_keyring
-from benchwright.devmodel import DevModelConfig, DevModelServer, start_server
-from benchwright.devstack import free_port, temporal_binary
-from benchwright.payload_codec import data_converter
+from benchwright.security.crypto import ensure_key_file, load_keyring
+from benchwright.security.payload_codec import data_converter
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, temporal_binary
+from benchwright.stack.temporal_ui import SEARCH_ATTRIBUTES
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
-from benchwright.temporal_ui import SEARCH_ATTRIBUTES
+from benchwright.testkit.devmodel import DevModelConfig, DevModelServer, start_server
 from worker import build_worker
 
 _exit_status = 0
@@ -143,7 +143,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
     _, other = create_account(engine, name="someone-else", balance_usd=1000.0, local_paths=True)
     worker: Worker = build_worker(env.client, settings=settings, engine=engine)
     port = free_port()
-    from benchwright.devmodel import load_answers
+    from benchwright.testkit.devmodel import load_answers
 
     dev_url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl")))
     async with worker:

@@ -20,13 +20,13 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.regression import AlertInput, RegressionActivities
-    from benchwright.regression import (
+    from benchwright.comparison.regression import (
         CheckInput,
         PrepareInput,
         RegressionInput,
         RegressionResult,
     )
-    from benchwright.temporal_ui import (
+    from benchwright.stack.temporal_ui import (
         REGRESSION,
         RUN_ACCOUNT,
         RUN_MODEL,

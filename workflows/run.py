@@ -83,7 +83,7 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
     )
-    from benchwright.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
+    from benchwright.stack.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
-from benchwright import audit
 from benchwright.runs.limits import DriverBudgets, ScorerCeilings, matrix
+from benchwright.security import audit
 from benchwright.store import accounts as keys
 from benchwright.store.accounts import KEY_NAME_PATTERN, get_account
 

@@ -18,11 +18,11 @@ from starlette.exceptions import HTTPException
 
 from api.deps import StateDep, current_account
 from api.routes.runs import _control
-from benchwright import audit
 from benchwright.errors import NotFound, Unauthorized
-from benchwright.quotas import MAX_QUOTA, Quotas, quotas_for, set_quotas, usage
 from benchwright.runs.pipeline import StopRequest
 from benchwright.schemas import RunView
+from benchwright.security import audit
+from benchwright.security.quotas import MAX_QUOTA, Quotas, quotas_for, set_quotas, usage
 from benchwright.store.models import Account
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], include_in_schema=False)
@@ -72,8 +72,8 @@ async def audit_log(admin: AdminDep, state: StateDep, limit: Annotated[int, Quer
 
 
 class QuotaBody(BaseModel):
-    """Per-account quota overrides (``benchwright.quotas``). A number sets the quota, ``null`` puts it back to the
-    deployment's default, a quota left out is kept."""
+    """Per-account quota overrides (``benchwright.security.quotas``). A number sets the quota, ``null`` puts it back to
+    the deployment's default, a quota left out is kept."""
 
     model_config = ConfigDict(extra="forbid")
     runs: int | None = Field(default=None, ge=1, le=MAX_QUOTA)

@@ -23,8 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.deps import StateDep
 from api.routes.admin import AdminDep
-from benchwright.crypto import DeploymentKeyError, keyring_of
-from benchwright.payload_codec import EncryptionCodec, codec_json, ui_token
+from benchwright.security.crypto import DeploymentKeyError, keyring_of
+from benchwright.security.payload_codec import EncryptionCodec, codec_json, ui_token
 
 PREFIX = "/v1/admin/codec"
 router = APIRouter(prefix=PREFIX, tags=["admin"], include_in_schema=False)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import AccountDep, StateDep
 from api.errors import responses
-from benchwright.compare import (
+from benchwright.comparison.compare import (
     Comparison,
     Frontier,
     Ranking,

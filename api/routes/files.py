@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
 from api.errors import responses
-from benchwright.blobs import BlobError, BlobNotFound
+from benchwright.data.blobs import BlobError, BlobNotFound
 from benchwright.errors import NotFound, Unavailable
 from benchwright.events import ReportFile
 from benchwright.registry.shape import readable_run

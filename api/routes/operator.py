@@ -31,7 +31,7 @@ from benchwright.operator.store import (
     set_status,
 )
 from benchwright.schemas import MAX_INDEX, EventPage, EventView, check_model_identifier, suggest
-from benchwright.temporal_ui import OPERATOR_SESSION, RUN_ACCOUNT
+from benchwright.stack.temporal_ui import OPERATOR_SESSION, RUN_ACCOUNT
 
 router = APIRouter(prefix="/v1/operator/sessions", tags=["operator"])
 SessionId = Annotated[str, Path(max_length=64)]

@@ -11,9 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
-from benchwright.compute import COMPUTE_CHOICES, check_compute
 from benchwright.proxy.policy import HostPolicy, HostRule
 from benchwright.registry.shape import readable_run
+from benchwright.sandbox.compute import COMPUTE_CHOICES, check_compute
 from benchwright.schemas import COMPUTE_VALUES, HOST_PATTERN
 from benchwright.store import policy as store
 

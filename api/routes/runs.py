@@ -124,7 +124,7 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
 
 
 def _narrated(state: StateDep, view: RunView) -> RunView:
-    """The view with the terminal run's narration (issue 26, ``benchwright.narration``)."""
+    """The view with the terminal run's narration (issue 26, ``benchwright.report.narration``)."""
     if view.terminal:
         view.narration = run_narration(state.engine, get_run(state.engine, run_id=view.id), view)
     return view

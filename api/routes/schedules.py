@@ -34,9 +34,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
-from benchwright.errors import InvalidInput, NotFound
-from benchwright.proxy.addresses import parse_endpoints
-from benchwright.regression import (
+from benchwright.comparison.regression import (
     AlertRule,
     RegressionInput,
     RegressionResult,
@@ -44,10 +42,12 @@ from benchwright.regression import (
     admit_replay,
     parse_cadence,
 )
+from benchwright.comparison.webhook import check_webhook
+from benchwright.errors import InvalidInput, NotFound
+from benchwright.proxy.addresses import parse_endpoints
+from benchwright.stack.temporal_ui import RUN_ACCOUNT
 from benchwright.store.models import Account
 from benchwright.store.policy import get_policy
-from benchwright.temporal_ui import RUN_ACCOUNT
-from benchwright.webhook import check_webhook
 from workflows.regression import RegressionWorkflow
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])

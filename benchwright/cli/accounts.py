@@ -75,7 +75,7 @@ def accounts_quota(name: str, data_dir: DataDir = None,
     from sqlmodel import Session, select
 
     from benchwright.errors import BenchwrightError, NotFound
-    from benchwright.quotas import quotas_for, set_quotas, usage
+    from benchwright.security.quotas import quotas_for, set_quotas, usage
     from benchwright.store.db import make_engine, migrate
     from benchwright.store.models import Account
 

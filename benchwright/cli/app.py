@@ -43,7 +43,7 @@ def up(data_dir: DataDir = None,
                 "refusing; recorded on every run as isolation 'none'.")] = False) -> None:
     """Start the embedded stack (Temporal dev server, worker, API) until Ctrl-C; then stop all of it (model proxies
     and sandboxes included). What a killed stack left running is stopped at the next start."""
-    from benchwright.supervisor import StackConfig, run_up
+    from benchwright.stack.supervisor import StackConfig, run_up
 
     if allow_unisolated:
         os.environ["BENCHWRIGHT_ALLOW_UNISOLATED"] = "true"

@@ -73,7 +73,7 @@ def _demo_dir(data_dir: Path | None, keep_running: bool) -> tuple[Path, bool]:
     ``--data-dir`` wins. A kept-running demo uses the default data directory (``$BENCHWRIGHT_DATA_DIR`` or
     ``~/.benchwright``), so every other command finds its stack, unless a ``benchwright up`` already runs there;
     a demo that stops at the end uses a temporary directory and removes it."""
-    from benchwright.supervisor import stack_holder
+    from benchwright.stack.supervisor import stack_holder
 
     if data_dir is not None:
         return _data_dir(data_dir), False
@@ -98,9 +98,9 @@ def demo(data_dir: DataDir = None,
     import signal
 
     from benchwright.client import Client
-    from benchwright.devstack import free_port
-    from benchwright.supervisor import dashboard_url, stack_holder
-    from benchwright.teardown import reap_stack
+    from benchwright.stack.devstack import free_port
+    from benchwright.stack.supervisor import dashboard_url, stack_holder
+    from benchwright.stack.teardown import reap_stack
     from benchwright.testkit.devmodel import rows_answered_correctly
 
     def _on_signal(signum: int, _frame: Any) -> None:

@@ -36,7 +36,7 @@ def _fail(message: str) -> typer.Exit:
 
 def _store(settings: Settings, *, secrets: bool = False) -> Any:
     """The migrated store; with ``secrets``, its secrets bound to the deployment keys (and plaintext encrypted)."""
-    from benchwright.crypto import load_keyring
+    from benchwright.security.crypto import load_keyring
     from benchwright.store.db import make_engine, migrate
     from benchwright.store.policy import prepare_secrets
 
@@ -53,7 +53,7 @@ def _store(settings: Settings, *, secrets: bool = False) -> Any:
 @keys_app.command("generate")
 def keys_generate() -> None:
     """Print a fresh deployment key (base64 of 32 random bytes), for BENCHWRIGHT_DEPLOYMENT_KEY or a key file."""
-    from benchwright.crypto import generate_key
+    from benchwright.security.crypto import generate_key
 
     out.print(generate_key(), highlight=False)
 
@@ -61,8 +61,8 @@ def keys_generate() -> None:
 @keys_app.command("list")
 def keys_list(data_dir: DataDir = None) -> None:
     """The configured deployment keys (ids only, never the keys) and how many secrets each encrypts."""
-    from benchwright.crypto import load_keyring
     from benchwright.errors import BenchwrightError
+    from benchwright.security.crypto import load_keyring
     from benchwright.store.policy import secret_keys_in_use
 
     settings = _settings(data_dir)
@@ -92,7 +92,8 @@ def keys_rotate(data_dir: DataDir = None) -> None:
     process (old keys after a comma), restart them, then run this to re-encrypt. Retire an old key (`keys retire`)
     only once no secret uses it and Temporal histories written under it are past retention.
     """
-    from benchwright.crypto import (
+    from benchwright.errors import BenchwrightError
+    from benchwright.security.crypto import (
         bind,
         generate_key,
         key_file_of,
@@ -101,7 +102,6 @@ def keys_rotate(data_dir: DataDir = None) -> None:
         read_key_file,
         write_key_file,
     )
-    from benchwright.errors import BenchwrightError
     from benchwright.store.policy import reencrypt_secrets, secret_keys_in_use
 
     settings = _settings(data_dir)
@@ -137,8 +137,8 @@ def keys_retire(key: Annotated[str, typer.Argument(help="The key id to remove fr
                     "--yes", help="Confirm that Temporal histories written under this key are past retention (a "
                                   "running workflow's history must stay decodable).")] = False) -> None:
     """Remove an old key from the key file, once no secret is encrypted under it."""
-    from benchwright.crypto import key_file_of, key_id, read_key_file, write_key_file
     from benchwright.errors import BenchwrightError
+    from benchwright.security.crypto import key_file_of, key_id, read_key_file, write_key_file
     from benchwright.store.policy import secret_keys_in_use
 
     settings = _settings(data_dir)

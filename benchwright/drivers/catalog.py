@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from benchwright.dataset_access import DatasetAccess, LocalPathRules
+from benchwright.data.dataset_access import DatasetAccess, LocalPathRules
 from benchwright.errors import InvalidInput
 
 BUNDLED_CATALOG = Path(__file__).resolve().parents[1] / "samples" / "catalog.yaml"

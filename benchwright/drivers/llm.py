@@ -61,7 +61,7 @@ from benchwright.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from benchwright.prices import Prices, prices_for
+from benchwright.llm.prices import Prices, prices_for
 from benchwright.runs.limits import DriverBudgets, RunLimits
 from benchwright.schemas import ModelSpec
 from benchwright.store.events import NewEvent, append_events, event_key

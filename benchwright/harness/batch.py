@@ -1,6 +1,6 @@
 """Materialize for a harness-bridge run: the harness process in the work sandbox, its samples into the log.
 
-``benchwright.placement.run_placed_batch`` runs ``bridge_batch`` for a ``mode="bridge"`` batch; the batch
+``benchwright.runs.placement.run_placed_batch`` runs ``bridge_batch`` for a ``mode="bridge"`` batch; the batch
 activity (``activities.materialize``) keeps what every batch has: heartbeats, the halt watcher (a stop cancels this
 coroutine; leaving the sandbox block kills the harness's whole PID namespace), the SUT breaker. The harness runs
 from its installed runtime (mounted read-only), restored from the post-Setup snapshot, and reaches the model only
@@ -48,6 +48,7 @@ from benchwright.harness.harbor import (
 from benchwright.harness.harbor_remote import env_options, place_plans
 from benchwright.harness.install import RUNTIMES, base_prefix, harness_root, installed
 from benchwright.harness.relay import Relay
+from benchwright.llm.sut import SutClient
 from benchwright.runs.limits import RunLimits
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox import ExecLimits
@@ -58,7 +59,6 @@ from benchwright.settings import Settings
 from benchwright.store.db import outage_tolerant
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run
-from benchwright.sut import SutClient
 
 STDERR_TAIL_LINES = 40
 MEMORY_MB = 4096

@@ -37,7 +37,7 @@ from benchwright.events import (
 )
 from benchwright.harness.config import HarnessConfig, lighteval_task_spec, lmeval_task_name
 from benchwright.harness.relay import BridgeEndpoint, Meter
-from benchwright.materialize import RunHalted, _recorded
+from benchwright.runs.materialize import RunHalted, _recorded
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate, outcome_for
 from benchwright.store.control import budget_halt_reason, halt_run

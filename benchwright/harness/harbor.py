@@ -42,11 +42,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
 from benchwright.errors import InvalidInput
 from benchwright.harness.relay import BridgeEndpoint
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox
+from benchwright.stack.devstack import free_port
 
 BUNDLED = "bundled/"
 TASK_ROOT_NAME = "harbor-tasks"

@@ -1,6 +1,6 @@
 """The harness's model endpoint: a per-batch OpenAI-compatible relay in the worker, in front of the run's SUT route.
 
-A harness speaks HTTP chat completions; Benchwright's model route is ``benchwright.sut.run_sut`` (through the run's
+A harness speaks HTTP chat completions; Benchwright's model route is ``benchwright.llm.sut.run_sut`` (through the run's
 LiteLLM proxy with its fake key when Attach started one, else straight to a keyless endpoint). The relay joins the
 two: it listens on the worker's loopback, accepts ``POST /v1/chat/completions`` only with its own per-batch key
 (``Bearer <key>``, fresh random, never the provider's and never the proxy's), and forwards each call through the
@@ -27,8 +27,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
-from benchwright.sut import SutClient, SutError
+from benchwright.llm.sut import SutClient, SutError
+from benchwright.stack.devstack import free_port
 
 PASSED_PARAMS = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "logit_bias", "n", "response_format")

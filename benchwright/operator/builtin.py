@@ -1,6 +1,6 @@
 """The builtin operator (issue 26): deterministic and offline. From a structured goal it plans the runs that answer
-it, reads each run's metrics when it settles, and answers with the paired statistics of ``benchwright.compare``
-and the sample-size planning of ``benchwright.operator.sizing``.
+it, reads each run's metrics when it settles, and answers with the paired statistics of
+``benchwright.comparison.compare`` and the sample-size planning of ``benchwright.operator.sizing``.
 
 Every function here is pure domain: the workflow (``workflows/operator.py``) decides *when*; the activities
 (``activities/operator.py``) call these and record the events.
@@ -12,9 +12,9 @@ from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.compare import SIGNIFICANCE, compare_runs, readable_run
+from benchwright.comparison.compare import SIGNIFICANCE, compare_runs, readable_run
+from benchwright.comparison.regression import replay_launch
 from benchwright.errors import BenchwrightError, InvalidInput
-from benchwright.forks import apply_overrides
 from benchwright.operator.goals import (
     Answer,
     AskGoal,
@@ -27,7 +27,7 @@ from benchwright.operator.goals import (
     RegressedGoal,
 )
 from benchwright.operator.sizing import tasks_for_paired_halfwidth, tasks_for_proportion
-from benchwright.regression import replay_launch
+from benchwright.runs.forks import apply_overrides
 from benchwright.schemas import LaunchRequest, ModelSpec
 from benchwright.settings import Settings
 from benchwright.store.models import Run
@@ -51,7 +51,7 @@ def _launch(dataset: str, model: ModelSpec, tasks: int | None = None) -> LaunchR
 
 def plan(settings: Settings, engine: Engine, *, account_id: str, goal: Goal) -> list[PlannedLaunch]:
     """The runs that answer ``goal``, in launch order. The reference of ``regressed``/``helps`` must be a finished
-    run the account may read (``benchwright.compare.readable_run``).
+    run the account may read (``benchwright.comparison.compare.readable_run``).
 
     Raises:
         NotFound: the reference run is not the account's (nor unlisted/public).
@@ -129,7 +129,7 @@ def _pct(x: float | None) -> str:
 
 
 def pair_evidence(engine: Engine, account_id: str, a: str, b: str) -> PairedEvidence:
-    """The paired comparison of two runs the account may read (``benchwright.compare``)."""
+    """The paired comparison of two runs the account may read (``benchwright.comparison.compare``)."""
     ra = readable_run(engine, run_id=a, account_id=account_id)
     rb = readable_run(engine, run_id=b, account_id=account_id)
     c = compare_runs(engine, a=ra, b=rb)

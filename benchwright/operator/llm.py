@@ -3,19 +3,20 @@
 Each model call is one activity (``operator_llm_turn``); the workflow (``workflows/operator.py``) holds the
 conversation, runs each tool call as an activity and feeds the answers back. Every tool call is an
 ``OperatorDecision`` with the reason the model gave; every model call an ``OperatorLlmTurn`` with its tokens and
-their price (``benchwright.prices``): the session's own cost, charged to the account's balance, never on a run's
+their price (``benchwright.llm.prices``): the session's own cost, charged to the account's balance, never on a run's
 ``cost.driver``.
 
 What the tools reach is what the session's account may reach, through the existing paths: ``launch`` and
 ``extend`` call ``benchwright.runs.launch.start_run``; ``replay``, ``fork`` and ``sweep`` call
 ``benchwright.runs.launch.plan_fork`` and then ``start_run``; ``get_run``, ``compare`` and ``frontier`` read through
-``benchwright.compare.readable_run``; ``halt`` sends a run's ``stop`` update, only to a run the session launched.
+``benchwright.comparison.compare.readable_run``; ``halt`` sends a run's ``stop`` update, only to a run the session
+launched.
 
 Hard ceilings (checked before every model call and every launch): ``limits.session.runs``, ``limits.session.cost``
 (the runs' ``cost.incurred`` plus the operator's tokens), the deadline and the account's balance.
 
 Where the calls go: the account's secret ``<PROVIDER>_API_KEY`` (as an LLM Driver's) to the session's ``api_base``
-(checked like a launch's model ``api_base``: ``benchwright.model_access``, at create and before every call) or the
+(checked like a launch's model ``api_base``: ``benchwright.llm.model_access``, at create and before every call) or the
 provider's own endpoint. LiteLLM connects by name, so unlike a run's proxied calls the approved address is not
 pinned: the check is repeated before each call.
 """
@@ -34,9 +35,9 @@ from sqlmodel import Session, col
 
 from benchwright.drivers.llm import LlmDriverSpec, _driver_key, _import_litellm, _plain
 from benchwright.errors import InvalidInput
-from benchwright.model_access import ModelAccess, check_api_base
+from benchwright.llm.model_access import ModelAccess, check_api_base
+from benchwright.llm.prices import Prices, is_priced, prices_for
 from benchwright.operator.goals import SessionCreate
-from benchwright.prices import Prices, is_priced, prices_for
 from benchwright.schemas import ModelSpec
 
 if TYPE_CHECKING:

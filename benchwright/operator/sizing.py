@@ -4,8 +4,8 @@ Normal approximation, the textbook formula ``n = z² · σ² / h²`` for a 95 % 
 ``h`` on a mean whose per-task variance is ``σ²``:
 
 - one pass rate ``p``: ``σ² = p (1 − p)`` (``p = 0.5`` and ``h = 0.02`` give the classic 2,401);
-- a paired difference of two pass rates over the same tasks (what ``benchwright.compare`` measures): each task's
-  difference is +1 (gained), −1 (lost) or 0, so with discordant fractions ``b`` (lost) and ``c`` (gained)
+- a paired difference of two pass rates over the same tasks (what ``benchwright.comparison.compare`` measures): each
+  task's difference is +1 (gained), −1 (lost) or 0, so with discordant fractions ``b`` (lost) and ``c`` (gained)
   ``σ² = (b + c) − (c − b)²``.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from benchwright.stats import Z95
+from benchwright.comparison.stats import Z95
 
 __all__ = ["paired_variance", "tasks_for_halfwidth", "tasks_for_paired_halfwidth", "tasks_for_proportion"]
 

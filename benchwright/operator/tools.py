@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from benchwright.compare import frontier, readable_run
+from benchwright.comparison.compare import frontier, readable_run
 from benchwright.drivers.llm import _driver_key
 from benchwright.errors import BenchwrightError, Conflict
-from benchwright.model_access import check_api_base
+from benchwright.llm.model_access import check_api_base
 from benchwright.operator.builtin import pair_evidence, read_evidence
 from benchwright.operator.events import OperatorDecision, OperatorLlmTurn, OperatorRunLaunched, OperatorToolResult
 from benchwright.operator.goals import MAX_SESSION_RUNS, Answer, SessionLimits

@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from benchwright.events import Event, MaterializeTaskAggregated, MaterializeTaskResult
-from benchwright.materialize import RunHalted, _recorded
+from benchwright.llm.sut import SutClient
 from benchwright.product.recipe import Recipe
 from benchwright.product.runner import Workspace, clip, run_task
+from benchwright.runs.materialize import RunHalted, _recorded
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox.lifecycle import open_sandbox, snapshot_of
 from benchwright.settings import Settings
@@ -26,7 +27,6 @@ from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.db import outage_tolerant as in_thread
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run
-from benchwright.sut import SutClient
 
 RECIPE_FILE = "recipe.json"
 """The run's frozen recipe, a work file Setup writes."""

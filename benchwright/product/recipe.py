@@ -5,7 +5,7 @@ files), setup commands (run once in the work sandbox, then snapshotted), the tas
 and a checker command whose exit status decides the task) and the agent's limits. docs/agents.md has the format.
 
 A launch names a recipe with ``recipe``: a bundled name (``terminal-basics``) or a path on the worker's host, under
-the same local-path rules as a dataset path (``benchwright.dataset_access``). The API checks the name or path at
+the same local-path rules as a dataset path (``benchwright.data.dataset_access``). The API checks the name or path at
 launch; Setup loads it on the worker (checking again) and *freezes* it: the base directory is read into the
 recipe's ``base.files``, so what the run used is one JSON document (``recipe.json`` in the run's work files).
 
@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from benchwright.dataset_access import LocalPathRules, check_local_path
+from benchwright.data.dataset_access import LocalPathRules, check_local_path
 from benchwright.errors import InvalidInput
 from benchwright.schemas import LaunchRequest
 
@@ -289,7 +289,7 @@ def resolve_ref(ref: str, local_paths: LocalPathRules, *, must_exist: bool) -> P
 
     Raises:
         RecipeError: an unknown bundled name.
-        InvalidInput, DatasetError: as ``benchwright.dataset_access.check_local_path``.
+        InvalidInput, DatasetError: as ``benchwright.data.dataset_access.check_local_path``.
     """
     if is_bundled_name(ref):
         return bundled_path(ref)

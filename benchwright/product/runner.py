@@ -2,7 +2,7 @@
 
 The agent gets the task's instruction and four tools in OpenAI's ``tools`` format: ``shell`` (a ``/bin/sh -c``
 command in the task sandbox), ``read_file``, ``write_file`` and ``finish``. Its model calls go through the run's
-``SutClient`` only, which is the run's credential proxy with the run's per-run key (``benchwright.sut.run_sut``):
+``SutClient`` only, which is the run's credential proxy with the run's per-run key (``benchwright.llm.sut.run_sut``):
 the runner never holds a real key and the sandbox has no route to the model at all. Every step is logged through
 ``emit`` (AgentTextEvent, ToolCallEvent, ToolResultEvent, each stamped with the task index).
 
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchwright.events import AgentTextEvent, Event, ToolCallEvent, ToolResultEvent
+from benchwright.llm.sut import SutClient, SutError
 from benchwright.product.recipe import AgentLimits, RecipeTask
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.base import SandboxBackend, SandboxError
 from benchwright.schemas import Outcome
-from benchwright.sut import SutClient, SutError
 
 PHASE = "materialize"
 CHECK_SECONDS = 60.0

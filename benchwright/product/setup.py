@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from benchwright.dataset_access import LocalPathRules
+from benchwright.data.dataset_access import LocalPathRules
 from benchwright.events import (
     AtomizeArtifact,
     DatasetTasksArtifact,

@@ -10,13 +10,13 @@ the run ends its route is revoked: the per-run key is refused from then on (401)
 Two ways upstream, chosen per route:
 
 * ``openai`` (model strings LiteLLM routes as OpenAI-compatible, ``openai/<name>``): the request body is forwarded
-  as it came, model name swapped, over ``benchwright.httpclient``'s keep-alive pool. ~0.15 ms of proxy CPU per call
+  as it came, model name swapped, over ``benchwright.llm.httpclient``'s keep-alive pool. ~0.15 ms of proxy CPU per call
   (see docs/performance.md, keyed runs), against 4-12 ms for LiteLLM's proxy, whose per-call CPU made a keyed run
   14x slower.
 * ``litellm`` (every other provider): ``litellm.acompletion`` inside this process with the route's key. litellm is
   imported on the first such route only (~2 s, ~150 MB once per worker).
 
-Both price each call the same way (``benchwright.prices``): its reported usage at the route's per-token prices,
+Both price each call the same way (``benchwright.llm.prices``): its reported usage at the route's per-token prices,
 which Attach took from the launch or from LiteLLM's cost map for the launch's model string.
 
 Served by uvicorn (httptools) on loopback for the model calls; controlled by JSON lines on a Unix socket in a
@@ -46,8 +46,8 @@ from typing import Any
 
 import uvicorn
 
-from benchwright.httpclient import HttpClientError, HttpConnectError, HttpPool
-from benchwright.prices import Prices
+from benchwright.llm.httpclient import HttpClientError, HttpConnectError, HttpPool
+from benchwright.llm.prices import Prices
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -60,7 +60,7 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 MODELS_PATHS = ("/v1/models", "/models")
 LISTING_PATH = "/v1/benchwright/listing"
-"""Attach's cheap liveness check (``benchwright.sut.listed_at_proxy``): whether the provider, asked with the real
+"""Attach's cheap liveness check (``benchwright.llm.sut.listed_at_proxy``): whether the provider, asked with the real
 key, lists the route's model (its ``GET /models``: one round trip, no tokens, no generation latency)."""
 LISTING_TIMEOUT_S = 10.0
 FAILURE_HEADER = "x-benchwright-failure"
@@ -104,7 +104,7 @@ class Route:
         return model is None or model in (self.model_name, self.upstream_model)
 
     def price(self, usage: object) -> float:
-        """The call's cost: its reported usage at the route's prices (``benchwright.prices``), every provider."""
+        """The call's cost: its reported usage at the route's prices (``benchwright.llm.prices``), every provider."""
         return Prices(self.input_cost_per_token, self.output_cost_per_token).cost(usage)
 
 
@@ -116,7 +116,7 @@ class Answer:
 
 
 def error_answer(status: int, message: str, *, code: str, failure: str | None = None) -> Answer:
-    """An error in OpenAI's shape (what SDKs and ``benchwright.sut`` read)."""
+    """An error in OpenAI's shape (what SDKs and ``benchwright.llm.sut`` read)."""
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500 else "api_error",
                                  "code": code}}).encode()
     headers = [(FAILURE_HEADER.encode(), failure.encode())] if failure else []
@@ -252,7 +252,7 @@ class CredentialProxy:
             return error_answer(400, f"streaming is served for OpenAI-compatible models only, not "
                                      f"'{route.identifier}'", code="stream_unsupported")
         litellm = self._import_litellm()
-        from benchwright.sut import (
+        from benchwright.llm.sut import (
             _litellm_error,  # the same classification as a direct litellm call
         )
 
@@ -342,7 +342,7 @@ class CredentialProxy:
         if route.kind == "openai":
             base = (route.api_base or "https://api.openai.com/v1").rstrip("/")
             headers = {"Authorization": f"Bearer {route.secret}"} if route.secret else {}
-            # connect_address: the address Attach's endpoint check approved (benchwright.model_access), so the
+            # connect_address: the address Attach's endpoint check approved (benchwright.llm.model_access), so the
             # calls cannot be rebound to an internal address by a later DNS answer
             route.pool = HttpPool(base, headers=headers, max_idle=int(spec.get("max_idle", 256)),
                                   connect_address=spec.get("connect_address"))

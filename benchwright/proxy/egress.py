@@ -22,7 +22,7 @@ Each client connection is its own task, guarded by an idle watchdog (no bytes mo
 uvloop as well as the default loop.
 
 Modules: this one serves connections and applies policy; :mod:`~benchwright.proxy.egress_http` frames HTTP/1.1
-(``httptools``, like :mod:`benchwright.httpclient`); :mod:`~benchwright.proxy.egress_target` parses request
+(``httptools``, like :mod:`benchwright.llm.httpclient`); :mod:`~benchwright.proxy.egress_target` parses request
 targets; :mod:`~benchwright.proxy.egress_stream` holds the connection plumbing (watchdog, closes);
 :mod:`~benchwright.proxy.egress_log` records refused hosts.
 """

@@ -1,4 +1,4 @@
-"""HTTP/1.1 message framing for the egress proxy: ``httptools`` (llhttp, as in :mod:`benchwright.httpclient`)
+"""HTTP/1.1 message framing for the egress proxy: ``httptools`` (llhttp, as in :mod:`benchwright.llm.httpclient`)
 parses, this module turns its callbacks into a pull API and serialises what the proxy sends on.
 
 :class:`MessageReader` reads requests (client side) or responses (upstream side) from an ``asyncio`` stream and

@@ -12,7 +12,7 @@ another host) is revoked there by that worker's periodic sweep (``sweep_ended_ro
 run ended.
 
 A proxy never outlives its welcome: it is started through ``_lifeline.py`` (``PR_SET_PDEATHSIG = SIGKILL``) and
-recorded in the stack's process registry (``benchwright.procreg``) the moment it is spawned; it exits by itself
+recorded in the stack's process registry (``benchwright.stack.procreg``) the moment it is spawned; it exits by itself
 after ``linger_s`` without a route; the worker stops the proxies it started when it shuts down; whatever a crash
 leaves is found by ``reap_model_proxies``. Handles written by the per-run LiteLLM proxies this replaced (no
 ``control``) are still stopped the old way: their whole process group.
@@ -37,11 +37,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchwright.devstack import pid_alive
 from benchwright.errors import Unavailable
-from benchwright.prices import prices_for
-from benchwright.procreg import ProcEntry, ProcessRegistry, proc_starttime
+from benchwright.llm.prices import prices_for
 from benchwright.schemas import ModelSpec
+from benchwright.stack.devstack import pid_alive
+from benchwright.stack.procreg import ProcEntry, ProcessRegistry, proc_starttime
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -233,7 +233,7 @@ def start_model_proxy(*, run_dir: Path, spec: ModelSpec, secret_value: str | Non
         secret_value: The real key, or None for a keyless endpoint. Handed to the proxy; the caller drops it.
         linger_s: How long a proxy started here stays up without a route before it exits.
         concurrency: Calls the run may have in flight (the upstream connections the route keeps open).
-        connect_address: The address ``benchwright.model_access`` approved for ``spec.api_base``: the proxy
+        connect_address: The address ``benchwright.llm.model_access`` approved for ``spec.api_base``: the proxy
             connects there (OpenAI-compatible routes; LiteLLM resolves the name itself for the others).
 
     Raises:

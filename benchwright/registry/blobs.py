@@ -2,7 +2,7 @@
 snapshots use (``<root>/objects/ab/cdef…``, sha256 of the content), so a scorer Atomize snapshotted, or a dataset
 Fetch snapshotted, is already a blob under its digest and is stored once.
 
-With a shared blob store configured (``blob_store_url``: S3 in production, ``benchwright.blobs``), that local
+With a shared blob store configured (``blob_store_url``: S3 in production, ``benchwright.data.blobs``), that local
 directory is a cache of it: a put also goes to the shared store, and an object missing here is fetched from it on
 first use, so a cache cell or a pinned impl recorded on one host is usable on any other. The ids are the same
 sha256 in both, and the shared store also holds every blob that reached it another way (work files handed off
@@ -20,8 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchwright.blobs import BlobNotFound
-from benchwright.blobs import BlobStore as SharedBlobStore
+from benchwright.data.blobs import BlobNotFound
+from benchwright.data.blobs import BlobStore as SharedBlobStore
 from benchwright.errors import NotFound
 from benchwright.sandbox.local.snapshots import settle_object
 from benchwright.settings import Settings

@@ -16,7 +16,6 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
-from benchwright import audit
 from benchwright.drivers.catalog import REGISTRY_SOURCE as _REGISTRY_SOURCE
 from benchwright.errors import Conflict, InvalidInput, NotFound
 from benchwright.events import AtomizeArtifact
@@ -33,6 +32,7 @@ from benchwright.registry.views import (
     SubsetView,
 )
 from benchwright.scoring.aggregators import TrialsConfig
+from benchwright.security import audit
 from benchwright.store.db import session_scope
 from benchwright.store.models import (
     Account,

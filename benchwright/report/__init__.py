@@ -2,7 +2,7 @@
 
 ``write_run_report`` (called by the ``report_run`` activity, ``activities/report.py``) does, in order:
 
-1. **Narration** (``benchwright.narration``): unless the run already has one, the configured narrator writes it;
+1. **Narration** (``benchwright.report.narration``): unless the run already has one, the configured narrator writes it;
    ``RunNarrated`` (and, for an LLM narrator, ``NarrationUsage``) is appended. A failing narrator is recorded in
    ``RunNarrated.fallback`` and the builtin text stands in.
 2. **Files**: ``report.html`` (one self-contained page, ``benchwright.report.html``) and ``results.json``
@@ -22,12 +22,12 @@ import json
 from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
-from benchwright.blobs import BlobStore
+from benchwright.data.blobs import BlobStore
 from benchwright.errors import Conflict
 from benchwright.events import ReportFile, RunNarrated
-from benchwright.narration import NarratorConfig, narrate
 from benchwright.report.facts import narration_facts, recorded_narration, report_facts
 from benchwright.report.html import render_html
+from benchwright.report.narration import NarratorConfig, narrate
 from benchwright.report.results_json import results_json
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run

@@ -14,7 +14,7 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from benchwright.blobs import BlobStore
+from benchwright.data.blobs import BlobStore
 from benchwright.errors import Conflict, InvalidInput
 from benchwright.events import (
     AgentTextEvent,
@@ -35,7 +35,7 @@ from benchwright.events import (
     RunResumed,
     ToolCallEvent,
 )
-from benchwright.narration import MAX_REASON_CHARS, Comparison, NarrationFacts, builtin_narration
+from benchwright.report.narration import MAX_REASON_CHARS, Comparison, NarrationFacts, builtin_narration
 from benchwright.schemas import BreakdownView, RunView
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult
 from benchwright.store.results import breakdown
@@ -134,7 +134,7 @@ def _comparison(session: Session, run: Run) -> tuple[Run, Relation] | None:
 
 
 def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> NarrationFacts:
-    """What the narrator is told about ``run`` (``benchwright.narration.NarrationFacts``)."""
+    """What the narrator is told about ``run`` (``benchwright.report.narration.NarrationFacts``)."""
     view = view or run_view(engine, run)
     with Session(engine) as session:
         invocation = _latest_invocation(session, run.id)

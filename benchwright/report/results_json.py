@@ -19,7 +19,7 @@ from benchwright.schemas import GroupResult, TasksSummary
 
 __all__ = ["SCHEMA", "results_json", "task_name"]
 
-SCHEMA = "benchwright.results/1"
+SCHEMA = "benchwright.scoring.results/1"
 
 
 def task_name(facts: ReportFacts) -> str:

@@ -35,7 +35,7 @@ class HaltKind(StrEnum):
     BALANCE_EXHAUSTED = "balance_exhausted"
     """The account's balance ran out."""
     SUT_UNAVAILABLE = "sut_unavailable"
-    """The model's calls kept failing fatally during Materialize (``benchwright.breaker``)."""
+    """The model's calls kept failing fatally during Materialize (``benchwright.llm.breaker``)."""
 
 
 RESUMABLE: frozenset[HaltKind] = frozenset({HaltKind.AGENT_REVIEW, HaltKind.OPERATOR_PAUSE,
@@ -52,7 +52,7 @@ _DISPLAY: dict[HaltKind, HaltDisplay] = {
 }
 
 HALTED_ERROR = "RunHalted"
-"""The ApplicationError type of an activity stopped because its run was halted (``benchwright.materialize
+"""The ApplicationError type of an activity stopped because its run was halted (``benchwright.runs.materialize
 .RunHalted``; the row is already halted, so the workflow never retries it)."""
 
 

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_json
 
-from benchwright.compute import resolve_compute
-from benchwright.dataset_access import LocalPathRules, check_local_path, is_url
+from benchwright.data.dataset_access import LocalPathRules, check_local_path, is_url
 from benchwright.drivers.llm import LlmDriverSpec
 from benchwright.errors import InvalidInput
 from benchwright.harness.config import bridge_trials, check_bridge_limits, check_harness
-from benchwright.prices import check_priced
+from benchwright.llm.prices import check_priced
 from benchwright.product.recipe import check_launch as check_recipe
 from benchwright.runs.limits import RunLimits, resolve_limits
 from benchwright.runs.pipeline import ForkSpec, MaterializeOptions, RunInput
+from benchwright.sandbox.compute import resolve_compute
 from benchwright.schemas import ForkRequest, LaunchRequest, suggest
 from benchwright.scoring.aggregators import TrialsConfig, validate_trials
 
@@ -164,8 +164,8 @@ def plan_fork(engine: Engine, *, account_id: str, parent_id: str, req: ForkReque
         InvalidInput: an override the rewind point comes too late for, a rewind point the parent never reached,
             or neither rewind point, overrides nor instructions.
     """
-    from benchwright.forks import apply_overrides, check_overrides, cut_point, default_rewind
     from benchwright.registry.shape import readable_run
+    from benchwright.runs.forks import apply_overrides, check_overrides, cut_point, default_rewind
     from benchwright.schemas import check_model_identifier
     from benchwright.store.forks import read_until_phase
 
@@ -207,11 +207,11 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
         QuotaExceeded: the account's quota (``check_launch``).
         PayloadTooLarge: the workflow input would not fit.
     """
-    from benchwright.compute import materialize_mode
     from benchwright.errors import PayloadTooLarge, PaymentRequired
-    from benchwright.quotas import check_launch
     from benchwright.registry.blobs import BlobStore
     from benchwright.registry.pinned import resolve_pin
+    from benchwright.sandbox.compute import materialize_mode
+    from benchwright.security.quotas import check_launch
     from benchwright.store.accounts import get_account
 
     existing = _own_run(engine, run_id, account.id) if run_id is not None else None
@@ -309,9 +309,8 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from benchwright.errors import Unavailable
-    from benchwright.quotas import fairness_key
-    from benchwright.store.runs import finish_run
-    from benchwright.temporal_ui import (
+    from benchwright.security.quotas import fairness_key
+    from benchwright.stack.temporal_ui import (
         RUN_ACCOUNT,
         RUN_MODEL,
         RUN_PARENT,
@@ -320,6 +319,7 @@ async def start_run(settings: Settings, engine: Engine, client: Client | Callabl
         session_attributes,
         workflow_summary,
     )
+    from benchwright.store.runs import finish_run
 
     existing = await asyncio.to_thread(_own_run, engine, run_id, account.id) if run_id is not None else None
     if existing is not None and existing.status != "running":

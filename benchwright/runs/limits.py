@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from benchwright.bounds import MAX_DURATION_S, NUMBER_RANGES, number_problem
 from benchwright.errors import InvalidInput
 from benchwright.schemas import PHASES
+from benchwright.security.bounds import MAX_DURATION_S, NUMBER_RANGES, number_problem
 
 if TYPE_CHECKING:
     from benchwright.settings import Settings
@@ -163,7 +163,7 @@ def _number(path: str, value: Any, *, integer: bool) -> float:
         raise InvalidInput(f"{where} must be a finite number, got {value!r}", code="invalid_limit")
     if value <= 0 and not integer:
         raise InvalidInput(f"{where} must be greater than 0, got {value!r}", code="invalid_limit")
-    # The API refuses out-of-range values with 422 first (``benchwright.bounds.check_numbers``); a launch made
+    # The API refuses out-of-range values with 422 first (``benchwright.security.bounds.check_numbers``); a launch made
     # another way (a schedule's firing, a fork's resolution) meets the same table here.
     quantity = "max_tasks" if path == "metadata.limit" else path.rsplit(".", 1)[-1]
     low, high, low_exclusive, unit = NUMBER_RANGES.get(quantity, (0.0, float(2**53), True, ""))

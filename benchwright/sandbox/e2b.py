@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from benchwright.blobs import BlobStore
+from benchwright.data.blobs import BlobStore
 from benchwright.sandbox.base import (
     TEMPLATE_KEY,
     ExecLimits,

@@ -13,10 +13,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchwright.blobs import BlobStore, open_blob_store
-from benchwright.compute import BACKENDS, HOW_TO_CONFIGURE
+from benchwright.data.blobs import BlobStore, open_blob_store
 from benchwright.errors import InvalidInput
 from benchwright.sandbox.base import SandboxBackend
+from benchwright.sandbox.compute import BACKENDS, HOW_TO_CONFIGURE
 from benchwright.sandbox.local import LocalBackend
 from benchwright.settings import Settings
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from benchwright.aio import uncancellable
-from benchwright.blobs import BlobNotFound
+from benchwright.data.blobs import BlobNotFound
 from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
 from benchwright.proxy.policy import HostPolicy

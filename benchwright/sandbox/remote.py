@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from benchwright.blobs import BlobNotFound, BlobStore
+from benchwright.data.blobs import BlobNotFound, BlobStore
 from benchwright.sandbox.base import ROLES, ExecLimits, ExecResult, SandboxError, SandboxPathError, read_capped
 
 _GRACE_S = 5.0

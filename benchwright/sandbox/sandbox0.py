@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from benchwright.blobs import BlobStore
+from benchwright.data.blobs import BlobStore
 from benchwright.sandbox.base import (
     TEMPLATE_KEY,
     ExecLimits,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchwright.results import model_input
+from benchwright.llm.sut import SutClient, SutError
 from benchwright.runs.halts import limit_exceeded
 from benchwright.scoring.aggregators import normalize_score, outcome_for
-from benchwright.sut import SutClient, SutError
-from benchwright.traces import relative_trace
+from benchwright.scoring.results import model_input
+from benchwright.security.traces import relative_trace
 
 RUNNER = Path(__file__).with_name("runner.py")
 _STDERR_TAIL = 8192
@@ -54,7 +54,7 @@ class TrialRecord:
     usage: dict[str, int] = field(default_factory=dict)
     cost_usd: float = 0.0
     input: str | None = None
-    """The messages of the trial's last model call, bounded (``benchwright.results.model_input``)."""
+    """The messages of the trial's last model call, bounded (``benchwright.scoring.results.model_input``)."""
     duration_ms: int | None = None
     """From the runtime taking the trial up to its settling (retries included); None if it never started."""
 
@@ -446,7 +446,7 @@ class _Session:
             error, limit = f"{limit_exceeded('task.cost')} (${cost:.6f} > ${self.limits.cost_usd:g})", "task.cost"
         if error and retry and limit not in _NO_RETRY and await self._retry(item_id, item):
             return
-        if trace:  # shown to the run's readers: without the server's paths (benchwright.traces)
+        if trace:  # shown to the run's readers: without the server's paths (benchwright.security.traces)
             meta = {**meta, "trace": relative_trace(trace)}
         if limit:
             meta = {**meta, "limit_exceeded": limit}

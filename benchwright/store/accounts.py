@@ -18,8 +18,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from benchwright import audit
 from benchwright.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from benchwright.security import audit
 from benchwright.store.db import session_scope
 from benchwright.store.models import Account, ApiKey
 
@@ -39,7 +39,7 @@ def create_account(engine: Engine, *, name: str, balance_usd: float = 0.0,
     paths at all). Off unless the operator says so: an account added to a running stack must not read its files.
     ``admin`` makes a platform administrator, who may halt any account's run (the §9 ``admin`` halt).
     ``curator`` lets the account promote impls on its own private benchmarks (the embedded stack's own account).
-    ``actor`` names who did it in the audit trail (default: the OS user, ``benchwright.audit.cli_actor``).
+    ``actor`` names who did it in the audit trail (default: the OS user, ``benchwright.security.audit.cli_actor``).
 
     Raises:
         Conflict: an account with this name exists.

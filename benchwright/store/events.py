@@ -28,7 +28,7 @@ from benchwright.events import (
     MaterializeTaskResult,
     PhaseStarted,
 )
-from benchwright.results import is_no_answer
+from benchwright.scoring.results import is_no_answer
 from benchwright.store.db import session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, utcnow
 
@@ -149,7 +149,7 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
 
 
 def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> None:
-    """Set each task row's ``no_answer`` from its trials' meta (``benchwright.results.is_no_answer``).
+    """Set each task row's ``no_answer`` from its trials' meta (``benchwright.scoring.results.is_no_answer``).
 
     A task's trials usually land in the same append as its aggregate (k = 1 always does), and only a failed task
     whose trials here all said ``extracted: false`` needs a look at trials appended earlier: the hot path reads

@@ -9,7 +9,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from benchwright.events import PhaseStarted
-from benchwright.forks import LoggedEvent
+from benchwright.runs.forks import LoggedEvent
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.models import EventRow, Run, RunFork

@@ -17,9 +17,9 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlmodel import Session, col
 
+from benchwright.comparison.stats import Estimate, bootstrap_mean, proportion_se, wilson_interval
 from benchwright.schemas import ScoreEstimate
 from benchwright.scoring.aggregators import pass_at_k
-from benchwright.stats import Estimate, bootstrap_mean, proportion_se, wilson_interval
 from benchwright.store.models import TaskRow
 
 __all__ = ["TerminalIntervals", "pass_rate_interval", "terminal_intervals"]

@@ -133,7 +133,7 @@ class TaskRow(SQLModel, table=True):
     score: float | None = None
     trial_scores: list[float | None] = Field(sa_column=Column(JSON, nullable=False))
     no_answer: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
-    """A ``fail`` whose every trial reported ``score_meta.extracted == false`` (``benchwright.results``)."""
+    """A ``fail`` whose every trial reported ``score_meta.extracted == false`` (``benchwright.scoring.results``)."""
 
 
 class TrialResult(SQLModel, table=True):
@@ -166,7 +166,7 @@ class Secret(SQLModel, table=True):
     value: str = Field(default="", max_length=8192)
     """Legacy plaintext (before migration 0011); emptied once the row is encrypted at the next start with a key."""
     key_id: str | None = Field(default=None, max_length=16)
-    """The deployment key ``ciphertext`` is encrypted under (``benchwright.crypto``); None: still plaintext."""
+    """The deployment key ``ciphertext`` is encrypted under (``benchwright.security.crypto``); None: still plaintext."""
     ciphertext: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     """base64 of nonce + AES-GCM ciphertext of the value, the row id as associated data."""
     host_pattern: str | None = Field(default=None, max_length=300)
@@ -315,7 +315,8 @@ class RunFork(SQLModel, table=True):
 
 
 class AuditEntry(SQLModel, table=True):
-    """One admin or operator action (issue 23): who, when, what, on what (``benchwright.audit``). Append-only."""
+    """One admin or operator action (issue 23): who, when, what, on what (``benchwright.security.audit``).
+    Append-only."""
 
     __tablename__ = "audit_log"
 
@@ -333,8 +334,8 @@ class AuditEntry(SQLModel, table=True):
 
 
 class AccountQuota(SQLModel, table=True):
-    """An admin's per-account overrides of the deployment's quotas (``benchwright.quotas``; migration 0012). A null
-    column means the deployment's default for that quota."""
+    """An admin's per-account overrides of the deployment's quotas (``benchwright.security.quotas``; migration 0012). A
+    null column means the deployment's default for that quota."""
 
     __tablename__ = "account_quotas"
 

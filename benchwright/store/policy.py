@@ -12,9 +12,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.crypto import KEY_ENV, KEY_FILE_ENV, DeploymentKeyError, Keyring, bind, keyring_of
 from benchwright.errors import InvalidInput, NotFound
 from benchwright.proxy.policy import HostPolicy, HostRule
+from benchwright.security.crypto import KEY_ENV, KEY_FILE_ENV, DeploymentKeyError, Keyring, bind, keyring_of
 from benchwright.store.db import session_scope
 from benchwright.store.models import AccountSettings, BlockedHost, HostPolicyRow, HostRuleRow, Secret, utcnow
 

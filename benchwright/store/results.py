@@ -1,7 +1,7 @@
-"""The store reads behind a run's breakdown and task views (issue 21; rules in ``benchwright.results``).
+"""The store reads behind a run's breakdown and task views (issue 21; rules in ``benchwright.scoring.results``).
 
 The dataset rows a run scored are its ``tasks.jsonl`` as the newest ``WorkFilesRecorded`` lists it (a blob in the
-deployment's blob store, ``benchwright.handoff``): line i is task i. They are read from there, never from a
+deployment's blob store, ``benchwright.runs.handoff``): line i is task i. They are read from there, never from a
 worker's disk. A row list is read once per (blob, column) and kept in the process (an LRU of
 ``_CACHE_COLUMNS`` columns): the blob never changes under its digest, so a dashboard polling the breakdown of a
 10,000-task run costs one parse of its task list, then dict lookups.
@@ -18,12 +18,12 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from benchwright.blobs import BlobStore
+from benchwright.data.blobs import BlobStore
 from benchwright.errors import Conflict, InvalidInput
 from benchwright.events import AnalyzeArtifact
-from benchwright.handoff import latest_files
-from benchwright.results import MAX_FIELD_CHARS, candidate_columns, group_label, group_results, reference_column
+from benchwright.runs.handoff import latest_files
 from benchwright.schemas import BreakdownView, TaskRowView
+from benchwright.scoring.results import MAX_FIELD_CHARS, candidate_columns, group_label, group_results, reference_column
 from benchwright.store.models import EventRow, Run, TaskRow
 
 __all__ = ["breakdown", "dataset_columns", "fill_references"]
@@ -127,7 +127,7 @@ def _reference_text(value: Any) -> str | None:
 
 def fill_references(engine: Engine, blobs: BlobStore, *, run_id: str, tasks: list[TaskRowView]) -> None:
     """Give tasks whose score_meta named no ``reference`` the row's value of the dataset's reference column
-    (``benchwright.results.reference_column``), when the run recorded one; otherwise leave them as they are."""
+    (``benchwright.scoring.results.reference_column``), when the run recorded one; otherwise leave them as they are."""
     if all(t.reference is not None for t in tasks):
         return
     try:

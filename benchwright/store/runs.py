@@ -17,7 +17,6 @@ from benchwright.errors import InvalidInput, NotFound
 from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.registry.catalog import check_can_be_public
 from benchwright.registry.shape import stamp_terminal
-from benchwright.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.runs.status import display_status
 from benchwright.schemas import (
     AgentStepView,
@@ -37,6 +36,7 @@ from benchwright.schemas import (
     TrialView,
 )
 from benchwright.scoring.aggregators import pass_at_k_summary
+from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
@@ -256,7 +256,7 @@ def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500
 
 def _row_view(row: TaskRow, output: str | None, meta: dict[str, Any] | None = None,
               model_input: str | None = None, input_chars: int = MAX_INPUT_CHARS) -> TaskRowView:
-    """A task row with its first trial's output, input and score_meta audit fields (``benchwright.results``)."""
+    """A task row with its first trial's output, input and score_meta audit fields (``benchwright.scoring.results``)."""
     return TaskRowView(index=row.index, invocation=row.invocation, outcome=row.outcome, score=row.score,
                        output=output, trial_scores=row.trial_scores, no_answer=row.no_answer,
                        **audit_fields(meta, model_input, input_chars=input_chars))

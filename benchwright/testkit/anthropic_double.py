@@ -32,13 +32,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 
 
 @dataclass
 class AnthropicDoubleConfig:
     answers: dict[str, str]
-    """Question -> answer (``benchwright.devmodel.load_answers``)."""
+    """Question -> answer (``benchwright.testkit.devmodel.load_answers``)."""
     input_tokens: int = 10
     """What every answer reports as ``usage.input_tokens``."""
     output_tokens: int = 5

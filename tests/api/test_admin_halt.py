@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_control import settled, until
 from tests.api.test_scale import _dataset, _live_sandboxes

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright import audit
-from benchwright.devmodel import DevModelConfig
+from benchwright.security import audit
 from benchwright.store.accounts import create_account, create_key, credit
 from benchwright.store.db import make_engine, migrate
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _dataset
 from tests.conftest import SAMPLE, DevModels, Stack

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import DevModelConfig, is_answered_correctly
-from benchwright.stats import mcnemar_exact, wilson_interval
+from benchwright.comparison.stats import mcnemar_exact, wilson_interval
+from benchwright.testkit.devmodel import DevModelConfig, is_answered_correctly
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import DevModels, Stack
 

@@ -21,12 +21,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from api.main import create_app
-from benchwright.compute import COMPUTE_CHOICES
-from benchwright.devstack import free_port
 from benchwright.errors import Conflict
 from benchwright.runs.control import UPDATE_OUTLIVED_RUN, update_refusal
 from benchwright.runs.launch import DRIVERS
+from benchwright.sandbox.compute import COMPUTE_CHOICES
 from benchwright.schemas import COMPUTE_VALUES, DRIVER_VALUES, MAX_METADATA_BYTES
+from benchwright.stack.devstack import free_port
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, Stack, serve_app
 

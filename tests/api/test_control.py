@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from api.main import create_app
-from benchwright.devmodel import DevModelConfig
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, poll_all, record_history, wait_terminal
 from tests.api.test_scale import _dataset, _live_sandboxes
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app, start_worker_process

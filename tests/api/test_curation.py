@@ -48,8 +48,8 @@ async def test_the_embedded_stacks_own_account_is_a_curator(tmp_path: Path) -> N
     from sqlmodel import Session, select
 
     from benchwright.settings import Settings
+    from benchwright.stack.supervisor import DEV_ACCOUNT, _ensure_dev_key
     from benchwright.store.models import Account
-    from benchwright.supervisor import DEV_ACCOUNT, _ensure_dev_key
 
     _ensure_dev_key(tmp_path)
     engine = make_engine(Settings(data_dir=tmp_path).resolved_database_url())

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
 from tests.api.helpers import launch, wait_terminal
@@ -154,7 +154,7 @@ async def test_an_operator_listed_loopback_server_works_and_its_redirects_are_ch
 
 async def test_model_api_base_is_held_to_the_internal_address_refusal_and_the_host_policy(
         stack: Stack, origin: Origin) -> None:
-    """The model's ``api_base`` is a place too (benchwright.model_access): an account not trusted with the machine
+    """The model's ``api_base`` is a place too (benchwright.llm.model_access): an account not trusted with the machine
     cannot point its run's calls (and the credential proxy's key) at the cloud metadata address, the platform's own
     API or an unlisted loopback port; the operator-listed dev model works. Refusals fail Attach, land in the
     blocked-host log, and never reach the endpoint."""

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright.devmodel import DevModelConfig
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_control import until
 from tests.api.test_scale import _dataset
@@ -133,7 +133,7 @@ async def test_a_signal_on_a_closed_run_is_refused_by_temporal(stack: Stack) -> 
 
 def _recorded_run(stack: Stack) -> tuple[str, Any]:
     """A run row with RunLaunched at seq 0 and the RunInput the API would start it with (no workflow yet)."""
-    from benchwright.dataset_access import LocalPathRules
+    from benchwright.data.dataset_access import LocalPathRules
     from benchwright.runs.launch import resolve_launch
     from benchwright.runs.pipeline import MaterializeOptions, RunInput
     from benchwright.schemas import LaunchRequest

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from api.main import create_app
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port, temporal_binary
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, temporal_binary
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app
 

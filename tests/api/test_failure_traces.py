@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
-from benchwright.traces import format_trace, relative_trace
+from benchwright.security.traces import format_trace, relative_trace
+from benchwright.stack.devstack import free_port
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import Stack, serve_app
 

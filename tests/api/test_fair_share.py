@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchwright.devmodel import DevModelConfig
 from benchwright.store.accounts import create_account
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.conftest import DevModels
 from tests.faults.kit import FaultStack, start_stack, wait_for, write_dataset
 

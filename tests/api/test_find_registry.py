@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright.devmodel import DevModelConfig
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 

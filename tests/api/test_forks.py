@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port
-from benchwright.forks import LoggedEvent, run_shape
+from benchwright.runs.forks import LoggedEvent, run_shape
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app
 
@@ -158,7 +158,7 @@ async def test_fork_at_atomize_with_a_replacement_scorer(stack: Stack, origin: O
     assert results and all(fetched in r["data"]["meta"]["files"] for r in results), results[0]["data"]["meta"]
     # The Temporal UI shows the parent.
     desc = await stack.client.get_workflow_handle(fork["id"]).describe()
-    from benchwright.temporal_ui import RUN_PARENT
+    from benchwright.stack.temporal_ui import RUN_PARENT
 
     assert desc.typed_search_attributes.get(RUN_PARENT) == parent["id"]
     assert (await desc.memo_value("BenchwrightParentRun")) == parent["id"]

@@ -19,10 +19,10 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle
 from benchwright.sandbox import LocalBackend
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _live_sandboxes
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app
@@ -287,7 +287,7 @@ async def test_host_policy_allows_blocks_and_logs_every_refusal(stack: Stack, or
             assert (await http.put("/v1/host-policy/default", json={"default": "block"})).status_code == 200
             assert (await http.post("/v1/host-policy/rules", json={"pattern": "localhost", "action": "allow"})
                     ).status_code == 201
-            # The model's endpoint is held to the policy too (benchwright.model_access): allowed by its own rule.
+            # The model's endpoint is held to the policy too (benchwright.llm.model_access): allowed by its own rule.
             assert (await http.post("/v1/host-policy/rules", json={"pattern": model_rule, "action": "allow"})
                     ).status_code == 201
             # The account-wide log already holds what other tests of this account were refused: count from here.

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from api.main import create_app
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
 from benchwright.testkit.scripted_llm import (

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import DevModelConfig, is_answered_correctly
+from benchwright.comparison.stats import mcnemar_exact
 from benchwright.operator.sizing import tasks_for_paired_halfwidth
-from benchwright.stats import mcnemar_exact
+from benchwright.testkit.devmodel import DevModelConfig, is_answered_correctly
 from tests.api.helpers import launch, record_history, wait_terminal
 from tests.conftest import DevModels, Stack
 
@@ -321,7 +321,7 @@ async def test_a_killed_worker_loses_nothing_and_launches_no_run_twice(stack: St
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
     from api.main import create_app
-    from benchwright.devstack import free_port
+    from benchwright.stack.devstack import free_port
     from tests.conftest import serve_app, start_worker_process
     from worker import PASSTHROUGH
     from workflows.operator import OperatorWorkflow

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from benchwright.testkit.scripted_llm import ScriptedLlm, ScriptedLlmServer, parse_script, start_scripted_llm
 from tests.api.helpers import record_history
 from tests.api.test_llm_driver import DATASET, DRIVER_KEY, LlmStack, llm_stack  # noqa: F401 - the fixture
@@ -219,11 +219,11 @@ async def test_a_retried_turn_is_read_back_and_the_cost_limit_stops_the_next(
 
     from activities.common import Deps
     from activities.operator import OperatorLlmActivities
-    from benchwright.crypto import ensure_key_file, load_keyring
     from benchwright.operator.goals import SessionCreate
     from benchwright.operator.llm import admit_operator
     from benchwright.operator.steps import LlmTurnStep
     from benchwright.operator.store import create_session, get_session
+    from benchwright.security.crypto import ensure_key_file, load_keyring
     from benchwright.settings import Settings
     from benchwright.store.accounts import create_account, get_account
     from benchwright.store.db import make_engine, migrate

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from benchwright.temporal_ui import OPERATOR_SESSION
+from benchwright.stack.temporal_ui import OPERATOR_SESSION
 from tests.api.helpers import launch, parse_sse, wait_terminal
 from tests.cli.test_cli_launch import api_env, bw
 from tests.conftest import SAMPLE, Stack

@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from tests.api.helpers import launch, poll_all
 from tests.conftest import SAMPLE, Stack, serve_app
 from tests.faults.kit import wait_for

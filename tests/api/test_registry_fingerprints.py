@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
 from tests.api.helpers import launch, wait_terminal

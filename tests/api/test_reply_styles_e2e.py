@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig
-from benchwright.prices import Prices
+from benchwright.llm.prices import Prices
+from benchwright.llm.sut import make_sut
 from benchwright.schemas import ModelSpec
-from benchwright.sut import make_sut
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 

@@ -16,9 +16,9 @@ import pytest_asyncio
 from pydantic import SecretStr
 
 from api.main import create_app
-from benchwright.devstack import free_port
-from benchwright.narration import builtin_narration
 from benchwright.report.facts import narration_facts
+from benchwright.report.narration import builtin_narration
+from benchwright.stack.devstack import free_port
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
 from benchwright.store.runs import get_run
@@ -81,7 +81,7 @@ async def test_report_files_follow_the_terminal_event_and_download_with_their_di
 async def test_results_json_equals_the_run_view_and_the_breakdown(reported: dict[str, Any]) -> None:
     doc = json.loads(reported["files"]["results.json"].content)
     view, summary = reported["view"], reported["view"]["tasks"]["summary"]
-    assert doc["schema"] == "benchwright.results/1"
+    assert doc["schema"] == "benchwright.scoring.results/1"
     task = "arith_subjects"
     top = doc["results"][task]
     assert top["acc,none"] == summary["pass_rate"]

@@ -78,7 +78,7 @@ def write_dataset(path: Path) -> list[dict[str, Any]]:
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
-    """The 95 % Wilson score interval, written out here independently of benchwright.stats."""
+    """The 95 % Wilson score interval, written out here independently of benchwright.comparison.stats."""
     z = 1.959963984540054
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, Stack, serve_app
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig, load_answers
 from benchwright.events import AFTER_TERMINAL
 from benchwright.schemas import PHASES
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from tests.api.helpers import launch, poll_all, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 
@@ -76,7 +76,7 @@ async def test_wrong_answer_key_scores_zero(stack: Stack, dev_models: DevModels,
 
 
 async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> None:
-    from benchwright.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS
+    from benchwright.stack.temporal_ui import RUN_ACCOUNT, RUN_MODEL, RUN_PHASE, RUN_STATUS
 
     async with stack.http() as http:
         run = await launch(http, {"dataset": DATASET, "model": model(stack.dev_url)})

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from api.main import create_app
-from benchwright.devmodel import DevModelConfig
-from benchwright.devstack import free_port
 from benchwright.runs.pipeline import plan_batches
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import DevModels, Stack, serve_app, start_worker_process
 

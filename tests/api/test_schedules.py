@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from benchwright.devmodel import DevModelConfig, start_server
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig, start_server
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import DevModels, Stack, serve_app
 

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import load_answers
-from benchwright.prices import cost_map_prices
+from benchwright.llm.prices import cost_map_prices
 from benchwright.testkit.anthropic_double import AnthropicDouble, AnthropicDoubleConfig, start_anthropic_double
+from benchwright.testkit.devmodel import load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 

@@ -21,10 +21,10 @@ from fastapi import FastAPI
 
 from api.main import create_app
 from api.sse import SseHub
-from benchwright.devmodel import DevModelConfig
-from benchwright.devstack import free_port
 from benchwright.errors import Unavailable
+from benchwright.stack.devstack import free_port
 from benchwright.store.db import make_engine
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import TERMINAL, launch
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app
 

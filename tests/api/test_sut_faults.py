@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig, Fault, load_answers
+from benchwright.testkit.devmodel import DevModelConfig, Fault, load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 

@@ -135,7 +135,7 @@ async def test_sut_failure_for_good_is_err(stack: Stack, dev_models: DevModels) 
     # Live at Attach (the provider lists the model), then every completion answers 500 through its retries: each
     # task is err. (A dead endpoint fails Attach instead, and a refused key halts the run:
     # tests/api/test_sut_faults.py.)
-    from benchwright.devmodel import DevModelConfig, Fault, load_answers
+    from benchwright.testkit.devmodel import DevModelConfig, Fault, load_answers
 
     url = await dev_models.start(DevModelConfig(answers=load_answers(SAMPLE / "arithmetic.jsonl"),
                                                 faults=(Fault(500, first=0),)))

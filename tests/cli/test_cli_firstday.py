@@ -19,13 +19,13 @@ import pytest
 
 from benchwright.cli.support import fitted_table, runs_table
 from benchwright.client import Client
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port
-from benchwright.procreg import ProcessRegistry
 from benchwright.proxy.model_proxy import start_model_proxy, stop_owned_proxies
 from benchwright.schemas import LaunchRequest
+from benchwright.stack.devstack import free_port
+from benchwright.stack.procreg import ProcessRegistry
 from benchwright.store.db import make_engine
 from benchwright.store.runs import create_run, finish_run
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from tests.cli.test_cli_launch import DATASET, Done, api_env, bw
 from tests.conftest import SAMPLE, DevModels, Stack
 

@@ -16,11 +16,11 @@ import pytest
 
 from benchwright.cli.support import model_name
 from benchwright.client import Client
-from benchwright.devmodel import DevModelConfig
-from benchwright.devstack import free_port
 from benchwright.events import AFTER_TERMINAL
+from benchwright.stack.devstack import free_port
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.test_scale import _dataset
 from tests.conftest import SAMPLE, DevModels, Stack
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from benchwright.devstack import pid_alive
+from benchwright.stack.devstack import pid_alive
 from tests.cli.test_teardown import _cmdline, _descendants
 
 BW = [sys.executable, "-m", "benchwright.cli"]

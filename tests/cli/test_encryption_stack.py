@@ -18,14 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchwright.crypto import KEY_FILE_NAME, ensure_key_file, key_id, load_keyring, read_key_file
-from benchwright.devmodel import DevModelConfig, load_answers, start_server
-from benchwright.devstack import free_port, temporal_binary
 from benchwright.errors import Unauthorized
+from benchwright.security.crypto import KEY_FILE_NAME, ensure_key_file, key_id, load_keyring, read_key_file
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, temporal_binary
 from benchwright.store.accounts import authenticate, create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.policy import prepare_secrets, put_secret, secret_keys_in_use, secret_value
+from benchwright.testkit.devmodel import DevModelConfig, load_answers, start_server
 from tests.api.test_encryption import ENCRYPTED, IMPL, _readable
 from tests.cli.test_stack import BW, SAMPLE, _stop, _up, _wait_file
 

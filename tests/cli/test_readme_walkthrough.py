@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from benchwright.client import Client
-from benchwright.devstack import free_port, pid_alive
 from benchwright.events import AFTER_TERMINAL
+from benchwright.stack.devstack import free_port, pid_alive
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"

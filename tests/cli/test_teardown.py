@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright.devstack import free_port
-from benchwright.procreg import proc_starttime
+from benchwright.stack.devstack import free_port
+from benchwright.stack.procreg import proc_starttime
 from tests.cli.test_stack import BW, SAMPLE, _stop, _up, _wait_file
 
 SECRET = "sk-teardown-provider-key-" + "5" * 16

@@ -13,7 +13,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from benchwright.events import MaterializeTaskResult
-from benchwright.materialize import run_batch
+from benchwright.runs.materialize import run_batch
 from benchwright.runs.pipeline import MaterializeBatchInput
 from benchwright.schemas import LaunchRequest, ModelSpec
 from benchwright.scoring.aggregators import TrialsConfig

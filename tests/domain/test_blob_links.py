@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from benchwright.datasets import analyze_dataset, keep_rows
+from benchwright.data.datasets import analyze_dataset, keep_rows
 from benchwright.registry.blobs import LINK_MIN_BYTES, BlobStore
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.blobs import (
+from benchwright.data.blobs import (
     BlobError,
     BlobNotFound,
     BlobStore,

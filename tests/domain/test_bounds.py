@@ -8,8 +8,8 @@ import math
 
 import pytest
 
+from benchwright.comparison.regression import parse_cadence
 from benchwright.errors import InvalidInput
-from benchwright.regression import parse_cadence
 from benchwright.runs.limits import RunLimits, TaskLimits, resolve_limits, unusable
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.dataset_access import DatasetAccess, LocalPathRules
-from benchwright.datasets import fetch_dataset
+from benchwright.data.dataset_access import DatasetAccess, LocalPathRules
+from benchwright.data.datasets import fetch_dataset
 from benchwright.drivers import DriverFailed
 from benchwright.drivers.catalog import BUNDLED_CATALOG, catalog_fetch, load_catalog
 from benchwright.drivers.scoping import parse_scope, select_rows

@@ -1,4 +1,5 @@
-"""The deployment key and the Temporal payload codec (``benchwright.crypto``, ``benchwright.payload_codec``)."""
+"""The deployment key and the Temporal payload codec (``benchwright.security.crypto``,
+``benchwright.security.payload_codec``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from benchwright.crypto import (
+from benchwright.security.crypto import (
     DecryptionFailed,
     DeploymentKeyError,
     Keyring,
@@ -22,7 +23,7 @@ from benchwright.crypto import (
     parse_keys,
     write_key_file,
 )
-from benchwright.payload_codec import ENCODING, EncryptionCodec, codec_json, data_converter
+from benchwright.security.payload_codec import ENCODING, EncryptionCodec, codec_json, data_converter
 from benchwright.settings import Settings
 from worker import PASSTHROUGH
 from workflows.operator import OperatorWorkflow
@@ -65,7 +66,7 @@ def test_a_malformed_key_is_refused_with_the_reason(text: str) -> None:
 
 def test_no_dataset_path_reads_the_deployment_key(tmp_path: Path) -> None:
     """An account allowed local dataset paths still cannot name the key file, in the data directory or elsewhere."""
-    from benchwright.dataset_access import LocalPathRules, check_local_path
+    from benchwright.data.dataset_access import LocalPathRules, check_local_path
     from benchwright.errors import DatasetError
 
     elsewhere = tmp_path / "etc" / "bw.key"

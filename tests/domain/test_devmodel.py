@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright.devmodel import (
+from benchwright.testkit.devmodel import (
     UNKNOWN_REPLY,
     DevModelConfig,
     DevModelServer,
@@ -599,7 +599,7 @@ def test_serve_writes_ready_file_with_working_url(tmp_path: Path) -> None:
     ready = tmp_path / "ready.json"
     code = (
         "import sys\n"
-        "from benchwright.devmodel import DevModelConfig, serve\n"
+        "from benchwright.testkit.devmodel import DevModelConfig, serve\n"
         "serve(DevModelConfig(answers={'What is 6 times 7?': '42'}), port=0, ready_file=sys.argv[1])\n"
     )
     proc = subprocess.Popen(

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from benchwright.devmodel import DevModelConfig, start_server
+from benchwright.testkit.devmodel import DevModelConfig, start_server
 
 TOOLS = [{"type": "function", "function": {"name": "weather_get", "parameters": {"type": "object"}}}]
 CALLS = {"Weather in Paris?": [{"name": "weather_get", "arguments": {"city": "Paris"}}]}

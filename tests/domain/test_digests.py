@@ -1,4 +1,4 @@
-"""File digests remembered by inode, size and mtime (``benchwright.digests``): a file nothing wrote is read once,
+"""File digests remembered by inode, size and mtime (``benchwright.data.digests``): a file nothing wrote is read once,
 and every way of changing one is seen, including a same-size rewrite in the same tick of the file clock."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from benchwright.digests import FileDigests
+from benchwright.data.digests import FileDigests
 
 
 def _sha(data: bytes) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.dataset_access import DatasetAccess, LocalPathRules
-from benchwright.datasets import analyze_dataset, detect_format, fetch_dataset, iter_rows
+from benchwright.data.dataset_access import DatasetAccess, LocalPathRules
+from benchwright.data.datasets import analyze_dataset, detect_format, fetch_dataset, iter_rows
 from benchwright.errors import DatasetError, InvalidInput
 from benchwright.runs.launch import resolve_launch, resolve_trials
 from benchwright.runs.pipeline import batch_bounds, plan_batches, plan_phases

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from benchwright.dataset_access import (
+from benchwright.data.dataset_access import (
     DatasetAccess,
     LocalPathRules,
     _open_no_follow,
     check_local_path,
     open_source,
 )
-from benchwright.datasets import analyze_dataset, fetch_dataset
+from benchwright.data.datasets import analyze_dataset, fetch_dataset
 from benchwright.errors import DatasetError, InvalidInput
 from benchwright.proxy.addresses import (
     endpoint_allowed,

@@ -1,4 +1,4 @@
-"""The fork rules as plain functions (benchwright.forks): overrides vs rewind points, the builtin driver's fork
+"""The fork rules as plain functions (benchwright.runs.forks): overrides vs rewind points, the builtin driver's fork
 vocabulary, the parent log's cut, and the inherited copies."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from benchwright.drivers.base import DriverFailed
 from benchwright.errors import InvalidInput
-from benchwright.forks import (
+from benchwright.runs.forks import (
     LoggedEvent,
     check_overrides,
     cut_point,

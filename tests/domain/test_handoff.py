@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchwright import handoff
-from benchwright.blobs import DirBlobStore
+from benchwright.data.blobs import DirBlobStore
+from benchwright.runs import handoff
 from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate

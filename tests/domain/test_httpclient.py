@@ -1,4 +1,4 @@
-"""benchwright.httpclient against real loopback servers that answer the ways HTTP servers do (and misbehave)."""
+"""benchwright.llm.httpclient against real loopback servers that answer the ways HTTP servers do (and misbehave)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.httpclient import HttpClientError, HttpPool
+from benchwright.llm.httpclient import HttpClientError, HttpPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -291,7 +291,7 @@ async def test_warm_opens_connections_the_next_requests_use() -> None:
 
 
 async def test_an_oversized_body_and_unsolicited_bytes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import benchwright.httpclient as httpclient
+    import benchwright.llm.httpclient as httpclient
 
     monkeypatch.setattr(httpclient, "MAX_BODY_BYTES", 1000)
 

@@ -1,4 +1,4 @@
-"""The model endpoint check (benchwright.model_access): a launch's api_base is a place a user names."""
+"""The model endpoint check (benchwright.llm.model_access): a launch's api_base is a place a user names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchwright.model_access import ModelAccess, ModelEndpointRefused, check_api_base
+from benchwright.llm.model_access import ModelAccess, ModelEndpointRefused, check_api_base
 from benchwright.proxy.addresses import parse_endpoints
 from benchwright.proxy.policy import HostPolicy, HostRule
 

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from benchwright.narration import (
+from benchwright.report.facts import Decision, ReportFacts, TaskFact
+from benchwright.report.html import render_html
+from benchwright.report.narration import (
     Comparison,
     NarrationFacts,
     NarratorConfig,
@@ -17,8 +19,6 @@ from benchwright.narration import (
     check_narrator,
     narrate,
 )
-from benchwright.report.facts import Decision, ReportFacts, TaskFact
-from benchwright.report.html import render_html
 from benchwright.report.results_json import results_json, task_name
 from benchwright.schemas import BreakdownView, CostView, GroupResult, RunView, TasksBlock, TasksSummary
 

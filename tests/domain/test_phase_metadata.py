@@ -11,8 +11,8 @@ import pytest
 
 from benchwright.errors import InvalidInput
 from benchwright.events import FetchArtifact
-from benchwright.forks import LoggedEvent, copy_workdir, inherited_files
-from benchwright.handoff import dataset_file
+from benchwright.runs.forks import LoggedEvent, copy_workdir, inherited_files
+from benchwright.runs.handoff import dataset_file
 
 DATA, TASKS, IMPL = "a" * 64, "b" * 64, "c" * 64
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.blobs import S3BlobStore, blob_id
+from benchwright.data.blobs import S3BlobStore, blob_id
 from benchwright.errors import NotFound
 from benchwright.registry.blobs import LINK_MIN_BYTES, BlobStore
 from benchwright.settings import Settings

@@ -1,9 +1,9 @@
-"""The rules of benchwright.results (issue 21): what counts as no_answer, group labels and their bounds, folding
+"""The rules of benchwright.scoring.results (issue 21): what counts as no_answer, group labels and their bounds, folding
 past the group limit, the recorded model input's bound."""
 
 from __future__ import annotations
 
-from benchwright.results import (
+from benchwright.scoring.results import (
     MAX_INPUT_CHARS,
     MAX_LABEL_CHARS,
     audit_fields,

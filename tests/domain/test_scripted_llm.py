@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from benchwright.testkit.scripted_llm import (
     ScriptedLlm,
     parse_script,

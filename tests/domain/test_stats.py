@@ -1,4 +1,4 @@
-"""benchwright.stats against textbook values and scipy.stats (the independent oracle, test-only)."""
+"""benchwright.comparison.stats against textbook values and scipy.stats (the independent oracle, test-only)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sp
 
-from benchwright.stats import (
+from benchwright.comparison.stats import (
     bootstrap_mean,
     mcnemar_exact,
     paired_proportion_difference,

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from benchwright.prices import Prices
+from benchwright.llm.prices import Prices
+from benchwright.llm.sut import SutError, make_sut
 from benchwright.schemas import ModelSpec
-from benchwright.sut import SutError, make_sut
 from tests.domain.test_httpclient import read_request, response
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

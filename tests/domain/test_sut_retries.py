@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from benchwright.breaker import SutBreaker
-from benchwright.devmodel import DevModelConfig, DevModelServer, Fault, start_server
 from benchwright.errors import Unavailable
-from benchwright.prices import Prices
+from benchwright.llm.breaker import SutBreaker
+from benchwright.llm.prices import Prices
+from benchwright.llm.sut import SutClient, SutError, make_sut, probe, retry_after_s
 from benchwright.schemas import ModelSpec
-from benchwright.sut import SutClient, SutError, make_sut, probe, retry_after_s
+from benchwright.testkit.devmodel import DevModelConfig, DevModelServer, Fault, start_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

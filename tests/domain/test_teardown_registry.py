@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.procreg import ProcessRegistry, proc_starttime
 from benchwright.proxy import model_proxy
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle, proxy_file, reap_model_proxies
+from benchwright.stack.procreg import ProcessRegistry, proc_starttime
 
 IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" \
               "time.sleep(600)"

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from benchwright.comparison.webhook import check_webhook_url, post_webhook
 from benchwright.errors import InvalidInput
 from benchwright.proxy.policy import HostPolicy, HostRule
-from benchwright.webhook import check_webhook_url, post_webhook
 
 
 async def _receiver() -> tuple[asyncio.Server, int, list[dict[str, object]]]:

@@ -26,12 +26,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from api.main import create_app
-from benchwright.devstack import free_port, port_open, temporal_binary
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, port_open, temporal_binary
+from benchwright.stack.temporal_ui import dev_server_args
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.models import EventRow, Run
-from benchwright.temporal_ui import dev_server_args
 from tests.conftest import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from benchwright.devmodel import DevModelConfig
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.conftest import DevModels
 from tests.faults.kit import FaultStack, exactly_once, start_stack, wait_for, write_dataset
 

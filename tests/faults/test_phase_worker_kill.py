@@ -25,10 +25,10 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType, TimeoutType
 
-from benchwright.devmodel import DevModelConfig
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
+from benchwright.stack.temporal_client import connect
 from benchwright.store.events import read_events
-from benchwright.temporal_client import connect
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.conftest import DevModels, serve_app
 from tests.faults.kit import FaultStack, exactly_once, start_stack, wait_for, write_dataset
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig
 from benchwright.store.accounts import authenticate, create_account
 from benchwright.store.db import StoreUnavailable, make_engine, migrate, outage_tolerant
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.conftest import DevModels
 from tests.faults.kit import (
     FaultStack,

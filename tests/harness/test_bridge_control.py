@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, record_history, wait_terminal
 from tests.api.test_scale import _live_sandboxes
 from tests.conftest import DevModels, Stack

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import DevModelConfig
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _live_sandboxes
 from tests.conftest import DevModels, Stack

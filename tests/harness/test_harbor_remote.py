@@ -22,17 +22,17 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.main import create_app
-from benchwright.blobs import open_blob_store
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port, temporal_binary
+from benchwright.data.blobs import open_blob_store
 from benchwright.harness.harbor import EnvPlan, Unmappable, prepare_remote
 from benchwright.sandbox.base import TEMPLATE_KEY
 from benchwright.sandbox.e2b import E2BBackend
 from benchwright.sandbox.lifecycle import Sandbox
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, temporal_binary
+from benchwright.stack.temporal_ui import SEARCH_ATTRIBUTES
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
-from benchwright.temporal_ui import SEARCH_ATTRIBUTES
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from benchwright.testkit.e2b_double import E2BDouble
 from benchwright.testkit.k8s_double import K8sDouble
 from tests.api.helpers import launch, wait_terminal

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from benchwright.testkit.scripted_llm import ScriptedLlm, parse_script, start_scripted_llm
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _live_sandboxes

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import DevModelConfig, start_server
 from benchwright.events import Event, ToolResultEvent
-from benchwright.prices import Prices
+from benchwright.llm.prices import Prices
+from benchwright.llm.sut import make_sut
 from benchwright.product.recipe import AgentLimits, RecipeTask
 from benchwright.product.runner import Workspace, run_task
 from benchwright.sandbox import LocalBackend
 from benchwright.sandbox.lifecycle import _home
 from benchwright.schemas import ModelSpec
 from benchwright.scoring.host import runner_env
-from benchwright.sut import make_sut
+from benchwright.testkit.devmodel import DevModelConfig, start_server
 from tests.sandbox.local_kit import create_work, local_backend
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

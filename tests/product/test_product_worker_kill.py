@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from api.main import create_app
-from benchwright.devstack import free_port
+from benchwright.stack.devstack import free_port
 from benchwright.testkit import product_double
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _live_sandboxes

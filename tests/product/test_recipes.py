@@ -11,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchwright.dataset_access import LocalPathRules
-from benchwright.devmodel import start_server
+from benchwright.data.dataset_access import LocalPathRules
 from benchwright.errors import InvalidInput
 from benchwright.product.recipe import (
     RecipeError,
@@ -27,6 +26,7 @@ from benchwright.product.setup import parse_probe
 from benchwright.runs.pipeline import plan_phases
 from benchwright.schemas import LaunchRequest
 from benchwright.testkit import product_double
+from benchwright.testkit.devmodel import start_server
 
 MODEL = {"identifier": "openai/dev", "api_base": "http://127.0.0.1:9/v1"}
 

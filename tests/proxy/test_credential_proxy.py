@@ -14,10 +14,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from benchwright.devmodel import DevModelConfig, DevModelServer, start_server
-from benchwright.devstack import free_port
-from benchwright.prices import Prices
-from benchwright.procreg import ProcessRegistry, proc_starttime
+from benchwright.llm.prices import Prices
+from benchwright.llm.sut import SutError, listed_at_proxy, run_sut
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
     load_handle,
@@ -27,7 +25,9 @@ from benchwright.proxy.model_proxy import (
     stop_owned_proxies,
 )
 from benchwright.schemas import ModelSpec
-from benchwright.sut import SutError, listed_at_proxy, run_sut
+from benchwright.stack.devstack import free_port
+from benchwright.stack.procreg import ProcessRegistry, proc_starttime
+from benchwright.testkit.devmodel import DevModelConfig, DevModelServer, start_server
 
 pytestmark = pytest.mark.asyncio
 KEY_A = "sk-real-a-" + "1" * 24

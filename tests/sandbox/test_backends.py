@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.blobs import DirBlobStore
+from benchwright.data.blobs import DirBlobStore
 from benchwright.sandbox import (
     ExecLimits,
     LocalBackend,

@@ -22,16 +22,16 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.main import create_app
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port, temporal_binary
 from benchwright.sandbox.factory import open_backend
 from benchwright.schemas import LaunchRequest
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, temporal_binary
+from benchwright.stack.teardown import reap_worker_leftovers
+from benchwright.stack.temporal_ui import SEARCH_ATTRIBUTES
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.runs import create_run
-from benchwright.teardown import reap_worker_leftovers
-from benchwright.temporal_ui import SEARCH_ATTRIBUTES
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from benchwright.testkit.e2b_double import E2BDouble
 from benchwright.testkit.k8s_double import K8sDouble
 from tests.api.helpers import launch, wait_terminal

@@ -33,13 +33,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.main import create_app
-from benchwright.devmodel import DevModelConfig, load_answers
-from benchwright.devstack import free_port, temporal_binary
 from benchwright.settings import Settings
+from benchwright.stack.devstack import free_port, temporal_binary
+from benchwright.stack.teardown import reap_stack
+from benchwright.stack.temporal_ui import SEARCH_ATTRIBUTES
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
-from benchwright.teardown import reap_stack
-from benchwright.temporal_ui import SEARCH_ATTRIBUTES
+from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from benchwright.testkit.k8s_double import K8sDouble
 from benchwright.testkit.moto_s3 import MotoS3, start_moto_s3
 from tests.api.helpers import launch, poll_all

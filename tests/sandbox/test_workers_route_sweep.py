@@ -4,7 +4,7 @@ Two workers with data directories of their own against one store: the session's 
 Attach's registration and the end-of-run revocation included; a second worker (B, on a queue of its own, so it never
 needs the run's hand-off, which this stack keeps on A's disk) gets the same run registered at *its* credential proxy
 by ``live_proxy``, exactly as a Materialize batch landing on B does. When the run ends only A's route is revoked by
-the run itself; B's goes with B's periodic route sweep (``benchwright.teardown.sweep_routes``).
+the run itself; B's goes with B's periodic route sweep (``benchwright.stack.teardown.sweep_routes``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import pytest
 
 from activities.attach import live_proxy
 from activities.common import Deps
-from benchwright.procreg import ProcessRegistry, proc_starttime
 from benchwright.proxy.model_proxy import (
     ProxyHandle,
     load_handle,
@@ -35,6 +34,7 @@ from benchwright.proxy.model_proxy import (
     sweep_ended_routes,
 )
 from benchwright.schemas import ModelSpec
+from benchwright.stack.procreg import ProcessRegistry, proc_starttime
 from benchwright.store.db import make_engine
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, Stack

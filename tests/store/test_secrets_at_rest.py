@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 from sqlalchemy import insert, inspect, text
 
-from benchwright.crypto import DeploymentKeyError, Keyring, bind
+from benchwright.security.crypto import DeploymentKeyError, Keyring, bind
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.models import Secret

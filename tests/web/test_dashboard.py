@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from api.main import create_app
-from benchwright.devmodel import DevModelConfig
-from benchwright.devstack import free_port
 from benchwright.events import AFTER_TERMINAL
+from benchwright.stack.devstack import free_port
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _dataset
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchwright.devmodel import DevModelConfig
+from benchwright.testkit.devmodel import DevModelConfig
 from tests.api.helpers import launch, wait_terminal
 from tests.api.test_scale import _dataset
 from tests.conftest import DevModels, Stack

@@ -73,7 +73,7 @@ sandbox): the shared inode is root-owned and 0444, so the sandbox's uid can read
 but never write it (no write permission; chmod, utime and xattrs need the owner); the backend's own writes
 (``write_file``) never write in place a file that has other links; a capture records such a file by its object
 (the mode in the manifest is the restored one, so an untouched sandbox snapshots to the same id). An object is
-hashed against its name once per process before it is first linked (``benchwright.digests`` remembers it).
+hashed against its name once per process before it is first linked (``benchwright.data.digests`` remembers it).
 Unisolated sandboxes run commands as the worker's uid, so they get copies.
 
 Not isolated here (known limits): no seccomp filter (the full syscall surface of the kernel is reachable, including

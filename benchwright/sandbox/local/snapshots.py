@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchwright.digests import file_digests
+from benchwright.data.digests import file_digests
 from benchwright.sandbox.base import (
     SandboxError,
     SandboxPathError,
@@ -227,7 +227,7 @@ class _SnapshotStore:
 
         Raises:
             SandboxError: the object is missing, or not the bytes its name says (hashed once per process; after
-                that, known by its unchanged inode, size and mtime: ``benchwright.digests``).
+                that, known by its unchanged inode, size and mtime: ``benchwright.data.digests``).
         """
         path = self.object_path(digest)
         try:

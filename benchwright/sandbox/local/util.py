@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchwright.procreg import proc_starttime
 from benchwright.sandbox.base import (
     SandboxPathError,
 )
+from benchwright.stack.procreg import proc_starttime
 
 WORK_INSIDE = "/sandbox"
 """Where a sandbox's work directory is, as its commands see it."""

@@ -39,7 +39,7 @@ connection. :func:`serve` runs it as a process, :func:`start_server` in a runnin
 
 Modules: :mod:`.config` (settings and fault windows), :mod:`.answers` (answer table, verdicts, wrong answers),
 :mod:`.replies` (request parsing and response bodies), :mod:`.protocol` (the HTTP/1.1 protocol),
-:mod:`.server` (starting and serving). ``benchwright.devmodel`` re-exports this package's public names.
+:mod:`.server` (starting and serving). ``benchwright.testkit.devmodel`` re-exports this package's public names.
 """
 
 from __future__ import annotations

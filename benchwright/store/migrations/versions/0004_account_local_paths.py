@@ -20,7 +20,7 @@ branch_labels = None
 depends_on = None
 
 EMBEDDED_ACCOUNT = "dev"
-"""``benchwright.supervisor.DEV_ACCOUNT`` as of this revision (a migration must not follow later renames)."""
+"""``benchwright.stack.supervisor.DEV_ACCOUNT`` as of this revision (a migration must not follow later renames)."""
 
 
 def upgrade() -> None:

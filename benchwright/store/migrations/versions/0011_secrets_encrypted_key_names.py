@@ -1,9 +1,9 @@
 """Secrets encrypted at rest, and API keys with names and last-used times (issue 23).
 
 ``secrets`` gains ``key_id`` and ``ciphertext``: a value is AES-GCM encrypted under the deployment key
-(``benchwright.crypto``). Existing plaintext rows stay readable and are encrypted (and their ``value`` emptied) at the
-first start of the API or a worker with a deployment key (``benchwright.store.policy.prepare_secrets``); a migration
-cannot do it, since the key never lives in the store.
+(``benchwright.security.crypto``). Existing plaintext rows stay readable and are encrypted (and their ``value`` emptied)
+at the first start of the API or a worker with a deployment key (``benchwright.store.policy.prepare_secrets``); a
+migration cannot do it, since the key never lives in the store.
 
 ``api_keys`` gains ``name`` (unique per account; existing keys are named after their prefix) and ``last_used_at``.
 

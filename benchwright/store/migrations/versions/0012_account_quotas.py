@@ -1,4 +1,4 @@
-"""Per-account quota overrides: account_quotas (issue 23, fair sharing; ``benchwright.quotas``).
+"""Per-account quota overrides: account_quotas (issue 23, fair sharing; ``benchwright.security.quotas``).
 
 Revision ID: 0012
 Revises: 0011

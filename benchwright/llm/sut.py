@@ -7,7 +7,7 @@ connection, no answer in time) with a 502/504 naming it (``x-benchwright-failure
 provider had been called directly. ``make_sut`` calls a model directly, by either route:
 
 * ``openai``: model strings LiteLLM routes as OpenAI-compatible (``openai/<name>``, with or without ``api_base``)
-  are called directly, speaking the same chat-completions protocol over ``benchwright.httpclient``'s keep-alive
+  are called directly, speaking the same chat-completions protocol over ``benchwright.llm.httpclient``'s keep-alive
   pool. Measured here, ``litellm.acompletion`` spends ~8.8 ms of CPU per call (1,000 calls at 128 in flight: 8.9 s
   wall against a 50 ms endpoint, where the physical limit is 0.4 s), so it cannot sit on the per-task path of a
   fast sweep. httpx is not used either: its connection pool rescans every connection per request (O(in-flight) per
@@ -15,13 +15,13 @@ provider had been called directly. ``make_sut`` calls a model directly, by eithe
   the lean pool ~60 µs.
 * ``litellm``: every other provider goes through ``litellm.acompletion``, imported on first use only.
 
-Both return the reply text, the token usage and the cost in USD from the run's prices (``benchwright.prices``).
+Both return the reply text, the token usage and the cost in USD from the run's prices (``benchwright.llm.prices``).
 Transient faults (connection errors, 429, 5xx, timeouts) are retried with exponential backoff and jitter; a 429 or
 503's ``Retry-After`` (seconds or an HTTP date) is honoured: the next try waits at least that long. Retries stop
 after ``retries`` of them, or as soon as the next wait would outlast ``budget_s`` (the trial attempt's duration
 limit): the call then fails with the last answer. Anything else fails the call at once. A failure is a
 ``SutError`` whose ``kind`` says what went wrong, so the Attach probe (``probe``) and the Materialize breaker
-(``benchwright.breaker``) can put it in plain words (``explain``).
+(``benchwright.llm.breaker``) can put it in plain words (``explain``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from benchwright.errors import Unavailable
-from benchwright.httpclient import HttpClientError, HttpConnectError, HttpPool
-from benchwright.prices import Prices
+from benchwright.llm.httpclient import HttpClientError, HttpConnectError, HttpPool
+from benchwright.llm.prices import Prices
 from benchwright.schemas import ModelSpec
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from benchwright.events import (
     PipelineFinished,
     ProductRecipeArtifact,
 )
-from benchwright.handoff import dataset_file
+from benchwright.runs.handoff import dataset_file
 from benchwright.schemas import (
     PHASES,
     REWIND_POINTS,
@@ -205,7 +205,7 @@ def cut_point(events: list[LoggedEvent], rewind_to: str) -> int:
 
 def model_binding(spec: ModelSpec) -> dict[str, str]:
     """The two fields of a ModelProxyArtifact for ``spec``, as Attach writes them."""
-    from benchwright.proxy_config import litellm_config_yaml, secret_env_name
+    from benchwright.proxy.litellm_config import litellm_config_yaml, secret_env_name
 
     return {"model_id": spec.identifier,
             "litellm_config_yaml": litellm_config_yaml(spec, secret_env=secret_env_name(spec.secret)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchwright.dataset_access import DatasetAccess, open_source
+from benchwright.data.dataset_access import DatasetAccess, open_source
 from benchwright.errors import DatasetError
 
 MAX_DATASET_BYTES = 2 * 1024**3
@@ -44,7 +44,7 @@ def fetch_dataset(*, source: str, dest_dir: Path, access: DatasetAccess,
                   on_refused: Callable[[str], None] = lambda host: None) -> Fetched:
     """Copy the dataset at ``source`` (URL or local path) into ``dest_dir``, hashing it on the way.
 
-    The source is untrusted: :func:`~benchwright.dataset_access.open_source` applies the account's host policy, the
+    The source is untrusted: :func:`~benchwright.data.dataset_access.open_source` applies the account's host policy, the
     internal-address refusal and the local-path rules; ``on_refused`` hears every refused host.
 
     Raises:

@@ -16,7 +16,7 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_TRACE_CHARS = 8000
 
 

@@ -1,7 +1,7 @@
 """POSTing an alert to a URL a user named: untrusted egress under the same rules as Fetch (DESIGN invariant 8).
 
 The worker sends it, outside any sandbox, so the URL must not become a way into the platform's network. The hop
-is checked as ``benchwright.dataset_access`` checks a dataset URL: http(s) only; the account's host policy decides
+is checked as ``benchwright.data.dataset_access`` checks a dataset URL: http(s) only; the account's host policy decides
 the host (``benchwright.proxy.policy.decide``); the name is resolved once and every address must be public
 (``benchwright.proxy.addresses.internal_reason``) unless the operator listed the exact endpoint in
 ``egress_internal_allowed``; the request goes to that checked address (Host header and TLS name stay the URL's), so

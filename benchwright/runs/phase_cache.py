@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Engine
 
-from benchwright.digests import file_digests
+from benchwright.data.digests import file_digests
 from benchwright.events import EVENT_TYPES, Event, FetchArtifact, PhaseCacheHit
 from benchwright.fingerprint import is_artifact, sha256_hex
 from benchwright.registry.blobs import BlobStore

@@ -309,7 +309,7 @@ async def _llm_text(litellm: Any, facts: NarrationFacts, draft: str, config: Nar
 
 
 def _prices(config: NarratorConfig) -> Any:
-    from benchwright.prices import prices_for
+    from benchwright.llm.prices import prices_for
     from benchwright.schemas import ModelSpec
 
     return prices_for(ModelSpec(identifier=config.narrator, input_cost_per_token=config.input_cost_per_token,

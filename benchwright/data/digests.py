@@ -1,6 +1,6 @@
 """The sha256 of files on this host, remembered by inode so that a file nothing has written is hashed once.
 
-Phases hand their work files off by digest at every start and end (``benchwright.handoff``), and a snapshot
+Phases hand their work files off by digest at every start and end (``benchwright.runs.handoff``), and a snapshot
 restore checks an object against its name before linking it (``benchwright.sandbox.local.snapshots``): on the
 re-run bench that was a 52 MB dataset and a 52 MB task list hashed ~10 times per run (~0.8 s). A digest is
 remembered under ``(st_dev, st_ino, st_size, st_mtime_ns)`` and served while the file still has that stat: any

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from benchwright.devstack import pid_alive
-from benchwright.procreg import ProcEntry, ProcessRegistry
 from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies, sweep_ended_routes
 from benchwright.sandbox import LocalBackend, SandboxInfo
 from benchwright.settings import Settings
+from benchwright.stack.devstack import pid_alive
+from benchwright.stack.procreg import ProcEntry, ProcessRegistry
 
 _log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ A schedule is a Temporal Schedule (it survives restarts because it is Temporal's
    limits, and the *scorer bytes* of the reference (its ``task_impl`` as launched, else the file Atomize wrote in
    the run's work directory, checked against AtomizeArtifact.impl_sha256). This stands in for replay (issue 10):
    :func:`replay_launch` is the seam it will replace.
-2. **compares** the replay (B) with the reference (A) task by task (``benchwright.compare``);
+2. **compares** the replay (B) with the reference (A) task by task (``benchwright.comparison.compare``);
 3. **alerts** when the drop is significant — ``A − B ≥ alert.drop`` and McNemar's ``p ≤ alert.p`` — by appending
    ``RegressionDetected`` to the replay's log and POSTing the optional webhook.
 
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.compare import (
+from benchwright.comparison.compare import (
     Comparison,
     compare_runs,
     is_regression,

@@ -12,7 +12,7 @@ SnapshotCreated. The work directory is only a *cache* on the worker that holds t
   ``WorkFilesRecorded`` from the store and fetches every file the local directory lacks or holds different bytes of.
 
 So a worker with an empty disk picks up any phase of any run, given the store and the blob store. A file's digest
-is computed once and remembered while it is unchanged (``benchwright.digests``), so an unchanged publish and an
+is computed once and remembered while it is unchanged (``benchwright.data.digests``), so an unchanged publish and an
 up-to-date restore cost a ``stat`` per file, not a hash of a 52 MB dataset. The model proxy's handle
 (``proxy.json``) is per-worker process state and is not handed off: the proxy listens on its worker's loopback, so a
 phase on another host registers the run's route at its own worker's proxy (``activities.attach.live_proxy``).
@@ -28,8 +28,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from benchwright.blobs import BlobStore, write_atomic
-from benchwright.digests import file_digests
+from benchwright.data.blobs import BlobStore, write_atomic
+from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
 from benchwright.store.models import EventRow
@@ -39,7 +39,7 @@ NOT_HANDED_OFF = frozenset({"proxy.json"})
 
 
 def _digest(path: Path) -> str:
-    """Hashed once while the file is unchanged (``benchwright.digests``): a phase's start and end used to re-read
+    """Hashed once while the file is unchanged (``benchwright.data.digests``): a phase's start and end used to re-read
     the 52 MB dataset and task list of the re-run bench each time, ~0.8 s of its run."""
     return file_digests.sha256(path)
 

@@ -22,10 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
-from benchwright.errors import Conflict, InvalidInput, NotFound
-from benchwright.events import AtomizeArtifact, FetchArtifact
-from benchwright.schemas import ScoreEstimate
-from benchwright.stats import (
+from benchwright.comparison.stats import (
     bootstrap_mean,
     mcnemar_exact,
     paired_proportion_difference,
@@ -34,6 +31,9 @@ from benchwright.stats import (
     sign_flip_p,
     wilson_interval,
 )
+from benchwright.errors import Conflict, InvalidInput, NotFound
+from benchwright.events import AtomizeArtifact, FetchArtifact
+from benchwright.schemas import ScoreEstimate
 from benchwright.store.models import EventRow, Run, TaskRow
 
 __all__ = ["Comparison", "Frontier", "Ranking", "RunShape", "compare_runs", "frontier", "is_regression",

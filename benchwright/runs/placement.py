@@ -3,7 +3,7 @@
 ``run_placed_batch`` is the batch: a harness-bridge run's harness process (``benchwright.harness.batch``), a
 product-sandbox run's agents in task sandboxes (``benchwright.product.batch``), or the scorer runtime in one work
 sandbox (``sequential``) or in one task sandbox per task (``fanout``), each restored from the post-Atomize snapshot,
-run by ``benchwright.materialize.run_batch``. The batch activity
+run by ``benchwright.runs.materialize.run_batch``. The batch activity
 (``activities.materialize``) keeps what every batch has around it: heartbeats, the halt watch, the SUT client and
 its breaker, error mapping.
 """
@@ -18,16 +18,16 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from benchwright.harness.batch import bridge_batch
-from benchwright.materialize import Execute, run_batch, scorer_threads
+from benchwright.llm.sut import SutClient
 from benchwright.product.batch import is_product_run, product_batch
 from benchwright.proxy.model_proxy import ProxyHandle
 from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.materialize import Execute, run_batch, scorer_threads
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox import ExecLimits
 from benchwright.sandbox.lifecycle import Sandbox, open_sandbox, snapshot_of
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
 from benchwright.settings import Settings
-from benchwright.sut import SutClient
 
 SANDBOX_MARGIN_S = 60.0
 """The scorer sandbox outlives the batch's ceiling by this much: the host settles the trials and kills the runtime

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.datasets import read_task_rows
+from benchwright.data.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
 from benchwright.runs.limits import ScorerCeilings
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult

@@ -5,9 +5,9 @@ stops (a half-up stack is worse than a clear failure). When everything answers, 
 ``{api_url, temporal_address, temporal_ui_url, api_key}``.
 
 Nothing outlives the stack. Every child is recorded in the data directory's process registry
-(``benchwright.procreg``) with its start time. On Ctrl-C/SIGTERM the worker is stopped first (it cancels its
+(``benchwright.stack.procreg``) with its start time. On Ctrl-C/SIGTERM the worker is stopped first (it cancels its
 activities, kills its sandboxes, stops its model proxies), then the API and Temporal, each escalated to SIGKILL
-within ``shutdown_timeout_s``; then a sweep of the data directory (``benchwright.teardown.reap_stack``) kills any
+within ``shutdown_timeout_s``; then a sweep of the data directory (``benchwright.stack.teardown.reap_stack``) kills any
 process, proxy or sandbox still left. A SIGKILL of ``up`` runs none of that: the same sweep runs at the next start,
 before anything is served. ``DIR/stack.lock`` (an flock held while ``up`` runs) keeps a second ``up`` from
 sweeping away a live stack.
@@ -29,12 +29,12 @@ from typing import IO, Any
 
 import httpx
 
-from benchwright.devstack import port_open, temporal_binary
 from benchwright.errors import Unavailable
-from benchwright.payload_codec import embedded_stack_codec
-from benchwright.procreg import Kind, ProcEntry, ProcessRegistry
-from benchwright.teardown import reap_stack
-from benchwright.temporal_ui import dev_server_args
+from benchwright.security.payload_codec import embedded_stack_codec
+from benchwright.stack.devstack import port_open, temporal_binary
+from benchwright.stack.procreg import Kind, ProcEntry, ProcessRegistry
+from benchwright.stack.teardown import reap_stack
+from benchwright.stack.temporal_ui import dev_server_args
 
 READY_TIMEOUT_S = 60.0
 DEV_ACCOUNT = "dev"

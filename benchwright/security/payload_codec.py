@@ -25,8 +25,8 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
 
-from benchwright.crypto import KEY_ENV, KEY_FILE_ENV, Keyring, ensure_key_file, load_keyring
 from benchwright.errors import InvalidInput
+from benchwright.security.crypto import KEY_ENV, KEY_FILE_ENV, Keyring, ensure_key_file, load_keyring
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"

@@ -19,9 +19,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from benchwright.llm.sut import FATAL_FAILURES, SutClient, SutError, SutReply, explain
 from benchwright.runs.halts import HaltKind, HaltReason
 from benchwright.schemas import ModelSpec
-from benchwright.sut import FATAL_FAILURES, SutClient, SutError, SutReply, explain
 
 
 class SutBreaker:

@@ -39,14 +39,14 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
-from benchwright import audit
 from benchwright.errors import InvalidInput, NotFound, QuotaExceeded
+from benchwright.security import audit
 from benchwright.store.db import session_scope
 from benchwright.store.models import Account, AccountQuota, Run, TaskRow, utcnow
 
 if TYPE_CHECKING:
+    from benchwright.llm.sut import SutClient, SutReply
     from benchwright.settings import Settings
-    from benchwright.sut import SutClient, SutReply
 
 QUOTAS = ("runs", "model_calls", "tasks")
 MAX_QUOTA = 10_000_000

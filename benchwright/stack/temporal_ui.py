@@ -31,9 +31,9 @@ def session_attributes(memo: Mapping[str, str] | None) -> list[SearchAttributePa
 FAIRNESS_ARGS = ("--dynamic-config-value", "matching.enableFairness=true",
                  "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
                  "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1")
-"""Task-queue fairness (``benchwright.quotas``): tasks are handed out in turn across the runs' fairness keys (their
-accounts), not first-in-first-out. One partition: a one-machine dev server gains nothing from four, and fairness is
-kept per partition."""
+"""Task-queue fairness (``benchwright.security.quotas``): tasks are handed out in turn across the runs' fairness keys
+(their accounts), not first-in-first-out. One partition: a one-machine dev server gains nothing from four, and fairness
+is kept per partition."""
 
 
 def dev_server_args() -> list[str]:

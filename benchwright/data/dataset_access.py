@@ -91,7 +91,8 @@ class LocalPathRules:
         url = settings.resolved_database_url()
         if url.startswith("sqlite:///"):
             protected.append(Path(url.removeprefix("sqlite:///")))
-        if settings.deployment_key_file is not None:  # the deployment key (benchwright.crypto), wherever it lives
+        # the deployment key (benchwright.security.crypto), wherever it lives
+        if settings.deployment_key_file is not None:
             protected.append(settings.deployment_key_file)
         return cls(deployment=settings.allow_local_paths, account=account_local_paths, protected=tuple(protected),
                    roots=tuple(settings.dataset_roots))
