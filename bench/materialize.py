@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,6 +38,7 @@ import httpx
 from benchstack import cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset
 
 from benchwright.client import Client
+from benchwright.httpclient import HttpPool
 
 
 async def _history_length(address: str, run_id: str) -> int:
@@ -82,14 +84,38 @@ def proxy_pids(data_dir: Path) -> list[int]:
     return found
 
 
-def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c: int, pids: dict) -> dict:
+def _first_call_s(events: list[dict], launched_at: float) -> float | None:
+    """Launch POST to the first model request, from the log: the earliest result's commit time minus its attempt's
+    duration (the attempt clock starts when a scorer thread takes the trial, just before its call)."""
+    starts = [datetime.fromisoformat(e["created_at"]).replace(tzinfo=UTC).timestamp()
+              - (e["data"].get("duration_ms") or 0) / 1000
+              for e in events if e["type"] == "MaterializeTaskResult"]
+    return min(starts) - launched_at if starts else None
+
+
+def _cpu_now(pids: dict, proxy_dir: Path | None) -> dict[str, float]:
+    cpu = {name: cpu_s(pid) for name, pid in pids.items()}
+    for pid in proxy_pids(proxy_dir) if proxy_dir is not None else []:
+        try:
+            cpu[f"proxy{pid}"] = cpu_s(pid)
+        except OSError:
+            pass
+    return cpu
+
+
+def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c: int, pids: dict,
+             proxy_dir: Path | None = None) -> dict:
     body = {"trials": {"plan": {"k": k}, "aggregator": {"name": "any_pass"}}} if k > 1 else {}
-    cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
+    cpu0 = _cpu_now(pids, proxy_dir)
     t0 = time.perf_counter()
+    launched_at = time.time()
     run = client.launch(dataset=str(dataset), model=model, concurrency=c, **body)
     final = client.wait(run["id"])
     wall = time.perf_counter() - t0
-    cpu = {name: round(cpu_s(pid) - cpu0[name], 2) for name, pid in pids.items()}
+    cpu1 = _cpu_now(pids, proxy_dir)
+    cpu = {name: round(cpu1[name] - cpu0.get(name, 0.0), 2) for name in pids}
+    # A credential proxy may start (or linger out) during the run: count what each one present at the end used.
+    cpu["proxy"] = round(sum(v - cpu0.get(name, 0.0) for name, v in cpu1.items() if name.startswith("proxy")), 2)
     assert final["status"] == "ok", final
     events = _all_events(client, run["id"])
     results = [e for e in events if e["type"] == "MaterializeTaskResult"]
@@ -97,8 +123,40 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
     n = final["tasks"]["summary"]["total"]
     assert len(results) == len(keys) == n * k, "every (index, trial) exactly once"
     return {"run_id": run["id"], "wall_s": wall, "phases_ms": _phase_ms(events), "cpu_s": cpu,
+            "first_call_s": _first_call_s(events, launched_at), "tasks": n * k,
             "history": asyncio.run(_history_length(dev["temporal_address"], run["id"])),
             "pass_rate": final["tasks"]["summary"]["pass_rate"]}
+
+
+async def _bare(url: str, dataset: Path, c: int) -> tuple[float, float]:
+    """The reference: a bare asyncio client sending every question of ``dataset`` to the model, ``c`` in flight, on
+    the same lean HTTP client the worker's model calls use (``benchwright.httpclient``; httpx cost several times
+    more CPU per call than the whole of Benchwright's worker). Returns (wall s, s to the first request)."""
+    t0 = time.perf_counter()
+    rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
+    sem = asyncio.Semaphore(c)
+    first: list[float] = []
+    pool = HttpPool(url.rstrip("/"), headers={"Authorization": "Bearer bare"}, max_idle=c)
+
+    async def one(row: dict) -> None:
+        async with sem:
+            if not first:
+                first.append(time.perf_counter() - t0)
+            body = json.dumps({"model": "dev", "messages": [{"role": "user", "content": row["question"]}]}).encode()
+            resp = await pool.post("/chat/completions", body)
+            assert resp.status == 200, resp.body[:200]
+            json.loads(resp.body)["choices"][0]["message"]["content"]
+
+    try:
+        await asyncio.gather(*(one(row) for row in rows))
+    finally:
+        await pool.aclose()
+    return time.perf_counter() - t0, first[0]
+
+
+def bare_once(url: str, dataset: Path, c: int) -> dict:
+    wall, first = asyncio.run(_bare(url, dataset, c))
+    return {"wall_s": wall, "first_call_s": first}
 
 
 def main() -> None:
@@ -131,19 +189,27 @@ def main() -> None:
         with Client(dev["api_url"], dev["api_key"], timeout=120) as client:
             # Warm-up (the worker's first runs pay imports and caches), then N=1 and each configuration in turn, so
             # the fixed overhead and the runs it is subtracted from are measured under the same conditions.
+            proxy_dir = work / "data"
             for model in modes.values():
-                run_once(client, dev, overhead_set, model, k=1, c=1, pids=pids)
+                run_once(client, dev, overhead_set, model, k=1, c=1, pids=pids, proxy_dir=proxy_dir)
                 for c in args.concurrency:
-                    run_once(client, dev, dataset, model, k=args.trials, c=c, pids=pids)
+                    run_once(client, dev, dataset, model, k=args.trials, c=c, pids=pids, proxy_dir=proxy_dir)
+                    bare_once(stack.model_url, dataset, c)
             ones: dict[str, list[dict]] = {mode: [] for mode in modes}
             runs: dict[tuple[str, int], list[dict]] = {(mode, c): [] for mode in modes for c in args.concurrency}
+            bares: dict[int, list[dict]] = {c: [] for c in args.concurrency}
             for _ in range(args.repeat):
                 for mode, model in modes.items():
-                    ones[mode].append(run_once(client, dev, overhead_set, model, k=1, c=1, pids=pids))
+                    ones[mode].append(run_once(client, dev, overhead_set, model, k=1, c=1, pids=pids,
+                                               proxy_dir=proxy_dir))
                     for c in args.concurrency:
-                        runs[mode, c].append(run_once(client, dev, dataset, model, k=args.trials, c=c, pids=pids))
+                        runs[mode, c].append(run_once(client, dev, dataset, model, k=args.trials, c=c, pids=pids,
+                                                      proxy_dir=proxy_dir))
+                        if mode == "keyless" and args.trials == 1:  # the bare client runs each task once
+                            bares[c].append(bare_once(stack.model_url, dataset, c))
             if args.repeat:
                 _report(args, ones, runs, pids)
+                _report_goals(ones, runs, bares)
             if args.burst:
                 _burst(client, work, stack.keyed_model_url or "", pids, n=args.burst, tasks=args.burst_tasks,
                        c=args.concurrency[-1])
@@ -182,6 +248,39 @@ def _report(args: argparse.Namespace, ones: dict[str, list[dict]], runs: dict[tu
                   f"1.1 x N*L/C + 1 s = {1.1 * limit + 1:.2f} s: {'MEETS' if wall <= 1.1 * limit + 1 else 'MISSES'}")
     print(f"worker peak RSS: {peak_rss_mb(pids['worker']):.0f} MB; lm-eval reference ~9 s, inspect_ai ~20 s "
           f"for N=1000, C=128, L=50 ms (goal: < 4.5 s)")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _report_goals(ones: dict[str, list[dict]], runs: dict[tuple[str, int], list[dict]],
+                  bares: dict[int, list[dict]]) -> None:
+    """Issue 25's figures, each against its named goal: wall vs a bare asyncio client in the same invocation, launch
+    to the first model request, and the CPU seconds of worker + API + credential proxy per 1,000 tasks."""
+    wall_goals = {32: 1.15, 128: 1.3}
+    for mode, rs in ones.items():
+        first = _median([r["first_call_s"] for r in rs if r["first_call_s"] is not None])
+        print(f"[{mode}] launch -> first model request (N=1, warm, median): {first:.3f} s  "
+              f"{'MEETS' if first <= 0.2 else 'MISSES'} the goal (<= 0.2 s)")
+    for (mode, c), rs in runs.items():
+        wall = _median([r["wall_s"] for r in rs])
+        first = _median([r["first_call_s"] for r in rs if r["first_call_s"] is not None])
+        per_k = {name: _median([r["cpu_s"][name] * 1000 / r["tasks"] for r in rs])
+                 for name in ("worker", "api", "proxy", "temporal")}
+        total = _median([(r["cpu_s"]["worker"] + r["cpu_s"]["api"] + r["cpu_s"]["proxy"]) * 1000 / r["tasks"]
+                         for r in rs])
+        line = (f"[{mode}] C={c}: CPU s per 1,000 tasks (median) worker+api+proxy {total:.2f} = worker "
+                f"{per_k['worker']:.2f} + api {per_k['api']:.2f} + proxy {per_k['proxy']:.2f} (temporal "
+                f"{per_k['temporal']:.2f}); launch -> first model request {first:.3f} s")
+        print(line)
+        if mode == "keyless" and bares.get(c):
+            bare = _median([b["wall_s"] for b in bares[c]])
+            goal = wall_goals.get(c)
+            verdict = "" if goal is None else f"  {'MEETS' if wall / bare <= goal else 'MISSES'} the goal (<= {goal}x)"
+            print(f"[{mode}] C={c}: Benchwright {wall:.2f} s / bare asyncio client {bare:.2f} s (medians; bare all "
+                  f"{[round(b['wall_s'], 2) for b in bares[c]]}, bare first request "
+                  f"{_median([b['first_call_s'] for b in bares[c]]):.3f} s) = {wall / bare:.2f}x{verdict}")
 
 
 def _burst(client: Client, work: Path, keyed_url: str, pids: dict, *, n: int, tasks: int, c: int) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import to_jsonable_python
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -24,7 +25,7 @@ from benchwright.data.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
 from benchwright.runs.limits import ScorerCeilings
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
-from benchwright.scoring.aggregators import TrialOutcome, aggregate
+from benchwright.scoring.aggregators import RowAggregate, TrialOutcome, aggregator
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.db import outage_tolerant
@@ -46,6 +47,47 @@ def scorer_threads(concurrency: int, items: int) -> int:
     starts when a thread picks it up, so it includes that short wait for a slot.
     """
     return max(1, min(items, concurrency + min(concurrency, SCORER_THREAD_HEADROOM)))
+
+
+_RESULT, _AGGREGATED = MaterializeTaskResult.type_name(), MaterializeTaskAggregated.type_name()
+
+
+def result_event(run_id: str, invocation: int, rec: TrialRecord) -> NewEvent:
+    """The ``MaterializeTaskResult`` of one trial: the same key, type and data as ``NewEvent.of`` of the model (a test
+    holds them equal), built as a plain dict when every value already has its field's type (the host's records do).
+    Validating the model and dumping it again cost more CPU per trial than the rest of recording it. Anything else
+    (a scorer's odd output) goes through the model as before, which coerces or refuses it."""
+    key = event_key(run_id, "materialize", invocation, rec.index, rec.trial, "result")
+    if not _plain(rec):
+        return NewEvent.of(key, MaterializeTaskResult(
+            invocation=invocation, index=rec.index, trial=rec.trial, score=rec.score, outcome=rec.outcome,
+            output=rec.output, meta=rec.meta, error=rec.error, usage=rec.usage, cost_usd=rec.cost_usd,
+            input=rec.input, duration_ms=rec.duration_ms))
+    return NewEvent(key=key, type=_RESULT, data={
+        "invocation": invocation, "index": rec.index, "trial": rec.trial,
+        "score": None if rec.score is None else float(rec.score), "outcome": rec.outcome, "output": rec.output,
+        # the model's JSON dump of an Any dict: tuples as lists, NaN and infinities as null
+        "meta": to_jsonable_python(rec.meta, inf_nan_mode="null"), "error": rec.error, "usage": dict(rec.usage),
+        "cost_usd": float(rec.cost_usd), "input": rec.input, "duration_ms": rec.duration_ms})
+
+
+_OUTCOMES = frozenset(("pass", "fail", "err"))
+
+
+def _plain(rec: TrialRecord) -> bool:
+    return (type(rec.index) is int and type(rec.trial) is int and rec.outcome in _OUTCOMES
+            and (rec.score is None or type(rec.score) in (int, float)) and type(rec.cost_usd) in (int, float)
+            and (rec.duration_ms is None or type(rec.duration_ms) is int)
+            and all(v is None or type(v) is str for v in (rec.output, rec.error, rec.input))
+            and type(rec.meta) is dict and all(type(k) is str for k in rec.meta)
+            and all(type(k) is str and type(v) is int for k, v in rec.usage.items()))
+
+
+def aggregated_event(run_id: str, invocation: int, index: int, row: RowAggregate) -> NewEvent:
+    """The ``MaterializeTaskAggregated`` of one task, like ``result_event`` (``row`` is already validated)."""
+    return NewEvent(key=event_key(run_id, "materialize", invocation, index, "aggregated"), type=_AGGREGATED,
+                    data={"invocation": invocation, "index": index, "score": row.score, "outcome": row.outcome,
+                          "trial_scores": row.trial_scores})
 
 
 class RunHalted(Exception):
@@ -114,17 +156,14 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
     last_flush = time.monotonic()
     flush_lock = asyncio.Lock()
 
+    reduce = aggregator(inp.trials.aggregator)
+
     def aggregate_task(index: int) -> None:
-        trials = sorted(by_task[index].values(), key=lambda t: t.trial)
-        row = aggregate(inp.trials.aggregator, trials)
+        row = reduce(list(by_task[index].values()))
         counts[row.outcome] += 1
         if index not in aggregated:
             aggregated.add(index)
-            pending.append(NewEvent.of(
-                event_key(inp.run_id, "materialize", inp.invocation, index, "aggregated"),
-                MaterializeTaskAggregated(invocation=inp.invocation, index=index, score=row.score, outcome=row.outcome,
-                                          trial_scores=row.trial_scores),
-            ))
+            pending.append(aggregated_event(inp.run_id, inp.invocation, index, row))
 
     async def flush() -> None:
         nonlocal pending, last_flush, written
@@ -133,7 +172,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             last_flush = time.monotonic()
             if batch:
                 await outage_tolerant(append_events, engine, inp.run_id, batch)  # a store outage is waited out
-                written += sum(1 for e in batch if e.type == MaterializeTaskResult.type_name())
+                written += sum(1 for e in batch if e.type == _RESULT)
             progress({"start": inp.start, "stop": inp.stop, "trials_recorded": written})
             if batch:
                 reason = await asyncio.to_thread(budget_halt_reason, engine, run_id=inp.run_id,
@@ -160,13 +199,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         nonlocal first_woken
         by_task.setdefault(rec.index, {})[rec.trial] = TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta,
                                                                      error=rec.error)
-        pending.append(NewEvent.of(
-            event_key(inp.run_id, "materialize", inp.invocation, rec.index, rec.trial, "result"),
-            MaterializeTaskResult(invocation=inp.invocation, index=rec.index, trial=rec.trial, score=rec.score,
-                                  outcome=rec.outcome, output=rec.output, meta=rec.meta, error=rec.error,
-                                  usage=rec.usage, cost_usd=rec.cost_usd, input=rec.input,
-                                  duration_ms=rec.duration_ms),
-        ))
+        pending.append(result_event(inp.run_id, inp.invocation, rec))
         if len(by_task[rec.index]) == k:
             aggregate_task(rec.index)
         if cost_ceiling:

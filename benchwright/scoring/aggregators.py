@@ -464,14 +464,33 @@ def aggregate(config: AggregatorConfig, trials: list[TrialOutcome]) -> RowAggreg
     Raises:
         InvalidInput: If ``config`` is invalid (see ``validate_trials``).
     """
+    return aggregator(config)(trials)
+
+
+def aggregator(config: AggregatorConfig) -> Callable[[list[TrialOutcome]], RowAggregate]:
+    """``aggregate`` with ``config`` validated once, for reducing many tasks' trials (a Materialize batch validated
+    the same config again for every task).
+
+    Raises:
+        InvalidInput: If ``config`` is invalid (see ``validate_trials``).
+    """
     config = _validate_aggregator(config)
+    reduce = AGGREGATORS[config.name]
+
+    def apply(trials: list[TrialOutcome]) -> RowAggregate:
+        return _reduce(config, reduce, trials)
+
+    return apply
+
+
+def _reduce(config: AggregatorConfig, reduce: Aggregator, trials: list[TrialOutcome]) -> RowAggregate:
     ordered = sorted(trials, key=lambda t: t.trial)
     trial_scores = [None if t.errored else t.score for t in ordered]
     if all(s is None for s in trial_scores):
         reason = "no trials" if not ordered else "every trial errored"
         return RowAggregate(score=None, outcome="err", trial_scores=trial_scores, error=reason)
     try:
-        score: float | None = AGGREGATORS[config.name](config, ordered)
+        score: float | None = reduce(config, ordered)
     except _Unscorable as exc:
         return RowAggregate(score=None, outcome="err", trial_scores=trial_scores, error=str(exc))
     return RowAggregate(score=score, outcome=outcome_for(score), trial_scores=trial_scores)
