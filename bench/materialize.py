@@ -38,7 +38,7 @@ import httpx
 from benchstack import cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset
 
 from benchwright.client import Client
-from benchwright.httpclient import HttpPool
+from benchwright.llm.httpclient import HttpPool
 
 
 async def _history_length(address: str, run_id: str) -> int:
@@ -130,7 +130,7 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
 
 async def _bare(url: str, dataset: Path, c: int) -> tuple[float, float]:
     """The reference: a bare asyncio client sending every question of ``dataset`` to the model, ``c`` in flight, on
-    the same lean HTTP client the worker's model calls use (``benchwright.httpclient``; httpx cost several times
+    the same lean HTTP client the worker's model calls use (``benchwright.llm.httpclient``; httpx cost several times
     more CPU per call than the whole of Benchwright's worker). Returns (wall s, s to the first request)."""
     t0 = time.perf_counter()
     rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]

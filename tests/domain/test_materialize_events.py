@@ -1,6 +1,6 @@
-"""The Materialize hot path builds its result and aggregate events as plain dicts (``benchwright.materialize``): they
-must be exactly what the event models give (key, type, data and its JSON), for the records the host produces and for
-odd ones a scorer could cause, which still go through the model."""
+"""The Materialize hot path builds its result and aggregate events as plain dicts (``benchwright.runs.materialize``):
+they must be exactly what the event models give (key, type, data and its JSON), for the records the host produces and
+for odd ones a scorer could cause, which still go through the model."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
-from benchwright.materialize import aggregated_event, result_event
+from benchwright.runs.materialize import aggregated_event, result_event
 from benchwright.scoring.aggregators import AggregatorConfig, TrialOutcome, aggregate, aggregator
 from benchwright.scoring.host import TrialRecord
 from benchwright.store.events import NewEvent, event_key
