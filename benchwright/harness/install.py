@@ -9,12 +9,14 @@ half-way is redone, and a finished one is reused (tests cache these under ``~/.c
 lm-eval and lighteval pull in torch: ``torch==2.13.0`` is pinned and installed first, so pip takes the CPU wheel (a
 plain ``torch`` requirement resolves to a multi-GB CUDA build). lighteval 0.13.0 builds LiteLLM's disk cache at
 import (``LiteLLMCacheType.DISK``, gone from litellm 1.109), so litellm is pinned to 1.108.0 (with ``orjson`` and
-``soundfile``, which its cache and cache hits import without declaring them); it hashes ``str`` with xxhash
-(refused by xxhash 4), so xxhash is pinned to 3.8.2. lighteval also imports every built-in task module on every
-run, and ``tiny_benchmarks`` downloads ``tinyBenchmarks.pkl`` from raw.githubusercontent.com at import unless the
-file exists beside it: the install leaves an empty one there (``offline_stubs``), so the harness starts offline
-(its tinyBenchmarks tasks read their weights from another, relative, path anyway). harbor needs Python >= 3.12:
-its venv is made from such an interpreter found on the machine (``find_python``).
+``soundfile``, which its cache and cache hits import without declaring them); it hashes ``str`` with xxhash (refused
+by xxhash 4), so xxhash is pinned to 3.8.2; every other package of its venv is pinned by
+``locks/lighteval-0.13.0.txt`` (pip's resolver gave up on lighteval's loose dependencies once later releases were
+out). lighteval also imports every built-in task module on every run, and ``tiny_benchmarks`` downloads
+``tinyBenchmarks.pkl`` from raw.githubusercontent.com at import unless the file exists beside it: the install leaves
+an empty one there (``offline_stubs``), so the harness starts offline (its tinyBenchmarks tasks read their weights
+from another, relative, path anyway). harbor needs Python >= 3.12: its venv is made from such an interpreter found
+on the machine (``find_python``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class HarnessRuntime:
     min_python: tuple[int, int] | None = None
     """The oldest interpreter the harness supports; when the worker's own is older, the install looks for one on
     the machine (``find_python``)."""
+    lock: str | None = None
+    """A file in ``benchwright/harness/locks`` pinning every package of the venv, given to each pip step as its
+    constraints (``-c``): the install is then the same on every machine and day, whatever was released since."""
 
 
 RUNTIMES: dict[str, HarnessRuntime] = {
@@ -57,7 +62,8 @@ RUNTIMES: dict[str, HarnessRuntime] = {
                                 steps=(("torch==2.13.0",),
                                        ("lighteval[litellm]==0.13.0", "litellm==1.108.0", "xxhash==3.8.2",
                                         "orjson==3.13.0", "soundfile==0.14.0")),
-                                entry="lighteval", offline_stubs=("lighteval/tasks/tasks/tinyBenchmarks.pkl",)),
+                                entry="lighteval", offline_stubs=("lighteval/tasks/tasks/tinyBenchmarks.pkl",),
+                                lock="lighteval-0.13.0.txt"),
     "harbor": HarnessRuntime(name="harbor", version="0.26.0", steps=(("harbor==0.26.0",),), entry="harbor",
                              min_python=(3, 12)),
 }
@@ -65,6 +71,8 @@ RUNTIMES: dict[str, HarnessRuntime] = {
 name; a test keeps the two equal)."""
 
 STAMP = ".complete"
+LOCKS = Path(__file__).resolve().parent / "locks"
+"""Pinned package sets of the runtimes that name one (``HarnessRuntime.lock``)."""
 PIP_TIMEOUT_S = 1800
 
 
@@ -116,9 +124,10 @@ def install(harness_dir: Path, name: str, *, log: Path | None = None) -> tuple[P
             raise Unavailable(f"creating the {name} venv with {base} failed: {(proc.stderr or proc.stdout)[-1500:]}")
     python = path / "bin" / "python"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    constraints = ["-c", str(LOCKS / runtime.lock)] if runtime.lock else []
     for step in runtime.steps:
-        proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *step], check=False, env=env,
-                              capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *constraints, *step], check=False,
+                              env=env, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
         if log is not None:
             with log.open("a") as out:
                 out.write(proc.stdout + proc.stderr)
