@@ -61,8 +61,8 @@ class Remote:
 @pytest_asyncio.fixture(scope="module", loop_scope="session", params=["e2b", "sandbox0"])
 async def remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                  dev_models: DevModels) -> AsyncIterator[Remote]:
-    if harbor_skip_reason() is not None:
-        pytest.skip(harbor_skip_reason() or "")
+    if (why := harbor_skip_reason()) is not None:
+        pytest.skip(why)
     backend: str = request.param
     root = tmp_path_factory.mktemp(f"harbor-{backend}")
     extra: dict[str, Any]
