@@ -83,9 +83,9 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     prepare_secrets(engine, load_keyring(settings))  # refuses to start with encrypted secrets and no key
     deps = Deps(engine=engine, settings=settings)
     install_llm_driver(engine=engine, settings=settings)  # driver_for('<provider>://<model>') in this worker
-    # Alone, an account's phases and batch starts (CPU-bound: sandboxes, scorer runtimes) go twice the cores at once.
+    # Alone, an account's phases and batch starts (CPU-bound: sandboxes, scorer runtimes) go as many at once as cores.
     share = FairShare(phase_slots=settings.fair_phase_slots, lag_target_s=settings.fair_lag_target_ms / 1000,
-                      alone_phase_slots=2 * (os.cpu_count() or 1))
+                      alone_phase_slots=(os.cpu_count() or 1))
     materialize = MaterializeActivities(deps, share)
     attach = AttachActivities(deps)
     run_log = RunLogActivities(deps)

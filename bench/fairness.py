@@ -22,8 +22,10 @@ beside A; what A's workflows did during B's run (``overlapping``); and the CPU t
 the machine spent meanwhile. ``FAIR_PYSPY=<py-spy binary> FAIR_PYSPY_OUT=<file>`` also records the worker with
 py-spy (raw format) during B's run beside A.
 
-"Before" figures are taken by running this script with PYTHONPATH pointing at a checkout without the change
-(the stack's processes import whatever tree PYTHONPATH names; this script's own diagnostics stay this tree's).
+"Before" figures are taken by running the checkout without the change's own copy of this script from its own
+directory, with this checkout's interpreter: ``cd <checkout> && PYTHONPATH=$PWD <venv>/bin/python bench/fairness.py``.
+The stack's processes are started as ``python -m benchwright.cli ...``, which puts the working directory first on
+``sys.path``: ``PYTHONPATH`` alone, run from here, would still run this tree.
 """
 
 from __future__ import annotations

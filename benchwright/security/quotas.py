@@ -231,7 +231,9 @@ class FairShare:
     * **Model calls.** While the event loop answers later than ``lag_target_s`` (``observe_lag``, fed every
       ``LAG_PROBE_S`` by ``watch``), the active account that has used the worker most lately (model calls admitted,
       decayed with a ``half_life_s`` half-life) has its calls in flight cut back: to half of what it has in
-      flight, then halved again once that took effect, down to ``min_calls``. While the loop answers within half
+      flight, then halved again once that took effect, down to ``min_calls``; straight to ``min_calls`` if it has
+      used ``dominant_ratio`` times more than every other active account (a light run beside it may last a second,
+      most of which halving step by step took). While the loop answers within half
       of the target, every cut account's bound grows again (by an eighth, at least one call). An account that
       has used little (a 200-task run beside another's twenty) is never the one cut: its calls go at once, up to
       its quota. If it comes to use more than the other, it becomes the one cut, so two heavy accounts end near
@@ -247,10 +249,11 @@ class FairShare:
       that the twenty's sandbox starts no longer crowd.
 
     Alone, an account is bounded only by its quota and ``alone_phase_slots`` (its phases and batch starts at once;
-    the worker sets it to twice its cores: twenty runs launched together set up a few at a time, and an account
-    arriving next waits behind those few instead of twenty). Waiters are admitted first come, first served within
-    their account; an account's calls never wait for another account's calls, and its phases and batch starts
-    wait for another account's only while that one is lighter (above).
+    the worker sets it to its cores: twenty runs launched together set up a few at a time, and an account
+    arriving next waits behind those few instead of twenty; the twenty also end sooner than with twice as many).
+    Waiters are admitted first come, first served within their account; an account's calls never wait for
+    another account's calls, and its phases and batch starts wait for another account's only while that one is
+    lighter (above).
     """
 
     LAG_PROBE_S = 0.1
@@ -258,9 +261,11 @@ class FairShare:
 
     def __init__(self, *, phase_slots: int = 2, lag_target_s: float = 0.05, min_calls: int = 4,
                  linger_s: float = 2.0, half_life_s: float = 10.0, yield_s: float = 1.0, start_weight: float = 10.0,
-                 alone_phase_slots: int = MAX_QUOTA, clock: Callable[[], float] = time.monotonic) -> None:
+                 alone_phase_slots: int = MAX_QUOTA, dominant_ratio: float = 4.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.phase_slots = phase_slots
         self.alone_phase_slots = alone_phase_slots
+        self.dominant_ratio = dominant_ratio
         self.yield_s = yield_s
         self.start_weight = start_weight
         self.lag_target_s = lag_target_s
@@ -350,7 +355,9 @@ class FairShare:
             calls = self._calls.get(heaviest)
             in_flight = calls.in_flight if calls else 0
             cap = self.caps.get(heaviest)
-            if cap is None:
+            if self._dominant(heaviest, active):  # beside a light account's run, which may last a second
+                self.caps[heaviest] = self.min_calls
+            elif cap is None:
                 self.caps[heaviest] = max(self.min_calls, in_flight // 2)
             elif in_flight <= cap:  # cut again once the last cut has taken effect
                 self.caps[heaviest] = max(self.min_calls, cap // 2)
@@ -362,6 +369,12 @@ class FairShare:
                 else:
                     self.caps[account] = grown
         self._rebalance()
+
+    def _dominant(self, account: str, active: set[str]) -> bool:
+        """Whether ``account`` has used the worker ``dominant_ratio`` times more lately than every other active
+        account: the noisy neighbour beside light ones, cut to the floor at once rather than by halves."""
+        mine = self.used(account)
+        return mine > 0 and all(mine >= self.dominant_ratio * self.used(other) for other in active - {account})
 
     async def watch(self, running: Callable[[], Coroutine[Any, Any, set[str]]] | None = None) -> None:
         """Measure the event loop's lateness every ``LAG_PROBE_S`` and feed ``observe_lag``; read the accounts with

@@ -63,11 +63,9 @@ async def test_a_flooding_account_is_cut_back_and_the_light_one_is_admitted_at_o
     share.observe_lag(1.0)  # a late loop with one account active changes nothing
     assert share.caps == {} and share.call_limit("a") == 100
 
-    share.enter("b")  # B's run starts on this worker (its first phase)
-    share.observe_lag(1.0)  # the loop is late: the account that used it most is cut to half its calls in flight
-    assert share.caps == {"a": 20} and share.call_limit("b") == 100
-    share.observe_lag(1.0)  # not cut again before the last cut took effect (A still has 40 in flight)
-    assert share.caps == {"a": 20}
+    share.enter("b")  # B's run starts on this worker (its first phase); it has used nothing yet
+    share.observe_lag(1.0)  # the loop is late: A, which used it far more, is cut to the floor at once
+    assert share.caps == {"a": 4} and share.call_limit("b") == 100
     calls.ask("a", 30)  # A keeps asking: its calls wait for its own
     await settle()
     assert share.in_flight("a") == 40
@@ -76,21 +74,16 @@ async def test_a_flooding_account_is_cut_back_and_the_light_one_is_admitted_at_o
     await settle()
     assert share.in_flight("b") == 15 and calls.admitted[40:] == ["b"] * 15
     share.observe_lag(1.0)  # still late: A has used the worker most (40 calls against 15), B is not the one cut
-    assert share.caps == {"a": 20}
+    assert share.caps == {"a": 4}
 
-    await calls.end("a", 25)  # A's calls end: its waiting ones go only while it is under its cut
-    assert share.in_flight("a") == 20 and calls.admitted.count("a") == 45
-    share.observe_lag(1.0)  # the cut took effect and the loop is still late: halved again
-    assert share.caps == {"a": 10}
-    await calls.end("a", 10)
-    share.observe_lag(1.0)
-    await calls.end("a", 5)
+    await calls.end("a", 39)  # A's calls end: its waiting ones go only while it is under its cut
+    assert share.in_flight("a") == 4 and calls.admitted.count("a") == 43
     share.observe_lag(1.0)
     assert share.caps == {"a": 4}  # never under the floor
-    assert share.in_flight("a") == 5 and calls.admitted.count("a") == 45
     await calls.end("b", 15)
     share.observe_lag(0.0)  # the loop answers in time: the cut grows back (by an eighth, at least one call)
-    assert share.caps == {"a": 5} and share.call_limit("a") == 5
+    await settle()
+    assert share.caps == {"a": 5} and share.call_limit("a") == 5 and share.in_flight("a") == 5
 
     share.leave("b")
     clock.now += share.linger_s  # B has nothing left on the worker: A is alone again, its waiting calls go
@@ -101,6 +94,34 @@ async def test_a_flooding_account_is_cut_back_and_the_light_one_is_admitted_at_o
     await calls.end("a", share.in_flight("a"))
     await asyncio.gather(*calls.tasks)
     assert share.peak("b") == 15
+
+
+async def test_an_account_not_far_heavier_is_cut_by_halves_once_each_cut_took_effect() -> None:
+    """Beside an account that has used the worker more than a quarter as much, the heaviest is halved step by
+    step (each once the last took effect), down to the floor: two busy accounts end near equal shares."""
+    clock = Clock()
+    share = FairShare(lag_target_s=0.05, min_calls=4, clock=clock)
+    share.set_quota("a", 100)
+    share.set_quota("b", 100)
+    calls = Calls(share)
+    calls.ask("a", 40)
+    calls.ask("b", 15)
+    await settle()
+    share.observe_lag(1.0)  # A used 40, B 15: A is the heaviest but not four times B
+    assert share.caps == {"a": 20}
+    share.observe_lag(1.0)  # not cut again before the last cut took effect (A still has 40 in flight)
+    assert share.caps == {"a": 20}
+    await calls.end("a", 20)
+    share.observe_lag(1.0)  # the cut took effect and the loop is still late: halved again
+    assert share.caps == {"a": 10}
+    await calls.end("a", 10)
+    share.observe_lag(1.0)
+    await calls.end("a", 5)
+    share.observe_lag(1.0)
+    assert share.caps == {"a": 4}  # never under the floor
+    await calls.end("a", 5)
+    await calls.end("b", 15)
+    await asyncio.gather(*calls.tasks)
 
 
 async def test_two_heavy_accounts_are_cut_in_turn_and_grow_back_to_their_quotas() -> None:
@@ -183,7 +204,7 @@ async def test_an_account_with_a_run_running_is_active_before_its_first_activity
     assert share.caps == {}
     share.set_running({"a", "b"})
     share.observe_lag(1.0)
-    assert share.active() == {"a", "b"} and share.caps == {"a": 20}
+    assert share.active() == {"a", "b"} and share.caps == {"a": 2}  # B has used nothing: A to the floor
     share.set_running({"a"})
     share.observe_lag(1.0)
     assert share.caps == {}
