@@ -4,6 +4,7 @@ and the Workbench that runs candidate scorers in the work sandbox (``benchwright
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -83,15 +84,26 @@ def no_decision(phase: str) -> DriverFailed:
 
 class SandboxWorkbench:
     """Runs candidate task_impl.py in the Atomize invocation's work sandbox (never in the worker): a load check,
-    or sample rows end to end with model calls made by the host through the run's route (the one Attach probed)."""
+    or sample rows end to end with model calls made by the host through the run's route (the one Attach probed).
 
-    def __init__(self, deps: Deps, box: Sandbox, inp: PhaseInput) -> None:
-        self.deps, self.box, self.inp = deps, box, inp
+    The sandbox is opened (``open_box``) on first use only: an Atomize whose load check is already known
+    (``benchwright.scoring.load_checks``) and whose Driver tries no samples starts none."""
+
+    def __init__(self, deps: Deps, open_box: Callable[[], Awaitable[Sandbox]], inp: PhaseInput) -> None:
+        self.deps, self.inp = deps, inp
+        self._open_box = open_box
+        self.box: Sandbox | None = None
+
+    async def sandbox(self) -> Sandbox:
+        if self.box is None:
+            self.box = await self._open_box()
+        return self.box
 
     async def check(self, source: str) -> str | None:
-        await put_runtime(self.box, source)
+        box = await self.sandbox()
+        await put_runtime(box, source)
         try:
-            await check_impl(spawn=self.box.spawn(self.box.scorer_env(), CHECK_LIMITS))
+            await check_impl(spawn=box.spawn(box.scorer_env(), CHECK_LIMITS))
         except ScorerLoadError as exc:
             return str(exc)
         return None
@@ -110,7 +122,8 @@ class SandboxWorkbench:
             records[record.index] = record
 
         try:
-            await run_trials(spawn=self.box.spawn(self.box.scorer_env(), SAMPLE_LIMITS),
+            box = await self.sandbox()
+            await run_trials(spawn=box.spawn(box.scorer_env(), SAMPLE_LIMITS),
                              items=[TrialItem(index=i, trial=0, row=row) for i, row in enumerate(rows)], sut=sut,
                              threads=min(8, max(len(rows), 1)), on_record=on_record,
                              limits=TrialLimits(attempt_duration_s=settings.default_attempt_duration_s,

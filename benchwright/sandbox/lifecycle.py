@@ -241,13 +241,16 @@ async def take_snapshot(*, engine: Engine, settings: Settings, box: Sandbox, run
 
 
 async def snapshot_files(*, engine: Engine, settings: Settings, files: dict[str, bytes], run_id: str, phase: str,
-                         invocation: int) -> str:
-    """A work-sandbox snapshot holding ``files`` on the run's backend, made without a sandbox (for a phase that
-    only puts files in place and runs nothing), recorded like ``take_snapshot``'s."""
+                         invocation: int, base: str | None = None) -> str:
+    """A work-sandbox snapshot holding ``base``'s files (none if not given) and ``files`` on the run's backend, made
+    without a sandbox (for a phase that only puts files in place and runs nothing), recorded like
+    ``take_snapshot``'s: the snapshot a sandbox restored from ``base`` would give after ``put_file`` of each."""
     backend = await asyncio.to_thread(run_backend, engine, run_id)
     opened = open_backend(settings, backend=backend)
     try:
-        snapshot_id = await opened.backend.snapshot_files(files, label=f"{run_id}:{phase}:v{invocation}")
+        if base is not None:
+            await _import_local(settings, opened.backend, base)
+        snapshot_id = await opened.backend.snapshot_files(files, label=f"{run_id}:{phase}:v{invocation}", base=base)
         await _export_local(settings, opened.backend, snapshot_id)
     finally:
         await opened.backend.close()
@@ -260,11 +263,17 @@ async def put_file(box: Sandbox, name: str, data: bytes) -> None:
     await box.backend.write_file(box.info.sandbox_id, name, data)
 
 
+def runtime_files(impl_source: str) -> dict[str, bytes]:
+    """What ``put_runtime`` puts in a sandbox's working directory: the scorer runtime and task_impl.py."""
+    return {"runner.py": Path(RUNNER).read_bytes(), "task_impl.py": impl_source.encode()}
+
+
 async def put_runtime(box: Sandbox, impl_source: str) -> None:
     """The scorer runtime and task_impl.py into the sandbox's working directory."""
-    await put_file(box, "runner.py", Path(RUNNER).read_bytes())
-    await put_file(box, "task_impl.py", impl_source.encode())
+    for name, data in runtime_files(impl_source).items():
+        await put_file(box, name, data)
 
 
 __all__ = ["DEPS_DIR", "SNAPSHOTS", "Sandbox", "latest_snapshot", "open_sandbox", "put_file", "put_runtime",
-           "record_snapshot", "run_backend", "snapshot_files", "snapshot_of", "take_snapshot"]
+           "record_snapshot", "run_backend", "runtime_files", "snapshot_files", "snapshot_of",
+           "take_snapshot"]

