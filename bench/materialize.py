@@ -12,11 +12,13 @@ the configurations are run in turn, ``--repeat`` times; medians are compared wit
     python bench/materialize.py --tasks 10000 --trials 5 --concurrency 128
     python bench/materialize.py --keyed --concurrency 128 --repeat 3    # keyless and keyed runs, interleaved
     python bench/materialize.py --keyed --burst 20 --repeat 0           # 20 keyed runs launched at once
+    python bench/materialize.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test   # the Postgres store
 
 ``--keyed``: every configuration is also run keyed, interleaved with the keyless runs: a second dev model (same
 latency) demands a key, the key is a secret of the bench account, and the model names the secret, so the calls
 go through the credential proxy with the real key put on by it. ``--burst K`` launches K keyed runs at once and
-reports the credential proxy's memory and CPU beside the worker's.
+reports the credential proxy's memory and CPU beside the worker's. ``--postgres URL``: the stack's store is that
+Postgres database, in a schema of its own made for the bench and dropped after it (SQLite otherwise).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -169,8 +173,40 @@ def main() -> None:
     ap.add_argument("--keyed", action="store_true", help="run every configuration keyed too, interleaved")
     ap.add_argument("--burst", type=int, default=0, help="then launch this many keyed runs at once")
     ap.add_argument("--burst-tasks", type=int, default=200)
+    ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with postgres_store(args.postgres):
+        bench(args)
+
+
+@contextmanager
+def postgres_store(url: str | None) -> Iterator[None]:
+    """With ``url``: a fresh schema on that Postgres database is the store of the stack started meanwhile (its
+    processes read ``BENCHWRIGHT_DATABASE_URL``); dropped after."""
+    if url is None:
+        yield
+        return
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    schema = f"bw_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    os.environ["BENCHWRIGHT_DATABASE_URL"] = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    print(f"store: Postgres at {url.rsplit('@', 1)[-1]}, schema {schema}")
+    try:
+        yield
+    finally:
+        os.environ.pop("BENCHWRIGHT_DATABASE_URL", None)
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+def bench(args: argparse.Namespace) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bw-bench-"))
     dataset, overhead_set = work / "tasks.jsonl", work / "one.jsonl"
