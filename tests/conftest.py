@@ -32,7 +32,7 @@ from benchwright.security.crypto import ensure_key_file, load_keyring
 from benchwright.security.payload_codec import data_converter
 from benchwright.settings import Settings
 from benchwright.stack.devstack import free_port, temporal_binary
-from benchwright.stack.temporal_ui import SEARCH_ATTRIBUTES
+from benchwright.stack.temporal_ui import DISPATCH_ARGS, SEARCH_ATTRIBUTES
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.testkit.devmodel import DevModelConfig, DevModelServer, start_server
@@ -130,6 +130,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), search_attributes=list(SEARCH_ATTRIBUTES),
         data_converter=data_converter(load_keyring(Settings(data_dir=data_dir))), dev_server_log_level="error",
+        dev_server_extra_args=list(DISPATCH_ARGS),  # as `benchwright up`: the transfer queue keeps up with the hops
     )
     settings = Settings(data_dir=data_dir, task_queue=f"bw-test-{uuid.uuid4()}", allow_fault_injection=True,
                         allow_local_paths=True, proxy_linger_s=30.0,

@@ -36,12 +36,22 @@ FAIRNESS_ARGS = ("--dynamic-config-value", "matching.enableFairness=true",
 is kept per partition."""
 
 
+DISPATCH_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=2000",
+                 "--dynamic-config-value", "history.transferProcessorMaxPollHostRPS=2000")
+"""How often the history service may read its transfer queue, the queue through which every workflow task and
+activity task reaches matching: Temporal's default is 20 reads a second per shard, and a dev server has one shard.
+Past a burst of ~25 hops a run's every hop then waited ~40 ms for its read (``bench/temporal_dispatch.py``: 2-5 ms a
+hop after a pause, ~40 ms back to back; with this, 2-8 ms throughout). A production Temporal with few shards needs
+the same (``history.transferProcessorMaxPollRPS``); docs/performance.md, "Temporal's dispatch"."""
+
+
 def dev_server_args() -> list[str]:
-    """``temporal server start-dev`` flags that register our search attributes and turn on task-queue fairness."""
+    """``temporal server start-dev`` flags that register our search attributes, turn on task-queue fairness and
+    let the transfer queue keep up with a run's hops."""
     args: list[str] = []
     for key in SEARCH_ATTRIBUTES:
         args += ["--search-attribute", f"{key.name}=Keyword"]
-    return [*args, *FAIRNESS_ARGS]
+    return [*args, *FAIRNESS_ARGS, *DISPATCH_ARGS]
 
 
 def workflow_summary(*, model: str, dataset: str | None) -> str:
