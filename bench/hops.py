@@ -80,6 +80,8 @@ def main() -> None:
             model = {"identifier": "openai/dev", "api_base": stack.model_url}
             done = []
             for i in range(args.runs):
+                if i:
+                    time.sleep(args.pause_s)  # the pause under test: how long the stack was idle before this launch
                 launched = time.time()
                 run = client.launch(dataset=str(dataset), model=model, concurrency=1)
                 client.wait(run["id"])
@@ -93,7 +95,6 @@ def main() -> None:
                       f"running (ms): {running}")
                 if i:
                     done.append(h.get("batch_done", 0.0))
-                time.sleep(args.pause_s)
             if done:
                 print(f"first result, median of runs 1-{len(done)}: {statistics.median(done) * 1000:.0f} ms "
                       f"(pause {args.pause_s:g} s between runs)")

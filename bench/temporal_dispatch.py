@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import ROOT, free_port  # noqa: F401  (ROOT: the checkout on sys.path)
+from benchstack import free_port  # importing benchstack also puts this checkout first on sys.path
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
