@@ -35,7 +35,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal_column, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
@@ -241,12 +241,17 @@ class FairShare:
     * **Phases.** Each account runs at most ``phase_slots // accounts`` (at least one) of its pipeline phases and
       Materialize batch starts (``starting``) at once; its others wait for its own (an account's twenty runs
       starting at once no longer run twenty sandboxes' set-up beside the other account's one). And the lighter
-      account goes first: while an active account that has used the worker less lately (``used``) has a phase or
-      batch start in flight or waiting, or ended one within ``yield_s`` (the gap between a run's phases, while its
-      workflow schedules the next), a heavier account starts none (those under way finish). Every phase or batch
-      start admitted counts ``start_weight`` model calls in ``used``. The lightest account never waits for another,
-      so one always goes; a 200-task run's phases beside another account's twenty runs run on a worker (and cores)
-      that the twenty's sandbox starts no longer crowd.
+      account goes first: while an active account that has used the worker less lately (``used``) is setting up a
+      run (has a phase or batch start in flight or waiting, ended one within ``yield_s``, the gap between a run's
+      phases while its workflow schedules the next, or had a run appear in the store within ``yield_s``), a heavier
+      account starts none (those under way finish) and its model calls in flight are cut to ``min_calls`` at once,
+      whatever the loop's lag. Every hop of a run's set-up (a store write, a workflow task, a phase's next step)
+      waits its turn on the worker's one event loop; a heavier account calling flat out keeps that queue ~20 ms deep
+      (below the lag target), and twenty such hops cost a light run as much as its whole solo time. Once the lighter
+      account's set-up is over, the cut goes (the heavier account is back at its quota at once, not grown back
+      call by call). Every phase or batch start admitted counts ``start_weight`` model calls in ``used``. The
+      lightest account never waits for another, so one always goes; a 200-task run's phases beside another
+      account's twenty runs run on a worker (and cores) that the twenty's calls and sandbox starts no longer crowd.
 
     Alone, an account is bounded only by its quota and ``alone_phase_slots`` (its phases and batch starts at once;
     the worker sets it to its cores: twenty runs launched together set up a few at a time, and an account
@@ -257,7 +262,7 @@ class FairShare:
     """
 
     LAG_PROBE_S = 0.1
-    RUNNING_POLL_S = 0.5
+    RUNNING_POLL_S = 0.1
 
     def __init__(self, *, phase_slots: int = 2, lag_target_s: float = 0.05, min_calls: int = 4,
                  linger_s: float = 2.0, half_life_s: float = 10.0, yield_s: float = 1.0, start_weight: float = 10.0,
@@ -283,6 +288,11 @@ class FairShare:
         """The accounts whose model calls are cut back, and to how many in flight (only while several are active)."""
         self._used: dict[str, tuple[float, float]] = {}
         """account -> (model calls admitted, decayed; when last updated)."""
+        self._arrived: dict[str, float] = {}
+        """account -> when it last came to have a run running (``set_running``; a run's set-up begins)."""
+        self._yield_cut: set[str] = set()
+        """The accounts whose calls are cut because a lighter account is setting up a run (``_cut_for_set_up``)."""
+        self._running_read = False
 
     # -- who is active
     def active(self) -> set[str]:
@@ -293,8 +303,14 @@ class FairShare:
 
     def set_running(self, accounts: set[str]) -> None:
         """The accounts with runs running (read from the store by ``watch``): active from their launch, before
-        their workflow's first activity reaches a worker."""
+        their workflow's first activity reaches a worker. An account that had none is setting up a run (the first
+        reading is what was running before this worker started, nothing new)."""
+        if self._running_read:
+            now = self._clock()
+            for account in set(accounts) - self._running:
+                self._arrived[account] = now
         self._running = set(accounts)
+        self._running_read = True
         self._rebalance()
 
     def enter(self, account: str) -> None:
@@ -333,12 +349,23 @@ class FairShare:
         mine = self.used(account)
         for other in (self.active() if active is None else active) - {account}:
             share = self._phases.get(other)
-            if share is None:
-                continue
-            busy = share.in_flight > 0 or bool(share.waiters) or now - share.ended_at < self.yield_s
-            if busy and self.used(other) < mine:
+            busy = share is not None and (share.in_flight > 0 or bool(share.waiters)
+                                          or now - share.ended_at < self.yield_s)
+            arriving = now - self._arrived.get(other, -1e18) < self.yield_s
+            if (busy or arriving) and self.used(other) < mine:
                 return True
         return False
+
+    def _cut_for_set_up(self, active: set[str]) -> bool:
+        """Cut to ``min_calls`` the model calls of every account that yields to a lighter one setting up a run, and
+        lift the cut of those that no longer do. Returns whether any account yields."""
+        yielding = {a for a in active if self.yields(a, active)} if len(active) > 1 else set()
+        for account in self._yield_cut - yielding:
+            self.caps.pop(account, None)
+        for account in yielding:
+            self.caps[account] = min(self.caps.get(account, self.min_calls), self.min_calls)
+        self._yield_cut = yielding
+        return bool(yielding)
 
     def used(self, account: str) -> float:
         """The account's model calls admitted lately (each counts for less as ``half_life_s`` passes)."""
@@ -350,6 +377,8 @@ class FairShare:
         active = self.active()
         if len(active) <= 1:
             self.caps.clear()
+        elif self._cut_for_set_up(active):
+            pass  # the heavier accounts are at the floor while the lighter one sets up
         elif lag_s > self.lag_target_s:
             heaviest = max(sorted(active), key=self.used)
             calls = self._calls.get(heaviest)
@@ -408,6 +437,8 @@ class FairShare:
         share.take()
         weight = 1.0 if share.kind == "calls" else self.start_weight
         self._used[share.account] = (self.used(share.account) + weight, self._clock())
+        if share.kind == "phases":  # a lighter account's set-up under way cuts the heavier at once
+            self._cut_for_set_up(self.active())
 
     def _wake(self, share: _Share) -> None:
         limit = self._limit(share)
@@ -418,6 +449,7 @@ class FairShare:
                 waiter.set_result(None)
 
     def _rebalance(self) -> None:
+        self._cut_for_set_up(self.active())
         for share in (*self._calls.values(), *self._phases.values()):
             if share.waiters:
                 self._wake(share)
@@ -510,10 +542,13 @@ class GatedSut:
 
 
 def running_accounts(engine: Engine) -> set[str]:
-    """The accounts with runs running (``FairShare.watch``)."""
+    """The accounts with runs running (``FairShare.watch``, ten times a second): read through the partial index
+    ``ix_runs_running_account``, whose condition the query names as a literal (a bound parameter would leave a
+    prepared statement's generic plan unable to use it)."""
     with Session(engine) as session:
         return set(session.execute(select(col(Run.account_id)).distinct()
-                                   .where(col(Run.status) == "running", col(Run.finished_at).is_(None))).scalars())
+                                   .where(col(Run.status) == literal_column("'running'"),
+                                          col(Run.finished_at).is_(None))).scalars())
 
 
 def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[str, int]:

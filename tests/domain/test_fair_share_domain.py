@@ -305,3 +305,65 @@ async def test_alone_an_account_runs_alone_phase_slots_phases_at_once() -> None:
         await settle()
     assert entered == ["a"] * 20
     await asyncio.gather(*runs)
+
+
+async def test_a_lighter_account_setting_up_a_run_cuts_the_heavier_to_the_floor_at_once() -> None:
+    """B's run appearing in the store (its launch) cuts A's calls to ``min_calls`` there and then, however punctual
+    the loop, and the cut lasts while B sets up (its arrival or a phase within ``yield_s``). Once B's set-up is
+    over, A is back at its quota at once, its waiting calls admitted."""
+    clock = Clock()
+    share = FairShare(min_calls=4, yield_s=1.0, clock=clock)
+    share.set_quota("a", 100)
+    calls = Calls(share)
+    calls.ask("a", 40)
+    await settle()
+    share.set_running({"a"})
+    share.set_running({"a", "b"})  # B launched: no lag observed yet, A cut all the same
+    assert share.caps == {"a": 4} and share.yields("a")
+    calls.ask("a", 10)
+    await calls.end("a", 38)  # A's calls drain to the floor; its new ones wait
+    assert share.in_flight("a") == 4 and calls.admitted.count("a") == 42
+    share.observe_lag(0.0)  # a punctual loop grows no cut while B sets up
+    assert share.caps == {"a": 4}
+
+    share.enter("b")  # B's first phase, 0.5 s after its launch
+    clock.now += 0.5
+    await share.enter_phase("b")
+    clock.now += 0.9  # its arrival is past yield_s; its phase, in flight, still cuts A
+    share.observe_lag(0.0)
+    assert share.caps == {"a": 4}
+    share.leave_phase("b")
+    clock.now += 0.9  # between two phases: still B's set-up
+    share.observe_lag(0.0)
+    assert share.caps == {"a": 4}
+
+    calls.ask("b", 20)  # B calls the model: its set-up is over once yield_s has passed since its last phase
+    clock.now += 0.2
+    share.observe_lag(0.0)
+    await settle()
+    assert share.caps == {} and share.call_limit("a") == 100
+    assert share.in_flight("a") == 12 and share.in_flight("b") == 20  # A's waiting calls went at once
+    await calls.end("a", 12)
+    await calls.end("b", 20)
+    await asyncio.gather(*calls.tasks)
+
+
+async def test_a_lighter_accounts_phase_cuts_the_heavier_when_it_is_admitted() -> None:
+    """Without the store's word (B's run started before this worker read it), B's phase admitted on this worker cuts A
+    at once, not at the next lag probe; and what was running when the worker first read the store arrives from
+    nowhere: it cuts nothing."""
+    clock = Clock()
+    share = FairShare(min_calls=2, clock=clock)
+    share.set_quota("a", 50)
+    calls = Calls(share)
+    calls.ask("a", 30)
+    await settle()
+    share.set_running({"a", "b"})  # the worker's first reading: nothing arrived
+    assert share.caps == {}
+    share.enter("b")
+    await share.enter_phase("b")
+    assert share.caps == {"a": 2}
+    share.leave_phase("b")
+    share.leave("b")
+    await calls.end("a", 30)
+    await asyncio.gather(*calls.tasks)
