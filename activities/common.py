@@ -25,11 +25,18 @@ from temporalio.exceptions import ApplicationError
 
 from benchwright.data.blobs import BlobStore
 from benchwright.errors import BenchwrightError
-from benchwright.events import AgentTextEvent, Event, PhaseCompleted, PhaseRestartRequested, PhaseStarted
+from benchwright.events import (
+    EVENT_TYPES,
+    AgentTextEvent,
+    Event,
+    PhaseCompleted,
+    PhaseRestartRequested,
+    PhaseStarted,
+)
 from benchwright.runs import handoff
 from benchwright.runs.pipeline import PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
-from benchwright.security.traces import format_trace
+from benchwright.security.traces import format_trace, relative_trace
 from benchwright.settings import Settings
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.db import outage_tolerant
@@ -119,6 +126,21 @@ def failure(exc: BaseException) -> ApplicationError:
                             non_retryable=True)
 
 
+def _shown(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data as accounts may read it: a failure's stack trace without the server's paths (the workflow
+    passes Temporal's own trace through when the cause was not ours)."""
+    if isinstance(data.get("stack_trace"), str):
+        return {**data, "stack_trace": relative_trace(data["stack_trace"])}
+    return data
+
+
+def workflow_events(run_id: str, items: list[dict[str, Any]]) -> list[NewEvent]:
+    """Events the workflow decided on (``EventsInput.events``, a phase's ``preface``) as the log stores them: each
+    keyed by the workflow's own key, so whichever activity writes one first, it lands once."""
+    return [NewEvent.of(event_key(run_id, e["key"]), EVENT_TYPES[e["type"]].model_validate(_shown(e["data"])))
+            for e in items]
+
+
 @asynccontextmanager
 async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
     """Bracket one phase invocation with PhaseStarted / artifacts + PhaseCompleted.
@@ -134,7 +156,8 @@ async def phase(deps: Deps, inp: PhaseInput) -> AsyncIterator[PhaseScope]:
 async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIterator[PhaseScope]:
     started = time.monotonic()
     key = (inp.phase, inp.invocation)
-    opening = [NewEvent.of(event_key(inp.run_id, *key, "started"), PhaseStarted(phase=inp.phase))]
+    opening = [*workflow_events(inp.run_id, inp.preface),  # the pipeline's start, on the first phase
+               NewEvent.of(event_key(inp.run_id, *key, "started"), PhaseStarted(phase=inp.phase))]
     if inp.instructions:
         opening.append(NewEvent.of(event_key(inp.run_id, *key, "instructions"), AgentTextEvent(
             phase=inp.phase, text=f"Following the reviewer's instructions: {inp.instructions}")))

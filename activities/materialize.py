@@ -89,6 +89,12 @@ class HaltWatch:
                         waiter.set_exception(exc)
 
 
+def sweep_started(run_id: str, invocation: int) -> NewEvent:
+    """The Materialize sweep's PhaseStarted, keyed by its invocation: written by ``begin`` or by every batch of the
+    sweep (``MaterializeBatchInput.opens_phase``), it lands once."""
+    return NewEvent.of(event_key(run_id, "materialize", invocation, "started"), PhaseStarted(phase="materialize"))
+
+
 def resweep_request(deps: Deps, metadata: dict[str, Any], invocation: int) -> PhaseControl | None:
     """The Driver asking, at the end of a sweep, for Atomize to write a new impl (§2 "Materialize v2"). The
     builtin driver never does; tests ask through ``metadata.test_hooks`` (only with ``allow_fault_injection``):
@@ -112,8 +118,7 @@ class MaterializeActivities:
 
     @activity.defn(name="materialize_begin")
     async def begin(self, inp: PhaseInput) -> PhaseResult:
-        await in_thread(append_events, self.deps.engine, inp.run_id, [
-            NewEvent.of(event_key(inp.run_id, inp.phase, inp.invocation, "started"), PhaseStarted(phase=inp.phase))])
+        await in_thread(append_events, self.deps.engine, inp.run_id, [sweep_started(inp.run_id, inp.invocation)])
         return PhaseResult(phase=inp.phase, invocation=inp.invocation)
 
     @activity.defn(name="materialize_complete")
@@ -150,6 +155,8 @@ class MaterializeActivities:
     @activity.defn(name="materialize_batch")
     async def batch(self, inp: MaterializeBatchInput) -> MaterializeBatchResult:
         workdir = self.deps.workdir(inp.run_id)
+        if inp.opens_phase:  # before the batch's sandbox events and results; the same event from every batch
+            await in_thread(append_events, self.deps.engine, inp.run_id, [sweep_started(inp.run_id, inp.invocation)])
         await handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id, workdir=workdir)
         last: dict[str, Any] = {}
 

@@ -3,25 +3,13 @@ the run's terminal status."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import activity
 
-from activities.common import Deps, in_thread
-from benchwright.events import EVENT_TYPES
+from activities.common import Deps, in_thread, workflow_events
 from benchwright.runs.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
-from benchwright.security.traces import relative_trace
 from benchwright.store.control import clear_halt, finish_halted, halt_run
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.events import append_events
 from benchwright.store.runs import finish_run
-
-
-def _shown(data: dict[str, Any]) -> dict[str, Any]:
-    """An event's data as accounts may read it: a failure's stack trace without the server's paths (the workflow
-    passes Temporal's own trace through when the cause was not ours)."""
-    if isinstance(data.get("stack_trace"), str):
-        return {**data, "stack_trace": relative_trace(data["stack_trace"])}
-    return data
 
 
 class RunLogActivities:
@@ -30,11 +18,7 @@ class RunLogActivities:
 
     @activity.defn(name="record_events")
     async def record_events(self, inp: EventsInput) -> int:
-        events = [
-            NewEvent.of(event_key(inp.run_id, e["key"]), EVENT_TYPES[e["type"]].model_validate(_shown(e["data"])))
-            for e in inp.events
-        ]
-        return await in_thread(append_events, self.deps.engine, inp.run_id, events)
+        return await in_thread(append_events, self.deps.engine, inp.run_id, workflow_events(inp.run_id, inp.events))
 
     @activity.defn(name="finish_run")
     async def finish(self, inp: FinishInput) -> None:

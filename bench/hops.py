@@ -64,11 +64,32 @@ def hops(events: list, launched: float) -> dict:
     return out
 
 
+def timeline(events: list, launched: float) -> str:
+    """Every history event up to the Materialize batch's start, as ms from the launch: what each hop was and when
+    (a workflow task's run is its STARTED to COMPLETED; an activity's queue wait its SCHEDULED to STARTED)."""
+    names: dict[int, str] = {}
+    lines = []
+    for e in events:
+        kind = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower()
+        what = ""
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names[e.event_id] = what = e.activity_task_scheduled_event_attributes.activity_type.name
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            what = names[e.activity_task_started_event_attributes.scheduled_event_id]
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            what = names[e.activity_task_completed_event_attributes.scheduled_event_id]
+        lines.append(f"  {(e.event_time.ToDatetime().timestamp() - launched) * 1000:7.1f}  {kind} {what}".rstrip())
+        if what == "materialize_batch" and e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            break
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--pause-s", type=float, default=2.0, help="between one run's end and the next launch")
     ap.add_argument("--latency-ms", type=float, default=50.0)
+    ap.add_argument("--timeline", action="store_true", help="also print the last run's history event by event")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -85,7 +106,8 @@ def main() -> None:
                 launched = time.time()
                 run = client.launch(dataset=str(dataset), model=model, concurrency=1)
                 client.wait(run["id"])
-                h = hops(asyncio.run(history(stack.dev["temporal_address"], run["id"])), launched)
+                events = asyncio.run(history(stack.dev["temporal_address"], run["id"]))
+                h = hops(events, launched)
                 label = "cold" if i == 0 else f"run {i}"
                 by_time = sorted(h["running"].items(), key=lambda kv: -kv[1])
                 running = ", ".join(f"{k} {v * 1000:.0f}" for k, v in by_time)
@@ -95,6 +117,8 @@ def main() -> None:
                       f"running (ms): {running}")
                 if i:
                     done.append(h.get("batch_done", 0.0))
+                if args.timeline and i == args.runs - 1:
+                    print(timeline(events, launched))
             if done:
                 print(f"first result, median of runs 1-{len(done)}: {statistics.median(done) * 1000:.0f} ms "
                       f"(pause {args.pause_s:g} s between runs)")

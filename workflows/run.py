@@ -148,6 +148,8 @@ class RunWorkflow:
         """Halt/clear writes in flight: teardown waits for them so RunHalted never lands after PipelineFinished."""
         self._refusals = 0
         self._cache_hits: dict[str, str] = {}
+        self._preface: list[dict[str, Any]] = []
+        """PipelineStarted and the plan's skips while no activity has written them (``_write_preface``)."""
         """Phase → the run whose cached artifact and snapshot it reused."""
 
     # -- queries and updates -------------------------------------------------------------------------------------
@@ -294,10 +296,16 @@ class RunWorkflow:
                                                      phases=[p.model_dump() for p in plan]))]
             markers += [(f"{p.phase}:skipped", PhaseSkipped(phase=p.phase, reason=p.skip_reason))
                         for p in plan if p.skip_reason]
-            await self._record(markers)
+            to_run = [p.phase for p in plan if p.skip_reason is None and p.phase != "fork"]
+            if to_run and to_run[0] in PHASE_ACTIVITIES and workflow.patched("pipeline-started-by-first-phase"):
+                # The first phase writes them with its PhaseStarted (issue 25: one activity and one workflow task
+                # fewer before the first model call); anything the workflow writes before that writes them first.
+                self._preface = self._payload(markers)
+            else:
+                await self._record(markers)
             if clock is None:
                 clock = asyncio.create_task(self._run_clock(inp.limits.run_duration_s))
-            await self._run_plan([p.phase for p in plan if p.skip_reason is None and p.phase != "fork"])
+            await self._run_plan(to_run)
         except _Teardown:
             result = await self._teardown()
         except ActivityError as err:
@@ -454,9 +462,12 @@ class RunWorkflow:
                                run_cost_usd=inp.limits.run_cost_usd, max_tasks=inp.limits.max_tasks)
         if phase == "materialize":
             return await self._materialize(phase_inp)
+        phase_inp.preface = self._preface
         result = await workflow.execute_activity_method(
             PHASE_ACTIVITIES[phase], phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
             heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
+        if phase_inp.preface:
+            self._preface = []  # the phase opened with them
         if result.tasks is not None:
             self._tasks_total = result.tasks
         if result.detail.get("model_proxy"):
@@ -490,13 +501,20 @@ class RunWorkflow:
         if decision.launch.model.identifier != inp.launch.model.identifier:
             workflow.upsert_search_attributes([RUN_MODEL.value_set(decision.launch.model.identifier)])
 
+    async def _begin_materialize(self, phase_inp: PhaseInput) -> None:
+        await workflow.execute_activity_method(MaterializeActivities.begin, phase_inp,
+                                               start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
+                                               summary=f"materialize v{phase_inp.invocation}: start")
+
     async def _materialize(self, phase_inp: PhaseInput) -> PhaseControl | None:
         inp = self._inp
         started = workflow.now()
         invocation = phase_inp.invocation
-        await workflow.execute_activity_method(MaterializeActivities.begin, phase_inp,
-                                               start_to_close_timeout=LOG_TIMEOUT, retry_policy=PHASE_RETRY,
-                                               summary=f"materialize v{invocation}: start")
+        # Each batch writes the sweep's PhaseStarted first (issue 25: one activity and one workflow task fewer before
+        # the first model call); histories from before started the sweep with an activity of its own.
+        opened_by_batches = workflow.patched("materialize-opened-by-batches")
+        if not opened_by_batches:
+            await self._begin_materialize(phase_inp)
         opts = inp.materialize
         bridged = is_bridge(self._launch)
         if bridged:  # §4: a harness-bridge run is one harness process in the work sandbox, sequential
@@ -507,6 +525,8 @@ class RunWorkflow:
         else:  # histories recorded before batches were balanced replay with the plan they were made with
             bounds = batch_bounds(self._tasks_total, opts.batch_tasks)
             in_flight = max(1, min(opts.parallel_batches, len(bounds)))
+        if opened_by_batches and not bounds:  # no batch to open it (a sweep with nothing to score)
+            await self._begin_materialize(phase_inp)
         limiter = asyncio.Semaphore(in_flight)
         concurrency = max(1, opts.concurrency // in_flight)
         self._tasks_settled = 0
@@ -517,7 +537,8 @@ class RunWorkflow:
                                               model=self._launch.model, metadata=self._launch.metadata,
                                               trials=inp.trials, concurrency=concurrency,
                                               task_limits=inp.limits.task, run_cost_usd=inp.limits.run_cost_usd,
-                                              mode="bridge" if bridged else inp.materialize_mode)
+                                              mode="bridge" if bridged else inp.materialize_mode,
+                                              opens_phase=opened_by_batches)
                 await workflow.execute_activity_method(
                     MaterializeActivities.batch, batch,
                     activity_id=f"materialize-{invocation}-{start}-{self._halts}", start_to_close_timeout=BATCH_TIMEOUT,
@@ -569,6 +590,7 @@ class RunWorkflow:
         self._details()
         self._halt_writes += 1
         try:
+            await self._write_preface()
             await self._execute_log(ControlActivities.halt, HaltInput(run_id=self._inp.run_id, reason=reason,
                                                                       key=f"{self._halts}", replace=replace),
                                     summary="halt_run")
@@ -577,6 +599,7 @@ class RunWorkflow:
 
     async def _clear_halt(self, resolution: str | None) -> None:
         self._halts += 1
+        await self._write_preface()
         await self._execute_log(ControlActivities.clear, ResumeInput(run_id=self._inp.run_id, key=f"{self._halts}",
                                                                      resolution=resolution), summary="clear_halt")
         self._halt = None
@@ -586,6 +609,7 @@ class RunWorkflow:
         if workflow.patched("halt-written-before-teardown"):
             # A halt raised in the workflow's first milliseconds may still be writing its row: close the log after it.
             await workflow.wait_condition(lambda: self._halt_writes == 0)
+        await self._write_preface()
         await self._revoke_model_route(self._status)
         await self._execute_log(ControlActivities.finish_halted, FinishInput(run_id=self._inp.run_id,
                                                                              status=self._status),
@@ -624,9 +648,20 @@ class RunWorkflow:
         return RunResult(run_id=self._inp.run_id, status="error", error=error)
 
     async def _record(self, events: list[tuple[str, Event]]) -> None:
-        payload = [{"key": key, "type": ev.type_name(), "data": ev.model_dump(mode="json")} for key, ev in events]
+        # The pipeline's start, if its first phase has not written it yet, comes before anything written here.
+        payload, self._preface = [*self._preface, *self._payload(events)], []
         await self._execute_log(RunLogActivities.record_events, EventsInput(run_id=self._inp.run_id, events=payload),
-                                summary="record " + ", ".join(ev.type_name() for _, ev in events)[:200])
+                                summary="record " + ", ".join(str(e["type"]) for e in payload)[:200])
+
+    @staticmethod
+    def _payload(events: list[tuple[str, Event]]) -> list[dict[str, Any]]:
+        return [{"key": key, "type": ev.type_name(), "data": ev.model_dump(mode="json")} for key, ev in events]
+
+    async def _write_preface(self) -> None:
+        """The pipeline's start not yet written by a phase (a halt or end before the first phase opened), before the
+        workflow writes anything else. Only runs started with ``pipeline-started-by-first-phase`` ever have one."""
+        if self._preface:
+            await self._record([])
 
     async def _revoke_model_route(self, status: str) -> None:
         """Revoke the run's route at the credential proxy before the terminal event (issue 12): the run's key is
@@ -638,6 +673,7 @@ class RunWorkflow:
             self._route_revoked = True
 
     async def _finish(self, status: str, error: str | None = None) -> None:
+        await self._write_preface()
         await self._revoke_model_route(status)
         await self._execute_log(RunLogActivities.finish,
                                 FinishInput(run_id=self._inp.run_id, status=status, error=error),

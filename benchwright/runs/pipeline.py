@@ -137,6 +137,10 @@ class PhaseInput(BaseModel):
     run_cost_usd: float | None = None
     """The run.cost ceiling, checked when the phase closes."""
     max_tasks: int | None = None
+    preface: list[dict[str, Any]] = Field(default_factory=list)
+    """Events the workflow decided on that land just before this phase's PhaseStarted, in the same transaction
+    (``EventsInput.events``' shape): the first phase carries PipelineStarted and the plan's skips (patch
+    ``pipeline-started-by-first-phase``), instead of an activity of their own."""
 
 
 class PhaseControl(BaseModel):
@@ -188,6 +192,10 @@ class MaterializeBatchInput(BaseModel):
     task_limits: TaskLimits = Field(default_factory=TaskLimits)
     run_cost_usd: float | None = None
     mode: str = "sequential"
+    opens_phase: bool = False
+    """The batch writes the sweep's PhaseStarted before anything else (idempotent: the first batch's lands, the
+    others' are the same event): the workflow starts no activity just for it (patch ``materialize-opened-by-batches``).
+    False in histories from before, whose ``materialize_begin`` activity wrote it."""
 
 
 class MaterializeBatchResult(BaseModel):

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from benchwright.testkit.devmodel import DevModelConfig
-from tests.api.helpers import launch, wait_terminal
+from tests.api.helpers import launch, record_history, wait_terminal
 from tests.api.test_control import until
 from tests.api.test_scale import _dataset
 from tests.conftest import SAMPLE, DevModels, Stack
@@ -175,7 +175,11 @@ async def test_an_update_delivered_with_the_start_itself_halts_the_run(stack: St
         events = await wait_terminal(http, run_id)
         final = (await http.get(f"/v1/runs/{run_id}")).json()
     assert final["display_status"] == "killed" and final["terminal"]
-    assert "PhaseStarted" not in [e["type"] for e in events], "no phase ran after a stop at birth"
+    types = [e["type"] for e in events]
+    assert "PhaseStarted" not in types, "no phase ran after a stop at birth"
+    # The pipeline's start, left to the first phase (issue 25), is written by the teardown instead, before the end
+    assert types.index("PipelineStarted") < types.index("PipelineFinished")
+    await record_history(stack, run_id, "run_stopped_at_birth_pipeline_start_pending.json")
 
 
 async def test_a_signal_delivered_with_the_start_itself_pauses_the_run(stack: Stack) -> None:

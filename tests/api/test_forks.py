@@ -133,7 +133,10 @@ async def test_fork_at_atomize_with_a_replacement_scorer(stack: Stack, origin: O
         parent_final, parent_events = await _finish(http, parent["id"])
         assert parent_final["tasks"]["summary"]["pass_rate"] == 1.0 and len(origin.hits) == 1
         resp = await http.post(f"/v1/runs/{parent['id']}/fork",
-                               json={"rewind_to": "atomize", "overrides": {"task_impl": ZERO_IF_WRONG_FILE_IMPL}})
+                               # a scorer no earlier test loaded: Atomize checks it in a sandbox of its own
+                               # (benchwright.scoring.load_checks remembers a passed check, whatever the test order)
+                               json={"rewind_to": "atomize", "overrides": {
+                                   "task_impl": f"{ZERO_IF_WRONG_FILE_IMPL}\n# {parent['id']}\n"}})
         assert resp.status_code == 201, resp.text
         fork = resp.json()
         final, events = await _finish(http, fork["id"])

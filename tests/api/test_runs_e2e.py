@@ -10,7 +10,7 @@ import pytest
 from benchwright.events import AFTER_TERMINAL
 from benchwright.schemas import PHASES
 from benchwright.testkit.devmodel import DevModelConfig, load_answers
-from tests.api.helpers import launch, poll_all, wait_terminal
+from tests.api.helpers import launch, poll_all, record_history, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -57,6 +57,10 @@ async def test_launch_reaches_ok_with_gapless_log_in_phase_order(stack: Stack) -
     artifacts = [e["type"] for e in events if e["type"].endswith("Artifact")]
     assert artifacts == ["FetchArtifact", "AnalyzeArtifact", "DatasetTasksArtifact", "SetupArtifact",
                          "ModelProxyArtifact", "AtomizeArtifact"]
+    # PipelineStarted and Find's skip land with Fetch's PhaseStarted; Materialize's PhaseStarted with its batches
+    # (issue 25): the log reads as before, with no activity of their own
+    assert [e["type"] for e in events[1:4]] == ["PipelineStarted", "PhaseSkipped", "PhaseStarted"]
+    await record_history(stack, run["id"], "run_opened_by_first_phase.json")
 
 
 async def test_wrong_answer_key_scores_zero(stack: Stack, dev_models: DevModels, tmp_path: Path) -> None:

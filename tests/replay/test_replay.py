@@ -34,6 +34,14 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   inconclusive, extended to two larger runs (``patched("operator-extend")``: the ``operator_extend`` activity).
 - ``run_stopped_during_materialize.json``: a run stopped mid-Materialize (tests/api/test_control.py): its teardown
   waits for the halt row's write (``patched("halt-written-before-teardown")``) before ``finish_halted``.
+- ``run_opened_by_first_phase.json``: a run whose PipelineStarted and skips land with Fetch's PhaseStarted
+  (``patched("pipeline-started-by-first-phase")``: no ``record_events`` activity before Fetch) and whose Materialize
+  PhaseStarted is written by its batches (``patched("materialize-opened-by-batches")``: no ``materialize_begin``),
+  recorded by tests/api/test_runs_e2e.py (issue 25: two activities and two workflow tasks fewer before the first
+  model call). Every run history above from before them replays with both activities.
+- ``run_stopped_at_birth_pipeline_start_pending.json``: a run stopped in its first workflow task
+  (tests/api/test_early_control_and_signals.py): no phase opened, so its teardown writes the pending PipelineStarted
+  (``record_events``) before ``finish_halted``.
 - Pre-patch histories recorded later with the code from before their patch (a ``git worktree`` of the patch's
   parent commit running its own test): ``run_stopped_before_halt_written_before_teardown.json`` (0487831, parent of
   24514fe: the same stop mid-Materialize, torn down without waiting), ``run_before_revoke_model_route.json``
