@@ -450,11 +450,12 @@ class _Session:
             meta = {**meta, "trace": relative_trace(trace)}
         if limit:
             meta = {**meta, "limit_exceeded": limit}
-        attempts = self.attempts[(item.index, item.trial)]
+        # Settled for good: nothing of the trial stays behind in this session (a batch's worth would: issue 25).
+        attempts = self.attempts.pop((item.index, item.trial), 1)
         if attempts > 1:
             meta = {**meta, "attempts": attempts}
         outcome = "err" if error else outcome_for(value)
-        started = self.trial_started.get((item.index, item.trial))
+        started = self.trial_started.pop((item.index, item.trial), None)
         await self.on_record(TrialRecord(
             index=item.index, trial=item.trial, outcome=outcome, score=None if error else value, output=output,
             meta=meta, error=error, usage=self.usage.pop(item_id, {}), cost_usd=self.cost.pop(item_id, 0.0),
