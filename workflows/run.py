@@ -148,9 +148,9 @@ class RunWorkflow:
         """Halt/clear writes in flight: teardown waits for them so RunHalted never lands after PipelineFinished."""
         self._refusals = 0
         self._cache_hits: dict[str, str] = {}
+        """Phase → the run whose cached artifact and snapshot it reused."""
         self._preface: list[dict[str, Any]] = []
         """PipelineStarted and the plan's skips while no activity has written them (``_write_preface``)."""
-        """Phase → the run whose cached artifact and snapshot it reused."""
 
     # -- queries and updates -------------------------------------------------------------------------------------
 
