@@ -377,6 +377,7 @@ class FairShare:
         active = self.active()
         if len(active) <= 1:
             self.caps.clear()
+            self._yield_cut.clear()
         elif self._cut_for_set_up(active):
             pass  # the heavier accounts are at the floor while the lighter one sets up
         elif lag_s > self.lag_target_s:
