@@ -28,6 +28,8 @@ from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
 from benchwright.drivers.llm import install_llm_driver
+from benchwright.runs.placement import start_warm_sandboxes
+from benchwright.sandbox.local.warm import stop_warm_pool
 from benchwright.security.crypto import load_keyring
 from benchwright.security.quotas import FairShare, running_accounts
 from benchwright.settings import Settings
@@ -158,8 +160,18 @@ async def run_worker(settings: Settings) -> None:
     # Everything loaded so far (SDK, SQLAlchemy, pydantic schemas: ~100 MB of objects) lives as long as the process;
     # frozen, the cyclic collector stops re-scanning it in every full collection during a sweep.
     gc.freeze()
-    async with worker:
-        await stop.wait()
+    # Sandboxes made ahead, each with a scorer runtime waiting (issue 25); stopped before the worker's shutdown
+    # reaps its own sandboxes, so no new one is made after that sweep.
+    warm = await start_warm_sandboxes(settings)
+    try:
+        async with worker:
+            await stop.wait()
+            if warm is not None:
+                await stop_warm_pool(warm)
+                warm = None
+    finally:
+        if warm is not None:
+            await stop_warm_pool(warm)
 
 
 if __name__ == "__main__":

@@ -206,6 +206,11 @@ class Settings(BaseSettings):
     sandbox per task). An infrastructure setting of the deployment; the scorer never chooses (§4)."""
     fanout_sandboxes: int = 8
     """Task sandboxes alive at once during a fanout Materialize on the local backend."""
+    sandbox_warm_pool: int = Field(default=1, ge=0, le=8)
+    """Namespaced sandboxes a worker process (``benchwright worker``/``up``) keeps ready on its local backend, each
+    with a scorer runtime waiting in it (``benchwright.sandbox.local.warm``): a run's sandbox is then claimed, not
+    made, and its scorer runtime handed over, not started (~90 ms less before a batch's first model call). 0: none
+    (every sandbox made on demand, as in-process test workers do)."""
     proxy_linger_s: float = 30.0
     """How long a worker's credential proxy stays up without a run's route before it exits (the warm window that
     spares the next run its start-up; metered to the run that left it idle as cost.proxy_linger). A run's own

@@ -11,6 +11,7 @@ its breaker, error mapping.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ from benchwright.proxy.model_proxy import ProxyHandle
 from benchwright.runs.limits import ScorerCeilings
 from benchwright.runs.materialize import Execute, run_batch, scorer_threads
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
-from benchwright.sandbox import ExecLimits
+from benchwright.sandbox import ExecLimits, LocalBackend
 from benchwright.sandbox.lifecycle import Sandbox, open_sandbox, snapshot_of
-from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord, run_trials
+from benchwright.sandbox.local import WORK_INSIDE
+from benchwright.sandbox.local.warm import RuntimeSpec, WarmPool, start_warm_pool
+from benchwright.scoring.host import RUNNER, TrialItem, TrialLimits, TrialRecord, run_trials, runner_env
 from benchwright.settings import Settings
 
 SANDBOX_MARGIN_S = 60.0
@@ -42,6 +45,23 @@ def scorer_limits(threads: int, ceilings: ScorerCeilings) -> ExecLimits:
     bound = ceilings.batch_duration_s + SANDBOX_MARGIN_S
     return ExecLimits(cpu_seconds=int(bound), memory_mb=2048, wall_seconds=bound, max_processes=threads + 64,
                       cpu_cores=1.0)
+
+
+def warm_runtime(settings: Settings) -> RuntimeSpec:
+    """The scorer runtime a warm sandbox keeps waiting (``benchwright.sandbox.local.warm``): what ``sequential``
+    starts for a batch on one scorer thread, so it stands for any batch's runtime on this deployment (the thread
+    count, and with it the process limit, is set when it is handed over)."""
+    return RuntimeSpec(argv=(sys.executable, "runner.py"), source=RUNNER.read_bytes(), env=runner_env(WORK_INSIDE),
+                       limits=scorer_limits(1, ScorerCeilings.of(settings)))
+
+
+async def start_warm_sandboxes(settings: Settings) -> WarmPool | None:
+    """A worker's warm sandboxes on its local backend (``settings.sandbox_warm_pool`` of them; None for 0). Stop
+    them with ``benchwright.sandbox.local.warm.stop_warm_pool`` before the worker's own sandboxes are reaped."""
+    if settings.sandbox_warm_pool <= 0:
+        return None
+    return await start_warm_pool(LocalBackend(settings.sandboxes_dir()), size=settings.sandbox_warm_pool,
+                                 runtime=warm_runtime(settings))
 
 
 def scorer_env(proxy: ProxyHandle | None, box: Sandbox) -> dict[str, str]:

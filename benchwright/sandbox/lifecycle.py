@@ -152,11 +152,14 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
         info = await opened.backend.create(role=role, run_id=run_id, snapshot_id=restore,
                                            metadata={"account": run.account_id, **(backend_options or {})})
         isolation = str(info.metadata.get("isolation", "namespaces"))
+        # A warm sandbox (benchwright.sandbox.local.warm) was made before the run claimed it: the log says so.
+        made = {"warm": True} if info.metadata.get("warm") else {}
         await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
             event_key(run_id, *key, "sandbox", info.sandbox_id, "created"),
             SandboxCreated(sandbox_id=info.sandbox_id, role=role, backend=opened.backend.name,
                            instance_size=info.instance_size, isolation=isolation,
-                           metadata={**(metadata or {}), "benchwright_role": role, "isolation": isolation}))])
+                           metadata={**(metadata or {}), "benchwright_role": role, "isolation": isolation,
+                                     **made}))])
         if run.isolation != isolation and not on_worker:
             await asyncio.to_thread(record_isolation, engine, run_id=run_id, isolation=isolation)
         yield Sandbox(backend=opened.backend, info=info, home=_home(info), python=opened.python)

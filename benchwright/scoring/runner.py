@@ -12,6 +12,7 @@ Protocol (one JSON object per line):
                                        the started ones end, the host kills this runtime and starts a fresh one)
                      end of input (the host closes stdin once every result is in, or when it gives up)
     runner -> host   {"op": "ready"} | {"op": "fatal", "error": "...", "trace": "..."}
+                     {"op": "waiting"}  started with --wait (see ``wait_then_main``), before its "go"
                      {"op": "start", "id": I}             a thread picked the task up (with --report-starts)
                      {"op": "drained"}                    after "drain": no "start" follows
                      {"op": "call", "call": C, "task": I, "messages": [...], "params": {...}}
@@ -282,5 +283,22 @@ def _serve(channel: _Channel, opts: argparse.Namespace) -> int:
     return 0
 
 
+def wait_then_main() -> int:
+    """``--wait``: a runtime started ahead of its batch in a warm sandbox (``benchwright.sandbox.local.warm``). It
+    says ``{"op": "waiting"}`` once imported, then waits for ``{"op": "go", "args": [...], "env": {...}}`` and goes
+    on as ``runner.py <args>`` started with that environment (the host checked that everything the interpreter
+    reads as it starts was the same, but ``PYTHONPATH``, which is applied here as the interpreter would have)."""
+    print(json.dumps({"op": "waiting"}), flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # never claimed: the pool killed or replaced this runtime
+    go = json.loads(line)
+    env = {str(k): str(v) for k, v in go.get("env", {}).items()}
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[1:1] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # after the script's directory
+    return main([str(a) for a in go["args"]])
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(wait_then_main() if sys.argv[1:] == ["--wait"] else main())

@@ -81,6 +81,10 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         assert done.returncode == 0, done.stderr
         assert "score (pass rate) 100.0%" in done.stdout
         run_id = done.stdout.split("run ", 1)[1].split(":", 1)[0]
+        # The worker keeps a warm sandbox (issue 25): the run claimed one instead of making all of its own.
+        with Client(dev["api_url"], dev["api_key"]) as client:
+            created = [e["data"] for e in client.events(run_id)["events"] if e["type"] == "SandboxCreated"]
+        assert any(c["metadata"].get("warm") for c in created), created
 
         # The supervisor restarts a worker that dies; a launch after that still completes.
         pids = json.loads((data_dir / "pids.json").read_text())
@@ -102,6 +106,13 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         pids = json.loads((data_dir / "pids.json").read_text())
         assert _stop(up) == 0
         assert not any(pid_alive(pid) for pid in pids.values()), "every child stops with `up`"
+        from benchwright.sandbox import LocalBackend
+
+        # ... and nothing of theirs: the warm sandboxes of the worker killed above (reaped by its successor) and of
+        # the ones stopped (killed on the way out).
+        left = LocalBackend(data_dir / "sandboxes")
+        assert await left.list_alive() == []
+        await left.close()
         assert not (data_dir / "dev.json").exists()
 
         # Runs survive a restart of the stack (Temporal's and the store's files are under the data dir).
@@ -115,8 +126,6 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
             # Only output events (the report, issue 26) may follow the terminal event.
             assert set(types[types.index("PipelineFinished") + 1:]) <= AFTER_TERMINAL
         # ... and so do its work-sandbox snapshots: the post-Atomize one restores the same scorer.
-        from benchwright.sandbox import LocalBackend
-
         snapshot = next(e["data"]["snapshot_id"] for e in events
                         if e["type"] == "SnapshotCreated" and e["data"]["phase"] == "atomize")
         backend = LocalBackend(data_dir / "sandboxes")

@@ -100,7 +100,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,15 @@ from benchwright.sandbox.local.util import (
     _split_relpath,
     _write_config,
     _write_json_atomic,
+)
+from benchwright.sandbox.local.warm import (
+    MAX_AGE_S,
+    WAIT_TIMEOUT_S,
+    WARM_ROLE,
+    RuntimeSpec,
+    WaitingRuntime,
+    WarmSandbox,
+    warm_pool,
 )
 
 log = logging.getLogger(__name__)
@@ -249,6 +258,10 @@ class LocalBackend:
         self._supervisors: dict[str, subprocess.Popen[bytes]] = {}
         self._running: dict[str, set[LocalProcess]] = {}
         self._killed: dict[str, float] = {}
+        self._relays: dict[str, _EgressRelay] = {}
+        """Adopted warm sandboxes' own egress relays (the others share ``_egress``)."""
+        self._waiting: dict[str, WaitingRuntime] = {}
+        """Adopted warm sandboxes' runtimes, until ``spawn`` hands them over or starts another."""
 
     # -- isolation ----------------------------------------------------------------------------------------------
 
@@ -392,6 +405,15 @@ class LocalBackend:
                 self._fall_back(reason)
         if snapshot_id is not None:
             self.snapshots.load(snapshot_id)  # fail before creating anything
+        pool = warm_pool(self.root_dir) if self._isolation in (None, "namespaces") and not self.extra_ro_paths \
+            and not (metadata or {}).get(ROOT_LINKS_KEY) else None
+        warm = pool.take() if pool is not None else None
+        if warm is not None:
+            try:
+                return await self._adopt(warm, role=role, run_id=run_id, snapshot_id=snapshot_id, metadata=metadata)
+            except (OSError, SandboxError) as exc:
+                log.warning("cannot adopt warm sandbox %s (%s); creating one", warm.meta.sandbox_id, exc)
+                await self.discard_warm(warm)
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         isolation = self._isolation or "namespaces"
         uid = UID_BASE + int(sandbox_id[3:11], 16) % _UID_SPAN
@@ -426,6 +448,97 @@ class LocalBackend:
             if isinstance(exc, OSError):
                 raise SandboxError(f"cannot create sandbox {sandbox_id}: {exc}") from exc
             raise
+        return self._info(meta)
+
+    # -- warm sandboxes (benchwright.sandbox.local.warm) ----------------------------------------------------------
+
+    async def create_warm(self, runtime: RuntimeSpec | None) -> WarmSandbox:
+        """A namespaced sandbox of no run, its egress relay without a target, ``runtime`` waiting in it (if
+        given): what a :class:`~benchwright.sandbox.local.warm.WarmPool` keeps ready.
+
+        Raises:
+            IsolationUnavailable: namespaces cannot be used here (a warm sandbox is never unisolated).
+            SandboxError: it could not be made.
+        """
+        reason = self._static_unavailable_reason()
+        if reason is not None or self._isolation == "none":
+            raise self._unavailable(reason or "this backend runs without isolation")
+        sandbox_id = f"sb-{secrets.token_hex(8)}"
+        uid = UID_BASE + int(sandbox_id[3:11], 16) % _UID_SPAN
+        meta = _Meta(sandbox_id=sandbox_id, role=WARM_ROLE, run_id="", created_at=time.time(),
+                     isolation="namespaces", instance_size=self.instance_size, metadata={}, uid=uid, gid=uid,
+                     cgroups=[str(p) for p in self.cgroups.sandbox_dirs(sandbox_id)], owner_pid=os.getpid())
+        meta.metadata = self._metadata(meta, None)
+        relay = _EgressRelay(None)
+        made = False
+        try:
+            await asyncio.to_thread(self._prepare_dirs, meta, None)
+            report = await asyncio.to_thread(self._start_init, meta, relay)
+            if not report.get("ok"):
+                raise SandboxError(f"cannot create warm sandbox {sandbox_id}: {_failure_detail(report)}")
+            meta.state = "ready"
+            self._save_meta(meta)
+            waiting = await self.start_waiting(meta, runtime) if runtime is not None else None
+            made = True
+            return WarmSandbox(meta=meta, supervisor=self._supervisors.pop(sandbox_id), relay=relay, runtime=waiting)
+        finally:
+            if not made:
+                await asyncio.to_thread(self._destroy, meta)
+                relay.close()
+
+    async def start_waiting(self, meta: _Meta, spec: RuntimeSpec) -> WaitingRuntime:
+        """``spec``'s runtime started in a warm sandbox and waiting (its script removed again once read)."""
+        await self.write_file(meta.sandbox_id, "runner.py", spec.source)
+        limits = replace(spec.limits, wall_seconds=spec.limits.wall_seconds + MAX_AGE_S)
+        proc = await self._start(meta.sandbox_id, [*spec.argv, "--wait"], env=spec.env, limits=limits,
+                                 wall_seconds=float(limits.wall_seconds), stdin_pipe=True)
+        self._running.get(meta.sandbox_id, set()).discard(proc)  # the claiming backend tracks it from then on
+        waiting = WaitingRuntime(process=proc, spec=spec)
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), WAIT_TIMEOUT_S)
+            if json.loads(line or b"{}").get("op") != "waiting":
+                raise SandboxError(f"the waiting runtime did not start: {line[:200]!r}")
+            await asyncio.to_thread(os.unlink, self._dir(meta.sandbox_id) / "work" / "runner.py")
+        except SandboxError:
+            await waiting.discard()
+            raise
+        except (TimeoutError, ValueError, OSError) as exc:
+            await waiting.discard()
+            raise SandboxError(f"the waiting runtime did not start: {exc!r}") from exc
+        return waiting
+
+    async def discard_warm(self, warm: WarmSandbox) -> None:
+        """Kill a warm sandbox nobody adopted (or whose adoption failed)."""
+        if warm.runtime is not None:
+            warm.runtime.process.kill()
+        self._supervisors[warm.meta.sandbox_id] = warm.supervisor
+        await asyncio.to_thread(self._destroy, warm.meta)
+        if warm.runtime is not None:
+            with contextlib.suppress(Exception):
+                await warm.runtime.process.wait()
+        warm.relay.close()
+
+    async def _adopt(self, warm: WarmSandbox, *, role: str, run_id: str, snapshot_id: str | None,
+                     metadata: Mapping[str, Any] | None) -> SandboxInfo:
+        """A warm sandbox becomes the run's: its snapshot restored, its relay pointed at this backend's egress
+        proxy, its metadata and lifetime the run's (``metadata["warm"]`` says it was made ahead)."""
+        meta = warm.meta
+        d = self._dir(meta.sandbox_id)
+        if snapshot_id is not None:
+            await asyncio.to_thread(self.snapshots.restore, snapshot_id, d / "work", uid=meta.uid, gid=meta.gid,
+                                    link=True)
+        meta.role, meta.run_id, meta.created_at = role, run_id, time.time()
+        meta.metadata = self._metadata(meta, {**(metadata or {}), "warm": True})
+        self._save_meta(meta)
+        if self._egress_target is not None:
+            warm.relay.retarget(*self._egress_target)
+        self._supervisors[meta.sandbox_id] = warm.supervisor
+        self._relays[meta.sandbox_id] = warm.relay
+        if warm.runtime is not None:
+            self._waiting[meta.sandbox_id] = warm.runtime
+            self._running.setdefault(meta.sandbox_id, set()).add(warm.runtime.process)
+        self._isolation = "namespaces"
         return self._info(meta)
 
     def _reap_supervisors(self) -> None:
@@ -468,9 +581,10 @@ class LocalBackend:
             # Linked large files only under a sandbox uid: unisolated commands run as us and could write them.
             self.snapshots.restore(snapshot_id, d / "work", uid=meta.uid, gid=meta.gid, link=meta.uid is not None)
 
-    def _start_init(self, meta: _Meta) -> dict[str, Any]:
+    def _start_init(self, meta: _Meta, relay: _EgressRelay | None = None) -> dict[str, Any]:
+        """Start the sandbox's init; its egress goes through ``relay`` (a warm sandbox's own) or the backend's."""
         d = self._dir(meta.sandbox_id)
-        relay = self._egress_relay()
+        relay = relay or self._egress_relay()
         assert meta.uid is not None and meta.gid is not None
         binds, links, etc = self._root_layout(meta.uid, meta.gid)
         links = links + _root_links(meta.metadata.get(ROOT_LINKS_KEY))
@@ -558,6 +672,7 @@ class LocalBackend:
             _remove_cgroups(cg.dirs)
 
         handle = LocalProcess(proc, status, transport, limits=limits, on_done=_done, started_at=time.monotonic())
+        handle.cgroup_dirs = [str(d) for d in cg.dirs]
         running.add(handle)
         try:
             first = await asyncio.wait_for(status.readline(), _START_TIMEOUT_S)
@@ -647,6 +762,11 @@ class LocalBackend:
             SandboxNotFound: no such live sandbox.
             SandboxError: it could not be started.
         """
+        waiting = self._waiting.pop(sandbox_id, None)
+        if waiting is not None:  # an adopted warm sandbox's runtime, if it can stand for this one
+            proc = await waiting.claim(argv, env, limits, pids="pids" in self.cgroups.controllers)
+            if proc is not None:
+                return proc
         return await self._start(sandbox_id, argv, env=env, limits=limits, wall_seconds=float(limits.wall_seconds),
                                  stdin_pipe=True)
 
@@ -749,6 +869,10 @@ class LocalBackend:
             handle._signal_helper("sandbox_killed")
         lifetime = await asyncio.to_thread(self._destroy, meta)
         self._killed[sandbox_id] = lifetime
+        self._waiting.pop(sandbox_id, None)
+        relay = self._relays.pop(sandbox_id, None)
+        if relay is not None:
+            relay.close()
         for handle in list(self._running.pop(sandbox_id, ())):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(handle.wait(), 10)
@@ -811,6 +935,9 @@ class LocalBackend:
         if self._egress is not None:
             self._egress.close()
             self._egress = None
+        for relay in self._relays.values():
+            relay.close()
+        self._relays.clear()
 
 
 __all__ = ["EGRESS_PORT", "LocalBackend", "LocalProcess"]

@@ -47,6 +47,8 @@ class LocalProcess:
         self.killed_reason: str | None = None
         self.cpu_seconds: float | None = None
         self.duration_s = 0.0
+        self.cgroup_dirs: list[str] = []
+        """The command's cgroups (one per v1 hierarchy, or its v2 leaf); empty without cgroup limits."""
 
     @property
     def returncode(self) -> int | None:

@@ -19,11 +19,13 @@ class _EgressRelay:
     """Host end of the egress path: a Unix socket whose every connection is piped to one host TCP address.
 
     Threads, not asyncio: it must keep serving whatever event loop (or none) the backend's caller runs.
+
+    A warm sandbox's relay (``benchwright.sandbox.local.warm``) is made without a target: until ``retarget`` gives it
+    the claiming run's egress proxy, every connection is closed at once.
     """
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
+    def __init__(self, host: str | None, port: int = 0) -> None:
+        self.target = (host, port) if host is not None else None
         self._dir = Path(tempfile.mkdtemp(prefix="benchwright-egress-"))  # short path: sun_path is 108 bytes
         self.socket_path = self._dir / "egress.sock"
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -42,9 +44,17 @@ class _EgressRelay:
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
+    def retarget(self, host: str, port: int) -> None:
+        """Pipe every later connection to ``host:port``."""
+        self.target = (host, port)
+
     def _serve(self, client: socket.socket) -> None:
+        target = self.target
+        if target is None:
+            client.close()
+            return
         try:
-            upstream = socket.create_connection((self.host, self.port), timeout=10)
+            upstream = socket.create_connection(target, timeout=10)
         except OSError:
             client.close()
             return

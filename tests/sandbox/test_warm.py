@@ -1,0 +1,215 @@
+"""Warm sandboxes (``benchwright.sandbox.local.warm``, issue 25) against the real kernel: a pool's sandbox claimed by
+another backend instance gets the run's snapshot, egress and metadata; its waiting scorer runtime is handed over only
+when it can stand for the one asked for, and then behaves as if started with the run's arguments and environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchwright.runs.limits import ScorerCeilings
+from benchwright.runs.placement import scorer_limits
+from benchwright.sandbox import ExecLimits, LocalBackend, proxy_env
+from benchwright.sandbox.local import WORK_INSIDE
+from benchwright.sandbox.local.warm import MAX_AGE_S, WARM_ROLE, RuntimeSpec, WarmPool, start_warm_pool, stop_warm_pool
+from benchwright.scoring.host import RUNNER, runner_env
+
+PY = sys.executable
+LIMITS = scorer_limits(1, ScorerCeilings(batch_duration_s=120.0))
+SPEC = RuntimeSpec(argv=(PY, "runner.py"), source=RUNNER.read_bytes(), env=runner_env(WORK_INSIDE), limits=LIMITS)
+SCORER = '''
+import json, os, sys
+import depmod  # from /sandbox/.deps, on PYTHONPATH only when the run's environment is applied
+
+
+class Scorer:
+    def extract(self, row):
+        return row
+
+    def solve(self, row, call_sut):
+        return json.dumps({"proxy": os.environ.get("HTTP_PROXY"), "dep": depmod.VALUE, "home": os.environ["HOME"],
+                           "path1": sys.path[1], "argv_threads": sys.argv, "files": sorted(os.listdir("."))})
+
+    def score(self, row, response):
+        return 1.0
+'''
+FILES = {"runner.py": RUNNER.read_bytes(), "task_impl.py": SCORER.encode(), ".deps/depmod.py": b"VALUE = 42\n"}
+
+
+def _skip_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"Linux namespaces are not available on {sys.platform}"
+    if os.geteuid() != 0:
+        return "the local sandbox backend needs root (CAP_SYS_ADMIN) to create namespaces"
+    return None
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[WarmPool]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    started = await start_warm_pool(LocalBackend(tmp_path / "data"), size=1, runtime=SPEC)
+    await started.until_ready()
+    yield started
+    await stop_warm_pool(started)
+
+
+@pytest.fixture
+def egress_server() -> Iterator[tuple[int, list[bytes]]]:
+    """A loopback TCP server standing for the run's egress proxy: it records what it reads and answers ``hello``."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                got.append(conn.recv(100))
+                conn.sendall(b"hello")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1], got
+    listener.close()
+
+
+async def _claim(pool: WarmPool, root: Path, proxy_port: int | None = None) -> tuple[LocalBackend, str]:
+    url = f"http://127.0.0.1:{proxy_port}" if proxy_port else None
+    claimer = LocalBackend(root, egress_proxy_url=url)
+    snap = await claimer.snapshot_files(FILES, label="warm-test")
+    info = await claimer.create(role="work", run_id="run-warm", snapshot_id=snap, metadata={"account": "acct"})
+    return claimer, info.sandbox_id
+
+
+async def _one_task(proc: object) -> dict[str, object]:
+    stdin, stdout = proc.stdin, proc.stdout  # type: ignore[attr-defined]
+    ready = json.loads(await asyncio.wait_for(stdout.readline(), 30))
+    assert ready == {"op": "ready"}
+    stdin.write(json.dumps({"op": "task", "id": 0, "row": {"q": 1}}).encode() + b"\n")
+    await stdin.drain()
+    result = json.loads(await asyncio.wait_for(stdout.readline(), 30))
+    stdin.close()
+    assert result["ok"], result
+    return json.loads(result["output"])  # type: ignore[no-any-return]
+
+
+async def test_a_claimed_sandbox_is_the_runs_and_its_runtime_goes_on_with_the_runs_arguments(
+        pool: WarmPool, tmp_path: Path, egress_server: tuple[int, list[bytes]]) -> None:
+    warm = pool.ready[0]
+    waiting = warm.runtime
+    assert waiting is not None and warm.meta.role == WARM_ROLE
+    # Before a run claims it, its egress goes nowhere: the relay closes every connection.
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.connect(str(warm.relay.socket_path))
+        assert probe.recv(10) == b""
+
+    port, got = egress_server
+    claimer, sandbox_id = await _claim(pool, tmp_path / "data", port)
+    try:
+        assert sandbox_id == warm.meta.sandbox_id
+        info = next(i for i in await claimer.list_alive() if i.sandbox_id == sandbox_id)
+        assert info.metadata["warm"] is True and info.metadata["benchwright_run_id"] == "run-warm"
+        assert info.metadata["benchwright_role"] == "work" and info.metadata["account"] == "acct"
+        # The run's egress: the sandbox's forwarder now reaches the run's egress proxy.
+        probe = ("import socket; s = socket.create_connection(('127.0.0.1', 3128)); s.sendall(b'ping'); "
+                 "print(s.recv(10).decode())")
+        res = await claimer.exec(sandbox_id, [PY, "-c", probe], env={"PATH": os.defpath}, timeout_s=20,
+                                 limits=ExecLimits(cpu_seconds=10, memory_mb=512, wall_seconds=20))
+        assert res.stdout.decode().strip() == "hello" and got == [b"ping"]
+
+        env = runner_env(WORK_INSIDE, {"PYTHONPATH": f"{WORK_INSIDE}/.deps", **proxy_env(info)})
+        limits = scorer_limits(5, ScorerCeilings(batch_duration_s=120.0))  # another process count: 69, not 65
+        proc = await claimer.spawn(sandbox_id, [PY, "runner.py", "--impl", "task_impl.py", "--threads", "5"],
+                                   env=env, limits=limits)
+        assert proc is waiting.process  # handed over, not started
+        assert {Path(d, "pids.max").read_text().strip() for d in proc.cgroup_dirs
+                if Path(d, "pids.max").exists()} == {str(limits.max_processes)}
+        seen = await _one_task(proc)
+        assert seen["proxy"] == proxy_env(info)["HTTP_PROXY"] and seen["dep"] == 42
+        assert seen["home"] == WORK_INSIDE and seen["path1"] == f"{WORK_INSIDE}/.deps"
+        assert seen["files"] == [".deps", "runner.py", "task_impl.py"]  # the snapshot's files, nothing of the pool's
+        await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        await claimer.kill(sandbox_id)
+        await claimer.close()
+    assert sandbox_id not in {i.sandbox_id for i in await claimer.list_alive()}
+
+
+async def test_a_runtime_that_cannot_stand_for_the_asked_one_is_replaced_by_a_cold_start(
+        pool: WarmPool, tmp_path: Path) -> None:
+    waiting = pool.ready[0].runtime
+    assert waiting is not None
+    claimer, sandbox_id = await _claim(pool, tmp_path / "data")
+    try:
+        env = runner_env(WORK_INSIDE, {"PYTHONPATH": f"{WORK_INSIDE}/.deps"})
+        other = replace(LIMITS, memory_mb=LIMITS.memory_mb // 2)  # a limit set only at the start
+        proc = await claimer.spawn(sandbox_id, [PY, "runner.py", "--impl", "task_impl.py"], env=env, limits=other)
+        assert proc is not waiting.process and waiting.process.returncode is not None  # killed, not leaked
+        assert (await _one_task(proc))["dep"] == 42
+        await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        await claimer.kill(sandbox_id)
+        await claimer.close()
+
+
+@pytest.mark.parametrize("change", ["age", "interpreter_variable", "interpreter"])
+async def test_what_a_waiting_runtime_cannot_take_on(pool: WarmPool, change: str) -> None:
+    waiting = pool.ready[0].runtime
+    assert waiting is not None
+    argv = [PY, "runner.py", "--impl", "task_impl.py"]
+    env = runner_env(WORK_INSIDE, {"PYTHONPATH": f"{WORK_INSIDE}/.deps", "HTTP_PROXY": "http://127.0.0.1:3128"})
+    assert waiting.fits(argv, env, LIMITS, pids=True)  # the run's own variables are applied when it goes on
+    if change == "age":
+        waiting.started -= MAX_AGE_S + 1  # its wall clock started that long ago
+    elif change == "interpreter_variable":
+        env["PYTHONHASHSEED"] = "0"  # read as the interpreter starts
+    else:
+        argv[0] = "/usr/bin/python3"
+    assert not waiting.fits(argv, env, LIMITS, pids=True)
+
+
+async def test_the_pool_makes_another_after_a_claim_and_kills_what_is_left_when_stopped(tmp_path: Path) -> None:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path / "data"
+    pool = await start_warm_pool(LocalBackend(root), size=1, runtime=SPEC)
+    claimer = LocalBackend(root)
+    try:
+        await pool.until_ready()
+        first = pool.ready[0].meta.sandbox_id
+        info = await claimer.create(role="work", run_id="run-a")
+        assert info.sandbox_id == first
+        await pool.until_ready()
+        second = pool.ready[0].meta.sandbox_id
+        assert second != first and pool.claimed == 1
+        alive = {i.sandbox_id: i.metadata["benchwright_role"] for i in await claimer.list_alive()}
+        assert alive == {first: "work", second: WARM_ROLE}
+    finally:
+        await stop_warm_pool(pool)
+    # The claimed one is the run's to kill; the unclaimed one went with the pool, its runtime with it.
+    assert {i.sandbox_id for i in await claimer.list_alive()} == {first}
+    await claimer.kill(first)
+    await claimer.close()
+    assert await claimer.list_alive() == []
+    # Without a pool, a backend on that root makes its sandboxes on demand again.
+    cold = LocalBackend(root)
+    info = await cold.create(role="work", run_id="run-b")
+    assert "warm" not in info.metadata
+    await cold.kill(info.sandbox_id)
+    await cold.close()
