@@ -24,9 +24,7 @@ from activities.common import Deps, in_thread, phase
 from benchwright.errors import Unavailable
 from benchwright.events import (
     ModelProxyArtifact,
-    ProxyLingerMetered,
     SandboxCreated,
-    SandboxKilled,
 )
 from benchwright.llm.model_access import ModelAccess, check_api_base
 from benchwright.llm.prices import prices_for
@@ -39,11 +37,12 @@ from benchwright.proxy.model_proxy import (
     start_model_proxy,
     stop_model_proxy,
 )
+from benchwright.proxy.revocation import proxy_sandbox_id, revoke_route
 from benchwright.runs.pipeline import FinishInput, PhaseInput, PhaseResult
 from benchwright.schemas import ModelSpec
 from benchwright.stack.procreg import ProcessRegistry
 from benchwright.store.accounts import get_account
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.events import append_events
 from benchwright.store.policy import get_policy, record_blocked, secret_value
 from benchwright.store.runs import get_run
 
@@ -126,30 +125,8 @@ class AttachActivities:
 
     @activity.defn(name="stop_model_proxy")
     async def stop_proxy(self, inp: FinishInput) -> None:
-        """At the run's end: revoke its route (its per-run key refused from now on, the real key dropped), bill the
-        route's time as sandbox cost and the warm window it leaves the proxy in as cost.proxy_linger.
-
-        The linger: a proxy left without a route stays up ``proxy_linger_s`` for the next run, then exits. The
-        run whose revocation left it idle is charged that window (an upper bound: a run registering sooner ends
-        it); a run leaving others behind is charged none.
-        """
-        run_dir = self.deps.run_dir(inp.run_id)
-        handle = load_handle(run_dir)
-        if handle is None:
-            return
-        revoked = await in_thread(stop_model_proxy, run_dir)
-        lifetime = revoked.lifetime_s if revoked is not None else 0.0
-        linger = self.deps.settings.proxy_linger_s if revoked is not None and revoked.idle else 0.0
-        rate = self.deps.settings.proxy_usd_per_hour / 3600
-        await in_thread(append_events, self.deps.engine, inp.run_id, [
-            NewEvent.of(event_key(inp.run_id, "proxy", "killed"), SandboxKilled(
-                sandbox_id=proxy_sandbox_id(handle, inp.run_id), role="proxy", duration_ms=int(lifetime * 1000),
-                cost_usd=lifetime * rate)),
-            NewEvent.of(event_key(inp.run_id, "proxy", "linger"), ProxyLingerMetered(
-                seconds=round(linger, 3), cost_usd=linger * rate)),
-        ])
-
-
-def proxy_sandbox_id(handle: ProxyHandle, run_id: str) -> str:
-    """The run's route as a sandbox id: unique per run although the process is shared."""
-    return f"proxy-{handle.pid}-{run_id}"
+        """At the run's end: revoke its route and bill it (``benchwright.proxy.revocation.revoke_route``). Runs
+        started since issue 25 revoke it in ``finish_run`` instead; older histories call this."""
+        events = await in_thread(revoke_route, self.deps.settings, self.deps.run_dir(inp.run_id), inp.run_id)
+        if events:
+            await in_thread(append_events, self.deps.engine, inp.run_id, events)

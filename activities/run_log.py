@@ -6,6 +6,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.common import Deps, in_thread, workflow_events
+from benchwright.proxy.revocation import revoke_route
 from benchwright.runs.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
 from benchwright.store.control import clear_halt, finish_halted, halt_run
 from benchwright.store.events import append_events
@@ -22,7 +23,13 @@ class RunLogActivities:
 
     @activity.defn(name="finish_run")
     async def finish(self, inp: FinishInput) -> None:
-        await in_thread(finish_run, self.deps.engine, run_id=inp.run_id, status=inp.status, error=inp.error)
+        """The run's end in one transaction: what the workflow left pending (``preface``), the model route's
+        revocation when asked (``revoke_route``), then the terminal event and the row's status."""
+        before = workflow_events(inp.run_id, inp.preface)
+        if inp.revoke_route:
+            before += await in_thread(revoke_route, self.deps.settings, self.deps.run_dir(inp.run_id), inp.run_id)
+        await in_thread(finish_run, self.deps.engine, run_id=inp.run_id, status=inp.status, error=inp.error,
+                        before=before)
 
 
 class ControlActivities:

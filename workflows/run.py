@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         ControlRefused,
         Event,
         HumanReviewRequested,
+        PhaseCompleted,
         PhaseFailed,
         PhaseSkipped,
         PipelineStarted,
@@ -100,6 +101,8 @@ BATCH_HEARTBEAT = timedelta(seconds=5)
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=20, non_retryable_error_types=[HALTED_ERROR])
 LOG_TIMEOUT = timedelta(minutes=2)
+RUN_CLOSED_BY_FINISH = "run-closed-by-finish"
+"""The patch under which the last sweep's close and the model route's revocation ride on ``finish_run``."""
 REPORT_TIMEOUT = timedelta(minutes=10)
 """Bound on one attempt of the run's report (the LLM narrator inside it has its own, ``narrator_timeout_s``)."""
 REPORT_HEARTBEAT = timedelta(seconds=10)
@@ -556,6 +559,13 @@ class RunWorkflow:
             await asyncio.gather(*batches, return_exceptions=True)
             raise
         duration_ms = int((workflow.now() - started).total_seconds() * 1000)
+        if not self._launch.metadata.get("test_hooks") and workflow.patched(RUN_CLOSED_BY_FINISH):
+            # Without test hooks no Driver asks for another sweep (activities.materialize.resweep_request): the
+            # sweep's close is written by the run's next write, its terminal one in a run that goes on to finish
+            # (issue 25: an activity and a workflow task fewer after the last result).
+            self._preface += self._payload([(f"materialize:{invocation}:completed",
+                                             PhaseCompleted(phase="materialize", duration_ms=duration_ms))])
+            return None
         if workflow.patched("materialize-restart"):
             # The sweep's close says whether the Driver wants another: a restart of an earlier phase (a new impl
             # from Atomize) makes this invocation the first of several sweeps.
@@ -658,8 +668,9 @@ class RunWorkflow:
         return [{"key": key, "type": ev.type_name(), "data": ev.model_dump(mode="json")} for key, ev in events]
 
     async def _write_preface(self) -> None:
-        """The pipeline's start not yet written by a phase (a halt or end before the first phase opened), before the
-        workflow writes anything else. Only runs started with ``pipeline-started-by-first-phase`` ever have one."""
+        """What the workflow decided and no activity wrote yet, before it writes anything else: the pipeline's start
+        (a halt or end before the first phase opened; runs started with ``pipeline-started-by-first-phase``) or the
+        last sweep's close (a halt between it and the run's end; runs started with ``run-closed-by-finish``)."""
         if self._preface:
             await self._record([])
 
@@ -673,11 +684,22 @@ class RunWorkflow:
             self._route_revoked = True
 
     async def _finish(self, status: str, error: str | None = None) -> None:
-        await self._write_preface()
-        await self._revoke_model_route(status)
-        await self._execute_log(RunLogActivities.finish,
-                                FinishInput(run_id=self._inp.run_id, status=status, error=error),
-                                summary=f"finish: {status}")
+        if workflow.patched(RUN_CLOSED_BY_FINISH):
+            # One activity, one transaction: what is still pending (the last sweep's close), the model route's
+            # revocation and the terminal event (issue 25: two activities and two workflow tasks fewer).
+            revoke = self._model_proxy and not self._route_revoked
+            await self._execute_log(RunLogActivities.finish,
+                                    FinishInput(run_id=self._inp.run_id, status=status, error=error,
+                                                preface=self._preface, revoke_route=revoke),
+                                    summary=f"finish: {status}")
+            self._preface = []
+            self._route_revoked = self._route_revoked or revoke
+        else:
+            await self._write_preface()
+            await self._revoke_model_route(status)
+            await self._execute_log(RunLogActivities.finish,
+                                    FinishInput(run_id=self._inp.run_id, status=status, error=error),
+                                    summary=f"finish: {status}")
         self._status = status
         self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set(status)])

@@ -177,6 +177,11 @@ class FinishInput(BaseModel):
     run_id: str
     status: str
     error: str | None = None
+    preface: list[dict[str, Any]] = Field(default_factory=list)
+    """Events the workflow decided on that no activity has written yet (``EventsInput.events``' shape: the
+    pipeline's start, the last sweep's close), written first, in the terminal event's transaction."""
+    revoke_route: bool = False
+    """Revoke the run's model route (and record its ledger entries) before the terminal event."""
 
 
 class MaterializeBatchInput(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -78,10 +79,13 @@ def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver
     return run
 
 
-def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = None) -> None:
-    """Set the terminal status and append PipelineFinished in the same transaction (idempotent)."""
+def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = None,
+               before: Sequence[NewEvent] = ()) -> None:
+    """Set the terminal status and append ``before`` and then PipelineFinished in the same transaction
+    (idempotent: keyed events already in the log are skipped)."""
     with session_scope(engine) as session:
         finished = NewEvent.of(event_key(run_id, "pipeline", "finished"), PipelineFinished(status=status, error=error))
+        append_in_session(session, run_id, list(before))
         wrote = append_in_session(session, run_id, [finished])
         if wrote:
             run = session.get(Run, run_id)

@@ -60,7 +60,12 @@ async def test_launch_reaches_ok_with_gapless_log_in_phase_order(stack: Stack) -
     # PipelineStarted and Find's skip land with Fetch's PhaseStarted; Materialize's PhaseStarted with its batches
     # (issue 25): the log reads as before, with no activity of their own
     assert [e["type"] for e in events[1:4]] == ["PipelineStarted", "PhaseSkipped", "PhaseStarted"]
-    await record_history(stack, run["id"], "run_opened_by_first_phase.json")
+    # The sweep's close, the model route's end and the terminal event are written by one activity, in that order
+    # (issue 25): the log reads as before.
+    tail = [(e["type"], e["data"].get("phase") or e["data"].get("role")) for e in events[-4:]]
+    assert tail == [("PhaseCompleted", "materialize"), ("SandboxKilled", "proxy"), ("ProxyLingerMetered", None),
+                    ("PipelineFinished", None)]
+    await record_history(stack, run["id"], "run_closed_by_finish.json")
 
 
 async def test_wrong_answer_key_scores_zero(stack: Stack, dev_models: DevModels, tmp_path: Path) -> None:

@@ -39,6 +39,11 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   PhaseStarted is written by its batches (``patched("materialize-opened-by-batches")``: no ``materialize_begin``),
   recorded by tests/api/test_runs_e2e.py (issue 25: two activities and two workflow tasks fewer before the first
   model call). Every run history above from before them replays with both activities.
+- ``run_closed_by_finish.json``: a run whose last sweep's close and model-route revocation are written by
+  ``finish_run`` with its terminal event (``patched("run-closed-by-finish")``: no ``materialize_complete`` or
+  ``stop_model_proxy`` activity), recorded by tests/api/test_runs_e2e.py (issue 25: two activities and two workflow
+  tasks fewer after the last result). ``run_opened_by_first_phase.json`` and every history before it replay with
+  both activities.
 - ``run_stopped_at_birth_pipeline_start_pending.json``: a run stopped in its first workflow task
   (tests/api/test_early_control_and_signals.py): no phase opened, so its teardown writes the pending PipelineStarted
   (``record_events``) before ``finish_halted``.
