@@ -8,10 +8,9 @@ import asyncio
 
 from temporalio import activity
 
-from activities.common import Deps, in_thread, maybe_inject_fault
+from activities.common import Deps
 from benchwright.report import ReportInput, ReportResult, write_run_report
 from benchwright.report.narration import NarratorConfig
-from benchwright.store.runs import get_run
 
 
 class ReportActivities:
@@ -21,9 +20,6 @@ class ReportActivities:
 
     @activity.defn(name="report_run")
     async def report(self, inp: ReportInput) -> ReportResult:
-        if self.deps.settings.allow_fault_injection:  # tests: a first attempt that fails before writing anything
-            run = await in_thread(get_run, self.deps.engine, run_id=inp.run_id)
-            maybe_inject_fault(self.deps, run.launch.get("metadata") or {}, "report")
         beat = asyncio.create_task(_heartbeat())
         try:
             return await write_run_report(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -11,8 +10,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client as TemporalClient
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
@@ -102,47 +99,28 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
         return await run_in_threadpool(_narrated, state, view)
-    # The row is re-read whenever one of the run's activities completes (they write it): the run's end is seen as
-    # soon as the activity that wrote its terminal event completes, not once the workflow has also written the
-    # report (issue 25: ~70 ms). A halt leaves the workflow running, so the row is also re-read every
-    # WAIT_HALT_CHECK_S. Without Temporal (unreachable, or the workflow gone) the row alone is polled at that pace.
-    moved = asyncio.Event()
+    # The workflow's completion wakes us at once (its last activity wrote the row); a halt leaves the workflow
+    # running, so the row is also re-read every WAIT_HALT_CHECK_S. Without Temporal (unreachable, or the workflow
+    # gone) the row alone is polled at that pace.
     try:
-        follower: asyncio.Task[None] | None = asyncio.create_task(
-            _follow(await state.temporal(), run_id, moved))
+        finished: asyncio.Task[Any] | None = asyncio.create_task(
+            (await state.temporal()).get_workflow_handle(run_id).result())
     except Unavailable:
-        follower = None
+        finished = None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     try:
         while not _settled(view) and (left := deadline - loop.time()) > 0:
-            if follower is None or follower.done():
+            if finished is None or finished.done():
                 await asyncio.sleep(min(WAIT_HALT_CHECK_S, left))
             else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(moved.wait(), min(WAIT_HALT_CHECK_S, left))
-            moved.clear()
+                await asyncio.wait([finished], timeout=min(WAIT_HALT_CHECK_S, left))
             view = await run_in_threadpool(read)
     finally:
-        if follower is not None:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)  # a vanished workflow: the row tells
+        if finished is not None:
+            finished.cancel()
+            await asyncio.gather(finished, return_exceptions=True)  # a failed workflow's error is the row's to tell
     return await run_in_threadpool(_narrated, state, view)
-
-
-_MOVES = frozenset({
-    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT})
-
-
-async def _follow(temporal: TemporalClient, run_id: str, moved: asyncio.Event) -> None:
-    """Set ``moved`` at each of the run's workflow events after which its row may have changed (an activity
-    completed, or the workflow closed), following its history as Temporal appends to it (a long poll; only the
-    events' types are read, never their payloads)."""
-    async for event in temporal.get_workflow_handle(run_id).fetch_history_events(wait_new_event=True):
-        if event.event_type in _MOVES:
-            moved.set()
 
 
 def _narrated(state: StateDep, view: RunView) -> RunView:

@@ -363,29 +363,6 @@ async def test_long_poll_answers_on_pause_on_finish_and_at_its_deadline(stack: S
     assert refused.status_code == 422 and "wait_s" in refused.text
 
 
-async def test_long_poll_answers_at_the_terminal_event_before_the_report(stack: Stack,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run is over once its terminal event is in: the long poll answers then, not once the workflow has also
-    written the report (issue 25). The report's first attempt fails here, so it is written by a retry a second
-    later, with the workflow still open when the answer came. The row's periodic re-read (for halts) is pushed out
-    of the way: the answer must come from following the run's workflow."""
-    import api.routes.runs
-
-    monkeypatch.setattr(api.routes.runs, "WAIT_HALT_CHECK_S", 30.0)
-    async with stack.http() as http:
-        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
-                                  "metadata": {"fault_injection": {"phase": "report"}}})
-        done = (await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 60}, timeout=90)).json()
-        handle = stack.client.get_workflow_handle(run["id"])
-        described = await handle.describe()
-        assert done["status"] == "ok" and done["narration"]  # the builtin narration, until the report records one
-        assert described.status is not None and described.status.name == "RUNNING"  # the report's retry is to come
-        await handle.result()
-        files = [e["data"]["name"] for e in (await http.get(f"/v1/runs/{run['id']}/events")).json()["events"]
-                 if e["type"] == "ReportFile"]
-    assert sorted(files) == ["report.html", "results.json"]
-
-
 async def test_long_poll_on_a_run_whose_workflow_is_gone_answers_at_its_deadline(
         stack: Stack, slow_model: tuple[str, str]) -> None:
     """A workflow terminated behind the platform's back never writes the row's end: the long poll still answers, at
