@@ -213,3 +213,17 @@ async def test_the_pool_makes_another_after_a_claim_and_kills_what_is_left_when_
     assert "warm" not in info.metadata
     await cold.kill(info.sandbox_id)
     await cold.close()
+
+
+async def test_a_warm_sandbox_whose_init_died_while_waiting_is_not_claimed(pool: WarmPool, tmp_path: Path) -> None:
+    warm = pool.ready[0]
+    assert warm.meta.init_pid is not None
+    os.kill(warm.meta.init_pid, 9)  # its namespace, and the runtime waiting in it, end with it
+    claimer = LocalBackend(tmp_path / "data")
+    info = await claimer.create(role="work", run_id="run-after")
+    try:
+        assert info.sandbox_id != warm.meta.sandbox_id and "warm" not in info.metadata  # made on demand
+        assert not (tmp_path / "data" / "sandboxes" / warm.meta.sandbox_id).exists()  # the dead one cleaned up
+    finally:
+        await claimer.kill(info.sandbox_id)
+        await claimer.close()

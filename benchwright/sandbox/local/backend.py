@@ -386,6 +386,10 @@ class LocalBackend:
             snapshot_id: Restore that snapshot's files into the new work directory.
             metadata: Extra metadata to record (``benchwright_*`` keys are set by the backend).
 
+        A warm sandbox of the worker's pool on this root (``benchwright.sandbox.local.warm``) is claimed instead of
+        making one when there is one ready and the sandbox needs nothing a warm one lacks (extra host paths, root
+        links); its ``metadata["warm"]`` is then True.
+
         Returns:
             The new sandbox's info; ``metadata["isolation"]`` is ``"namespaces"`` or ``"none"``.
 
@@ -408,6 +412,9 @@ class LocalBackend:
         pool = warm_pool(self.root_dir) if self._isolation in (None, "namespaces") and not self.extra_ro_paths \
             and not (metadata or {}).get(ROOT_LINKS_KEY) else None
         warm = pool.take() if pool is not None else None
+        if warm is not None and not self._is_alive(warm.meta):  # its init ended while it waited: made on demand
+            await self.discard_warm(warm)
+            warm = None
         if warm is not None:
             try:
                 return await self._adopt(warm, role=role, run_id=run_id, snapshot_id=snapshot_id, metadata=metadata)
