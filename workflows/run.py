@@ -96,8 +96,12 @@ PHASE_HEARTBEAT = timedelta(seconds=10)
 the phases beat every 2 s, ``activities.common.heartbeating``). It is also how a halt's cancellation reaches a phase
 mid-way: an activity learns of it only by heartbeating."""
 BATCH_TIMEOUT = timedelta(hours=12)
-BATCH_HEARTBEAT = timedelta(seconds=5)
-"""How long a killed worker's batch waits before another worker retries it (it resumes from the store)."""
+BATCH_HEARTBEAT = timedelta(seconds=10)
+"""How long a killed worker's batch waits before another worker retries it (it resumes from the store). The SDK
+sends heartbeats at most every 0.8 x this: at 5 s a heartbeat delayed by more than a second (a busy worker or
+Temporal server) timed a live batch out and ran it twice (a harbor bridge run in the full suite, twice in a row);
+10 s leaves two, as phases have. Stops do not wait for it: a batch polls its run's halt flag. Only the activity's
+timeout changes, which replay does not compare, so no patch is needed."""
 BATCH_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                           maximum_attempts=20, non_retryable_error_types=[HALTED_ERROR])
 LOG_TIMEOUT = timedelta(minutes=2)
