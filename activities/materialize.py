@@ -33,6 +33,7 @@ from benchwright.runs.pipeline import (
     PhaseControl,
     PhaseInput,
     PhaseResult,
+    resweep_hooks,
 )
 from benchwright.runs.placement import run_placed_batch
 from benchwright.scoring.host import ScorerLoadError
@@ -99,8 +100,8 @@ def resweep_request(deps: Deps, metadata: dict[str, Any], invocation: int) -> Ph
     """The Driver asking, at the end of a sweep, for Atomize to write a new impl (§2 "Materialize v2"). The
     builtin driver never does; tests ask through ``metadata.test_hooks`` (only with ``allow_fault_injection``):
     ``{"resweep": {"times": 1, "reason": "..."}}`` asks after sweeps 1..times."""
-    hooks = metadata.get("test_hooks") if deps.settings.allow_fault_injection else None
-    ask = hooks.get("resweep") if isinstance(hooks, dict) else None
+    hooks = resweep_hooks(metadata) if deps.settings.allow_fault_injection else None
+    ask = hooks.get("resweep") if hooks is not None else None
     if isinstance(ask, dict) and invocation <= int(ask.get("times", 1)):
         return PhaseControl(kind="restart", phase="atomize",
                             reason=str(ask.get("reason", "the Driver wants a new impl after this sweep")))

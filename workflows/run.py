@@ -83,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
         batch_bounds,
         plan_batches,
         plan_phases,
+        resweep_hooks,
     )
     from benchwright.stack.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
@@ -563,7 +564,7 @@ class RunWorkflow:
             await asyncio.gather(*batches, return_exceptions=True)
             raise
         duration_ms = int((workflow.now() - started).total_seconds() * 1000)
-        if not self._launch.metadata.get("test_hooks") and workflow.patched(RUN_CLOSED_BY_FINISH):
+        if resweep_hooks(self._launch.metadata) is None and workflow.patched(RUN_CLOSED_BY_FINISH):
             # Without test hooks no Driver asks for another sweep (activities.materialize.resweep_request): the
             # sweep's close is written by the run's next write, its terminal one in a run that goes on to finish
             # (issue 25: an activity and a workflow task fewer after the last result).

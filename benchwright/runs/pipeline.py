@@ -222,6 +222,14 @@ class MaterializeCompleteInput(BaseModel):
     """The launch's metadata (the Driver's restart test hook is read from it)."""
 
 
+def resweep_hooks(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """The launch's test hooks for another Materialize sweep (``metadata.test_hooks``), the only way a Driver asks
+    for one today; None when the launch has none. The workflow closes a sweep without asking when there are none
+    (``run-closed-by-finish``); ``activities.materialize.resweep_request`` reads them (with fault injection on)."""
+    hooks = metadata.get("test_hooks")
+    return hooks if isinstance(hooks, dict) and hooks else None
+
+
 def batch_bounds(total: int, batch_tasks: int) -> list[tuple[int, int]]:
     """Split task indices ``0..total-1`` into ``[start, stop)`` ranges of at most ``batch_tasks``."""
     return [(start, min(start + batch_tasks, total)) for start in range(0, total, batch_tasks)]

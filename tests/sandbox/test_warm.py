@@ -23,6 +23,7 @@ from benchwright.sandbox import ExecLimits, LocalBackend, proxy_env
 from benchwright.sandbox.local import WORK_INSIDE
 from benchwright.sandbox.local.warm import MAX_AGE_S, WARM_ROLE, RuntimeSpec, WarmPool, start_warm_pool, stop_warm_pool
 from benchwright.scoring.host import RUNNER, runner_env
+from tests.sandbox.test_local import _namespaces_skip_reason
 
 PY = sys.executable
 LIMITS = scorer_limits(1, ScorerCeilings(batch_duration_s=120.0))
@@ -46,17 +47,9 @@ class Scorer:
 FILES = {"runner.py": RUNNER.read_bytes(), "task_impl.py": SCORER.encode(), ".deps/depmod.py": b"VALUE = 42\n"}
 
 
-def _skip_reason() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return f"Linux namespaces are not available on {sys.platform}"
-    if os.geteuid() != 0:
-        return "the local sandbox backend needs root (CAP_SYS_ADMIN) to create namespaces"
-    return None
-
-
 @pytest.fixture
 async def pool(tmp_path: Path) -> AsyncIterator[WarmPool]:
-    reason = _skip_reason()
+    reason = _namespaces_skip_reason()
     if reason:
         pytest.skip(reason)
     started = await start_warm_pool(LocalBackend(tmp_path / "data"), size=1, runtime=SPEC)
@@ -184,7 +177,7 @@ async def test_what_a_waiting_runtime_cannot_take_on(pool: WarmPool, change: str
 
 
 async def test_the_pool_makes_another_after_a_claim_and_kills_what_is_left_when_stopped(tmp_path: Path) -> None:
-    reason = _skip_reason()
+    reason = _namespaces_skip_reason()
     if reason:
         pytest.skip(reason)
     root = tmp_path / "data"
@@ -219,6 +212,7 @@ async def test_a_warm_sandbox_whose_init_died_while_waiting_is_not_claimed(pool:
     warm = pool.ready[0]
     assert warm.meta.init_pid is not None
     os.kill(warm.meta.init_pid, 9)  # its namespace, and the runtime waiting in it, end with it
+    await asyncio.to_thread(warm.supervisor.wait, 10)  # the supervisor ends once it has reaped the init
     claimer = LocalBackend(tmp_path / "data")
     info = await claimer.create(role="work", run_id="run-after")
     try:
