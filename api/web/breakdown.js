@@ -14,6 +14,7 @@ export class Breakdown {
     this.by = null;
     this.last = 0;
     this.timer = null;
+    this.shown = "";  // the last answer drawn: a refresh that changes nothing leaves the bars (and a reader's hover) alone
     this.chooser = h("select", { id: "breakdown-by", "aria-label": "group by column" });
     this.chooser.addEventListener("change", () => { this.by = this.chooser.value; this.load(); });
     this.bars = h("div", { id: "breakdown-bars", class: "breakdown" });
@@ -47,6 +48,9 @@ export class Breakdown {
 
   render(result) {
     this.by = result.by;
+    const answer = JSON.stringify(result);
+    if (answer === this.shown && !this.card.hidden) return;
+    this.shown = answer;
     const columns = result.candidates.includes(result.by) ? result.candidates : [result.by, ...result.candidates];
     this.chooser.replaceChildren(...columns.map((c) => h("option", { value: c, selected: c === result.by }, c)));
     this.chooser.hidden = columns.length < 2;

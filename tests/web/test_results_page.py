@@ -34,10 +34,9 @@ async def test_run_page_shows_no_answer_breakdown_bars_and_the_task_audit(page: 
 
     # One bar per group, each with the API's pass rate and interval, the whisker placed at the interval.
     await page.wait_for_selector("#breakdown-card:not([hidden]) #breakdown-bars[data-by='subject'] .bd-row")
-    # Laid out: a row measured before the card's first layout has a zero-width track (a 0/0 fill, seen once in CI).
-    await page.wait_for_function("[...document.querySelectorAll('#breakdown-bars .bd-track')]"
-                                 ".every((t) => t.getBoundingClientRect().width > 0)")
-    bars = await page.eval_on_selector_all("#breakdown-bars .bd-row", """rows => rows.map((r) => {
+    # Queried and measured in one evaluation: eval_on_selector_all queries, then evaluates in a second round trip, and
+    # a refresh redrawing the bars in between leaves it measuring detached rows (0/0, seen in CI).
+    bars = await page.evaluate("""() => [...document.querySelectorAll('#breakdown-bars .bd-row')].map((r) => {
         const track = r.querySelector('.bd-track').getBoundingClientRect();
         const ci = r.querySelector('.bd-ci')?.getBoundingClientRect();
         const fill = r.querySelector('.bd-fill')?.getBoundingClientRect();
