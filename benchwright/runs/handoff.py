@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
 
 from benchwright.data.blobs import BlobStore, write_atomic
 from benchwright.data.digests import file_digests
@@ -36,6 +36,11 @@ from benchwright.store.models import EventRow
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
 """Worker-local state: the model proxy's process handle."""
+_EVENTS: Table = EventRow.__table__  # type: ignore[attr-defined]
+# Read twice by every phase: a Core statement built once (the ORM's statement building cost more than the read).
+_LATEST_FILES = (select(_EVENTS.c.data)
+                 .where(_EVENTS.c.run_id == bindparam("run_id_"), _EVENTS.c.type == WorkFilesRecorded.type_name())
+                 .order_by(_EVENTS.c.seq.desc()).limit(1))
 
 
 def _digest(path: Path) -> str:
@@ -52,37 +57,41 @@ def _listing(workdir: Path) -> dict[str, Path]:
 
 def latest_files(engine: Engine, run_id: str) -> dict[str, str]:
     """The run's work files as its newest ``WorkFilesRecorded`` lists them (path -> blob id); {} before any."""
-    with Session(engine) as session:
-        row = session.exec(select(EventRow).where(EventRow.run_id == run_id,
-                                                  EventRow.type == WorkFilesRecorded.type_name())
-                           .order_by(col(EventRow.seq).desc()).limit(1)).first()
-    return dict(row.data["files"]) if row is not None else {}
+    with engine.connect() as conn:
+        data = conn.execute(_LATEST_FILES, {"run_id_": run_id}).scalar_one_or_none()
+    return dict(data["files"]) if data is not None else {}
+
+
+def _survey(engine: Engine, run_id: str, workdir: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The work files as last recorded and as they are now (path -> blob id), in one thread hop: every phase
+    publishes at its end."""
+    return latest_files(engine, run_id), {rel: _digest(path) for rel, path in _listing(workdir).items()}
+
+
+def _stale(engine: Engine, run_id: str, workdir: Path) -> dict[str, str]:
+    """The recorded work files whose copy in ``workdir`` is missing or differs (path -> blob id), in one thread hop:
+    every phase restores at its start."""
+    return {rel: digest for rel, digest in latest_files(engine, run_id).items()
+            if not ((workdir / rel).is_file() and _digest(workdir / rel) == digest)}
 
 
 async def publish(*, engine: Engine, blobs: BlobStore, run_id: str, phase: str, invocation: int,
                   workdir: Path) -> WorkFilesRecorded:
     """Every work file into the blob store; the event that records them (the caller appends it)."""
-    known = await asyncio.to_thread(latest_files, engine, run_id)
-    files: dict[str, str] = {}
-    for rel, path in (await asyncio.to_thread(_listing, workdir)).items():
-        digest = await asyncio.to_thread(_digest, path)
+    known, files = await asyncio.to_thread(_survey, engine, run_id, workdir)
+    for rel, digest in files.items():
         if known.get(rel) != digest and not await blobs.exists(digest):
-            stored = await blobs.put(await asyncio.to_thread(path.read_bytes))
+            stored = await blobs.put(await asyncio.to_thread((workdir / rel).read_bytes))
             assert stored == digest, f"{rel} changed while it was published"
-        files[rel] = digest
     return WorkFilesRecorded(phase=phase, invocation=invocation, files=files)
 
 
 async def restore(*, engine: Engine, blobs: BlobStore, run_id: str, workdir: Path) -> list[str]:
     """Bring ``workdir`` to the run's newest recorded work files; returns the paths fetched."""
-    fetched = []
-    for rel, digest in (await asyncio.to_thread(latest_files, engine, run_id)).items():
-        path = workdir / rel
-        if path.is_file() and await asyncio.to_thread(_digest, path) == digest:
-            continue
-        await asyncio.to_thread(write_atomic, path, await blobs.get(digest))
-        fetched.append(rel)
-    return fetched
+    stale = await asyncio.to_thread(_stale, engine, run_id, workdir)
+    for rel, digest in stale.items():
+        await asyncio.to_thread(write_atomic, workdir / rel, await blobs.get(digest))
+    return list(stale)
 
 
 def dataset_file(fetched: Mapping[str, Any], files: Mapping[str, str]) -> str:
