@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.engine import Engine
 from sqlmodel import col
 
@@ -14,6 +14,12 @@ from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, utcnow
+
+_RUNS: Table = Run.__table__  # type: ignore[attr-defined]
+_ACCOUNTS: Table = Account.__table__  # type: ignore[attr-defined]
+# Read after every phase: a Core statement built once (through the ORM its building cost more than the read).
+_SPEND = (select(_RUNS.c.cost_incurred, _RUNS.c.cost_billed, _ACCOUNTS.c.balance_usd)
+          .join(_ACCOUNTS, _ACCOUNTS.c.id == _RUNS.c.account_id).where(_RUNS.c.id == bindparam("run_id_")))
 
 
 def halt_run(engine: Engine, *, run_id: str, reason: str, key: str | None = None, replace: bool = False) -> bool:
@@ -54,12 +60,8 @@ def finish_halted(engine: Engine, *, run_id: str) -> None:
 
 def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | None) -> str | None:
     """``limit_exceeded:run.cost`` or ``balance_exhausted`` if the run has crossed one, else None."""
-    with session_scope(engine) as session:
-        row = session.execute(
-            select(Run.cost_incurred, Run.cost_billed, Account.balance_usd)
-            .join(Account, Account.id == Run.account_id).where(Run.id == run_id)
-        ).one()
-    incurred, billed, balance = row
+    with engine.connect() as conn:
+        incurred, billed, balance = conn.execute(_SPEND, {"run_id_": run_id}).one()
     if run_cost_usd is not None and incurred > run_cost_usd:
         return limit_exceeded("run.cost")
     if billed > 0 and balance <= 0:
