@@ -11,7 +11,7 @@ import platform
 
 from temporalio import activity
 
-from activities.common import Deps, phase
+from activities.common import Deps, in_thread, phase
 from benchwright.events import SetupArtifact
 from benchwright.product.setup import setup_product
 from benchwright.runs.phase_cache import PhaseCache, setup_input_hash
@@ -32,7 +32,7 @@ class SetupActivities:
         python = platform.python_version()
         detail: dict[str, object] = {}
         async with phase(self.deps, inp) as scope:
-            before = latest_snapshot(self.deps.engine, inp.run_id, before="setup")
+            before = await in_thread(latest_snapshot, self.deps.engine, inp.run_id, before="setup")
             cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings,
                                workdir=self.deps.workdir(inp.run_id), inp=inp,
                                input_hash=setup_input_hash(before=before, requirements=requirements, python=python))

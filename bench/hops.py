@@ -5,7 +5,10 @@ one after the other with ``--pause-s`` between them, and prints for each (after 
 
 * the time from the launch to the Materialize batch's start and end (the first result is in at the end);
 * each phase activity's running time (Atomize among them);
-* the hops' waits in Temporal's task queue (workflow tasks and activities, scheduled to started), and their sum.
+* the hops' waits in Temporal's task queue (workflow tasks and activities, scheduled to started), and their sum;
+
+and at the end the worker's CPU seconds per run (runs 1..n: its whole run, the report included), the figure that
+moves when a run's fixed work gets cheaper however noisy the machine's wall clock is.
 
 Run it with and without a pause to see Temporal's dispatch latency (docs/performance.md, "Atomize's load check
 remembered, and Temporal's own dispatch"; ``bench/temporal_dispatch.py`` shows it without Benchwright):
@@ -27,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import running_stack, write_dataset
+from benchstack import cpu_s, running_stack, write_dataset
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client as TemporalClient
 
@@ -100,9 +103,12 @@ def main() -> None:
             client = Client(stack.dev["api_url"], api_key=stack.dev["api_key"])
             model = {"identifier": "openai/dev", "api_base": stack.model_url}
             done = []
+            cpu_from = 0.0
             for i in range(args.runs):
                 if i:
                     time.sleep(args.pause_s)  # the pause under test: how long the stack was idle before this launch
+                if i == 1:
+                    cpu_from = cpu_s(stack.pids["worker"])
                 launched = time.time()
                 run = client.launch(dataset=str(dataset), model=model, concurrency=1)
                 client.wait(run["id"])
@@ -120,8 +126,9 @@ def main() -> None:
                 if args.timeline and i == args.runs - 1:
                     print(timeline(events, launched))
             if done:
+                cpu = (cpu_s(stack.pids["worker"]) - cpu_from) / len(done)
                 print(f"first result, median of runs 1-{len(done)}: {statistics.median(done) * 1000:.0f} ms "
-                      f"(pause {args.pause_s:g} s between runs)")
+                      f"(pause {args.pause_s:g} s between runs); worker CPU per run {cpu * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -98,9 +98,10 @@ async def bridge_batch(*, engine: Engine, settings: Settings, inp: MaterializeBa
         return await _harbor_batch(engine=engine, settings=settings, inp=inp, config=config, runtime=runtime,
                                    root=root, recorder=recorder, limit=limit, done=done, relay=relay,
                                    model=launch.model.identifier, backend=run.backend or "local")
+    setup_snapshot = await outage_tolerant(snapshot_of, engine, inp.run_id, "setup")
     async with relay as endpoint, open_sandbox(
             engine=engine, settings=settings, run_id=inp.run_id, role="work",
-            key=("materialize", inp.invocation, "bridge"), restore=snapshot_of(engine, inp.run_id, "setup"),
+            key=("materialize", inp.invocation, "bridge"), restore=setup_snapshot,
             internal_allowed=frozenset({("127.0.0.1", endpoint.port)}),
             metadata={"harness": launch.harness}, ro_paths=(runtime,)) as box:
         plan = plan_bridge(harness=launch.harness, config=config, model=launch.model.identifier, endpoint=endpoint,
@@ -194,7 +195,7 @@ async def _harbor_batch(*, engine: Engine, settings: Settings, inp: MaterializeB
             engine=engine, settings=settings, run_id=inp.run_id, role="harbor_orchestrator",
             key=("materialize", inp.invocation, "harbor"),
             # A remote run's Setup snapshot is in the remote backend's format; harbor runs from its own venv.
-            restore=snapshot_of(engine, inp.run_id, "setup") if backend == "local" else None,
+            restore=await outage_tolerant(snapshot_of, engine, inp.run_id, "setup") if backend == "local" else None,
             internal_allowed=frozenset(allowed), metadata={"harness": "harbor"}, ro_paths=ro_paths,
             on_worker=backend != "local"))
         broker.tasks_root = f"{box.home}/{TASKS_DIR}"

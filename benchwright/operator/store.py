@@ -14,9 +14,9 @@ from benchwright.operator.events import SessionAnswered, SessionStarted
 from benchwright.operator.goals import Answer, SessionCreate, SessionView
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent
-from benchwright.store.models import Account, OperatorEvent, OperatorSession, Run, utcnow
+from benchwright.store.models import Account, OperatorEvent, OperatorSession, Run, table_of, utcnow
 
-_EVENTS = OperatorEvent.__table__  # type: ignore[attr-defined]
+_EVENTS = table_of(OperatorEvent)
 TERMINAL = ("answered", "stopped", "failed")
 
 

@@ -50,7 +50,7 @@ async def product_batch(*, engine: Engine, settings: Settings, workdir: Path, in
     run_id, invocation = inp.run_id, inp.invocation
     recipe = Recipe.model_validate(json.loads((workdir / RECIPE_FILE).read_text()))
     by_task, aggregated = await in_thread(_recorded, engine, inp)
-    snapshot = snapshot_of(engine, run_id, "setup")
+    snapshot = await in_thread(snapshot_of, engine, run_id, "setup")
     gate = asyncio.Semaphore(max(1, min(inp.concurrency, settings.fanout_sandboxes)))
     counts = {"pass": 0, "fail": 0, "err": 0}
     written = 0

@@ -25,18 +25,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Engine
 
 from benchwright.data.blobs import BlobStore, write_atomic
 from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
-from benchwright.store.models import EventRow
+from benchwright.store.models import EventRow, table_of
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
 """Worker-local state: the model proxy's process handle."""
-_EVENTS: Table = EventRow.__table__  # type: ignore[attr-defined]
+_EVENTS = table_of(EventRow)
 # Read twice by every phase: a Core statement built once (the ORM's statement building cost more than the read).
 _LATEST_FILES = (select(_EVENTS.c.data)
                  .where(_EVENTS.c.run_id == bindparam("run_id_"), _EVENTS.c.type == WorkFilesRecorded.type_name())

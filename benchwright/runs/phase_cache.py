@@ -141,7 +141,11 @@ class PhaseCache:
         files = {name: await in_thread(self.blobs.put_file, self.workdir / name) for name in sorted(changed)}
         artifacts = [{"type": ev.type_name(), "data": ev.model_dump(mode="json")}
                      for _, ev in scope.artifacts if is_artifact(ev.type_name())]
-        await in_thread(record_cell, self.engine, Cell(
-            run_id=self.inp.run_id, phase=self.inp.phase, input_hash=self.input_hash, artifacts=artifacts,
-            snapshot_id=snapshot_of(self.engine, self.inp.run_id, self.inp.phase), files=files,
-            result={"tasks": tasks, "detail": detail or {}}))
+        input_hash, run_id, phase = self.input_hash, self.inp.run_id, self.inp.phase
+
+        def record() -> None:  # the snapshot read and the cell's write in one thread hop, off the event loop
+            record_cell(self.engine, Cell(run_id=run_id, phase=phase, input_hash=input_hash, artifacts=artifacts,
+                                          snapshot_id=snapshot_of(self.engine, run_id, phase), files=files,
+                                          result={"tasks": tasks, "detail": detail or {}}))
+
+        await in_thread(record)

@@ -31,6 +31,7 @@ from benchwright.sandbox.local import WORK_INSIDE
 from benchwright.sandbox.local.warm import RuntimeSpec, WarmPool, start_warm_pool
 from benchwright.scoring.host import RUNNER, TrialItem, TrialLimits, TrialRecord, run_trials, runner_env
 from benchwright.settings import Settings
+from benchwright.store.db import outage_tolerant
 
 SANDBOX_MARGIN_S = 60.0
 """The scorer sandbox outlives the batch's ceiling by this much: the host settles the trials and kills the runtime
@@ -84,9 +85,9 @@ def sequential(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput
         if not items:
             return
         threads = scorer_threads(inp.concurrency, len(items))
+        snapshot = await outage_tolerant(snapshot_of, engine, inp.run_id, "atomize")
         async with open_sandbox(engine=engine, settings=settings, run_id=inp.run_id, role="work",
-                                key=("materialize", inp.invocation, inp.start),
-                                restore=snapshot_of(engine, inp.run_id, "atomize"),
+                                key=("materialize", inp.invocation, inp.start), restore=snapshot,
                                 internal_allowed=allowed_internal(proxy)) as box:
             await run_trials(spawn=box.spawn(scorer_env(proxy, box), scorer_limits(threads, ceilings)),
                              items=items, sut=sut, threads=threads, on_record=on_record, limits=limits)
@@ -106,12 +107,12 @@ def fanout(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, su
         # Task sandboxes in existence at once: each costs a namespace set-up and a process tree, so the
         # machine's cores bound them rather than the run's model-call concurrency.
         gate = asyncio.Semaphore(max(1, min(inp.concurrency, settings.fanout_sandboxes)))
+        snapshot = await outage_tolerant(snapshot_of, engine, inp.run_id, "atomize")
 
         async def one(index: int, trials: list[TrialItem]) -> None:
             async with gate, open_sandbox(engine=engine, settings=settings, run_id=inp.run_id, role="task",
                                           key=("materialize", inp.invocation, index),
-                                          restore=snapshot_of(engine, inp.run_id, "atomize"),
-                                          internal_allowed=allowed_internal(proxy),
+                                          restore=snapshot, internal_allowed=allowed_internal(proxy),
                                           metadata={"task_index": index}) as box:
                 spawn = box.spawn(scorer_env(proxy, box), scorer_limits(len(trials), ceilings))
                 await run_trials(spawn=spawn, items=trials, sut=sut, threads=len(trials), on_record=on_record,

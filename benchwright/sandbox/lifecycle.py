@@ -19,8 +19,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
 
 from benchwright.aio import uncancellable
 from benchwright.data.blobs import BlobNotFound
@@ -40,7 +40,7 @@ from benchwright.sandbox.snapshot_sync import export_snapshot, import_snapshot
 from benchwright.scoring.host import RUNNER, Spawn, runner_env
 from benchwright.settings import Settings
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.models import EventRow
+from benchwright.store.models import EventRow, table_of
 from benchwright.store.policy import get_policy, record_blocked
 from benchwright.store.runs import get_run, record_isolation
 
@@ -206,24 +206,34 @@ async def _import_local(settings: Settings, backend: SandboxBackend, snapshot_id
             pass  # not exported (taken before a shared store was configured): the local store answers alone
 
 
+# Read by every phase that leaves or restores a snapshot, and by every batch: a Core statement built once.
+_EVENTS = table_of(EventRow)
+_SNAPSHOTS = (select(_EVENTS.c.data)
+              .where(_EVENTS.c.run_id == bindparam("run_id_"), _EVENTS.c.type == SnapshotCreated.type_name())
+              .order_by(_EVENTS.c.seq.desc()))
+
+
+def _newest_snapshots(engine: Engine, run_id: str) -> dict[str, str]:
+    """Each phase's newest snapshot in the run's log (a fork's log holds copies of its parent's for the phases it
+    inherits)."""
+    newest: dict[str, str] = {}
+    with engine.connect() as conn:
+        for (data,) in conn.execute(_SNAPSHOTS, {"run_id_": run_id}):
+            newest.setdefault(str(data.get("phase")), str(data["snapshot_id"]))
+    return newest
+
+
 def snapshot_of(engine: Engine, run_id: str, phase: str) -> str | None:
-    """The snapshot ``phase`` left for the phases after it: its newest SnapshotCreated in the run's log (a fork's
-    log holds copies of its parent's for the phases it inherits). None if it left none."""
-    with Session(engine) as session:
-        rows = session.exec(select(EventRow).where(EventRow.run_id == run_id,
-                                                   EventRow.type == SnapshotCreated.type_name())
-                            .order_by(col(EventRow.seq).desc())).all()
-    return next((str(r.data["snapshot_id"]) for r in rows if r.data.get("phase") == phase), None)
+    """The snapshot ``phase`` left for the phases after it: its newest SnapshotCreated in the run's log. None if it
+    left none."""
+    return _newest_snapshots(engine, run_id).get(phase)
 
 
 def latest_snapshot(engine: Engine, run_id: str, *, before: str) -> str | None:
     """The newest work-sandbox snapshot of the phases that run before ``before``."""
     earlier = SNAPSHOT_PHASES[: SNAPSHOT_PHASES.index(before)] if before in SNAPSHOT_PHASES else SNAPSHOT_PHASES
-    for phase in reversed(earlier):
-        snap = snapshot_of(engine, run_id, phase)
-        if snap:
-            return snap
-    return None
+    newest = _newest_snapshots(engine, run_id)
+    return next((newest[phase] for phase in reversed(earlier) if phase in newest), None)
 
 
 async def record_snapshot(*, engine: Engine, run_id: str, phase: str, invocation: int, snapshot_id: str) -> None:

@@ -35,14 +35,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, func, literal_column, select
+from sqlalchemy import func, literal_column, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from benchwright.errors import InvalidInput, NotFound, QuotaExceeded
 from benchwright.security import audit
 from benchwright.store.db import session_scope
-from benchwright.store.models import Account, AccountQuota, Run, TaskRow, utcnow
+from benchwright.store.models import Account, AccountQuota, Run, TaskRow, table_of, utcnow
 
 if TYPE_CHECKING:
     from benchwright.llm.sut import SutClient, SutReply
@@ -542,7 +542,7 @@ class GatedSut:
         await self._inner.aclose()
 
 
-_RUNS: Table = Run.__table__  # type: ignore[attr-defined]
+_RUNS = table_of(Run)
 _RUNNING = (select(_RUNS.c.account_id).distinct()
             .where(_RUNS.c.status == literal_column("'running'"), _RUNS.c.finished_at.is_(None)))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import Table, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Engine
 from sqlmodel import col
 
@@ -13,10 +13,9 @@ from benchwright.registry.shape import stamp_terminal
 from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.store.db import session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
-from benchwright.store.models import Account, Run, utcnow
+from benchwright.store.models import Account, Run, table_of, utcnow
 
-_RUNS: Table = Run.__table__  # type: ignore[attr-defined]
-_ACCOUNTS: Table = Account.__table__  # type: ignore[attr-defined]
+_RUNS, _ACCOUNTS = table_of(Run), table_of(Account)
 # Read after every phase: a Core statement built once (through the ORM its building cost more than the read).
 _SPEND = (select(_RUNS.c.cost_incurred, _RUNS.c.cost_billed, _ACCOUNTS.c.balance_usd)
           .join(_ACCOUNTS, _ACCOUNTS.c.id == _RUNS.c.account_id).where(_RUNS.c.id == bindparam("run_id_")))

@@ -31,12 +31,12 @@ from benchwright.events import (
 )
 from benchwright.scoring.results import is_no_answer
 from benchwright.store.db import session_scope
-from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, utcnow
+from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, table_of, utcnow
 
 _KEY_CHUNK = 500
 # Inserts go through the Core tables, not the ORM classes: the ORM's bulk-insert path costs several times more CPU
 # per row (measured on the Materialize hot path), and these rows are plain dicts anyway.
-_EVENTS, _TRIALS, _TASK_ROWS = EventRow.__table__, TrialResult.__table__, TaskRow.__table__  # type: ignore[attr-defined]
+_EVENTS, _TRIALS, _TASK_ROWS = table_of(EventRow), table_of(TrialResult), table_of(TaskRow)
 _PHASE_STARTED, _TASKS_ARTIFACT = PhaseStarted.type_name(), DatasetTasksArtifact.type_name()
 _RESULT, _AGGREGATED = MaterializeTaskResult.type_name(), MaterializeTaskAggregated.type_name()
 _Insert = tuple[str, list[str], list[Any], bool]
@@ -45,7 +45,7 @@ _INSERTS: dict[tuple[str, str, tuple[str, ...]], _Insert] = {}
 # An append's own statements, built once as Core statements: through the ORM (``update(Run)``, ``select(EventRow)``)
 # each cost several times more CPU in statement building and ORM compile state than the database's work on a small
 # append (measured: 1.24 ms of CPU for a two-event append on SQLite, 3.2 ms on Postgres, most of it there).
-_RUNS: Table = Run.__table__  # type: ignore[attr-defined]
+_RUNS = table_of(Run)
 _LOCK = (update(_RUNS).where(_RUNS.c.id == bindparam("run_id_")).values(next_seq=_RUNS.c.next_seq)
          .returning(_RUNS.c.next_seq))
 _RECORDED = select(_EVENTS.c.idem_key).where(_EVENTS.c.idem_key.in_(bindparam("keys_", expanding=True)))

@@ -10,12 +10,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Column, Index, Text, UniqueConstraint, false, text
+from sqlalchemy import JSON, Boolean, Column, Index, Table, Text, UniqueConstraint, false, text
 from sqlmodel import Field, SQLModel
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def table_of(model: type[SQLModel]) -> Table:
+    """A model's Core table, for the statements the hot paths build once (``store.events``, ``store.control``)."""
+    table: Table = model.__table__  # type: ignore[attr-defined]
+    return table
 
 
 class Account(SQLModel, table=True):

@@ -10,6 +10,7 @@ import math
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -226,8 +227,24 @@ def _probe_dir(parent: Path, write: tuple[str, str] | None = None) -> bool:
             probe.rmdir()
 
 
+_DETECTED: list[_Cgroups] = []
+_DETECTING = threading.Lock()
+
+
 def _detect_cgroups() -> _Cgroups:
-    """Find writable memory/pids/CPU-accounting cgroups below this process's own cgroup."""
+    """Find writable memory/pids/CPU-accounting cgroups below this process's own cgroup, once per process: the
+    probes write into cgroupfs (~3-6 ms), and the worker makes a backend for every sandbox and snapshot. A host
+    that offered none is asked again next time."""
+    with _DETECTING:
+        if not _DETECTED:
+            found = _probe_cgroups()
+            if not found.controllers:
+                return found
+            _DETECTED.append(found)
+        return _DETECTED[0]
+
+
+def _probe_cgroups() -> _Cgroups:
     try:
         own = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
     except OSError:
