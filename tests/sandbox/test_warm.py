@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import socket
 import sys
 import threading
@@ -221,3 +222,67 @@ async def test_a_warm_sandbox_whose_init_died_while_waiting_is_not_claimed(pool:
     finally:
         await claimer.kill(info.sandbox_id)
         await claimer.close()
+
+
+# A worker standing in a process of its own: a pool of one, a sandbox claimed from it by a run and the pool's next
+# one made; it prints both ids, then waits to be killed.
+_OWNER = '''
+import asyncio, json, sys
+from pathlib import Path
+from benchwright.sandbox import LocalBackend
+from benchwright.sandbox.local.warm import start_warm_pool
+from tests.sandbox.test_warm import SPEC
+
+async def main():
+    root = Path(sys.argv[1])
+    pool = await start_warm_pool(LocalBackend(root), size=1, runtime=SPEC)
+    await pool.until_ready()
+    claimed = await LocalBackend(root).create(role="work", run_id="run-claimed")
+    await pool.until_ready()
+    print(json.dumps({"claimed": claimed.sandbox_id, "warm": pool.ready[0].meta.sandbox_id}), flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+'''
+
+
+def _pidfd(root: Path, sandbox_id: str, which: str) -> int:
+    """A pidfd of the sandbox's init or supervisor (readable once that process has exited)."""
+    pids = json.loads((root / "sandboxes" / sandbox_id / "ctl" / "pids.json").read_text())
+    return os.pidfd_open(pids[f"{which}_pid"])
+
+
+async def test_a_killed_workers_unclaimed_warm_sandbox_dies_with_it_and_a_claimed_one_lives_on(
+        tmp_path: Path) -> None:
+    reason = _namespaces_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path / "data"
+    owner = await asyncio.create_subprocess_exec(
+        PY, "-c", _OWNER, str(root), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2])
+    try:
+        made = json.loads(await asyncio.wait_for(owner.stdout.readline(), 60))  # type: ignore[union-attr]
+    finally:
+        owner.kill()  # SIGKILL: no shutdown code of the pool runs
+        await owner.wait()
+    warm_supervisor = _pidfd(root, made["warm"], "supervisor")
+    warm_init, claimed_init = _pidfd(root, made["warm"], "init"), _pidfd(root, made["claimed"], "init")
+    try:
+        # The unclaimed one's supervisor saw its lifeline end, killed the init and ended (a pidfd is readable once
+        # its process has exited); the claimed one's supervisor had been told, so its init lives on.
+        ready = await asyncio.to_thread(select.select, [warm_supervisor], [], [], 30)
+        assert ready[0], "the unclaimed warm sandbox outlived the worker that made it"
+        assert select.select([warm_init], [], [], 0)[0]
+        # Both lifelines ended at the same instant and the unclaimed one has been acted on; absence can only be
+        # watched for, so the claimed init is given two more seconds to die, and must not.
+        died = (await asyncio.to_thread(select.select, [claimed_init], [], [], 2.0))[0]
+        assert not died, "the claimed sandbox died with the worker"
+    finally:
+        for fd in (warm_supervisor, warm_init, claimed_init):
+            os.close(fd)
+        cleaner = LocalBackend(root)
+        for sandbox_id in (made["claimed"], made["warm"]):
+            await cleaner.kill(sandbox_id)
+        await cleaner.close()
+    assert await LocalBackend(root).list_alive() == []

@@ -20,6 +20,8 @@ mounted at the same path inside the sandbox anyway). Its config is a root-only m
        backend, and then serves: it reaps orphans and, when egress is configured, runs the in-sandbox forwarder
        (127.0.0.1:PORT inside the sandbox's network namespace -> the Unix socket the backend bind-mounted at
        ``/run/benchwright/egress.sock``).
+    4. A warm sandbox's supervisor also holds a lifeline to the worker that made it (``owner_lifeline``): if that
+       worker dies before a run claims the sandbox, the supervisor kills the init (``_watch_owner``).
 
 ``enter`` (one per exec/spawn):
     helper (host PID namespace) -- joins the sandbox's ipc/uts/net/pid/mnt namespaces and chroots to its root; is
@@ -342,10 +344,13 @@ def cmd_init(cfg: dict[str, Any]) -> int:
         return 1
     rfd, wfd = os.pipe()
     lifeline_r, lifeline_w = os.pipe()  # only the supervisor holds the write end: EOF once it is gone
+    owner = cfg.get("owner_lifeline")  # a warm sandbox's: see _watch_owner
     pid = os.fork()
     if pid == 0:
         os.close(rfd)
         os.close(lifeline_w)
+        if owner is not None:
+            os.close(owner)  # nothing inside the sandbox may read (or hold) its maker's lifeline
         step = "unshare"
         try:
             # The supervisor gone means the sandbox is gone, even if it was killed (the backend's start timeout)
@@ -403,12 +408,48 @@ def cmd_init(cfg: dict[str, Any]) -> int:
     report.update(pids)
     print(_dumps(report), flush=True)
     os.dup2(log_fd, 1)  # the backend stops reading after that line
+    if owner is not None and report.get("ok"):
+        _watch_owner(owner, pid)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             return os.waitstatus_to_exitcode(status) & 0xFF
         except InterruptedError:
             continue
+
+
+def _watch_owner(fd: int, init_pid: int) -> None:
+    """A warm sandbox's lifeline to the worker that made it (only that worker holds the write end), watched until
+    the init exits. End of file means the worker died before a run claimed the sandbox: the init is killed, and
+    with it everything in its PID namespace (a waiting runtime among it), so a killed worker leaves no warm sandbox
+    running. The byte ``c`` means a run claimed it: from then on it lives as long as the run's other sandboxes do.
+    (No thread: after ``unshare(CLONE_NEWPID)`` this process cannot start one.)"""
+    try:
+        init_exit = os.pidfd_open(init_pid)
+    except OSError:
+        os.close(fd)  # no pidfds (Linux < 5.3): the sandbox is reaped by the next worker, as before lifelines
+        return
+    try:
+        while True:
+            try:
+                readable = select.select([fd, init_exit], [], [])[0]
+            except InterruptedError:
+                continue
+            if init_exit in readable:
+                return
+            try:
+                claimed = os.read(fd, 1) == b"c"
+            except OSError:
+                claimed = False
+            if not claimed:
+                try:
+                    os.kill(init_pid, signal.SIGKILL)
+                except OSError:
+                    pass  # already gone
+            return
+    finally:
+        os.close(fd)
+        os.close(init_exit)
 
 
 # -------------------------------------------------------------------------------------------------------- enter ---

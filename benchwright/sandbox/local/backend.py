@@ -477,19 +477,23 @@ class LocalBackend:
                      cgroups=[str(p) for p in self.cgroups.sandbox_dirs(sandbox_id)], owner_pid=os.getpid())
         meta.metadata = self._metadata(meta, None)
         relay = _EgressRelay(None)
+        lifeline_r, lifeline_w = os.pipe()  # both close-on-exec: the init's supervisor alone is handed the read end
         made = False
         try:
             await asyncio.to_thread(self._prepare_dirs, meta, None)
-            report = await asyncio.to_thread(self._start_init, meta, relay)
+            report = await asyncio.to_thread(self._start_init, meta, relay, lifeline_r)
             if not report.get("ok"):
                 raise SandboxError(f"cannot create warm sandbox {sandbox_id}: {_failure_detail(report)}")
             meta.state = "ready"
             self._save_meta(meta)
             waiting = await self.start_waiting(meta, runtime) if runtime is not None else None
             made = True
-            return WarmSandbox(meta=meta, supervisor=self._supervisors.pop(sandbox_id), relay=relay, runtime=waiting)
+            return WarmSandbox(meta=meta, supervisor=self._supervisors.pop(sandbox_id), relay=relay, runtime=waiting,
+                               lifeline=lifeline_w)
         finally:
+            os.close(lifeline_r)
             if not made:
+                os.close(lifeline_w)
                 await asyncio.to_thread(self._destroy, meta)
                 relay.close()
 
@@ -517,6 +521,7 @@ class LocalBackend:
 
     async def discard_warm(self, warm: WarmSandbox) -> None:
         """Kill a warm sandbox nobody adopted (or whose adoption failed)."""
+        warm.release(claimed=False)
         if warm.runtime is not None:
             warm.runtime.process.kill()
         self._supervisors[warm.meta.sandbox_id] = warm.supervisor
@@ -546,6 +551,7 @@ class LocalBackend:
             self._waiting[meta.sandbox_id] = warm.runtime
             self._running.setdefault(meta.sandbox_id, set()).add(warm.runtime.process)
         self._isolation = "namespaces"
+        warm.release(claimed=True)  # the run's now: it no longer dies with this worker
         return self._info(meta)
 
     def _reap_supervisors(self) -> None:
@@ -588,8 +594,11 @@ class LocalBackend:
             # Linked large files only under a sandbox uid: unisolated commands run as us and could write them.
             self.snapshots.restore(snapshot_id, d / "work", uid=meta.uid, gid=meta.gid, link=meta.uid is not None)
 
-    def _start_init(self, meta: _Meta, relay: _EgressRelay | None = None) -> dict[str, Any]:
-        """Start the sandbox's init; its egress goes through ``relay`` (a warm sandbox's own) or the backend's."""
+    def _start_init(self, meta: _Meta, relay: _EgressRelay | None = None,
+                    owner_lifeline: int | None = None) -> dict[str, Any]:
+        """Start the sandbox's init; its egress goes through ``relay`` (a warm sandbox's own) or the backend's.
+        ``owner_lifeline``: a warm sandbox's, the read end of a pipe whose write end only this worker holds (the
+        supervisor kills the init at its end of file unless a run claimed the sandbox first; ``WarmSandbox``)."""
         d = self._dir(meta.sandbox_id)
         relay = relay or self._egress_relay()
         assert meta.uid is not None and meta.gid is not None
@@ -599,14 +608,15 @@ class LocalBackend:
                "pidfile": str(d / "ctl" / "pids.json"), "ro_binds": binds, "symlinks": links, "etc_files": etc,
                "tmp_size_mb": self.tmp_size_mb, "shm_size_mb": min(self.tmp_size_mb, 64), "hostname": "sandbox",
                "egress_socket": str(relay.socket_path) if relay else None,
-               "egress_port": EGRESS_PORT if relay else None}
+               "egress_port": EGRESS_PORT if relay else None, "owner_lifeline": owner_lifeline}
         cfg_path = d / "ctl" / f"init-{secrets.token_hex(4)}.cfg"
         _write_config(cfg_path, cfg)
         self._reap_supervisors()
         with open(d / "ctl" / "init.log", "ab") as log_fh:
             proc = subprocess.Popen(
                 [sys.executable, "-E", "-s", "-S", str(HELPER), "init", str(cfg_path)], stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=log_fh, env={}, start_new_session=True, close_fds=True)
+                stdout=subprocess.PIPE, stderr=log_fh, env={}, start_new_session=True, close_fds=True,
+                pass_fds=() if owner_lifeline is None else (owner_lifeline,))
         assert proc.stdout is not None
         # poll, not select: a busy worker can hold more than FD_SETSIZE (1024) descriptors.
         poller = select.poll()

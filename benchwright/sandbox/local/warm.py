@@ -6,7 +6,9 @@ runtime (the exec helper, then ``python runner.py`` starting and importing), a t
 first call. A worker (``worker.run_worker``) keeps ``size`` sandboxes of its local backend ready instead:
 
 1. **Made** by the pool's own backend (``LocalBackend.create_warm``): a namespaced sandbox of no run (role
-   ``warm``, owned by the worker's PID like any other, so the worker's shutdown and the next worker's start reap it),
+   ``warm``, owned by the worker's PID like any other, so the worker's shutdown and the next worker's start reap it;
+   and tied to the worker by a lifeline, so that should the worker die, even by SIGKILL, before a run claims it, its
+   supervisor kills it at once: ``WarmSandbox.release``),
    its work directory empty, its egress relay bound but without a target (every connection is closed at once).
 2. **A runtime waiting**: ``python runner.py --wait`` under the runtime's limits, started from a ``runner.py`` the
    pool put in the work directory and removed as soon as the runtime said ``waiting`` (it has read and imported
@@ -34,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -140,12 +143,29 @@ def _set_pids_max(dirs: Sequence[str], value: int) -> None:
 @dataclass
 class WarmSandbox:
     """A namespaced sandbox of no run yet, and what only its maker holds: the supervisor's handle, its egress
-    relay (no target until claimed) and the runtime waiting in it."""
+    relay (no target until claimed), the runtime waiting in it and its lifeline (the write end of a pipe whose read
+    end its supervisor watches: should this worker die, even by SIGKILL, before a run claims the sandbox, the end
+    of file makes the supervisor kill it, so a killed worker leaves no warm sandbox running)."""
 
     meta: _Meta
     supervisor: subprocess.Popen[bytes]
     relay: _EgressRelay
     runtime: WaitingRuntime | None
+    lifeline: int | None = None
+
+    def release(self, *, claimed: bool) -> None:
+        """Let go of the lifeline: ``claimed`` tells the supervisor the sandbox is a run's now (it then outlives this
+        worker like any run's sandbox); otherwise it is killed at the end of file."""
+        if self.lifeline is None:
+            return
+        fd, self.lifeline = self.lifeline, None
+        try:
+            if claimed:
+                os.write(fd, b"c")
+        except OSError as exc:  # the supervisor is gone: the sandbox with it, which the run's commands will say
+            log.warning("a claimed warm sandbox's supervisor did not take the claim: %s", exc)
+        finally:
+            os.close(fd)
 
 
 class WarmPool:
