@@ -25,7 +25,9 @@ TASKS = 10
 @pytest.fixture
 async def temporal_stack(tmp_path: Path, dev_models: DevModels) -> AsyncIterator[tuple[FaultStack, str]]:
     answers = write_dataset(tmp_path / "tasks.jsonl", TASKS)
-    url = await dev_models.start(DevModelConfig(answers=answers, latency_ms=50))
+    # Slow enough that no run can finish while the others are still being launched (a run is TASKS / 2 model rounds
+    # long, 1.5 s here): the test needs all twenty live at the restart, and the stack keeps getting faster.
+    url = await dev_models.start(DevModelConfig(answers=answers, latency_ms=300))
     stack = await start_stack(tmp_path, model_hosts=list(dev_models.allowed))
     try:
         yield stack, url
