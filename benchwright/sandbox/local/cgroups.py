@@ -233,7 +233,7 @@ _DETECTING = threading.Lock()
 
 def _detect_cgroups() -> _Cgroups:
     """Find writable memory/pids/CPU-accounting cgroups below this process's own cgroup, once per process: the
-    probes write into cgroupfs (~3-6 ms), and the worker makes a backend for every sandbox and snapshot. A host
+    probes write into cgroupfs (~0.5 ms of CPU), and the worker makes a backend for every sandbox and snapshot. A host
     that offered none is asked again next time."""
     with _DETECTING:
         if not _DETECTED:
