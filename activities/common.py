@@ -6,8 +6,7 @@ so a Temporal retry of the same invocation appends nothing twice.
 
 Every phase activity heartbeats while it works (``heartbeating``): a worker killed mid-phase is noticed within the
 workflow's phase heartbeat timeout and another worker retries the phase, and a halt's cancellation reaches the phase
-at its next await instead of after it ends. A phase run as a local activity (``workflows.run``, issue 25) has no
-heartbeat: its worker's workflow task stands for it, and a cancellation reaches it in-process.
+at its next await instead of after it ends.
 """
 
 from __future__ import annotations
@@ -75,13 +74,6 @@ HEARTBEAT_EVERY_S = 2.0
 """How often a phase activity heartbeats; the workflow's ``PHASE_HEARTBEAT`` (10 s) is the bound it keeps under."""
 
 
-def heartbeat(*details: Any) -> None:
-    """``activity.heartbeat``, a no-op in a local activity (Temporal keeps no heartbeat for one: the SDK would log
-    each as failed)."""
-    if not activity.info().is_local:
-        activity.heartbeat(*details)
-
-
 class Heartbeat:
     """The activity's heartbeat while a phase works: a background beat every ``HEARTBEAT_EVERY_S`` that resends the
     latest details given to ``send`` (a cache hit's ``{"cache_hit": ...}``, which the Temporal UI shows), so the
@@ -93,11 +85,11 @@ class Heartbeat:
     def send(self, *details: Any) -> None:
         """Heartbeat now with ``details``; every later beat carries them too."""
         self.details = details
-        heartbeat(*details)
+        activity.heartbeat(*details)
 
     async def beat(self) -> None:
         while True:
-            heartbeat(*self.details)
+            activity.heartbeat(*self.details)
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
 
@@ -197,7 +189,6 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
                                                   key=f"{inp.phase}-{inp.invocation}-budget")
         if reason and halted:
             scope.control = PhaseControl(kind="halt", reason=reason)
-    await maybe_stall_local(deps, inp.launch.metadata, inp.phase)
     maybe_inject_fault(deps, inp.launch.metadata, inp.phase)
 
 
@@ -220,19 +211,9 @@ def _driver_request(deps: Deps, inp: PhaseInput) -> PhaseControl | None:
     return None
 
 
-async def maybe_stall_local(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:
-    """Tests only (``allow_fault_injection``): ``{"phase": ..., "local_stall_s": s}`` holds a phase tried as a local
-    activity for ``s`` seconds after its events are committed, past its budget, so the workflow cancels it and runs
-    the phase as an ordinary activity (which does not stall) whose events must dedupe."""
-    fault = metadata.get("fault_injection") if deps.settings.allow_fault_injection else None
-    if isinstance(fault, dict) and fault.get("phase") == phase_name and activity.info().is_local:
-        await asyncio.sleep(min(float(fault.get("local_stall_s", 0)), 60.0))
-
-
 def maybe_inject_fault(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:
     """Tests only (``allow_fault_injection``): fail the first attempt of a phase after its events are committed,
     so the retry must append the same events again and the log must still hold each once."""
     fault = metadata.get("fault_injection") if deps.settings.allow_fault_injection else None
-    if (isinstance(fault, dict) and fault.get("phase") == phase_name and activity.info().attempt == 1
-            and not fault.get("local_stall_s")):
+    if isinstance(fault, dict) and fault.get("phase") == phase_name and activity.info().attempt == 1:
         raise RuntimeError(f"injected fault after {phase_name} committed its events (attempt 1)")

@@ -1,9 +1,8 @@
 """The adapter between Temporal's activities and the worker's fair share (``benchwright.security.quotas.FairShare``).
 
 Every activity of a run carries its account as Temporal's ``fairness_key``
-(``benchwright.security.quotas.fairness_key``, inherited from the run's workflow; a phase run as a local activity,
-which Temporal gives no priority, carries it in its ``PhaseInput``), so the worker knows whose work each one is
-without reading the store: an account is active on this worker while one of its activities runs, and the pipeline
+(``benchwright.security.quotas.fairness_key``, inherited from the run's workflow), so the worker knows whose work each
+one is without reading the store: an account is active on this worker while one of its activities runs, and the pipeline
 phases and Materialize batch starts wait for their account's share (a lighter account's go first).
 """
 
@@ -15,8 +14,6 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from activities.common import heartbeat
-from benchwright.runs.pipeline import PhaseInput
 from benchwright.security.quotas import FairShare
 
 PHASES = frozenset({"fork", "find", "fetch", "analyze", "setup", "attach", "atomize", "report_run"})
@@ -49,8 +46,6 @@ class _Inbound(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
         account = info.priority.fairness_key if info.priority is not None else None
-        if info.is_local and account is None:  # a phase run as a local activity carries its account itself
-            account = next((a.fairness_key for a in input.args if isinstance(a, PhaseInput)), None)
         if account is None:  # not a run's activity (or a run started without its account): not shared out
             return await self.next.execute_activity(input)
         self.share.enter(account)
@@ -82,7 +77,7 @@ class _Inbound(ActivityInboundInterceptor):
             while not waiting.done():
                 await asyncio.wait([waiting], timeout=HEARTBEAT_WHILE_WAITING_S)
                 if not waiting.done():
-                    heartbeat(*details)
+                    activity.heartbeat(*details)
             waiting.result()
         except BaseException:
             waiting.cancel()  # admitted meanwhile: FairShare gives the admission back

@@ -9,15 +9,13 @@ times back to back, ``--parallel`` workflows at once. It prints each hop's wait,
 
     python bench/temporal_dispatch.py                         # the flags benchwright up uses
     python bench/temporal_dispatch.py --temporal-defaults     # without DISPATCH_ARGS: Temporal's defaults
-    python bench/temporal_dispatch.py --local --pause-at -1   # the steps as local activities: no hop between them
 
 What it showed (docs/performance.md, "Temporal's dispatch"): with Temporal's defaults the first ~25-30 hops after
 an idle moment are handed out in 2-5 ms, every later one in ~40-45 ms, until the server is idle again for a few
 hundred milliseconds. The cause is the history service's transfer-queue reader, limited to 20 reads a second per
 shard (``history.transferProcessorMaxPollRPS``; a dev server has one shard): every workflow task and activity
 task passes through that queue. ``benchwright up`` raises the limit (``DISPATCH_ARGS`` in
-``benchwright.stack.temporal_ui``), and every hop then takes 2-8 ms. As local activities (``--local``) six steps
-took 75-80 ms against 230-240 ms (docs/performance.md, session 13): why a run's short phases are local activities.
+``benchwright.stack.temporal_ui``), and every hop then takes 2-8 ms.
 """
 
 from __future__ import annotations
@@ -61,16 +59,6 @@ class Chain:
             await workflow.execute_activity(step, i, start_to_close_timeout=timedelta(seconds=30))
 
 
-@workflow.defn
-class LocalChain:
-    """The same chain as local activities: run by the worker that holds the workflow task, no hop through Temporal."""
-
-    @workflow.run
-    async def run(self, steps: int) -> None:
-        for i in range(steps):
-            await workflow.execute_local_activity(step, i, start_to_close_timeout=timedelta(seconds=30))
-
-
 async def waits_of(client: Client, workflow_id: str) -> list[float]:
     """Each hop's wait in the task queue (ms): workflow tasks and activities, scheduled to started, in order."""
     events = [e async for e in client.get_workflow_handle(workflow_id).fetch_history_events()]
@@ -86,13 +74,12 @@ async def waits_of(client: Client, workflow_id: str) -> list[float]:
 
 async def measure(address: str, args: argparse.Namespace) -> None:
     client = await Client.connect(address)
-    chain = LocalChain.run if args.local else Chain.run
-    async with Worker(client, task_queue="dispatch-probe", workflows=[Chain, LocalChain], activities=[step],
+    async with Worker(client, task_queue="dispatch-probe", workflows=[Chain], activities=[step],
                       workflow_runner=UnsandboxedWorkflowRunner(), disable_eager_activity_execution=True):
         for r in range(args.rounds):
             ids = [f"probe-{r}-{k}-{time.time_ns()}" for k in range(args.parallel)]
             t0 = time.perf_counter()
-            handles = [await client.start_workflow(chain, args.steps, id=i, task_queue="dispatch-probe")
+            handles = [await client.start_workflow(Chain.run, args.steps, id=i, task_queue="dispatch-probe")
                        for i in ids]
             for h in handles:
                 await h.result()
@@ -111,7 +98,6 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--pause-at", type=int, default=7)
     ap.add_argument("--pause-s", type=float, default=0.2)
-    ap.add_argument("--local", action="store_true", help="the steps as local activities (no hop between them)")
     ap.add_argument("--temporal-defaults", action="store_true",
                     help="without DISPATCH_ARGS (the transfer queue read at Temporal's default rate)")
     args = ap.parse_args()

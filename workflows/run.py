@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -84,7 +84,6 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
         resweep_hooks,
-        runs_in_workflow_task,
     )
     from benchwright.stack.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
@@ -116,23 +115,11 @@ REPORT_HEARTBEAT = timedelta(seconds=10)
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
                            maximum_attempts=3)
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
-QUICK_PHASES_LOCAL = "quick-phases-local"
-"""The patch under which a short phase (``runs_in_workflow_task``) is tried as a local activity first (issue 25)."""
-LOCAL_PHASE_BUDGET = timedelta(seconds=2)
-"""How long a phase tried as a local activity may take before it is cancelled and scheduled as an ordinary activity.
-Its workflow task stays open meanwhile, so an update (a stop, a pause) waits for at most this long."""
-LOCAL_ONCE = RetryPolicy(maximum_attempts=1)
-"""A local attempt is not retried in place: what failed goes on as an ordinary activity, with PHASE_RETRY."""
 PHASE_ACTIVITIES: dict[str, Callable[[Any, PhaseInput], Awaitable[PhaseResult]]] = {
     "find": FindActivities.find, "fetch": FetchActivities.fetch, "analyze": AnalyzeActivities.analyze,
     "setup": SetupActivities.setup, "attach": AttachActivities.attach, "atomize": AtomizeActivities.atomize,
 }
 """The activity of each phase the workflow runs as one activity (fork and materialize have their own steps)."""
-
-
-def _abandoned(err: ActivityError) -> bool:
-    """The activity was cancelled: the workflow is abandoning the phase (a halt), not asking for it again."""
-    return isinstance(err.cause, CancelledError)
 
 
 class _Teardown(Exception):
@@ -484,7 +471,9 @@ class RunWorkflow:
         if phase == "materialize":
             return await self._materialize(phase_inp)
         phase_inp.preface = self._preface
-        result = await self._phase_activity(phase, phase_inp)
+        result = await workflow.execute_activity_method(
+            PHASE_ACTIVITIES[phase], phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
+            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
         if phase_inp.preface:
             self._preface = []  # the phase opened with them
         if result.tasks is not None:
@@ -496,30 +485,6 @@ class RunWorkflow:
             self._cache_hits[phase] = str(hit.get("source_run_id", "?"))
             self._details()
         return result.control
-
-    async def _phase_activity(self, phase: str, phase_inp: PhaseInput) -> PhaseResult:
-        """One phase invocation's activity. A short one (``runs_in_workflow_task``) is tried first as a local
-        activity, in this worker, without a hop through Temporal's queues (issue 25); past its budget, or failed in
-        any way but cancelled, it goes on as the ordinary activity (the same invocation: its events dedupe), whose
-        retries and failure the run sees exactly as before."""
-        activity, summary = PHASE_ACTIVITIES[phase], f"{phase} v{phase_inp.invocation}"
-        if runs_in_workflow_task(phase, self._launch, self._inp.driver) and workflow.patched(QUICK_PHASES_LOCAL):
-            priority = workflow.info().priority
-            local_inp = phase_inp.model_copy(update={"fairness_key": priority.fairness_key if priority else None})
-            try:
-                return await workflow.execute_local_activity_method(
-                    activity, local_inp, start_to_close_timeout=LOCAL_PHASE_BUDGET, retry_policy=LOCAL_ONCE,
-                    cancellation_type=CANCEL, summary=f"{summary} (local)")
-            except (ActivityError, ApplicationError) as err:
-                # A failed local activity is raised as its ApplicationError, one past its budget as an ActivityError
-                # (TimeoutError). Either way the ordinary activity is what fails the run or retries, as before.
-                if isinstance(err, ActivityError) and _abandoned(err):
-                    raise
-                workflow.logger.info("run %s: %s as a local activity did not finish (%s); scheduling it",
-                                     self._inp.run_id, summary, err.cause if isinstance(err, ActivityError) else err)
-        return await workflow.execute_activity_method(
-            activity, phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=summary)
 
     @staticmethod
     def _phase_heartbeat() -> timedelta | None:

@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from benchwright.data.dataset_access import is_url
 from benchwright.harness.config import is_bridge
 from benchwright.runs.limits import RunLimits, TaskLimits
 from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
@@ -57,29 +56,6 @@ def plan_phases(launch: LaunchRequest, *, fork: ForkDecision | None = None) -> l
             reason = PRODUCT_SKIPS[phase].format(recipe=launch.recipe)
         plan.append(PlannedPhase(phase=phase, skip_reason=reason))
     return plan
-
-
-QUICK_PHASES = frozenset({"fetch", "analyze", "setup", "attach", "atomize"})
-"""The phases a plain dataset run of the builtin driver does in milliseconds (a file copied or a cache hit, rows read,
-a route registered, tasks written): what ``runs_in_workflow_task`` may run as local activities."""
-
-
-def runs_in_workflow_task(phase: str, launch: LaunchRequest, driver: str) -> bool:
-    """Whether the workflow tries ``phase`` as a local activity, in the worker holding its workflow task, before
-    scheduling it as an ordinary activity (issue 25: each hop through Temporal's queues costs ~30 ms, five of them
-    before the first model call).
-
-    Only where the phase is known to be short and cheap to repeat: the builtin driver (no model call in Analyze or
-    Atomize), no harness bridge, product recipe, requirements to install or remote compute, and for Fetch a dataset
-    that is not downloaded. A local attempt that runs past its budget is cancelled and the phase goes on as an
-    ordinary activity of the same invocation (its events dedupe), so a misjudged phase costs its budget, not its
-    result.
-    """
-    if phase not in QUICK_PHASES or driver != "builtin" or is_bridge(launch) or launch.recipe is not None:
-        return False
-    if launch.requirements or launch.compute not in (None, "local"):
-        return False
-    return not (phase == "fetch" and (launch.dataset is None or is_url(launch.dataset)))
 
 
 class ForkSpec(BaseModel):
@@ -165,9 +141,6 @@ class PhaseInput(BaseModel):
     """Events the workflow decided on that land just before this phase's PhaseStarted, in the same transaction
     (``EventsInput.events``' shape): the first phase carries PipelineStarted and the plan's skips (patch
     ``pipeline-started-by-first-phase``), instead of an activity of their own."""
-    fairness_key: str | None = None
-    """The run's account as Temporal's fairness key, for a phase run as a local activity (Temporal gives those no
-    priority of their own; ``activities.fair_share`` reads it here)."""
 
 
 class PhaseControl(BaseModel):

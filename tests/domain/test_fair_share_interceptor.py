@@ -14,8 +14,6 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 
 from activities.fair_share import FairShareInterceptor
-from benchwright.runs.pipeline import PhaseInput
-from benchwright.schemas import LaunchRequest
 from benchwright.security.quotas import FairShare
 from tests.domain.test_fair_share_domain import Clock, settle
 
@@ -61,24 +59,3 @@ async def test_a_heavier_accounts_batch_waits_for_the_lighter_ones_phase_and_its
     assert await run == "done"
     assert seen == {"phases at start": 1, "phases at first call": 0}
     assert share.in_flight("a", "phases") == 0 and share.in_flight("a") == 0
-
-
-async def test_a_phase_run_as_a_local_activity_takes_its_account_from_its_input() -> None:
-    """Temporal gives a local activity no priority: the phase's ``PhaseInput.fairness_key`` names its account, so a
-    local Atomize holds that account's phase share like the ordinary activity would."""
-    share = FairShare(phase_slots=2, yield_s=1.0, clock=Clock())
-    seen: dict[str, int] = {}
-
-    async def atomize(inp: PhaseInput) -> str:
-        seen["phases"] = share.in_flight("acct-a", "phases")
-        return inp.phase
-
-    inp = PhaseInput(run_id="r", phase="atomize", invocation=1, driver="builtin", fairness_key="acct-a",
-                     launch=LaunchRequest.model_validate({"dataset": "d.jsonl", "model": {"identifier": "openai/x"}}))
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, activity_type="atomize", is_local=True, priority=Priority())
-    inbound = FairShareInterceptor(share).intercept_activity(_Call())
-    assert await env.run(inbound.execute_activity,
-                         ExecuteActivityInput(fn=atomize, args=[inp], executor=None, headers={})) == "atomize"
-    assert seen == {"phases": 1}, "the local phase ran inside its account's phase share"
-    assert share.in_flight("acct-a", "phases") == 0

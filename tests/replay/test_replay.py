@@ -44,9 +44,6 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   ``stop_model_proxy`` activity), recorded by tests/api/test_runs_e2e.py (issue 25: two activities and two workflow
   tasks fewer after the last result). ``run_opened_by_first_phase.json`` and every history before it replay with
   both activities.
-- ``run_quick_phases_local.json``: a run whose Fetch, Analyze, Setup, Attach and Atomize ran as local activities
-  (``patched("quick-phases-local")``: markers instead of scheduled activities, issue 25), recorded by
-  tests/api/test_local_phases.py. Every run history above replays with them scheduled as activities.
 - ``run_stopped_at_birth_pipeline_start_pending.json``: a run stopped in its first workflow task
   (tests/api/test_early_control_and_signals.py): no phase opened, so its teardown writes the pending PipelineStarted
   (``record_events``) before ``finish_halted``.
@@ -157,21 +154,6 @@ async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatc
 
     real = workflow.patched
     monkeypatch.setattr(workflow, "patched", lambda patch_id: on if patch_id == patch else real(patch_id))
-    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
-    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
-    assert result.replay_failure is not None
-
-
-@pytest.mark.parametrize(("name", "on"), [("run_quick_phases_local.json", False), ("run_closed_by_finish.json", True)])
-async def test_local_phases_are_recorded_behind_their_patch(monkeypatch: pytest.MonkeyPatch, name: str,
-                                                            on: bool) -> None:
-    """Without ``quick-phases-local`` the recorded local phases would be scheduled as activities, and with it a run
-    from before would run its scheduled phases locally: each history replays only on its own side of the patch."""
-    from temporalio import workflow
-
-    real = workflow.patched
-    monkeypatch.setattr(workflow, "patched",
-                        lambda patch_id: on if patch_id == "quick-phases-local" else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
