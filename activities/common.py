@@ -74,6 +74,14 @@ HEARTBEAT_EVERY_S = 2.0
 """How often a phase activity heartbeats; the workflow's ``PHASE_HEARTBEAT`` (10 s) is the bound it keeps under."""
 
 
+def heartbeat(*details: Any) -> None:
+    """``activity.heartbeat``, except in a local activity (a quick phase run in its workflow task,
+    ``benchwright.runs.pipeline.runs_in_workflow_task``): Temporal keeps no heartbeat for one, and the SDK logs each
+    as failed. A halt's cancellation reaches a local activity without one."""
+    if not activity.info().is_local:
+        activity.heartbeat(*details)
+
+
 class Heartbeat:
     """The activity's heartbeat while a phase works: a background beat every ``HEARTBEAT_EVERY_S`` that resends the
     latest details given to ``send`` (a cache hit's ``{"cache_hit": ...}``, which the Temporal UI shows), so the
@@ -85,11 +93,11 @@ class Heartbeat:
     def send(self, *details: Any) -> None:
         """Heartbeat now with ``details``; every later beat carries them too."""
         self.details = details
-        activity.heartbeat(*details)
+        heartbeat(*details)
 
     async def beat(self) -> None:
         while True:
-            activity.heartbeat(*self.details)
+            heartbeat(*self.details)
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
 
@@ -189,6 +197,7 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
                                                   key=f"{inp.phase}-{inp.invocation}-budget")
         if reason and halted:
             scope.control = PhaseControl(kind="halt", reason=reason)
+    await maybe_stall_local(deps, inp.launch.metadata, inp.phase)
     maybe_inject_fault(deps, inp.launch.metadata, inp.phase)
 
 
@@ -211,9 +220,20 @@ def _driver_request(deps: Deps, inp: PhaseInput) -> PhaseControl | None:
     return None
 
 
+async def maybe_stall_local(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:
+    """Tests only (``allow_fault_injection``): a phase run as a local activity stalls ``local_stall_s`` after its
+    events are committed, past the workflow's local budget, so the ordinary activity must run the same invocation
+    again and the log must still hold each event once: ``{"fault_injection": {"phase": ..., "local_stall_s": 5}}``."""
+    fault = metadata.get("fault_injection") if deps.settings.allow_fault_injection else None
+    if (isinstance(fault, dict) and fault.get("phase") == phase_name and activity.info().is_local
+            and isinstance(fault.get("local_stall_s"), int | float)):
+        await asyncio.sleep(min(float(fault["local_stall_s"]), 60.0))
+
+
 def maybe_inject_fault(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:
     """Tests only (``allow_fault_injection``): fail the first attempt of a phase after its events are committed,
     so the retry must append the same events again and the log must still hold each once."""
     fault = metadata.get("fault_injection") if deps.settings.allow_fault_injection else None
-    if isinstance(fault, dict) and fault.get("phase") == phase_name and activity.info().attempt == 1:
+    if (isinstance(fault, dict) and fault.get("phase") == phase_name and "local_stall_s" not in fault
+            and activity.info().attempt == 1):
         raise RuntimeError(f"injected fault after {phase_name} committed its events (attempt 1)")

@@ -46,6 +46,8 @@ class _Inbound(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
         account = info.priority.fairness_key if info.priority is not None else None
+        if info.is_local and input.args:  # Temporal gives a local activity no priority: the phase input says whose
+            account = getattr(input.args[0], "fairness_key", None)
         if account is None:  # not a run's activity (or a run started without its account): not shared out
             return await self.next.execute_activity(input)
         self.share.enter(account)
@@ -76,7 +78,7 @@ class _Inbound(ActivityInboundInterceptor):
         try:
             while not waiting.done():
                 await asyncio.wait([waiting], timeout=HEARTBEAT_WHILE_WAITING_S)
-                if not waiting.done():
+                if not waiting.done() and not activity.info().is_local:  # no heartbeats in a local activity
                     activity.heartbeat(*details)
             waiting.result()
         except BaseException:

@@ -9,6 +9,7 @@ times back to back, ``--parallel`` workflows at once. It prints each hop's wait,
 
     python bench/temporal_dispatch.py                         # the flags benchwright up uses
     python bench/temporal_dispatch.py --temporal-defaults     # without DISPATCH_ARGS: Temporal's defaults
+    python bench/temporal_dispatch.py --steps 6 --pause-at -1 --local   # the chain as local activities
 
 What it showed (docs/performance.md, "Temporal's dispatch"): with Temporal's defaults the first ~25-30 hops after
 an idle moment are handed out in 2-5 ms, every later one in ~40-45 ms, until the server is idle again for a few
@@ -16,6 +17,11 @@ hundred milliseconds. The cause is the history service's transfer-queue reader, 
 shard (``history.transferProcessorMaxPollRPS``; a dev server has one shard): every workflow task and activity
 task passes through that queue. ``benchwright up`` raises the limit (``DISPATCH_ARGS`` in
 ``benchwright.stack.temporal_ui``), and every hop then takes 2-8 ms.
+
+``--local`` runs the same steps as local activities, in the workflow task (what a plain run's quick phases do,
+``quick-phases-local``): six trivial steps took 58 ms against 165-169 ms as activities (2026-12-03, the rounds
+after the first), the difference being the hops, ~18 ms each once the report, the workflow task and the hand-out
+are counted, though each wait in the task queue is only ~5 ms.
 """
 
 from __future__ import annotations
@@ -54,9 +60,12 @@ async def step(i: int) -> int:
 @workflow.defn
 class Chain:
     @workflow.run
-    async def run(self, steps: int) -> None:
+    async def run(self, steps: int, local: bool) -> None:
         for i in range(steps):
-            await workflow.execute_activity(step, i, start_to_close_timeout=timedelta(seconds=30))
+            if local:
+                await workflow.execute_local_activity(step, i, start_to_close_timeout=timedelta(seconds=30))
+            else:
+                await workflow.execute_activity(step, i, start_to_close_timeout=timedelta(seconds=30))
 
 
 async def waits_of(client: Client, workflow_id: str) -> list[float]:
@@ -79,7 +88,8 @@ async def measure(address: str, args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             ids = [f"probe-{r}-{k}-{time.time_ns()}" for k in range(args.parallel)]
             t0 = time.perf_counter()
-            handles = [await client.start_workflow(Chain.run, args.steps, id=i, task_queue="dispatch-probe")
+            handles = [await client.start_workflow(Chain.run, args=[args.steps, args.local], id=i,
+                                                   task_queue="dispatch-probe")
                        for i in ids]
             for h in handles:
                 await h.result()
@@ -98,6 +108,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--pause-at", type=int, default=7)
     ap.add_argument("--pause-s", type=float, default=0.2)
+    ap.add_argument("--local", action="store_true", help="the steps as local activities, in the workflow task")
     ap.add_argument("--temporal-defaults", action="store_true",
                     help="without DISPATCH_ARGS (the transfer queue read at Temporal's default rate)")
     args = ap.parse_args()

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, RetryState
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -84,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         plan_batches,
         plan_phases,
         resweep_hooks,
+        runs_in_workflow_task,
     )
     from benchwright.stack.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
@@ -115,6 +116,14 @@ REPORT_HEARTBEAT = timedelta(seconds=10)
 REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
                            maximum_attempts=3)
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+QUICK_PHASES_LOCAL = "quick-phases-local"
+"""The patch under which a plain run's quick phases run as local activities first (``_try_local``)."""
+LOCAL_BUDGET = timedelta(seconds=2)
+"""How long a phase may run as a local activity before the workflow gives it up and schedules the phase as its
+ordinary activity (same invocation; its events dedupe). A halt sent while local activities hold the workflow task
+open is delivered when it ends, so this also bounds how late a halt reaches a stalled one. One attempt: a retry is
+the ordinary activity's business."""
+LOCAL_RETRY = RetryPolicy(maximum_attempts=1)
 PHASE_ACTIVITIES: dict[str, Callable[[Any, PhaseInput], Awaitable[PhaseResult]]] = {
     "find": FindActivities.find, "fetch": FetchActivities.fetch, "analyze": AnalyzeActivities.analyze,
     "setup": SetupActivities.setup, "attach": AttachActivities.attach, "atomize": AtomizeActivities.atomize,
@@ -471,9 +480,7 @@ class RunWorkflow:
         if phase == "materialize":
             return await self._materialize(phase_inp)
         phase_inp.preface = self._preface
-        result = await workflow.execute_activity_method(
-            PHASE_ACTIVITIES[phase], phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
-            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=f"{phase} v{invocation}")
+        result = await self._phase_activity(phase_inp)
         if phase_inp.preface:
             self._preface = []  # the phase opened with them
         if result.tasks is not None:
@@ -485,6 +492,47 @@ class RunWorkflow:
             self._cache_hits[phase] = str(hit.get("source_run_id", "?"))
             self._details()
         return result.control
+
+    async def _phase_activity(self, phase_inp: PhaseInput) -> PhaseResult:
+        """One phase invocation as its activity; a quick phase of a plain run tries a local activity first (issue 25:
+        no hop through Temporal's queues between the phases before Materialize)."""
+        activity, summary = PHASE_ACTIVITIES[phase_inp.phase], f"{phase_inp.phase} v{phase_inp.invocation}"
+        if (runs_in_workflow_task(phase_inp.phase, phase_inp.launch, phase_inp.driver, self._inp.backend)
+                and workflow.patched(QUICK_PHASES_LOCAL)):
+            local = await self._try_local(activity, phase_inp, summary)
+            if local is not None:
+                return local
+        return await workflow.execute_activity_method(
+            activity, phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
+            heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=summary)
+
+    async def _try_local(self, activity: Callable[[Any, PhaseInput], Awaitable[PhaseResult]], phase_inp: PhaseInput,
+                         summary: str) -> PhaseResult | None:
+        """The phase as a local activity within ``LOCAL_BUDGET``; None when it ran past that or failed in a way a
+        retry may mend (the ordinary activity runs it again). A permanent failure (a domain error, a halt) is the
+        phase's: it is raised as the ``ActivityError`` the ordinary activity would have ended with, not run again."""
+        priority = workflow.info().priority
+        local_inp = phase_inp.model_copy(update={"fairness_key": priority.fairness_key if priority else None})
+        try:
+            return await workflow.execute_local_activity_method(
+                activity, local_inp, start_to_close_timeout=LOCAL_BUDGET, retry_policy=LOCAL_RETRY,
+                cancellation_type=CANCEL, summary=f"{summary} (local)")
+        except FailureError as err:
+            # A local activity's end reaches the workflow wrapped in an ActivityError or bare, by how it ended and
+            # whether it is live or replayed from its marker (SDK 1.35: a timeout is wrapped live, bare on replay).
+            # Both take the same path here, or a replay would not match its history.
+            failed = err.cause if isinstance(err, ActivityError) else err
+            cancelled = isinstance(failed, CancelledError)  # a halt cancelled it
+            if cancelled or (isinstance(failed, ApplicationError)
+                             and (failed.non_retryable or failed.type == HALTED_ERROR)):
+                if isinstance(err, ActivityError):
+                    raise
+                raise ActivityError(f"{summary} failed", scheduled_event_id=0, started_event_id=0, identity="",
+                                    activity_type=phase_inp.phase, activity_id="",
+                                    retry_state=RetryState.CANCEL_REQUESTED if cancelled
+                                    else RetryState.NON_RETRYABLE_FAILURE) from failed
+        workflow.logger.info("run %s: %s goes on as an activity (%s)", self._inp.run_id, summary, failed)
+        return None
 
     @staticmethod
     def _phase_heartbeat() -> timedelta | None:

@@ -235,7 +235,7 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
                             harness_bridge=bridged, product_sandbox_snapshot=body.recipe is not None)
     inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,
                    trials=fork.trials if fork is not None else resolved.trials, limits=resolved.limits,
-                   materialize_mode=mode, proxy_linger_s=settings.proxy_linger_s,
+                   materialize_mode=mode, backend=resolved.backend, proxy_linger_s=settings.proxy_linger_s,
                    materialize=MaterializeOptions(concurrency=body.concurrency or settings.materialize_concurrency,
                                                   batch_tasks=settings.materialize_batch_tasks,
                                                   parallel_batches=settings.materialize_parallel_batches),

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from benchwright.data.dataset_access import is_url
 from benchwright.harness.config import is_bridge
 from benchwright.runs.limits import RunLimits, TaskLimits
 from benchwright.schemas import PHASES, LaunchRequest, ModelSpec
@@ -29,6 +30,27 @@ PRODUCT_SKIPS = {
     "atomize": "product-sandbox run: task_impl.py is generated from the recipe ({recipe}) at Setup",
 }
 """§2 hard skips of a product-sandbox run; Setup (probe, setup commands, snapshot), Attach and Materialize run."""
+
+
+QUICK_PHASES = frozenset({"fetch", "analyze", "setup", "attach", "atomize"})
+"""Phases that take tens of milliseconds on a plain run: run inside the workflow task as local activities
+(``runs_in_workflow_task``), they skip the ~35 ms hop through Temporal's queues that an activity costs each."""
+
+
+def runs_in_workflow_task(phase: str, launch: LaunchRequest, driver: str, backend: str | None) -> bool:
+    """Whether ``phase`` runs as a local activity in the run's workflow task (issue 25), tried within a short budget
+    before the ordinary activity of the same invocation. Only where the phase is quick and local for sure: the builtin
+    driver (an LLM driver's calls take seconds), a plain dataset run on the local backend (no harness bridge, product
+    recipe or package requirements, each of which starts sandboxes or installs, and no remote sandboxes), a dataset
+    file rather than a download, and Atomize only with the generated scorer (a launch's own ``task_impl`` is
+    load-checked in a sandbox)."""
+    if phase not in QUICK_PHASES or driver != "builtin" or is_bridge(launch) or launch.recipe is not None:
+        return False
+    if launch.requirements or backend != "local":
+        return False
+    if phase == "fetch" and (not launch.dataset or is_url(launch.dataset)):
+        return False
+    return not (phase == "atomize" and launch.task_impl is not None)
 
 
 class PlannedPhase(BaseModel):
@@ -115,6 +137,9 @@ class RunInput(BaseModel):
     limits: RunLimits = Field(default_factory=RunLimits)
     materialize_mode: str = "sequential"
     """``sequential`` (tasks in the work sandbox) or ``fanout`` (a task sandbox each), chosen from infrastructure."""
+    backend: str | None = None
+    """The compute backend the run was resolved to at launch (``local``, ``sandbox0``, ``e2b``); None in inputs from
+    before it was carried, whose phases are all scheduled as activities."""
     proxy_linger_s: float = 0.0
     fork: ForkSpec | None = None
     """Set on forked launches (§10): the Fork phase runs first and seeds the run from the parent."""
@@ -141,6 +166,10 @@ class PhaseInput(BaseModel):
     """Events the workflow decided on that land just before this phase's PhaseStarted, in the same transaction
     (``EventsInput.events``' shape): the first phase carries PipelineStarted and the plan's skips (patch
     ``pipeline-started-by-first-phase``), instead of an activity of their own."""
+    fairness_key: str | None = None
+    """The run's account as Temporal's fairness key, for a phase run as a local activity (``runs_in_workflow_task``):
+    Temporal gives a local activity no priority, and the worker's fair share (``activities.fair_share``) reads whose
+    work it is from here instead."""
 
 
 class PhaseControl(BaseModel):

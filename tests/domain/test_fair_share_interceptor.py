@@ -59,3 +59,27 @@ async def test_a_heavier_accounts_batch_waits_for_the_lighter_ones_phase_and_its
     assert await run == "done"
     assert seen == {"phases at start": 1, "phases at first call": 0}
     assert share.in_flight("a", "phases") == 0 and share.in_flight("a") == 0
+
+
+async def test_a_local_phase_is_counted_for_the_account_its_input_names() -> None:
+    """Temporal gives a local activity (a quick phase run in its workflow task) no priority: the account comes from
+    ``PhaseInput.fairness_key``, and the phase holds that account's phase admission while it runs."""
+    from benchwright.runs.pipeline import PhaseInput
+    from benchwright.schemas import LaunchRequest
+
+    share = FairShare(phase_slots=2, yield_s=1.0, clock=Clock())
+    seen: dict[str, int] = {}
+
+    async def atomize(inp: PhaseInput) -> str:
+        seen["b"], seen["a"] = share.in_flight("b", "phases"), share.in_flight("a", "phases")
+        return inp.phase
+
+    inp = PhaseInput(run_id="r", phase="atomize", invocation=1, driver="builtin", fairness_key="b",
+                     launch=LaunchRequest(dataset="d.jsonl", model={"identifier": "openai/dev"}))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, activity_type="atomize", is_local=True, priority=Priority())
+    inbound = FairShareInterceptor(share).intercept_activity(_Call())
+    assert await env.run(inbound.execute_activity,
+                         ExecuteActivityInput(fn=atomize, args=[inp], executor=None, headers={})) == "atomize"
+    assert seen == {"b": 1, "a": 0}
+    assert share.in_flight("b", "phases") == 0 and share.in_flight("b") == 0

@@ -122,9 +122,10 @@ async def test_a_worker_killed_mid_phase_is_replaced_after_the_heartbeat_timeout
     assert len(started) == 1 and started[0].attempt == 2, started
     cause = started[0].last_failure.timeout_failure_info.timeout_type
     assert cause == TimeoutType.TIMEOUT_TYPE_HEARTBEAT, started[0].last_failure
-    # Every other phase activity carries the heartbeat timeout too (the patch, recorded once in the history).
+    # Every other phase scheduled as an activity carries the heartbeat timeout too (the patch, recorded once in the
+    # history); the quick phases after a download run as local activities (quick-phases-local), which beat none.
     phases = {a.activity_type.name: a.heartbeat_timeout.ToSeconds() for a in scheduled.values()
               if a.activity_type.name in {"find", "fetch", "analyze", "setup", "attach", "atomize"}}
-    assert len(phases) >= 4 and set(phases.values()) == {10}, phases
+    assert "fetch" in phases and set(phases.values()) == {10}, phases
     if os.environ.get("BW_RECORD_HISTORIES") == "1":  # recorded once for tests/replay, committed
         (HISTORIES / "run_phase_heartbeat_retry.json").write_text(history.to_json())

@@ -47,6 +47,14 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
 - ``run_stopped_at_birth_pipeline_start_pending.json``: a run stopped in its first workflow task
   (tests/api/test_early_control_and_signals.py): no phase opened, so its teardown writes the pending PipelineStarted
   (``record_events``) before ``finish_halted``.
+- ``run_quick_phases_local.json``: a run whose Fetch, Analyze, Setup, Attach and Atomize ran as local activities in
+  its workflow tasks (``patched("quick-phases-local")``: a ``core_local_activity`` marker each, no activity
+  scheduled), and ``run_quick_phase_past_local_budget.json``: the same with its local Atomize stalled past the 2 s
+  budget, which then ran as the ordinary activity; both recorded by tests/api/test_local_phases.py (issue 25: four
+  hops through Temporal's queues fewer before the first model call). ``run_before_quick_phases_local.json``: the
+  same run with the patch answered False in the recording worker, as a worker from before it would have run it
+  (every phase an activity). The call is asked only for a ``RunInput`` with ``backend`` (carried since the patch), so
+  every run history above replays without reaching it.
 - Pre-patch histories recorded later with the code from before their patch (a ``git worktree`` of the patch's
   parent commit running its own test): ``run_stopped_before_halt_written_before_teardown.json`` (0487831, parent of
   24514fe: the same stop mid-Materialize, torn down without waiting), ``run_before_revoke_model_route.json``
@@ -154,6 +162,23 @@ async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatc
 
     real = workflow.patched
     monkeypatch.setattr(workflow, "patched", lambda patch_id: on if patch_id == patch else real(patch_id))
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+@pytest.mark.parametrize(("name", "on"), [("run_quick_phases_local.json", False),
+                                          ("run_quick_phase_past_local_budget.json", False),
+                                          ("run_before_quick_phases_local.json", True)])
+async def test_local_phases_are_recorded_behind_their_patch(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                            on: bool) -> None:
+    """A history whose quick phases ran as local activities replays only with ``quick-phases-local`` on, and one from
+    before it only with it off (its phases were scheduled activities)."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched",
+                        lambda patch_id: on if patch_id == "quick-phases-local" else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

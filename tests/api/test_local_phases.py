@@ -1,0 +1,164 @@
+"""A plain run's quick phases run as local activities in its workflow task (issue 25, patch ``quick-phases-local``).
+
+Fetch of a file, Analyze, Setup, Attach and Atomize leave a local-activity marker each in the run's history instead of
+an activity scheduled through the task queue. One that runs past the workflow's local budget goes on as the ordinary
+activity of the same invocation (its events dedupe); a permanent failure is the phase's failure and is not run
+again; a stop sent while a local phase runs still lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.api.history.v1 import HistoryEvent
+
+from benchwright.schemas import PHASES
+from benchwright.stack.devstack import free_port
+from tests.api.helpers import launch, record_history, wait_terminal
+from tests.conftest import SAMPLE, Stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+DATASET = str(SAMPLE / "arithmetic.jsonl")
+QUICK = ["fetch", "analyze", "setup", "attach", "atomize"]
+
+
+def _local_markers(events: list[HistoryEvent]) -> list[str]:
+    """The activity types of the local activities the workflow recorded, in order."""
+    found = []
+    for e in events:
+        if e.HasField("marker_recorded_event_attributes"):
+            attrs = e.marker_recorded_event_attributes
+            if attrs.marker_name == "core_local_activity":
+                data = json.loads(attrs.details["data"].payloads[0].data)
+                found.append(data["activity_type"])
+    return found
+
+
+async def _history(stack: Stack, run_id: str) -> list[HistoryEvent]:
+    """The run's history, once it replays deterministically on the workflow's code as it stands."""
+    from temporalio.worker import Replayer
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+    from worker import PASSTHROUGH
+    from workflows.run import RunWorkflow
+
+    history = await stack.client.get_workflow_handle(run_id).fetch_history()
+    replayed = await Replayer(
+        workflows=[RunWorkflow], data_converter=stack.client.data_converter,
+        workflow_runner=SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
+    ).replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, str(replayed.replay_failure)
+    return list(history.events)
+
+
+def _scheduled(events: list[HistoryEvent]) -> list[str]:
+    return [e.activity_task_scheduled_event_attributes.activity_type.name for e in events
+            if e.HasField("activity_task_scheduled_event_attributes")]
+
+
+def _once(events: list[dict[str, Any]]) -> None:
+    counts = Counter((e["type"], e["data"].get("phase"), e["data"].get("index"), e["data"].get("trial"),
+                      e["data"].get("sandbox_id"), e["data"].get("text")) for e in events)
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
+    assert [e["seq"] for e in events] == list(range(len(events)))
+
+
+async def test_quick_phases_leave_markers_not_scheduled_activities(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
+                                                                "api_base": stack.dev_url}})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    assert _local_markers(history) == QUICK
+    assert not set(QUICK) & set(_scheduled(history)), _scheduled(history)
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
+    # The log reads as it did with activities: every phase started and completed once, in order
+    _once(events)
+    started = [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"]
+    assert started == [p for p in PHASES if p != "find"]
+    assert (await stack.client.get_workflow_handle(run["id"]).query("state"))["invocations"] == {
+        p: 1 for p in PHASES if p != "find"}
+    await record_history(stack, run["id"], "run_quick_phases_local.json")
+
+
+async def test_a_worker_without_the_patch_schedules_every_phase_and_its_run_replays(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker from before ``quick-phases-local`` does with a run it started (the patch answered False in the
+    stack's worker): every phase an activity, no marker; the history replays on today's code (the run's replay,
+    reaching the call with no marker recorded, keeps the old branch)."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "quick-phases-local"
+                        else real(patch_id))
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
+                                                                "api_base": stack.dev_url}})
+        events = await wait_terminal(http, run["id"])
+        await stack.client.get_workflow_handle(run["id"]).result()
+    monkeypatch.undo()
+    history = await _history(stack, run["id"])
+    assert not _local_markers(history) and set(QUICK) <= set(_scheduled(history))
+    assert events[-1]["type"] == "PipelineFinished" and events[-1]["data"]["status"] == "ok"
+    await record_history(stack, run["id"], "run_before_quick_phases_local.json")
+
+
+async def test_a_local_phase_past_its_budget_goes_on_as_its_activity(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
+                                  "metadata": {"fault_injection": {"phase": "atomize", "local_stall_s": 5}}})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    assert _local_markers(history) == QUICK  # atomize's marker records its timeout
+    assert "atomize" in _scheduled(history), "the stalled local Atomize must go on as the ordinary activity"
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
+    _once(events)  # both tries wrote Atomize's events; each is in the log once
+    assert (await stack.client.get_workflow_handle(run["id"]).query("state"))["invocations"]["atomize"] == 1
+    await record_history(stack, run["id"], "run_quick_phase_past_local_budget.json")
+
+
+async def test_a_permanent_failure_in_a_local_phase_is_not_run_again(stack: Stack) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: Attach's liveness probe is refused
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": dead}})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
+    assert final["status"] == "error" and [f["phase"] for f in failed] == ["attach"], failed
+    assert failed[0]["error_type"] == "Unavailable", failed
+    assert "attach" in _local_markers(history) and "attach" not in _scheduled(history)
+    assert "atomize" not in _local_markers(history)
+    _once(events)
+
+
+async def test_a_stop_sent_while_a_local_phase_runs_lands(stack: Stack) -> None:
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
+                                  "metadata": {"fault_injection": {"phase": "setup", "local_stall_s": 30}}})
+        # Setup's events are in; it now stalls inside its local activity, holding the workflow task open
+        await _until_event(http, run["id"], "PhaseCompleted", "setup")
+        stopped = await http.post(f"/v1/runs/{run['id']}/stop", json={"reason": "enough"})
+        assert stopped.status_code < 300, stopped.text
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    assert final["halted"] and final["halt_reason"].startswith("operator_kill"), final
+    assert not [e for e in events if e["type"] == "PhaseStarted" and e["data"]["phase"] == "attach"]
+    _once(events)
+    assert "attach" not in _local_markers(await _history(stack, run["id"]))
+
+
+async def _until_event(http: httpx.AsyncClient, run_id: str, event_type: str, phase: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 60
+    while not [e for e in (await http.get(f"/v1/runs/{run_id}/events", params={"limit": 5000})).json()["events"]
+               if e["type"] == event_type and e["data"].get("phase") == phase]:
+        assert asyncio.get_running_loop().time() < deadline, f"no {event_type} of {phase}"
+        await asyncio.sleep(0.05)
