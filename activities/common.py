@@ -12,6 +12,7 @@ at its next await instead of after it ends.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -225,9 +226,9 @@ async def maybe_stall_local(deps: Deps, metadata: dict[str, Any], phase_name: st
     events are committed, past the workflow's local budget, so the ordinary activity must run the same invocation
     again and the log must still hold each event once: ``{"fault_injection": {"phase": ..., "local_stall_s": 5}}``."""
     fault = metadata.get("fault_injection") if deps.settings.allow_fault_injection else None
-    if (isinstance(fault, dict) and fault.get("phase") == phase_name and activity.info().is_local
-            and isinstance(fault.get("local_stall_s"), int | float)):
-        await asyncio.sleep(min(float(fault["local_stall_s"]), 60.0))
+    stall = fault.get("local_stall_s") if isinstance(fault, dict) and fault.get("phase") == phase_name else None
+    if isinstance(stall, int | float) and math.isfinite(stall) and activity.info().is_local:
+        await asyncio.sleep(min(max(float(stall), 0.0), 60.0))
 
 
 def maybe_inject_fault(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:

@@ -53,6 +53,24 @@ async def _history_length(address: str, run_id: str) -> int:
     return len(history.events)
 
 
+async def _quick_phases(address: str, run_ids: list[str]) -> tuple[int, int]:
+    """How many of the runs' quick phases ran as local activities in their workflow tasks, and how many went on as
+    ordinary activities (past the local budget under load, ``quick-phases-local``), read from their histories."""
+    from temporalio.client import Client as TemporalClient
+
+    from benchwright.runs.pipeline import QUICK_PHASES
+
+    client = await TemporalClient.connect(address)
+    local = scheduled = 0
+    for run_id in run_ids:
+        for e in (await client.get_workflow_handle(run_id).fetch_history()).events:
+            if e.HasField("marker_recorded_event_attributes"):
+                local += e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+            elif e.HasField("activity_task_scheduled_event_attributes"):
+                scheduled += e.activity_task_scheduled_event_attributes.activity_type.name in QUICK_PHASES
+    return local, scheduled
+
+
 def _phase_ms(events: list[dict]) -> dict[str, int]:
     return {e["data"]["phase"]: e["data"]["duration_ms"] for e in events if e["type"] == "PhaseCompleted"}
 
@@ -248,7 +266,7 @@ def bench(args: argparse.Namespace) -> None:
                 _report_goals(ones, runs, bares)
             if args.burst:
                 _burst(client, work, stack.keyed_model_url or "", pids, n=args.burst, tasks=args.burst_tasks,
-                       c=args.concurrency[-1], bare_url=stack.model_url)
+                       c=args.concurrency[-1], bare_url=stack.model_url, temporal_address=dev["temporal_address"])
             print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
@@ -320,7 +338,7 @@ def _report_goals(ones: dict[str, list[dict]], runs: dict[tuple[str, int], list[
 
 
 def _burst(client: Client, work: Path, keyed_url: str, pids: dict, *, n: int, tasks: int, c: int,
-           bare_url: str) -> None:
+           bare_url: str, temporal_address: str) -> None:
     """Launch ``n`` keyed runs at once; report walls, the worker's and the credential proxy's memory and CPU, and the
     aggregate tasks/s against one bare asyncio client sending all ``n`` x ``tasks`` questions with ``n`` x ``c`` in
     flight (issue 25's goal: at least 80 % of it)."""
@@ -354,6 +372,9 @@ def _burst(client: Client, work: Path, keyed_url: str, pids: dict, *, n: int, ta
           f"({cpu['proxy'] / (n * tasks) * 1e3:.3f} ms per call)")
     print(f"  worker: RSS {before['worker']:.0f} MB before, peak {peak['worker']:.0f} MB "
           f"(+{(peak['worker'] - before['worker']) / n:.1f} MB per run), CPU {cpu['worker']:.2f} s")
+    local, scheduled = asyncio.run(_quick_phases(temporal_address, ids))
+    print(f"  quick phases: {local} tries in the workflow task, {scheduled} scheduled as activities "
+          f"(past the local budget, or not run locally)")
     every = work / "burst-all.jsonl"
     every.write_text(dataset.read_text() * n)
     bare = bare_once(bare_url, every, n * c)["wall_s"]

@@ -118,11 +118,13 @@ REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interv
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 QUICK_PHASES_LOCAL = "quick-phases-local"
 """The patch under which a plain run's quick phases run as local activities first (``_try_local``)."""
-LOCAL_BUDGET = timedelta(seconds=2)
+LOCAL_BUDGET = timedelta(seconds=5)
 """How long a phase may run as a local activity before the workflow gives it up and schedules the phase as its
 ordinary activity (same invocation; its events dedupe). A halt sent while local activities hold the workflow task
-open is delivered when it ends, so this also bounds how late a halt reaches a stalled one. One attempt: a retry is
-the ordinary activity's business."""
+open is delivered when it ends, so this also bounds how late a halt reaches a stalled one. 2 s was too short under
+load: of 20 runs launched at once, 5-7 of their 100 quick phases ran past it and were run again as activities
+(``bench/materialize.py --burst 20``); at 5 s none did, in three bursts. One attempt: a retry is the ordinary
+activity's business."""
 LOCAL_RETRY = RetryPolicy(maximum_attempts=1)
 PHASE_ACTIVITIES: dict[str, Callable[[Any, PhaseInput], Awaitable[PhaseResult]]] = {
     "find": FindActivities.find, "fetch": FetchActivities.fetch, "analyze": AnalyzeActivities.analyze,

@@ -113,7 +113,7 @@ async def test_a_worker_without_the_patch_schedules_every_phase_and_its_run_repl
 async def test_a_local_phase_past_its_budget_goes_on_as_its_activity(stack: Stack) -> None:
     async with stack.http() as http:
         run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
-                                  "metadata": {"fault_injection": {"phase": "atomize", "local_stall_s": 5}}})
+                                  "metadata": {"fault_injection": {"phase": "atomize", "local_stall_s": 8}}})
         events = await wait_terminal(http, run["id"])
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
     history = await _history(stack, run["id"])

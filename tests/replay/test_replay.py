@@ -49,12 +49,12 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   (``record_events``) before ``finish_halted``.
 - ``run_quick_phases_local.json``: a run whose Fetch, Analyze, Setup, Attach and Atomize ran as local activities in
   its workflow tasks (``patched("quick-phases-local")``: a ``core_local_activity`` marker each, no activity
-  scheduled), and ``run_quick_phase_past_local_budget.json``: the same with its local Atomize stalled past the 2 s
-  budget, which then ran as the ordinary activity; both recorded by tests/api/test_local_phases.py (issue 25: four
-  hops through Temporal's queues fewer before the first model call). ``run_before_quick_phases_local.json``: the
-  same run with the patch answered False in the recording worker, as a worker from before it would have run it
-  (every phase an activity). The call is asked only for a ``RunInput`` with ``backend`` (carried since the patch), so
-  every run history above replays without reaching it.
+  scheduled), and ``run_quick_phase_past_local_budget.json``: the same with its local Atomize stalled past its local
+  budget (2 s when recorded), which then ran as the ordinary activity; both recorded by
+  tests/api/test_local_phases.py (issue 25: four hops through Temporal's queues fewer before the first model call).
+  ``run_before_quick_phases_local.json``: the same run with the patch answered False in the recording worker, as a
+  worker from before it would have run it (every phase an activity). The call is asked only for a ``RunInput`` with
+  ``backend`` (carried since the patch), so every run history above replays without reaching it.
 - Pre-patch histories recorded later with the code from before their patch (a ``git worktree`` of the patch's
   parent commit running its own test): ``run_stopped_before_halt_written_before_teardown.json`` (0487831, parent of
   24514fe: the same stop mid-Materialize, torn down without waiting), ``run_before_revoke_model_route.json``
