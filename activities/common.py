@@ -224,7 +224,7 @@ def _driver_request(deps: Deps, inp: PhaseInput) -> PhaseControl | None:
 async def maybe_stall_local(deps: Deps, metadata: dict[str, Any], phase_name: str) -> None:
     """Tests only (``allow_fault_injection``): a phase run as a local activity stalls ``local_stall_s`` after its
     events are committed, past the workflow's local budget, so the ordinary activity must run the same invocation
-    again and the log must still hold each event once: ``{"fault_injection": {"phase": ..., "local_stall_s": 5}}``."""
+    again and the log must still hold each event once: ``{"fault_injection": {"phase": ..., "local_stall_s": 8}}``."""
     fault = metadata.get("fault_injection") if deps.settings.allow_fault_injection else None
     stall = fault.get("local_stall_s") if isinstance(fault, dict) and fault.get("phase") == phase_name else None
     if isinstance(stall, int | float) and math.isfinite(stall) and activity.info().is_local:
