@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from benchwright.stack.devstack import free_port
 from benchwright.testkit.scripted_llm import ScriptedLlm, parse_script, start_scripted_llm
@@ -24,6 +25,20 @@ from tests.harness.harbor_direct import harbor_runtime, harbor_skip_reason, run_
 pytestmark = [pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.skipif(harbor_skip_reason() is not None, reason=harbor_skip_reason() or "")]
 TASKS = ["hello-file", "json-config", "reverse-script", "sum-to-100"]
+
+
+async def _batch_attempts(stack: Stack, run_id: str) -> tuple[int, list[str]]:
+    """How many times the run's Materialize batch started (the history records the last attempt's start), and why
+    each earlier attempt ended (its last failure, as Temporal recorded it)."""
+    history = await stack.client.get_workflow_handle(run_id).fetch_history()
+    batches = {e.event_id for e in history.events
+               if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+               and e.activity_task_scheduled_event_attributes.activity_type.name == "materialize_batch"}
+    started = [e.activity_task_started_event_attributes for e in history.events
+               if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+               and e.activity_task_started_event_attributes.scheduled_event_id in batches]
+    why = [repr(await stack.client.data_converter.decode_failure(s.last_failure)) for s in started if s.attempt > 1]
+    return sum(s.attempt for s in started), why
 
 
 async def _run(http: Any, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -57,7 +72,9 @@ async def test_harbor_run_scores_as_harbor_does_directly(stack: Stack, tmp_path:
     assert ours == direct == {t: [expected] * attempts for t in TASKS}, "each trial's reward is harbor's own"
     created = [e["data"] for e in events if e["type"] == "SandboxCreated"]
     roles = sorted(c.get("role") for c in created)
-    assert roles.count("harbor_task_env") == len(TASKS) * attempts and roles.count("harbor_orchestrator") == 1, roles
+    starts, why = await _batch_attempts(stack, run["id"])  # a batch started again re-opens what was not done
+    assert roles.count("harbor_orchestrator") == starts, (roles, why)
+    assert len(TASKS) * attempts <= roles.count("harbor_task_env") <= len(TASKS) * attempts * starts, (roles, why)
     killed = [e for e in events if e["type"] == "SandboxKilled"]
     assert len(killed) == len(created)
     assert log.status_code == 200 and b'"n_total_trials"' in log.content  # harbor's own job result.json
@@ -150,7 +167,15 @@ async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack,
     assert {r.headers.get("authorization") for r in through_relay} == {f"Bearer {REAL_KEY}"}
     assert run["cost"]["model"] > 0
     roles = sorted(e["data"].get("role") for e in events if e["type"] == "SandboxCreated")
-    assert roles.count("harbor_orchestrator") == roles.count("harbor_task_env") == 1, roles
+    # One orchestrator per start of the batch, and one task environment until the task is done. A batch Temporal
+    # started again (a retryable failure, seen in the full suite on a loaded machine; printed with its cause) opens
+    # its own, and the earlier ones are killed (below).
+    attempts, why = await _batch_attempts(stack, run["id"])
+    assert roles.count("harbor_orchestrator") == attempts and 1 <= roles.count("harbor_task_env") <= attempts, (
+        roles, why)
+    if why:
+        print(f"the batch ran {attempts} times: {why}")
+    assert len([e for e in events if e["type"] == "SandboxKilled"]) == len(roles)
     # The orchestrator (harbor and the agent's LiteLLM) was seen at every call, and held the key nowhere.
     assert llm.scans and all(procs >= 1 and files >= 1 for procs, files, _ in llm.scans), llm.scans
     assert not any(found for _, _, found in llm.scans)
