@@ -31,6 +31,7 @@ from activities.regression import RegressionActivities
 from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
+from benchwright import aio
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.runs.placement import start_warm_sandboxes
 from benchwright.sandbox.local.warm import stop_warm_pool
@@ -203,4 +204,4 @@ async def run_worker(settings: Settings) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(run_worker(Settings()))
+    aio.run(run_worker(Settings()))

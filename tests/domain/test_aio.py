@@ -6,7 +6,15 @@ import asyncio
 
 import pytest
 
-from benchwright.aio import uncancellable, wait_out
+from benchwright.aio import run, uncancellable, wait_out
+
+
+def test_run_runs_a_process_main_on_uvloop() -> None:
+    async def main() -> str:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(main()).startswith("uvloop")
 
 
 async def test_uncancellable_work_ends_before_the_callers_cancellation_is_raised() -> None:
