@@ -31,7 +31,6 @@ from activities.regression import RegressionActivities
 from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
-from benchwright import aio
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.runs.placement import start_warm_sandboxes
 from benchwright.sandbox.local.warm import stop_warm_pool
@@ -204,4 +203,4 @@ async def run_worker(settings: Settings) -> None:
 
 
 if __name__ == "__main__":
-    aio.run(run_worker(Settings()))
+    asyncio.run(run_worker(Settings()))

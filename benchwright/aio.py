@@ -14,9 +14,11 @@ T = TypeVar("T")
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's loop when it is installed (a dependency; it does not build on Windows), else asyncio's default.
 
-    The worker and the credential proxy spend much of their CPU in the loop itself: waking up for each thread hop's
-    result, a socket read and write per model call, the scorer runtime's pipes. On uvloop a 1,000-task run at C=128
-    took 12 % less worker CPU and 20 % less proxy CPU (docs/performance.md, session 15)."""
+    The credential proxy and the dev model run on it: a model call through the proxy is mostly socket reads and
+    writes in the loop, and the proxy's CPU per call fell from 0.38 to 0.32 ms (``bench/credential_proxy.py``). The
+    worker does not: on uvloop it took 12 % less CPU per task, but a full test run with the tests and the in-process
+    worker on uvloop stopped for good in the middle, its loop idle (docs/performance.md, session 15), and a worker
+    waiting forever is worse than a slower one."""
     try:
         import uvloop
     except ImportError:

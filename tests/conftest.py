@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,16 +95,6 @@ def start_worker_process(settings: Settings, **env: str) -> subprocess.Popen[byt
         "BENCHWRIGHT_TEMPORAL_ADDRESS": settings.temporal_address, "BENCHWRIGHT_ALLOW_LOCAL_PATHS": "true",
         "BENCHWRIGHT_MODEL_INTERNAL_ALLOWED": json.dumps(settings.model_internal_allowed), **env},
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def pytest_asyncio_loop_factories(config: pytest.Config,
-                                   item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """The loop the tests (and the in-process stack's worker) run on is the one our processes run on
-    (``benchwright.aio.loop_factory``: uvloop's)."""
-    from benchwright.aio import loop_factory
-
-    factory = loop_factory()
-    return {"uvloop" if factory is not None else "asyncio": factory or asyncio.new_event_loop}
 
 
 @dataclass

@@ -57,7 +57,8 @@ def up(data_dir: DataDir = None,
 @app.command()
 def worker(data_dir: DataDir = None) -> None:
     """Run one more worker against the stack whose data directory is given (workers scale out on one queue)."""
-    from benchwright import aio
+    import asyncio
+
     from worker import run_worker
 
     directory = _data_dir(data_dir)
@@ -69,7 +70,7 @@ def worker(data_dir: DataDir = None) -> None:
     from benchwright.errors import BenchwrightError
 
     try:
-        aio.run(run_worker(Settings(**overrides)))
+        asyncio.run(run_worker(Settings(**overrides)))
     except KeyboardInterrupt:
         pass
     except BenchwrightError as exc:  # e.g. encrypted secrets and no deployment key: say why, no traceback

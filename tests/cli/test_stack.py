@@ -85,9 +85,6 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         with Client(dev["api_url"], dev["api_key"]) as client:
             created = [e["data"] for e in client.events(run_id)["events"] if e["type"] == "SandboxCreated"]
         assert any(c["metadata"].get("warm") for c in created), created
-        # The worker's loop is uvloop's (benchwright.aio.run): the extension is mapped into the worker process.
-        worker_maps = Path(f"/proc/{json.loads((data_dir / 'pids.json').read_text())['worker']}/maps").read_text()
-        assert "/uvloop/loop." in worker_maps
 
         # The supervisor restarts a worker that dies; a launch after that still completes.
         pids = json.loads((data_dir / "pids.json").read_text())
