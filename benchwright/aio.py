@@ -1,35 +1,28 @@
-"""The event loop our long-lived processes run on, and cancellation-safe waiting: the few places where a cancelled
+"""The event loop the dev model runs on, and cancellation-safe waiting: the few places where a cancelled
 caller must still see work through to its end (a sandbox's kill and its SandboxKilled, a batch's tasks before its
 activity reports), so that nothing a run started outlives the event that says the run ended."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (a dependency; it does not build on Windows), else asyncio's default.
+    """uvloop's loop when it is installed (a dependency; it does not build on Windows), else asyncio's default: the
+    dev model's (``benchwright.testkit.devmodel``).
 
-    The credential proxy and the dev model run on it: a model call through the proxy is mostly socket reads and
-    writes in the loop, and the proxy's CPU per call fell from 0.38 to 0.32 ms (``bench/credential_proxy.py``). The
-    worker does not: on uvloop it took 12 % less CPU per task, but a full test run with the tests and the in-process
-    worker on uvloop stopped for good in the middle, its loop idle (docs/performance.md, session 15), and a worker
-    waiting forever is worse than a slower one."""
+    The worker and the credential proxy stay on asyncio's own loop. On uvloop the worker took 12 % less CPU per task
+    and the proxy 10-16 % less per call, but the two full test runs made with them on it both went wrong early: one
+    stopped for good with its loop idle, the other waited 120 s in vain for a run's route (docs/performance.md,
+    session 15). Neither was explained in the session, and a process that may wait forever is worse than a slower
+    one."""
     try:
         import uvloop
     except ImportError:
         return None
     return uvloop.new_event_loop
-
-
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop ``loop_factory`` picks: for a process's main coroutine."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
 
 
 async def uncancellable(work: Awaitable[None]) -> None:

@@ -46,7 +46,6 @@ from typing import Any
 
 import uvicorn
 
-from benchwright import aio
 from benchwright.llm.httpclient import HttpClientError, HttpConnectError, HttpPool
 from benchwright.llm.prices import Prices
 
@@ -429,7 +428,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--control", type=Path, required=True)
     ap.add_argument("--linger", type=float, required=True)
     args = ap.parse_args(argv)
-    aio.run(serve(control=args.control, linger_s=args.linger))
+    asyncio.run(serve(control=args.control, linger_s=args.linger))
     return 0
 
 

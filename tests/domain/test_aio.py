@@ -6,15 +6,17 @@ import asyncio
 
 import pytest
 
-from benchwright.aio import run, uncancellable, wait_out
+from benchwright.aio import loop_factory, uncancellable, wait_out
 
 
-def test_run_runs_a_process_main_on_uvloop() -> None:
-    async def main() -> str:
-        await asyncio.sleep(0)
-        return type(asyncio.get_running_loop()).__module__
-
-    assert run(main()).startswith("uvloop")
+def test_the_loop_factory_makes_uvloops_loop() -> None:
+    factory = loop_factory()
+    assert factory is not None
+    loop = factory()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
 
 
 async def test_uncancellable_work_ends_before_the_callers_cancellation_is_raised() -> None:

@@ -90,7 +90,6 @@ async def test_per_run_keys_route_apart_and_die_with_the_run(
     environ = Path(f"/proc/{run_a.pid}/environ").read_bytes() + Path(f"/proc/{run_a.pid}/cmdline").read_bytes()
     assert KEY_A.encode() not in environ and KEY_B.encode() not in environ, "keys travel over the control socket"
     assert KEY_A.encode() not in Path("/proc/self/environ").read_bytes()
-    assert "/uvloop/loop." in Path(f"/proc/{run_a.pid}/maps").read_text(), "the proxy serves on uvloop (aio.run)"
 
     revoked = await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-a")
     assert revoked is not None and revoked.calls == 1 and not revoked.idle, "run-b still holds a route"
