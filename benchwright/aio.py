@@ -1,28 +1,12 @@
-"""The event loop the dev model runs on, and cancellation-safe waiting: the few places where a cancelled
-caller must still see work through to its end (a sandbox's kill and its SandboxKilled, a batch's tasks before its
-activity reports), so that nothing a run started outlives the event that says the run ended."""
+"""Cancellation-safe waiting: the few places where a cancelled caller must still see work through to its end (a
+sandbox's kill and its SandboxKilled, a batch's tasks before its activity reports), so that nothing a run started
+outlives the event that says the run ended."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (a dependency; it does not build on Windows), else asyncio's default: the
-    dev model's (``benchwright.testkit.devmodel``).
-
-    The worker and the credential proxy stay on asyncio's own loop. On uvloop the worker took 12 % less CPU per task
-    and the proxy 10-16 % less per call, but the two full test runs made with them on it both went wrong early: one
-    stopped for good with its loop idle, the other waited 120 s in vain for a run's route (docs/performance.md,
-    session 15). Neither was explained in the session, and a process that may wait forever is worse than a slower
-    one."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 async def uncancellable(work: Awaitable[None]) -> None:

@@ -70,6 +70,8 @@ def worker(data_dir: DataDir = None) -> None:
     from benchwright.errors import BenchwrightError
 
     try:
+        # asyncio's own loop, not uvloop: 12 % less CPU per task on uvloop, but a full test run with the worker on
+        # it hung for good with its loop idle, unexplained (docs/performance.md, session 15).
         asyncio.run(run_worker(Settings(**overrides)))
     except KeyboardInterrupt:
         pass

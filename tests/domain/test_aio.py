@@ -6,17 +6,7 @@ import asyncio
 
 import pytest
 
-from benchwright.aio import loop_factory, uncancellable, wait_out
-
-
-def test_the_loop_factory_makes_uvloops_loop() -> None:
-    factory = loop_factory()
-    assert factory is not None
-    loop = factory()
-    try:
-        assert type(loop).__module__.startswith("uvloop")
-    finally:
-        loop.close()
+from benchwright.aio import uncancellable, wait_out
 
 
 async def test_uncancellable_work_ends_before_the_callers_cancellation_is_raised() -> None:

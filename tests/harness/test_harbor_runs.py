@@ -75,6 +75,8 @@ async def test_harbor_run_scores_as_harbor_does_directly(stack: Stack, tmp_path:
     starts, why = await _batch_attempts(stack, run["id"])  # a batch started again re-opens what was not done
     assert roles.count("harbor_orchestrator") == starts, (roles, why)
     assert len(TASKS) * attempts <= roles.count("harbor_task_env") <= len(TASKS) * attempts * starts, (roles, why)
+    if why:
+        print(f"the batch ran {starts} times: {why}")
     killed = [e for e in events if e["type"] == "SandboxKilled"]
     assert len(killed) == len(created)
     assert log.status_code == 200 and b'"n_total_trials"' in log.content  # harbor's own job result.json

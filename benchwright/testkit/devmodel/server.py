@@ -10,11 +10,11 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Self
 
-from benchwright.aio import loop_factory
 from benchwright.testkit.devmodel.config import DevModelConfig
 from benchwright.testkit.devmodel.protocol import _BACKLOG, _SHUTDOWN_GRACE_S, _Connection, _Handler, _url_host
 
@@ -144,7 +144,7 @@ def serve(
         signal.signal(signal.SIGTERM, stop.request)
         restore_sigterm = True
     try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(_serve_until_stopped(config, host, port, ready_file, written, stop))
     finally:
         if restore_sigterm:
@@ -154,6 +154,15 @@ def serve(
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (what uvicorn's "auto" picked), else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 class _StopRequest:
