@@ -2,8 +2,9 @@
 
 Runs the real stack as a user would (``benchwright up`` with its Temporal dev server, worker and API, and the
 ``benchwright dev-model`` test double as separate processes), launches through the REST API and times each run
-from the launch POST until the API reports the run finished. Prints, per configuration: wall time, tasks/s, the
-physical limit N*k*L/C and the ratio to it, the workflow's history length, and the worker's peak RSS.
+from the launch POST until the API reports the run finished (its score; the report written after it is waited for
+outside the wall, before anything else runs, and its CPU is counted). Prints, per configuration: wall time, tasks/s,
+the physical limit N*k*L/C and the ratio to it, the workflow's history length, and the worker's peak RSS.
 
 The first runs are a warm-up (the worker's first run pays imports); N=1 measures the fixed pipeline overhead. N=1 and
 the configurations are run in turn, ``--repeat`` times; medians are compared with the target, best runs shown too.
@@ -45,11 +46,17 @@ from benchwright.client import Client
 from benchwright.llm.httpclient import HttpPool
 
 
-async def _history_length(address: str, run_id: str) -> int:
+async def _closed_history_length(address: str, run_id: str) -> int:
+    """The workflow's history length once it has closed (its report written after the score: waited for here)."""
     from temporalio.client import Client as TemporalClient
+    from temporalio.client import WorkflowHistoryEventFilterType
 
     client = await TemporalClient.connect(address)
-    history = await client.get_workflow_handle(run_id).fetch_history()
+    handle = client.get_workflow_handle(run_id)
+    async for _ in handle.fetch_history_events(wait_new_event=True,  # its close (its result is encrypted)
+                                               event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT):
+        pass
+    history = await handle.fetch_history()
     return len(history.events)
 
 
@@ -134,6 +141,9 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
     run = client.launch(dataset=str(dataset), model=model, concurrency=c, **body)
     final = client.wait(run["id"])
     wall = time.perf_counter() - t0
+    # The wall ends with the score; the run's report follows it. Wait for the workflow to close before anything else
+    # runs, so that no run's report overlaps the next measurement (a bare client's or a run's), and count its CPU.
+    history = asyncio.run(_closed_history_length(dev["temporal_address"], run["id"]))
     cpu1 = _cpu_now(pids, proxy_dir)
     cpu = {name: round(cpu1[name] - cpu0.get(name, 0.0), 2) for name in pids}
     # A credential proxy may start (or linger out) during the run: count what each one present at the end used.
@@ -146,7 +156,7 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
     assert len(results) == len(keys) == n * k, "every (index, trial) exactly once"
     return {"run_id": run["id"], "wall_s": wall, "phases_ms": _phase_ms(events), "cpu_s": cpu,
             "first_call_s": _first_call_s(events, launched_at), "tasks": n * k,
-            "history": asyncio.run(_history_length(dev["temporal_address"], run["id"])),
+            "history": history,
             "pass_rate": final["tasks"]["summary"]["pass_rate"]}
 
 

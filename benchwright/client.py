@@ -407,7 +407,8 @@ class Client:
     def wait(self, run_id: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """Return the run once it leaves ``running`` or halts (paused or waiting included).
 
-        Long-polls the API (``GET /v1/runs/{id}?wait_s=``), which answers the moment the run's workflow completes.
+        Long-polls the API (``GET /v1/runs/{id}?wait_s=``), which answers the moment the run's row turns (its workflow's
+        last activity before the report wrote it); the report files follow (``files``).
         """
         run_id = self._rid(run_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -10,6 +11,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
@@ -99,28 +102,47 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
         return await run_in_threadpool(_narrated, state, view)
-    # The workflow's completion wakes us at once (its last activity wrote the row); a halt leaves the workflow
-    # running, so the row is also re-read every WAIT_HALT_CHECK_S. Without Temporal (unreachable, or the workflow
-    # gone) the row alone is polled at that pace.
+    # Each activity the workflow completes wakes us at once: the terminal row is written by its last activity, and
+    # a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes after the report
+    # (issue 25: 0-250 ms of every launch-and-wait). The row is also re-read every WAIT_HALT_CHECK_S, and alone at
+    # that pace without Temporal (unreachable, or the workflow gone).
+    changed = asyncio.Event()
     try:
-        finished: asyncio.Task[Any] | None = asyncio.create_task(
-            (await state.temporal()).get_workflow_handle(run_id).result())
+        watch: asyncio.Task[None] | None = asyncio.create_task(
+            _watch_activities((await state.temporal()).get_workflow_handle(run_id), changed))
     except Unavailable:
-        finished = None
+        watch = None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     try:
         while not _settled(view) and (left := deadline - loop.time()) > 0:
-            if finished is None or finished.done():
-                await asyncio.sleep(min(WAIT_HALT_CHECK_S, left))
-            else:
-                await asyncio.wait([finished], timeout=min(WAIT_HALT_CHECK_S, left))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(WAIT_HALT_CHECK_S, left))
+            changed.clear()
             view = await run_in_threadpool(read)
     finally:
-        if finished is not None:
-            finished.cancel()
-            await asyncio.gather(finished, return_exceptions=True)  # a failed workflow's error is the row's to tell
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)  # a workflow gone or failed: the row tells
     return await run_in_threadpool(_narrated, state, view)
+
+
+_ROW_WRITES = frozenset({
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT, EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED,
+    EventType.EVENT_TYPE_MARKER_RECORDED,  # a local activity's end (the quick phases)
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED})
+"""History events after which the run's row may read differently: what its activities wrote, or the workflow's end."""
+
+
+async def _watch_activities(handle: WorkflowHandle[Any, Any], changed: asyncio.Event) -> None:
+    """Set ``changed`` on each history event after which the row may read differently, until the workflow closes
+    (Temporal's history long poll: one call per burst of new events, none while nothing happens)."""
+    async for event in handle.fetch_history_events(wait_new_event=True):
+        if event.event_type in _ROW_WRITES:
+            changed.set()
 
 
 def _narrated(state: StateDep, view: RunView) -> RunView:

@@ -145,6 +145,8 @@ class ScriptedLlm:
 
     scripts: dict[str, list[ScriptedConversation]] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    """While set to an Event, chat requests wait for it before they are answered (a slow provider a test releases)."""
     _assigned: dict[tuple[str, str], int] = field(default_factory=dict)
     _next: dict[str, int] = field(default_factory=dict)
 
@@ -218,6 +220,8 @@ class ScriptedLlm:
                 return JSONResponse(_error(400, "invalid_json", "the body is not JSON")[1], status_code=400)
             if not isinstance(body, dict):
                 return JSONResponse(_error(400, "invalid_json", "the body must be a JSON object")[1], status_code=400)
+            if self.gate is not None:
+                await self.gate.wait()
             status, reply = self.answer(body, dict(request.headers))
             return JSONResponse(reply, status_code=status)
 

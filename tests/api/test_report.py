@@ -5,6 +5,7 @@ LLM narrator against the scripted-LLM double with its spend in cost.narration an
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -14,7 +15,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from pydantic import SecretStr
+from temporalio.client import WorkflowExecutionStatus
 
+import api.routes.runs as runs_route
 from api.main import create_app
 from benchwright.report.facts import narration_facts
 from benchwright.report.narration import builtin_narration
@@ -208,6 +211,7 @@ async def test_a_run_that_failed_still_gets_its_narration_and_report(stack: Stac
 NARRATOR_KEY = "sk-narrator-" + uuid.uuid4().hex
 INPUT_PRICE, OUTPUT_PRICE, MARKUP = 2e-6, 8e-6, 1.5
 NARRATED = "The dev model answered every arithmetic question it was asked; nothing went wrong."
+HELD = "Written while the caller already had the score."
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -219,6 +223,7 @@ async def narrator_stack(stack: Stack) -> AsyncIterator[dict[str, Any]]:
     llm.add(model, parse_script({model: [
         [{"content": NARRATED, "usage": {"prompt_tokens": 1200, "completion_tokens": 150}}],
         [{"content": "   ", "usage": {"prompt_tokens": 900, "completion_tokens": 3}}],  # an empty reply: falls back
+        [{"content": HELD}],  # the long poll's test, held by the test's gate
     ]})[model])
     server = await start_scripted_llm(llm, port=free_port())
     settings = stack.settings.model_copy(update={
@@ -285,3 +290,40 @@ async def test_llm_narrator_writes_the_narration_and_its_spend_is_billed(stack: 
     assert view2["cost"]["narration"] == pytest.approx(cost2)
     assert view2["cost"]["billed"] == pytest.approx(cost2 * MARKUP)
     assert [e["type"] for e in events2].count("ReportFile") == 2
+
+
+async def test_the_long_poll_answers_when_the_run_ends_not_when_its_report_is_written(
+        stack: Stack, narrator_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GET /v1/runs/{id}?wait_s=`` answers once the row is terminal (finish_run's completion in the workflow's
+    history wakes it), while the report is still being written: here the LLM narrator is held by the test until the
+    answer is in. The long poll's periodic re-read of the row is put out of reach, so only the history wakes it."""
+    monkeypatch.setattr(runs_route, "WAIT_HALT_CHECK_S", 3600.0)
+    body = {"dataset": str(SAMPLE / "arithmetic.jsonl"), "constraints": {"max_tasks": 3},
+            "model": {"identifier": "openai/dev", "api_base": stack.dev_url}}
+    gate, wait_s = asyncio.Event(), 30.0
+    narrator_stack["llm"].gate = gate
+    loop = asyncio.get_running_loop()
+    try:
+        async with stack.http(narrator_stack["key"]) as http:
+            http.base_url = narrator_stack["url"]
+            run = await launch(http, body)
+            t0 = loop.time()
+            done = (await http.get(f"/v1/runs/{run['id']}", params={"wait_s": wait_s}, timeout=wait_s + 30)).json()
+            waited = loop.time() - t0
+            handle = stack.client.get_workflow_handle(run["id"])
+            open_then = (await handle.describe()).status
+            files_then = (await http.get(f"/v1/runs/{run['id']}/files")).json()["files"]
+            gate.set()
+            await handle.result()
+            files_after = (await http.get(f"/v1/runs/{run['id']}/files")).json()["files"]
+            view_after = (await http.get(f"/v1/runs/{run['id']}")).json()
+    finally:
+        gate.set()
+        narrator_stack["llm"].gate = None
+    assert done["status"] == "ok" and done["terminal"] and done["tasks"]["summary"]["total"] == 3
+    assert waited < wait_s, "answered at its deadline, not when the run ended"
+    assert open_then == WorkflowExecutionStatus.RUNNING and files_then == []  # the report was still being written
+    # Meanwhile the view showed the builtin narration; the narrator's own is recorded once released.
+    assert done["narration"].startswith("openai/dev passed 3 of 3")
+    assert view_after["narration"] == HELD
+    assert [f["name"] for f in files_after] == ["report.html", "results.json"]
