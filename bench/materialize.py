@@ -122,6 +122,14 @@ def _first_call_s(events: list[dict], launched_at: float) -> float | None:
     return min(starts) - launched_at if starts else None
 
 
+def _tail_s(events: list[dict], answered_at: float) -> float | None:
+    """The last result's commit to the long poll's answer: the batch's end, the workflow's close of the sweep, the
+    run's end and the API's answer (the time a run's end adds to every launch-and-wait)."""
+    commits = [datetime.fromisoformat(e["created_at"]).replace(tzinfo=UTC).timestamp()
+               for e in events if e["type"] == "MaterializeTaskResult"]
+    return answered_at - max(commits) if commits else None
+
+
 def _cpu_now(pids: dict, proxy_dir: Path | None) -> dict[str, float]:
     cpu = {name: cpu_s(pid) for name, pid in pids.items()}
     for pid in proxy_pids(proxy_dir) if proxy_dir is not None else []:
@@ -141,6 +149,7 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
     run = client.launch(dataset=str(dataset), model=model, concurrency=c, **body)
     final = client.wait(run["id"])
     wall = time.perf_counter() - t0
+    answered_at = time.time()
     # The wall ends with the score; the run's report follows it. Wait for the workflow to close before anything else
     # runs, so that no run's report overlaps the next measurement (a bare client's or a run's), and count its CPU.
     history = asyncio.run(_closed_history_length(dev["temporal_address"], run["id"]))
@@ -155,7 +164,8 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
     n = final["tasks"]["summary"]["total"]
     assert len(results) == len(keys) == n * k, "every (index, trial) exactly once"
     return {"run_id": run["id"], "wall_s": wall, "phases_ms": _phase_ms(events), "cpu_s": cpu,
-            "first_call_s": _first_call_s(events, launched_at), "tasks": n * k,
+            "first_call_s": _first_call_s(events, launched_at), "tail_s": _tail_s(events, answered_at),
+            "tasks": n * k,
             "history": history,
             "pass_rate": final["tasks"]["summary"]["pass_rate"]}
 
@@ -325,18 +335,21 @@ def _report_goals(ones: dict[str, list[dict]], runs: dict[tuple[str, int], list[
     wall_goals = {32: 1.15, 128: 1.3}
     for mode, rs in ones.items():
         first = _median([r["first_call_s"] for r in rs if r["first_call_s"] is not None])
+        tail = _median([r["tail_s"] for r in rs if r["tail_s"] is not None])
         print(f"[{mode}] launch -> first model request (N=1, warm, median): {first:.3f} s  "
-              f"{'MEETS' if first <= 0.2 else 'MISSES'} the goal (<= 0.2 s)")
+              f"{'MEETS' if first <= 0.2 else 'MISSES'} the goal (<= 0.2 s); its result -> the answer {tail:.3f} s")
     for (mode, c), rs in runs.items():
         wall = _median([r["wall_s"] for r in rs])
         first = _median([r["first_call_s"] for r in rs if r["first_call_s"] is not None])
+        tail = _median([r["tail_s"] for r in rs if r["tail_s"] is not None])
         per_k = {name: _median([r["cpu_s"][name] * 1000 / r["tasks"] for r in rs])
                  for name in ("worker", "api", "proxy", "temporal")}
         total = _median([(r["cpu_s"]["worker"] + r["cpu_s"]["api"] + r["cpu_s"]["proxy"]) * 1000 / r["tasks"]
                          for r in rs])
         line = (f"[{mode}] C={c}: CPU s per 1,000 tasks (median) worker+api+proxy {total:.2f} = worker "
                 f"{per_k['worker']:.2f} + api {per_k['api']:.2f} + proxy {per_k['proxy']:.2f} (temporal "
-                f"{per_k['temporal']:.2f}); launch -> first model request {first:.3f} s")
+                f"{per_k['temporal']:.2f}); launch -> first model request {first:.3f} s; last result -> answer "
+                f"{tail:.3f} s")
         print(line)
         if mode == "keyless" and bares.get(c):
             bare = _median([b["wall_s"] for b in bares[c]])
