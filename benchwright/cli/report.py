@@ -6,8 +6,9 @@ Registered on the main app by ``benchwright/cli/app.py``; it shares the client h
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -15,6 +16,26 @@ from benchwright.cli.answers import ApiKey, ApiUrl, DataDir, _call
 from benchwright.cli.support import console
 
 REPORT_FILES = ("report.html", "results.json")
+REPORT_WAIT_S = 30.0
+"""How long ``report`` waits for a finished run's report: it is written after the run's end (its score), normally
+within a second; an attempt may take minutes (docs/report.md), and then the command says to try again later."""
+REPORT_POLL_S = 0.2
+
+
+def _no_file(run_id: str, name: str, why: str) -> NoReturn:
+    console.print(f"[red]error:[/red] run {run_id} has no {name} yet: {why}")
+    raise typer.Exit(1)
+
+
+def _await_report(client: Any, run_id: str, name: str) -> dict[str, dict[str, Any]]:
+    """The run's files once ``name`` is among them, or as they stand after ``REPORT_WAIT_S``."""
+    console.print(f"run {run_id} has ended; waiting for its report to be written")
+    deadline = time.monotonic() + REPORT_WAIT_S
+    while True:
+        listed = {f["name"]: f for f in client.files(run_id)["files"]}
+        if name in listed or time.monotonic() >= deadline:
+            return listed
+        time.sleep(REPORT_POLL_S)
 
 
 def report_cmd(run_id: str,
@@ -37,11 +58,13 @@ def report_cmd(run_id: str,
     def fetch(client: Any) -> tuple[dict[str, Any], bytes]:
         listed = {f["name"]: f for f in client.files(run_id)["files"]}
         if chosen not in listed:
-            run = client.run(run_id)
-            why = ("the run is still running" if not run.get("terminal")
-                   else "its report is still being written (or could not be written); try again in a moment")
-            console.print(f"[red]error:[/red] run {run_id} has no {chosen} yet: {why}")
-            raise typer.Exit(1)
+            if not client.run(run_id).get("terminal"):
+                _no_file(run_id, chosen, "the run is still running")
+            # Its score is in and its report follows (``benchwright run --wait`` and then ``report``).
+            listed = _await_report(client, run_id, chosen)
+            if chosen not in listed:
+                _no_file(run_id, chosen, f"its report was not written within {REPORT_WAIT_S:g} s (or could not be "
+                                         "written); try again later")
         return listed[chosen], client.file(run_id, chosen)
 
     meta, data = _call(fetch, data_dir, api_url, api_key)

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,6 +227,7 @@ async def narrator_stack(stack: Stack) -> AsyncIterator[dict[str, Any]]:
         [{"content": NARRATED, "usage": {"prompt_tokens": 1200, "completion_tokens": 150}}],
         [{"content": "   ", "usage": {"prompt_tokens": 900, "completion_tokens": 3}}],  # an empty reply: falls back
         [{"content": HELD}],  # the long poll's test, held by the test's gate
+        [{"content": HELD}],  # `benchwright report` waiting for it, held the same way
     ]})[model])
     server = await start_scripted_llm(llm, port=free_port())
     settings = stack.settings.model_copy(update={
@@ -327,3 +331,47 @@ async def test_the_long_poll_answers_when_the_run_ends_not_when_its_report_is_wr
     assert done["narration"].startswith("openai/dev passed 3 of 3")
     assert view_after["narration"] == HELD
     assert [f["name"] for f in files_after] == ["report.html", "results.json"]
+
+
+async def test_benchwright_report_waits_for_the_report_of_a_run_that_has_just_ended(
+        stack: Stack, narrator_stack: dict[str, Any], tmp_path: Path) -> None:
+    """``benchwright run --wait`` returns with the score, before the report: ``benchwright report`` run then waits for
+    it instead of failing. The narrator is held until the command says it is waiting, then released."""
+    body = {"dataset": str(SAMPLE / "arithmetic.jsonl"), "constraints": {"max_tasks": 2},
+            "model": {"identifier": "openai/dev", "api_base": stack.dev_url}}
+    gate = asyncio.Event()
+    narrator_stack["llm"].gate = gate
+    target = tmp_path / "out.html"
+    proc: asyncio.subprocess.Process | None = None
+    try:
+        async with stack.http(narrator_stack["key"]) as http:
+            http.base_url = narrator_stack["url"]
+            run = await launch(http, body)
+            done = (await http.get(f"/v1/runs/{run['id']}", params={"wait_s": 60}, timeout=90)).json()
+            assert done["terminal"] and (await http.get(f"/v1/runs/{run['id']}/files")).json()["files"] == []
+            env = {**os.environ, "COLUMNS": "200", "BENCHWRIGHT_API_URL": narrator_stack["url"],
+                   "BENCHWRIGHT_API_KEY": narrator_stack["key"]}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchwright.cli", "report", run["id"], "-o", str(target), env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            assert proc.stderr is not None
+            said: list[str] = []
+            while not any("waiting for its report" in line for line in said):
+                line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+                assert line, f"the command ended without waiting: {''.join(said)}"
+                said.append(line)
+            gate.set()  # the report is written now, while the command waits for it
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+            said.append(err.decode())
+            listed = (await http.get(f"/v1/runs/{run['id']}/files")).json()["files"]
+    finally:
+        gate.set()
+        narrator_stack["llm"].gate = None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, "".join(said)
+    meta = next(f for f in listed if f["name"] == "report.html")
+    data = target.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == meta["digest"] and len(data) == meta["size"]
+    assert f"wrote {target}" in "".join(said)
