@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from benchwright.drivers.templates import prime_source
 from benchwright.harness.batch import bridge_batch
 from benchwright.llm.sut import SutClient
 from benchwright.product.batch import is_product_run, product_batch
@@ -53,7 +54,7 @@ def warm_runtime(settings: Settings) -> RuntimeSpec:
     starts for a batch on one scorer thread, so it stands for any batch's runtime on this deployment (the thread
     count, and with it the process limit, is set when it is handed over)."""
     return RuntimeSpec(argv=(sys.executable, "runner.py"), source=RUNNER.read_bytes(), env=runner_env(WORK_INSIDE),
-                       limits=scorer_limits(1, ScorerCeilings.of(settings)))
+                       limits=scorer_limits(1, ScorerCeilings.of(settings)), prime=prime_source().encode())
 
 
 async def start_warm_sandboxes(settings: Settings) -> WarmPool | None:

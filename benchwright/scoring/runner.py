@@ -283,11 +283,18 @@ def _serve(channel: _Channel, opts: argparse.Namespace) -> int:
     return 0
 
 
-def wait_then_main() -> int:
-    """``--wait``: a runtime started ahead of its batch in a warm sandbox (``benchwright.sandbox.local.warm``). It
-    says ``{"op": "waiting"}`` once imported, then waits for ``{"op": "go", "args": [...], "env": {...}}`` and goes
+def wait_then_main(prime: str | None = None) -> int:
+    """``--wait [--prime FILE]``: a runtime started ahead of its batch in a warm sandbox
+    (``benchwright.sandbox.local.warm``). It runs ``FILE`` (its errors ignored: priming caches a scorer's load would
+    fill), says ``{"op": "waiting"}``, then waits for ``{"op": "go", "args": [...], "env": {...}}`` and goes
     on as ``runner.py <args>`` started with that environment (the host checked that everything the interpreter
     reads as it starts was the same, but ``PYTHONPATH``, which is applied here as the interpreter would have)."""
+    if prime is not None:
+        try:
+            with open(prime, encoding="utf-8") as f:
+                exec(compile(f.read(), prime, "exec"), {"__name__": "__prime__"})
+        except Exception:  # noqa: BLE001 - a primer that fails only leaves the caches cold
+            pass
     print(json.dumps({"op": "waiting"}), flush=True)
     line = sys.stdin.readline()
     if not line:
@@ -301,4 +308,6 @@ def wait_then_main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(wait_then_main() if sys.argv[1:] == ["--wait"] else main())
+    if sys.argv[1:2] == ["--wait"]:
+        sys.exit(wait_then_main(sys.argv[3] if sys.argv[2:3] == ["--prime"] and len(sys.argv) == 4 else None))
+    sys.exit(main())

@@ -289,3 +289,37 @@ def test_the_output_cuts_a_long_reasoning_not_the_answer() -> None:
     answer = "The answer is 7. " * 40
     shown = output_of(SutText(answer, [], "step " * 10_000)) or ""
     assert len(shown) <= MAX_OUTPUT_CHARS and shown.endswith(answer) and "characters cut]" in shown
+
+
+PRIME_CHECK = r'''
+import ast, json, re, sys
+from benchwright.drivers.templates import TEMPLATE_FILES, prime_source, render
+failed = []
+namespace = {"__name__": "__prime__"}
+for node in ast.parse(prime_source()).body:  # every statement a try: run each body bare, so a failure shows
+    try:
+        exec(compile(ast.Module(body=node.body, type_ignores=[]), "prime", "exec"), namespace)
+    except Exception as exc:
+        failed.append(f"{ast.unparse(node.body[0])[:80]}: {exc!r}")
+compiled = {}
+for name in sorted(TEMPLATE_FILES):
+    before = set(re._cache)  # re's cache of compiled patterns (CPython 3.11: keyed by type, pattern, flags)
+    exec(compile(render(name, {}), "task_impl.py", "exec"), {"__name__": "task_impl"})
+    compiled[name] = sorted(str(k[1])[:60] for k in set(re._cache) - before)
+print(json.dumps({"failed": failed, "compiled": compiled}))
+'''
+
+
+def test_the_warm_runtimes_primer_compiles_every_templates_patterns_ahead() -> None:
+    """``prime_source`` (what a warm scorer runtime runs while it waits): each of its statements runs as is, and a
+    task_impl.py rendered from any builtin template then compiles no regular expression of its own as it loads.
+    In a fresh interpreter: this process has compiled the templates' patterns already."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PRIME_CHECK], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["failed"] == []
+    assert seen["compiled"] == {name: [] for name in sorted(TEMPLATE_FILES)}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchwright.drivers.templates import prime_source
 from benchwright.runs.limits import ScorerCeilings
 from benchwright.runs.placement import scorer_limits
 from benchwright.sandbox import ExecLimits, LocalBackend, proxy_env
@@ -28,7 +29,8 @@ from tests.sandbox.test_local import _namespaces_skip_reason
 
 PY = sys.executable
 LIMITS = scorer_limits(1, ScorerCeilings(batch_duration_s=120.0))
-SPEC = RuntimeSpec(argv=(PY, "runner.py"), source=RUNNER.read_bytes(), env=runner_env(WORK_INSIDE), limits=LIMITS)
+SPEC = RuntimeSpec(argv=(PY, "runner.py"), source=RUNNER.read_bytes(), env=runner_env(WORK_INSIDE), limits=LIMITS,
+                   prime=prime_source().encode())
 SCORER = '''
 import json, os, sys
 import depmod  # from /sandbox/.deps, on PYTHONPATH only when the run's environment is applied
@@ -40,7 +42,8 @@ class Scorer:
 
     def solve(self, row, call_sut):
         return json.dumps({"proxy": os.environ.get("HTTP_PROXY"), "dep": depmod.VALUE, "home": os.environ["HOME"],
-                           "path1": sys.path[1], "argv_threads": sys.argv, "files": sorted(os.listdir("."))})
+                           "path1": sys.path[1], "argv_threads": sys.argv, "files": sorted(os.listdir(".")),
+                           "primed": "fractions" in sys.modules})  # imported by the numeric template, not by us
 
     def score(self, row, response):
         return 1.0
@@ -137,6 +140,7 @@ async def test_a_claimed_sandbox_is_the_runs_and_its_runtime_goes_on_with_the_ru
         assert seen["proxy"] == proxy_env(info)["HTTP_PROXY"] and seen["dep"] == 42
         assert seen["home"] == WORK_INSIDE and seen["path1"] == f"{WORK_INSIDE}/.deps"
         assert seen["files"] == [".deps", "runner.py", "task_impl.py"]  # the snapshot's files, nothing of the pool's
+        assert seen["primed"] is True  # the primer ran while it waited (the builtin templates' imports)
         await asyncio.wait_for(proc.wait(), 30)
     finally:
         await claimer.kill(sandbox_id)

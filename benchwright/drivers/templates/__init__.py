@@ -20,6 +20,7 @@ shape fits: it never guesses.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -77,6 +78,21 @@ def render(template: str, config: dict[str, Any]) -> str:
     if count != 1:
         raise RuntimeError(f"template {TEMPLATE_FILES[template]} has no one-line 'CONFIG = {{...}}' to render")
     return rendered
+
+
+def prime_source() -> str:
+    """Python a warm scorer runtime runs while it waits (``benchwright.sandbox.local.warm``): every builtin
+    template's module-level imports and assignments (its regular expressions among them), each on its own and its
+    error ignored, without the functions and classes. A task_impl.py rendered from a template then loads with its
+    imports done and its patterns in ``re``'s cache: the numeric one in ~1.5 ms instead of 15-18 ms in a fresh
+    interpreter, for ~27 ms of the waiting runtime's own time. It leaves nothing the scorer sees but those caches."""
+    statements: list[ast.stmt] = []
+    for name in sorted(TEMPLATE_FILES):
+        for node in ast.parse(render(name, {})).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)):
+                statements.append(ast.Try(body=[node], handlers=[ast.ExceptHandler(
+                    type=ast.Name("Exception", ast.Load()), name=None, body=[ast.Pass()])], orelse=[], finalbody=[]))
+    return ast.unparse(ast.fix_missing_locations(ast.Module(body=statements, type_ignores=[]))) + "\n"
 
 
 def _shared_code(module: str) -> str:

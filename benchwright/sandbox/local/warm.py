@@ -74,6 +74,10 @@ class RuntimeSpec:
     source: bytes
     env: Mapping[str, str]
     limits: ExecLimits
+    prime: bytes = b""
+    """Python the runtime runs before it says it is waiting (``runner.py --prime``; errors ignored): the builtin
+    templates' module bodies (``benchwright.drivers.templates.prime_source``), so a scorer rendered from one loads
+    with its imports and regular expressions ready."""
 
 
 @dataclass
