@@ -294,9 +294,11 @@ def test_the_output_cuts_a_long_reasoning_not_the_answer() -> None:
 PRIME_CHECK = r'''
 import ast, json, re, sys
 from benchwright.drivers.templates import TEMPLATE_FILES, prime_source, render
+source = prime_source()
+exec(compile(source, "prime.py", "exec"), {"__name__": "__prime__"})  # as runner.py --prime runs it: whole
 failed = []
 namespace = {"__name__": "__prime__"}
-for node in ast.parse(prime_source()).body:  # every statement a try: run each body bare, so a failure shows
+for node in ast.parse(source).body:  # every statement a try: run each body bare, so a failure shows
     try:
         exec(compile(ast.Module(body=node.body, type_ignores=[]), "prime", "exec"), namespace)
     except Exception as exc:
@@ -311,8 +313,9 @@ print(json.dumps({"failed": failed, "compiled": compiled}))
 
 
 def test_the_warm_runtimes_primer_compiles_every_templates_patterns_ahead() -> None:
-    """``prime_source`` (what a warm scorer runtime runs while it waits): each of its statements runs as is, and a
-    task_impl.py rendered from any builtin template then compiles no regular expression of its own as it loads.
+    """``prime_source`` (what a warm scorer runtime runs while it waits) compiles and runs as one file, each of its
+    statements runs without an error of its own, and a task_impl.py rendered from any builtin template then compiles
+    no regular expression of its own as it loads.
     In a fresh interpreter: this process has compiled the templates' patterns already."""
     import subprocess
     import sys

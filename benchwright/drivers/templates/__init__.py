@@ -89,7 +89,8 @@ def prime_source() -> str:
     statements: list[ast.stmt] = []
     for name in sorted(TEMPLATE_FILES):
         for node in ast.parse(render(name, {})).body:
-            if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)):
+            future = isinstance(node, ast.ImportFrom) and node.module == "__future__"  # only first in a file
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)) and not future:
                 statements.append(ast.Try(body=[node], handlers=[ast.ExceptHandler(
                     type=ast.Name("Exception", ast.Load()), name=None, body=[ast.Pass()])], orelse=[], finalbody=[]))
     return ast.unparse(ast.fix_missing_locations(ast.Module(body=statements, type_ignores=[]))) + "\n"
