@@ -498,13 +498,13 @@ class LocalBackend:
                 relay.close()
 
     async def start_waiting(self, meta: _Meta, spec: RuntimeSpec) -> WaitingRuntime:
-        """``spec``'s runtime started in a warm sandbox and waiting (its script removed again once read)."""
-        await self.write_file(meta.sandbox_id, "runner.py", spec.source)
-        primer = ["--prime", "prime.py"] if spec.prime else []
-        if primer:
-            await self.write_file(meta.sandbox_id, "prime.py", spec.prime)
+        """``spec``'s runtime started in a warm sandbox and waiting (its script and primer removed again once read)."""
+        files = {"runner.py": spec.source, **({"prime.py": spec.prime} if spec.prime else {})}
+        for name, data in files.items():
+            await self.write_file(meta.sandbox_id, name, data)
+        argv = [*spec.argv, "--wait", *(["--prime", "prime.py"] if spec.prime else [])]
         limits = replace(spec.limits, wall_seconds=spec.limits.wall_seconds + MAX_AGE_S)
-        proc = await self._start(meta.sandbox_id, [*spec.argv, "--wait", *primer], env=spec.env, limits=limits,
+        proc = await self._start(meta.sandbox_id, argv, env=spec.env, limits=limits,
                                  wall_seconds=float(limits.wall_seconds), stdin_pipe=True)
         self._running.get(meta.sandbox_id, set()).discard(proc)  # the claiming backend tracks it from then on
         waiting = WaitingRuntime(process=proc, spec=spec)
@@ -514,7 +514,7 @@ class LocalBackend:
             if json.loads(line or b"{}").get("op") != "waiting":
                 raise SandboxError(f"the waiting runtime did not start: {line[:200]!r}")
             work = self._dir(meta.sandbox_id) / "work"
-            for name in ("runner.py", "prime.py") if primer else ("runner.py",):
+            for name in files:
                 await asyncio.to_thread(os.unlink, work / name)
         except SandboxError:
             await waiting.discard()
