@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from benchwright.data.blobs import BlobStore
 from benchwright.errors import BenchwrightError
@@ -35,7 +35,7 @@ from benchwright.events import (
     PhaseStarted,
 )
 from benchwright.runs import handoff
-from benchwright.runs.pipeline import PhaseControl, PhaseInput
+from benchwright.runs.pipeline import NOT_CACHED_ERROR, PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
 from benchwright.security.traces import format_trace, relative_trace
 from benchwright.settings import Settings
@@ -133,6 +133,13 @@ def failure(exc: BaseException) -> ApplicationError:
     # Relative paths, no local values (benchwright.security.traces): the trace reaches the run's owner as PhaseFailed.
     return ApplicationError(str(exc), {"stack_trace": format_trace(exc)}, type=type(exc).__name__,
                             non_retryable=True)
+
+
+def not_cached(inp: PhaseInput) -> ApplicationError:
+    """A ``cached_only`` local attempt giving way on a cache miss, before the phase opens: retryable, so the workflow
+    runs the ordinary activity, and benign, so the worker does not log it as a failure."""
+    return ApplicationError(f"{inp.phase} v{inp.invocation}: no cross-run cache hit; the phase runs as its activity",
+                            type=NOT_CACHED_ERROR, category=ApplicationErrorCategory.BENIGN)
 
 
 def _shown(data: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import httpx
 from temporalio import activity
 
-from activities.common import Deps, in_thread, phase
+from activities.common import Deps, in_thread, not_cached, phase
 from activities.driving import fetch_source, resolved_source
 from benchwright.data.dataset_access import DatasetAccess, LocalPathRules, is_url
 from benchwright.data.datasets import Fetched, detect_format, fetch_dataset
@@ -63,6 +63,9 @@ class FetchActivities:
         source = inp.launch.dataset or await resolved_source(self.deps, inp.run_id)  # a prompt launch: Find's
         cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings, workdir=self.deps.workdir(inp.run_id),
                            inp=inp, input_hash=fetch_input_hash(source))
+        hit = await cache.lookup() if is_url(source) else None
+        if hit is None and inp.cached_only:
+            raise not_cached(inp)
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
             account_id = (await in_thread(get_run, self.deps.engine, run_id=inp.run_id)).account_id
@@ -71,7 +74,6 @@ class FetchActivities:
             def on_refused(host: str) -> None:  # runs in fetch_dataset's thread
                 record_blocked(self.deps.engine, run_id=inp.run_id, account_id=account_id, host=host)
 
-            hit = await cache.lookup() if is_url(source) else None
             if hit is not None:
                 await in_thread(_check_policy, source, access, on_refused)
                 _, detail = await cache.replay(scope, hit)

@@ -11,7 +11,7 @@ import platform
 
 from temporalio import activity
 
-from activities.common import Deps, in_thread, phase
+from activities.common import Deps, in_thread, not_cached, phase
 from benchwright.events import SetupArtifact
 from benchwright.product.setup import setup_product
 from benchwright.runs.phase_cache import PhaseCache, setup_input_hash
@@ -31,13 +31,16 @@ class SetupActivities:
         requirements = list(inp.launch.requirements)
         python = platform.python_version()
         detail: dict[str, object] = {}
+        before = await in_thread(latest_snapshot, self.deps.engine, inp.run_id, before="setup")
+        input_hash = setup_input_hash(before=before, requirements=requirements, python=python)
+        cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings, workdir=self.deps.workdir(inp.run_id),
+                           inp=inp, input_hash=input_hash)
+        hit = await cache.lookup()
+        if hit is None and inp.cached_only:
+            raise not_cached(inp)
         async with phase(self.deps, inp) as scope:
-            before = await in_thread(latest_snapshot, self.deps.engine, inp.run_id, before="setup")
-            cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings,
-                               workdir=self.deps.workdir(inp.run_id), inp=inp,
-                               input_hash=setup_input_hash(before=before, requirements=requirements, python=python))
             # Never skipped by a pin (§2): a public run's identical install is copied, or the install runs.
-            if (hit := await cache.lookup()) is not None:
+            if hit is not None:
                 _, detail = await cache.replay(scope, hit)
             else:
                 cache.begin()

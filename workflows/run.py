@@ -81,10 +81,10 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         StopRequest,
         batch_bounds,
+        local_attempt,
         plan_batches,
         plan_phases,
         resweep_hooks,
-        runs_in_workflow_task,
     )
     from benchwright.stack.temporal_ui import RUN_MODEL, RUN_PHASE, RUN_STATUS
 
@@ -118,6 +118,9 @@ REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interv
 CANCEL = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 QUICK_PHASES_LOCAL = "quick-phases-local"
 """The patch under which a plain run's quick phases run as local activities first (``_try_local``)."""
+CACHED_PHASES_LOCAL = "cached-phases-local"
+"""The patch under which a downloaded dataset's Fetch and a requirements install's Setup are tried as local activities
+that only replay a cross-run cache hit, and a run with requirements runs its other quick phases locally too."""
 LOCAL_BUDGET = timedelta(seconds=5)
 """How long a phase may run as a local activity before the workflow gives it up and schedules the phase as its
 ordinary activity (same invocation; its events dedupe). A halt sent while local activities hold the workflow task
@@ -499,9 +502,11 @@ class RunWorkflow:
         """One phase invocation as its activity; a quick phase of a plain run tries a local activity first (issue 25:
         no hop through Temporal's queues between the phases before Materialize)."""
         activity, summary = PHASE_ACTIVITIES[phase_inp.phase], f"{phase_inp.phase} v{phase_inp.invocation}"
-        if (runs_in_workflow_task(phase_inp.phase, phase_inp.launch, phase_inp.driver, self._inp.backend)
-                and workflow.patched(QUICK_PHASES_LOCAL)):
-            local = await self._try_local(activity, phase_inp, summary)
+        attempt = local_attempt(phase_inp.phase, phase_inp.launch, phase_inp.driver, self._inp.backend)
+        if attempt is not None and (workflow.patched(CACHED_PHASES_LOCAL) if attempt.since_cached_phases
+                                    else workflow.patched(QUICK_PHASES_LOCAL)):
+            local = await self._try_local(activity, phase_inp.model_copy(update={"cached_only": attempt.cached_only}),
+                                          summary)
             if local is not None:
                 return local
         return await workflow.execute_activity_method(

@@ -6,6 +6,7 @@ do not. The workflow executes the plan; it never decides skips itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -33,24 +34,43 @@ PRODUCT_SKIPS = {
 
 
 QUICK_PHASES = frozenset({"fetch", "analyze", "setup", "attach", "atomize"})
-"""Phases that take tens of milliseconds on a plain run: run inside the workflow task as local activities
-(``runs_in_workflow_task``), they skip the ~35 ms hop through Temporal's queues that an activity costs each."""
+"""Phases that take tens of milliseconds on a plain run, or on a cross-run cache hit: run inside the workflow task as
+local activities (``local_attempt``), they skip the ~35 ms hop through Temporal's queues that an activity costs
+each."""
+NOT_CACHED_ERROR = "PhaseNotCached"
+"""The error type with which a ``cached_only`` local attempt gives way on a cache miss, before it writes anything;
+the ordinary activity of the same invocation then does the work."""
 
 
-def runs_in_workflow_task(phase: str, launch: LaunchRequest, driver: str, backend: str | None) -> bool:
-    """Whether ``phase`` runs as a local activity in the run's workflow task (issue 25), tried within a short budget
-    before the ordinary activity of the same invocation. Only where the phase is quick and local for sure: the builtin
-    driver (an LLM driver's calls take seconds), a plain dataset run on the local backend (no harness bridge, product
-    recipe or package requirements, each of which starts sandboxes or installs, and no remote sandboxes), a dataset
-    file rather than a download, and Atomize only with the generated scorer (a launch's own ``task_impl`` is
-    load-checked in a sandbox)."""
+@dataclass(frozen=True)
+class LocalAttempt:
+    """How a phase is tried as a local activity before its ordinary activity (``local_attempt``)."""
+
+    cached_only: bool
+    """Only on a cross-run cache hit (``PhaseInput.cached_only``): a URL's download or a requirements install can
+    take minutes, a hit takes milliseconds."""
+    since_cached_phases: bool
+    """Added with the workflow patch ``cached-phases-local``; the others came with ``quick-phases-local``."""
+
+
+def local_attempt(phase: str, launch: LaunchRequest, driver: str, backend: str | None) -> LocalAttempt | None:
+    """Whether ``phase`` is first tried as a local activity in the run's workflow task (issue 25), within a short
+    budget, before the ordinary activity of the same invocation; None when it goes straight to its activity.
+
+    Only where the phase is quick and local for sure: the builtin driver (an LLM driver's calls take seconds), the
+    local backend (no remote sandboxes), no harness bridge or product recipe (each starts sandboxes of its own), a
+    dataset named at launch (not Find's), and Atomize only with the generated scorer (a launch's own ``task_impl`` is
+    load-checked in a sandbox). A downloaded dataset's Fetch and a requirements install's Setup are tried locally
+    only on a cache hit (``cached_only``): what a re-run of a known benchmark meets."""
     if phase not in QUICK_PHASES or driver != "builtin" or is_bridge(launch) or launch.recipe is not None:
-        return False
-    if launch.requirements or backend != "local":
-        return False
-    if phase == "fetch" and (not launch.dataset or is_url(launch.dataset)):
-        return False
-    return not (phase == "atomize" and launch.task_impl is not None)
+        return None
+    if backend != "local" or (phase == "fetch" and not launch.dataset):
+        return None
+    if phase == "atomize" and launch.task_impl is not None:
+        return None
+    downloads = phase == "fetch" and is_url(launch.dataset or "")
+    cached_only = downloads or (phase == "setup" and bool(launch.requirements))
+    return LocalAttempt(cached_only=cached_only, since_cached_phases=cached_only or bool(launch.requirements))
 
 
 class PlannedPhase(BaseModel):
@@ -167,9 +187,12 @@ class PhaseInput(BaseModel):
     (``EventsInput.events``' shape): the first phase carries PipelineStarted and the plan's skips (patch
     ``pipeline-started-by-first-phase``), instead of an activity of their own."""
     fairness_key: str | None = None
-    """The run's account as Temporal's fairness key, for a phase run as a local activity (``runs_in_workflow_task``):
+    """The run's account as Temporal's fairness key, for a phase run as a local activity (``local_attempt``):
     Temporal gives a local activity no priority, and the worker's fair share (``activities.fair_share``) reads whose
     work it is from here instead."""
+    cached_only: bool = False
+    """A local attempt that does the phase only from a cross-run cache hit (``LocalAttempt.cached_only``); on a miss
+    it raises ``NOT_CACHED_ERROR`` before the phase opens."""
 
 
 class PhaseControl(BaseModel):

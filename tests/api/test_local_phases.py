@@ -4,23 +4,35 @@ Fetch of a file, Analyze, Setup, Attach and Atomize leave a local-activity marke
 an activity scheduled through the task queue. One that runs past the workflow's local budget goes on as the ordinary
 activity of the same invocation (its events dedupe); a permanent failure is the phase's failure and is not run
 again; a stop sent while a local phase runs still lands.
+
+A downloaded dataset's Fetch and a requirements install's Setup are tried locally only from a cross-run cache hit
+(patch ``cached-phases-local``): a re-run of a known benchmark takes all five phases in its workflow task, and a
+first run's misses go on as their activities without a trace in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 from temporalio.api.history.v1 import HistoryEvent
 
 from benchwright.schemas import PHASES
 from benchwright.stack.devstack import free_port
+from benchwright.testkit.pip_index import build_wheel, page
 from tests.api.helpers import launch, record_history, wait_terminal
-from tests.conftest import SAMPLE, Stack
+from tests.conftest import SAMPLE, Stack, serve_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 DATASET = str(SAMPLE / "arithmetic.jsonl")
@@ -162,3 +174,92 @@ async def _until_event(http: httpx.AsyncClient, run_id: str, event_type: str, ph
                if e["type"] == event_type and e["data"].get("phase") == phase]:
         assert asyncio.get_running_loop().time() < deadline, f"no {event_type} of {phase}"
         await asyncio.sleep(0.05)
+
+
+PKG = "bwlocalphasedep"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def origin(stack: Stack) -> AsyncIterator[str]:
+    """A loopback mirror listed in ``egress_internal_allowed``: datasets at /data/{tag}.jsonl (the sample's rows, made
+    unique by the tag, so no other test's public run can feed these runs) and a PEP 503 index at /simple/ serving
+    one wheel, which Setup installs through it."""
+    wheel = build_wheel(PKG)
+    rows = (SAMPLE / "arithmetic.jsonl").read_text().splitlines()
+
+    async def serve(request: Request) -> Response:
+        path = request.url.path
+        if path.startswith("/data/"):
+            tag = path.removeprefix("/data/").removesuffix(".jsonl")
+            return Response("".join(json.dumps({**json.loads(r), "tag": tag}) + "\n" for r in rows),
+                            media_type="application/jsonl")
+        found = page(path, [wheel])
+        return Response(found[0], media_type=found[1]) if found else Response(status_code=404)
+
+    port = free_port()
+    server, task = await serve_app(Starlette(routes=[Route("/{path:path}", serve)]), port)
+    stack.settings.egress_internal_allowed.append(f"127.0.0.1:{port}")
+    stack.settings.pip_index_url = f"http://127.0.0.1:{port}/simple/"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stack.settings.pip_index_url = None
+        stack.settings.egress_internal_allowed.remove(f"127.0.0.1:{port}")
+        server.should_exit = True
+        await task
+
+
+async def _cached_run(stack: Stack, http: httpx.AsyncClient, dataset: str, model: str
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run = await launch(http, {"dataset": dataset, "requirements": [PKG],
+                              "model": {"identifier": model, "api_base": stack.dev_url}})
+    events = await wait_terminal(http, run["id"])
+    final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
+    _once(events)
+    await stack.client.get_workflow_handle(run["id"]).result()
+    return final, events
+
+
+def _hits(events: list[dict[str, Any]]) -> set[str]:
+    return {e["data"]["phase"] for e in events if e["type"] == "PhaseCacheHit"}
+
+
+async def test_a_re_run_takes_its_cached_phases_in_its_workflow_task(stack: Stack, origin: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    dataset = f"{origin}/data/{uuid.uuid4().hex[:8]}.jsonl"
+    async with stack.http() as http:
+        # The first run misses: its local Fetch and Setup give way before they open, and their activities do the work
+        first, events = await _cached_run(stack, http, dataset, "openai/dev")
+        history = await _history(stack, first["id"])
+        assert not _hits(events)
+        assert _local_markers(history) == QUICK  # Fetch's and Setup's record that they gave way
+        assert [p for p in _scheduled(history) if p in QUICK] == ["fetch", "setup"]
+        assert [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"][:5] == QUICK
+        assert not [e for e in events if e["type"] == "PhaseFailed"]
+        published = await http.post("/v1/registry/publish", json={
+            "run_id": first["id"], "benchmark": f"local-{uuid.uuid4().hex[:6]}", "subset": "all",
+            "visibility": "public"})
+        assert published.status_code == 200, published.text
+
+        # A re-run with another model: Fetch, Analyze and Setup hit the cache, and no quick phase is scheduled
+        again, events = await _cached_run(stack, http, dataset, "openai/dev-b")
+        history = await _history(stack, again["id"])
+        assert _hits(events) == {"fetch", "analyze", "setup"}
+        assert _local_markers(history) == QUICK
+        assert not set(QUICK) & set(_scheduled(history)), _scheduled(history)
+        assert again["fingerprint"] != first["fingerprint"]
+        await record_history(stack, again["id"], "run_cached_phases_local.json")
+
+        # A worker from before the patch schedules every phase of the same re-run; its history replays today
+        from temporalio import workflow
+
+        real = workflow.patched
+        monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "cached-phases-local"
+                            else real(patch_id))
+        before, events = await _cached_run(stack, http, dataset, "openai/dev-c")
+        monkeypatch.undo()
+        history = await _history(stack, before["id"])
+        assert _hits(events) == {"fetch", "analyze", "setup"}
+        assert not _local_markers(history) and set(QUICK) <= set(_scheduled(history))
+        await record_history(stack, before["id"], "run_before_cached_phases_local.json")

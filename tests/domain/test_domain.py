@@ -11,7 +11,7 @@ from benchwright.data.dataset_access import DatasetAccess, LocalPathRules
 from benchwright.data.datasets import analyze_dataset, detect_format, fetch_dataset, iter_rows
 from benchwright.errors import DatasetError, InvalidInput
 from benchwright.runs.launch import resolve_launch, resolve_trials
-from benchwright.runs.pipeline import QUICK_PHASES, batch_bounds, plan_batches, plan_phases, runs_in_workflow_task
+from benchwright.runs.pipeline import QUICK_PHASES, batch_bounds, local_attempt, plan_batches, plan_phases
 from benchwright.runs.status import display_status
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.scoring.aggregators import TrialsConfig
@@ -30,21 +30,32 @@ def test_plan_skips_find_for_a_dataset_launch_and_runs_the_rest_in_order() -> No
     assert {p.phase: p.skip_reason for p in plan if p.skip_reason} == {"find": "dataset given at launch"}
 
 
-@pytest.mark.parametrize(("change", "driver", "backend", "local"), [
-    ({}, "builtin", "local", set(QUICK_PHASES)),
-    ({"dataset": "https://example.invalid/d.jsonl"}, "builtin", "local", set(QUICK_PHASES) - {"fetch"}),
-    ({"task_impl": "class Scorer: ..."}, "builtin", "local", set(QUICK_PHASES) - {"atomize"}),
-    ({}, "openai://gpt-x", "local", set()),  # an LLM driver's calls take seconds
-    ({}, "builtin", "e2b", set()),  # remote sandboxes
-    ({}, "builtin", None, set()),  # a RunInput from before the backend was carried
-    ({"requirements": ["numpy"]}, "builtin", "local", set()),
-    ({"dataset": None, "harness": "lmeval", "harness_config": {"tasks": ["x"]}}, "builtin", "local", set()),
-    ({"dataset": None, "recipe": "terminal-basics"}, "builtin", "local", set()),
+Q = set(QUICK_PHASES)
+
+
+@pytest.mark.parametrize(("change", "driver", "backend", "whole", "cached_only"), [
+    ({}, "builtin", "local", Q, set()),
+    ({"dataset": "https://example.invalid/d.jsonl"}, "builtin", "local", Q - {"fetch"}, {"fetch"}),
+    ({"task_impl": "class Scorer: ..."}, "builtin", "local", Q - {"atomize"}, set()),
+    ({}, "openai://gpt-x", "local", set(), set()),  # an LLM driver's calls take seconds
+    ({}, "builtin", "e2b", set(), set()),  # remote sandboxes
+    ({}, "builtin", None, set(), set()),  # a RunInput from before the backend was carried
+    ({"requirements": ["numpy"]}, "builtin", "local", Q - {"setup"}, {"setup"}),
+    ({"requirements": ["numpy"], "dataset": "https://example.invalid/d.jsonl"}, "builtin", "local",
+     Q - {"fetch", "setup"}, {"fetch", "setup"}),
+    ({"dataset": None, "benchmark": "gsm8k"}, "builtin", "local", Q - {"fetch"}, set()),  # Find's source
+    ({"dataset": None, "harness": "lmeval", "harness_config": {"tasks": ["x"]}}, "builtin", "local", set(), set()),
+    ({"dataset": None, "recipe": "terminal-basics"}, "builtin", "local", set(), set()),
 ])
-def test_only_a_plain_local_runs_quick_phases_run_in_its_workflow_task(
-        change: dict[str, object], driver: str, backend: str | None, local: set[str]) -> None:
+def test_which_phases_are_tried_in_the_workflow_task_and_behind_which_patch(
+        change: dict[str, object], driver: str, backend: str | None, whole: set[str], cached_only: set[str]) -> None:
     launch = LaunchRequest.model_construct(**{**_launch(dataset="/data/d.jsonl").__dict__, **change})
-    assert {p for p in PHASES if runs_in_workflow_task(p, launch, driver, backend)} == local
+    attempts = {p: a for p in PHASES if (a := local_attempt(p, launch, driver, backend)) is not None}
+    assert {p for p, a in attempts.items() if not a.cached_only} == whole
+    assert {p for p, a in attempts.items() if a.cached_only} == cached_only
+    # A plain run's phases came with quick-phases-local; every attempt added since is behind cached-phases-local
+    newer = {p for p, a in attempts.items() if a.since_cached_phases}
+    assert newer == (set(attempts) if change.get("requirements") else cached_only)
 
 
 def test_trials_precedence_launch_then_subset_default_then_k1_any_pass() -> None:

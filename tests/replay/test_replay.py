@@ -55,6 +55,12 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   ``run_before_quick_phases_local.json``: the same run with the patch answered False in the recording worker, as a
   worker from before it would have run it (every phase an activity). The call is asked only for a ``RunInput`` with
   ``backend`` (carried since the patch), so every run history above replays without reaching it.
+- ``run_cached_phases_local.json``: a re-run of a published benchmark (a downloaded dataset, one requirement) whose
+  Fetch, Analyze and Setup hit the cross-run cache and whose five quick phases all ran as local activities
+  (``patched("cached-phases-local")``), and ``run_before_cached_phases_local.json``: the same re-run with the patch
+  answered False in the recording worker (every phase an activity); both recorded by tests/api/test_local_phases.py.
+  Every history above reaches the call only where a launch has requirements or a dataset URL, and none of them took
+  the new branch.
 - Pre-patch histories recorded later with the code from before their patch (a ``git worktree`` of the patch's
   parent commit running its own test): ``run_stopped_before_halt_written_before_teardown.json`` (0487831, parent of
   24514fe: the same stop mid-Materialize, torn down without waiting), ``run_before_revoke_model_route.json``
@@ -179,6 +185,22 @@ async def test_local_phases_are_recorded_behind_their_patch(monkeypatch: pytest.
     real = workflow.patched
     monkeypatch.setattr(workflow, "patched",
                         lambda patch_id: on if patch_id == "quick-phases-local" else real(patch_id))
+    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+@pytest.mark.parametrize(("name", "on"), [("run_cached_phases_local.json", False),
+                                          ("run_before_cached_phases_local.json", True)])
+async def test_cached_phases_are_recorded_behind_their_patch(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                             on: bool) -> None:
+    """A re-run whose cache-hit phases ran as local activities replays only with ``cached-phases-local`` on, and one
+    from before it only with it off."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched",
+                        lambda patch_id: on if patch_id == "cached-phases-local" else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

@@ -683,6 +683,34 @@ async def test_snapshot_of_files_equals_the_sandbox_made_one_and_builds_on_a_bas
     assert not list(backend.snapshots.root.glob("staging-*")), "no staging directory is left behind"
 
 
+async def test_a_layer_on_a_base_is_the_snapshot_a_sandbox_would_give(backend: LocalBackend) -> None:
+    """``snapshot_files`` on a base composes manifests (no staging copy of the base's files): the id must be the one
+    a sandbox restored from the base gives after the same writes, and a base with a damaged object is refused."""
+    box = await _create(backend)
+    await backend.write_file(box.sandbox_id, "data/big.jsonl", b"row\n" * 300_000)
+    await backend.write_file(box.sandbox_id, "bin/tool", b"#!/bin/sh\n", mode=0o755)
+    await backend.write_file(box.sandbox_id, "task_impl.py", b"old = 1\n", mode=0o600)
+    base = await backend.snapshot(box.sandbox_id, label="base")
+    staged = backend.snapshots.root.glob("staging-*")
+    files = {"task_impl.py": b"class Scorer: ...\n", "data/extra.txt": b"x", "/sandbox/runner.py": b"print()\n"}
+    layered = await backend.snapshot_files(files, label="layered", base=base)
+    assert not list(staged)
+    via_sandbox = await _create(backend, snapshot_id=base)
+    for path, data in files.items():
+        await backend.write_file(via_sandbox.sandbox_id, path, data)
+    assert layered == await backend.snapshot(via_sandbox.sandbox_id, label="through a sandbox")
+    assert backend.snapshots.layer(base, {"new/dir/f": b"x"}, label="-", source="files") is None  # staged instead
+    assert backend.snapshots.layer(base, {"data/big.jsonl/f": b"x"}, label="-", source="files") is None
+    with_new_dir = await backend.snapshot_files({"new/dir/f": b"x"}, label="staged", base=base)
+    assert await backend.read_file((await _create(backend, snapshot_id=with_new_dir)).sandbox_id, "new/dir/f") == b"x"
+
+    obj = backend.snapshots.object_path(_sha(b"old = 1\n"))
+    os.chmod(obj, 0o600)
+    obj.write_bytes(b"old = 2\n")  # same size, other bytes
+    with pytest.raises(SandboxError, match="damaged"):
+        await backend.snapshot_files({"task_impl.py": b"y"}, label="on a damaged base", base=base)
+
+
 async def test_damaged_snapshot_is_refused(backend: LocalBackend) -> None:
     info = await _create(backend)
     await backend.write_file(info.sandbox_id, "a.txt", b"original")

@@ -861,6 +861,8 @@ class LocalBackend:
         return await asyncio.to_thread(self._snapshot_files_sync, dict(files), label, base)
 
     def _snapshot_files_sync(self, files: dict[str, bytes], label: str, base: str | None) -> str:
+        if base is not None and (layered := self.snapshots.layer(base, files, label=label, source="files")):
+            return layered
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.snapshots.root))
         try:
             if base is not None:

@@ -181,7 +181,61 @@ class _SnapshotStore:
             walk(top, "")
         finally:
             os.close(top)
-        manifest = {"format": _SNAPSHOT_FORMAT, "files": files, "dirs": dirs, "symlinks": links}
+        return self._record({"format": _SNAPSHOT_FORMAT, "files": files, "dirs": dirs, "symlinks": links},
+                            label=label, source=source)
+
+    def layer(self, base: str, files: dict[str, bytes], *, label: str, source: str) -> str | None:
+        """The snapshot ``base`` plus ``files`` (mode 0644), made from the manifests alone: the snapshot that
+        restoring ``base``, writing each file and capturing would give (same entries, so the same id), without
+        copying and hashing ``base``'s files again (a 52 MB dataset took ~0.1 s through a staging directory).
+
+        Only where the outcome is plain: every file lands in the top directory or in a directory ``base`` has, no
+        component is one of ``base``'s files or symlinks, and no file replaces a directory or a symlink. Anything
+        else returns None, and the caller goes through a staging directory, which raises as a sandbox would.
+
+        Raises:
+            SandboxPathError: a path would leave the work directory.
+            SandboxError: ``base`` is unknown or damaged (a missing object, or one whose bytes do not match).
+        """
+        manifest = self.load(base)
+        entries: dict[str, Any] = dict(manifest["files"])
+        dirs, links = manifest["dirs"], manifest["symlinks"]
+        for path in files:
+            parts = _split_relpath(path)
+            rel = "/".join(parts)
+            parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+            if rel in dirs or rel in links or any(p not in dirs for p in parents):
+                return None
+        for rel, entry in entries.items():  # what restore would have checked of each object
+            obj = self.object_path(entry["sha256"])
+            try:
+                size = os.stat(obj).st_size
+            except FileNotFoundError:
+                raise SandboxError(f"snapshot {base} is damaged: object of {rel!r} is missing") from None
+            if size != entry["size"] or file_digests.sha256(obj) != entry["sha256"]:
+                raise SandboxError(f"snapshot {base} is damaged: object of {rel!r} does not match")
+        for path, data in files.items():
+            entries["/".join(_split_relpath(path))] = {"sha256": self._store_bytes(data), "size": len(data),
+                                                       "mode": 0o644}
+        return self._record({"format": _SNAPSHOT_FORMAT, "files": entries, "dirs": dirs, "symlinks": links},
+                            label=label, source=source)
+
+    def _store_bytes(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        if not self.object_path(digest).exists():
+            tmp_fd, tmp = tempfile.mkstemp(dir=self.objects / "tmp")
+            try:
+                with os.fdopen(tmp_fd, "wb") as out:
+                    out.write(data)
+                settle_object(tmp, self.object_path(digest), digest)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        return digest
+
+    def _record(self, manifest: dict[str, Any], *, label: str, source: str) -> str:
+        """Store ``manifest`` under its id (the sha256 of its canonical JSON) and note ``label``; returns the id."""
         raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
         snapshot_id = hashlib.sha256(raw).hexdigest()
         path = self.manifests / f"{snapshot_id}.json"
