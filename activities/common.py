@@ -77,7 +77,7 @@ HEARTBEAT_EVERY_S = 2.0
 
 def heartbeat(*details: Any) -> None:
     """``activity.heartbeat``, except in a local activity (a quick phase run in its workflow task,
-    ``benchwright.runs.pipeline.runs_in_workflow_task``): Temporal keeps no heartbeat for one, and the SDK logs each
+    ``benchwright.runs.pipeline.local_attempt``): Temporal keeps no heartbeat for one, and the SDK logs each
     as failed. A halt's cancellation reaches a local activity without one."""
     if not activity.info().is_local:
         activity.heartbeat(*details)

@@ -36,6 +36,7 @@ from benchwright.scoring.host import (
     run_trials,
 )
 from benchwright.settings import Settings
+from benchwright.store.db import reader
 from benchwright.store.models import EventRow
 
 CHECK_LIMITS = ExecLimits(cpu_seconds=60, memory_mb=1024, wall_seconds=120, max_processes=64)
@@ -49,7 +50,7 @@ def catalog_of(settings: Settings) -> Catalog:
 
 def latest_event(engine: Engine, run_id: str, event_type: type[Event]) -> dict[str, Any] | None:
     """The data of the run's last event of ``event_type`` (a decision an earlier phase recorded), or None."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.exec(select(EventRow).where(EventRow.run_id == run_id, EventRow.type == event_type.type_name())
                            .order_by(col(EventRow.seq).desc()).limit(1)).first()
         return None if row is None else dict(row.data)

@@ -1,7 +1,9 @@
 """What one small event append costs: a phase's bracket appends two or three events at a time, several times a phase,
 so the fixed cost of an append (its transaction and its four statements) is paid on every run's path to its first
 model call. Appends PhaseStarted + PhaseCompleted to one run, ``--n`` times per round, and prints the wall and CPU
-time per append.
+time per append. Then the same for a small read (the run row by its key, as ``get_run`` reads it), through
+``benchwright.store.db.reader`` (on Postgres one autocommit statement) against a transaction of its own (BEGIN,
+the statement, ROLLBACK: what every read paid before), interleaved round by round.
 
     python bench/append.py                 # SQLite in a temporary directory
     python bench/append.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test   # a schema of its own
@@ -21,12 +23,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import create_engine, text
+from sqlmodel import Session
 
 from benchwright.events import PhaseCompleted, PhaseStarted
 from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account
-from benchwright.store.db import make_engine, migrate
+from benchwright.store.db import make_engine, migrate, reader
 from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.models import Run
 from benchwright.store.runs import create_run
 
 
@@ -60,6 +64,16 @@ def main() -> None:
                                 PhaseCompleted(phase="fetch", duration_ms=1))])
             print(f"{engine.dialect.name}, round {r}: {1000 * (time.perf_counter() - wall) / args.n:.3f} ms wall, "
                   f"{1000 * (time.process_time() - cpu) / args.n:.3f} ms CPU per two-event append")
+        for r in range(args.rounds):
+            line = []
+            for name, bind in (("in a transaction", engine), ("through reader()", reader(engine))):
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(args.n):
+                    with Session(bind) as session:
+                        session.get(Run, run.id)
+                line.append(f"{name} {1000 * (time.perf_counter() - wall) / args.n:.3f} ms wall, "
+                            f"{1000 * (time.process_time() - cpu) / args.n:.3f} ms CPU")
+            print(f"{engine.dialect.name}, round {r}, one small read: " + "; ".join(line))
         engine.dispose()
     finally:
         if args.postgres:

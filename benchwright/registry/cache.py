@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.models import PhaseCell, Run
 
 CACHED_PHASES = ("fetch", "analyze", "setup")
@@ -60,14 +60,14 @@ def record_cell(engine: Engine, cell: Cell) -> None:
 
 
 def run_cell(engine: Engine, *, run_id: str, phase: str) -> Cell | None:
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.get(PhaseCell, (run_id, phase))
         return _cell(row) if row else None
 
 
 def find_public_cell(engine: Engine, *, phase: str, input_hash: str, exclude_run_id: str) -> Cell | None:
     """The newest served cell for (phase, input_hash): of a finished public run other than ``exclude_run_id``."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.execute(
             select(PhaseCell).join(Run, Run.id == PhaseCell.run_id)
             .where(PhaseCell.phase == phase, PhaseCell.input_hash == input_hash, PhaseCell.run_id != exclude_run_id,

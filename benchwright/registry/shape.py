@@ -15,6 +15,7 @@ from sqlmodel import Session, col
 from benchwright.errors import NotFound
 from benchwright.events import AtomizeArtifact, ProductRecipeArtifact
 from benchwright.fingerprint import derive, is_artifact, model_config_hash, sha256_hex
+from benchwright.store.db import reader
 from benchwright.store.models import EventRow, PhaseCell, Run
 
 READABLE_BY_ID = ("unlisted", "public")
@@ -78,7 +79,7 @@ def readable_run(engine: Engine, *, run_id: str, account_id: str) -> Run:
     Raises:
         NotFound: no such run, or a private run of another account (the two are indistinguishable).
     """
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         run = session.get(Run, run_id)
     if run is None or (run.account_id != account_id and run.visibility not in READABLE_BY_ID):
         raise NotFound(f"run {run_id} not found")

@@ -32,6 +32,7 @@ from benchwright.data.blobs import BlobStore, write_atomic
 from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
+from benchwright.store.db import reader
 from benchwright.store.models import EventRow, table_of
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
@@ -57,7 +58,7 @@ def _listing(workdir: Path) -> dict[str, Path]:
 
 def latest_files(engine: Engine, run_id: str) -> dict[str, str]:
     """The run's work files as its newest ``WorkFilesRecorded`` lists them (path -> blob id); {} before any."""
-    with engine.connect() as conn:
+    with reader(engine).connect() as conn:
         data = conn.execute(_LATEST_FILES, {"run_id_": run_id}).scalar_one_or_none()
     return dict(data["files"]) if data is not None else {}
 

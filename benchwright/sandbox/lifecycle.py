@@ -39,6 +39,7 @@ from benchwright.sandbox.local import LocalBackend
 from benchwright.sandbox.snapshot_sync import export_snapshot, import_snapshot
 from benchwright.scoring.host import RUNNER, Spawn, runner_env
 from benchwright.settings import Settings
+from benchwright.store.db import reader
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import EventRow, table_of
 from benchwright.store.policy import get_policy, record_blocked
@@ -217,7 +218,7 @@ def _newest_snapshots(engine: Engine, run_id: str) -> dict[str, str]:
     """Each phase's newest snapshot in the run's log (a fork's log holds copies of its parent's for the phases it
     inherits)."""
     newest: dict[str, str] = {}
-    with engine.connect() as conn:
+    with reader(engine).connect() as conn:
         for (data,) in conn.execute(_SNAPSHOTS, {"run_id_": run_id}):
             newest.setdefault(str(data.get("phase")), str(data["snapshot_id"]))
     return newest

@@ -41,7 +41,7 @@ from sqlmodel import Session, col
 
 from benchwright.errors import InvalidInput, NotFound, QuotaExceeded
 from benchwright.security import audit
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.models import Account, AccountQuota, Run, TaskRow, table_of, utcnow
 
 if TYPE_CHECKING:
@@ -552,12 +552,12 @@ def running_accounts(engine: Engine) -> set[str]:
     ``ix_runs_running_account``, whose condition the query names as a literal (a bound parameter would leave a
     prepared statement's generic plan unable to use it). A Core statement built once: through an ORM session this
     poll was ~4 % of a busy worker's CPU."""
-    with engine.connect() as conn:
+    with reader(engine).connect() as conn:
         return set(conn.execute(_RUNNING).scalars())
 
 
 def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[str, int]:
     """The run's account and its ``model_calls`` quota (read once per batch by the worker)."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         account_id = session.execute(select(col(Run.account_id)).where(col(Run.id) == run_id)).scalar_one()
     return account_id, quotas_for(engine, settings, account_id=account_id).model_calls

@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from benchwright.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from benchwright.security import audit
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.models import Account, ApiKey
 
 KEY_PREFIX = "bw_"
@@ -217,7 +217,7 @@ def authenticate(engine: Engine, key: str | None) -> Account:
     """
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         found = session.execute(
             select(Account, ApiKey.id, ApiKey.last_used_at).join(ApiKey, ApiKey.account_id == Account.id)
             .where(ApiKey.key_hash == _digest(key))
@@ -255,7 +255,7 @@ def credit(engine: Engine, *, account_name: str, amount_usd: float, actor: str |
 
 
 def get_account(engine: Engine, *, account_id: str) -> Account:
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         account = session.get(Account, account_id)
     if account is None:
         raise NotFound(f"account {account_id} not found")

@@ -11,7 +11,7 @@ from sqlmodel import col
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
 from benchwright.registry.shape import stamp_terminal
 from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, table_of, utcnow
 
@@ -59,7 +59,7 @@ def finish_halted(engine: Engine, *, run_id: str) -> None:
 
 def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | None) -> str | None:
     """``limit_exceeded:run.cost`` or ``balance_exhausted`` if the run has crossed one, else None."""
-    with engine.connect() as conn:
+    with reader(engine).connect() as conn:
         incurred, billed, balance = conn.execute(_SPEND, {"run_id_": run_id}).one()
     if run_cost_usd is not None and incurred > run_cost_usd:
         return limit_exceeded("run.cost")

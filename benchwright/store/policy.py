@@ -15,13 +15,13 @@ from sqlmodel import Session
 from benchwright.errors import InvalidInput, NotFound
 from benchwright.proxy.policy import HostPolicy, HostRule
 from benchwright.security.crypto import KEY_ENV, KEY_FILE_ENV, DeploymentKeyError, Keyring, bind, keyring_of
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.models import AccountSettings, BlockedHost, HostPolicyRow, HostRuleRow, Secret, utcnow
 
 
 def get_policy(engine: Engine, *, account_id: str) -> HostPolicy:
     """The account's policy; a fresh account's default mode is allow."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.get(HostPolicyRow, account_id)
         rules = session.execute(select(HostRuleRow).where(HostRuleRow.account_id == account_id)
                                 .order_by(HostRuleRow.created_at)).scalars().all()

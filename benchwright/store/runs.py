@@ -38,7 +38,7 @@ from benchwright.schemas import (
 )
 from benchwright.scoring.aggregators import pass_at_k_summary
 from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, utcnow
@@ -102,7 +102,7 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
     Raises:
         NotFound: no such run for this caller.
     """
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         run = session.get(Run, run_id)
     if run is None or (account_id is not None and run.account_id != account_id):
         raise NotFound(f"run {run_id} not found")
@@ -111,7 +111,7 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
 
 def run_view(engine: Engine, run: Run) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         counts: dict[str, int] = {}
         no_answer = 0
         for outcome, unanswered, n in session.execute(

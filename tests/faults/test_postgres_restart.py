@@ -96,3 +96,24 @@ async def test_store_calls_wait_out_an_outage_in_place(pg: PrivatePostgres) -> N
     account = await asyncio.wait_for(call, 60)
     assert account.name == "outage"
     engine.dispose()
+
+
+async def test_a_pooled_connection_cut_by_a_restart_is_replaced_before_use(pg: PrivatePostgres) -> None:
+    """The pool checks a connection before each use (``benchwright.store.db._check_out``, which sends nothing while
+    the server has written nothing to it): after a restart every pooled connection is dead, and the first statement
+    after it still succeeds, on a new connection, with no failure seen by the caller."""
+    from sqlalchemy import text
+
+    engine = make_engine(pg.url)
+    backend = text("SELECT pg_backend_pid()")
+    try:
+        with engine.connect() as a, engine.connect() as b:  # two connections in the pool
+            pids = {a.execute(backend).scalar(), b.execute(backend).scalar()}
+        with engine.connect() as c:  # alive and idle: reused as it is
+            assert c.execute(backend).scalar() in pids
+        await asyncio.to_thread(pg.restart)
+        for _ in range(3):  # each pooled connection in turn, then a new one
+            with engine.connect() as d:
+                assert d.execute(backend).scalar() not in pids
+    finally:
+        engine.dispose()

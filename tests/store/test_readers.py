@@ -1,0 +1,48 @@
+"""Reads through ``benchwright.store.db.reader``: on Postgres each statement runs alone in autocommit (one round trip,
+no BEGIN or COMMIT), and the pooled connection goes back to transactions for the writers that use it next."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from sqlmodel import Session
+
+from benchwright.schemas import LaunchRequest
+from benchwright.store.accounts import create_account, get_account
+from benchwright.store.db import make_engine, migrate, reader, session_scope
+from benchwright.store.models import Run
+from benchwright.store.runs import create_run, get_run
+
+
+def test_a_reader_reads_without_a_transaction_and_leaves_the_pool_transactional(db_url: str) -> None:
+    engine = make_engine(db_url)
+    migrate(engine)
+    try:
+        account, _ = create_account(engine, name="reader")
+        run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/dev"),
+                         driver="builtin", trials_config={})
+        if engine.dialect.name == "postgresql":
+            # now() is the transaction's start: through the reader each statement is a transaction of its own
+            with reader(engine).connect() as conn:
+                assert conn.connection.dbapi_connection.autocommit is True  # type: ignore[union-attr]
+                conn.execute(text("SELECT pg_sleep(0.01)"))
+                assert conn.execute(text("SELECT now() = statement_timestamp()")).scalar() is True
+            with engine.connect() as conn:  # the engine itself: both statements in one transaction
+                conn.execute(text("SELECT pg_sleep(0.01)"))
+                assert conn.execute(text("SELECT now() = statement_timestamp()")).scalar() is False
+        else:
+            assert reader(engine) is engine
+        assert get_run(engine, run_id=run.id).account_id == account.id  # through the reader
+        assert get_account(engine, account_id=account.id).name == "reader"
+
+        # The same pooled connections, back in transactions: a failed write leaves nothing behind
+        with pytest.raises(RuntimeError), session_scope(engine) as session:
+            session.get(Run, run.id).status = "error"  # type: ignore[union-attr]
+            session.flush()
+            raise RuntimeError("the writer fails after its UPDATE")
+        with Session(engine) as session:
+            assert session.get(Run, run.id).status == "running"  # type: ignore[union-attr]
+            if engine.dialect.name == "postgresql":
+                assert session.connection().connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
+    finally:
+        engine.dispose()
