@@ -49,14 +49,15 @@ class FetchActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def _access(self, account_id: str) -> DatasetAccess:
-        """What this account's run may fetch, read fresh from the store (policies change between runs)."""
+    def _access(self, run_id: str) -> tuple[str, DatasetAccess]:
+        """The run's account, and what its run may fetch, read fresh from the store (policies change between runs)."""
         settings = self.deps.settings
-        account = get_account(self.deps.engine, account_id=account_id)
-        return DatasetAccess(policy=get_policy(self.deps.engine, account_id=account_id),
-                             internal_allowed=parse_endpoints(settings.egress_internal_allowed),
-                             local=LocalPathRules.from_settings(settings, account_local_paths=account.local_paths),
-                             total_timeout_s=settings.dataset_fetch_timeout_s)
+        account = get_account(self.deps.engine, account_id=get_run(self.deps.engine, run_id=run_id).account_id)
+        return account.id, DatasetAccess(
+            policy=get_policy(self.deps.engine, account_id=account.id),
+            internal_allowed=parse_endpoints(settings.egress_internal_allowed),
+            local=LocalPathRules.from_settings(settings, account_local_paths=account.local_paths),
+            total_timeout_s=settings.dataset_fetch_timeout_s)
 
     @activity.defn(name="fetch")
     async def fetch(self, inp: PhaseInput) -> PhaseResult:
@@ -68,8 +69,7 @@ class FetchActivities:
             raise not_cached(inp)
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
-            account_id = (await in_thread(get_run, self.deps.engine, run_id=inp.run_id)).account_id
-            access = await in_thread(self._access, account_id)
+            account_id, access = await in_thread(self._access, inp.run_id)
 
             def on_refused(host: str) -> None:  # runs in fetch_dataset's thread
                 record_blocked(self.deps.engine, run_id=inp.run_id, account_id=account_id, host=host)

@@ -133,3 +133,20 @@ def test_an_unmatched_only_lists_the_category_values_of_a_real_dataset() -> None
     subjects = sorted({r["subject"] for r in rows})
     assert f"the values that exist: subject: {', '.join(subjects)}" in failed.value.message
     assert "question:" not in failed.value.message and "answer:" not in failed.value.message
+
+
+def test_the_deployments_catalog_is_parsed_once_and_again_when_its_file_changes(tmp_path: Path) -> None:
+    from activities.driving import catalog_of
+    from benchwright.settings import Settings
+
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"datasets": [{"name": "one", "url": "https://example.invalid/1.jsonl"}]}))
+    settings = Settings(data_dir=tmp_path, catalog_path=path)
+    first = catalog_of(settings)
+    assert catalog_of(settings) is first  # unchanged: the parsed catalog is reused
+    path.write_text(json.dumps({"datasets": [{"name": "one", "url": "https://example.invalid/1.jsonl"},
+                                             {"name": "two", "url": "https://example.invalid/2.jsonl"}]}))
+    assert [e.name for e in catalog_of(settings).entries] == ["one", "two"]  # edited: read again
+    path.unlink()
+    with pytest.raises(InvalidInput, match="cannot be read"):
+        catalog_of(settings)

@@ -704,6 +704,12 @@ async def test_a_layer_on_a_base_is_the_snapshot_a_sandbox_would_give(backend: L
     with_new_dir = await backend.snapshot_files({"new/dir/f": b"x"}, label="staged", base=base)
     assert await backend.read_file((await _create(backend, snapshot_id=with_new_dir)).sandbox_id, "new/dir/f") == b"x"
 
+    fresh = await _create(backend)  # no base: the file alone, as a fresh sandbox would hold it
+    await backend.write_file(fresh.sandbox_id, "rows.jsonl", b"row\n")
+    alone = await backend.snapshot_files({"rows.jsonl": b"row\n"}, label="no base")
+    assert alone == await backend.snapshot(fresh.sandbox_id, label="a fresh sandbox's")
+    assert backend.snapshots.layer(None, {"rows.jsonl": b"row\n"}, label="-", source="files") == alone
+
     obj = backend.snapshots.object_path(_sha(b"old = 1\n"))
     os.chmod(obj, 0o600)
     obj.write_bytes(b"old = 2\n")  # same size, other bytes

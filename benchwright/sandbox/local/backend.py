@@ -861,7 +861,7 @@ class LocalBackend:
         return await asyncio.to_thread(self._snapshot_files_sync, dict(files), label, base)
 
     def _snapshot_files_sync(self, files: dict[str, bytes], label: str, base: str | None) -> str:
-        if base is not None and (layered := self.snapshots.layer(base, files, label=label, source="files")):
+        if (layered := self.snapshots.layer(base, files, label=label, source="files")) is not None:
             return layered
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.snapshots.root))
         try:

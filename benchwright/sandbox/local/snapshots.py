@@ -184,10 +184,11 @@ class _SnapshotStore:
         return self._record({"format": _SNAPSHOT_FORMAT, "files": files, "dirs": dirs, "symlinks": links},
                             label=label, source=source)
 
-    def layer(self, base: str, files: dict[str, bytes], *, label: str, source: str) -> str | None:
-        """The snapshot ``base`` plus ``files`` (mode 0644), made from the manifests alone: the snapshot that
-        restoring ``base``, writing each file and capturing would give (same entries, so the same id), without
-        copying and hashing ``base``'s files again (a 52 MB dataset took ~0.1 s through a staging directory).
+    def layer(self, base: str | None, files: dict[str, bytes], *, label: str, source: str) -> str | None:
+        """The snapshot ``base`` (None: an empty directory) plus ``files`` (mode 0644), made from the manifests alone:
+        the snapshot that restoring ``base``, writing each file and capturing would give (same entries, so the same
+        id), without copying and hashing ``base``'s files again (a 52 MB dataset took ~0.1 s through a staging
+        directory) or making a staging directory at all.
 
         Only where the outcome is plain: every file lands in the top directory or in a directory ``base`` has, no
         component is one of ``base``'s files or symlinks, and no file replaces a directory or a symlink. Anything
@@ -197,7 +198,7 @@ class _SnapshotStore:
             SandboxPathError: a path would leave the work directory.
             SandboxError: ``base`` is unknown or damaged (a missing object, or one whose bytes do not match).
         """
-        manifest = self.load(base)
+        manifest = self.load(base) if base is not None else {"files": {}, "dirs": {}, "symlinks": {}}
         entries: dict[str, Any] = dict(manifest["files"])
         dirs, links = manifest["dirs"], manifest["symlinks"]
         for path in files:
