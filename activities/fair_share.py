@@ -82,5 +82,11 @@ class _Inbound(ActivityInboundInterceptor):
                     activity.heartbeat(*details)
             waiting.result()
         except BaseException:
-            waiting.cancel()  # admitted meanwhile: FairShare gives the admission back
+            if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+                # Admitted in the same loop turn as the wait was given up (a local phase's budget ran out, a halt
+                # cancelled it): the admission is ours, and nobody else gives it back. Left taken, the account's
+                # phases stayed over its share for good, and every heavier account's waited behind them.
+                self.share.leave_phase(account)
+            else:
+                waiting.cancel()  # still waiting, or admitted but not yet resumed: FairShare gives it back
             raise

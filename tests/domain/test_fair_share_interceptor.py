@@ -83,3 +83,31 @@ async def test_a_local_phase_is_counted_for_the_account_its_input_names() -> Non
                          ExecuteActivityInput(fn=atomize, args=[inp], executor=None, headers={})) == "atomize"
     assert seen == {"b": 1, "a": 0}
     assert share.in_flight("b", "phases") == 0 and share.in_flight("b") == 0
+
+
+async def test_a_wait_given_up_in_the_turn_it_is_admitted_gives_the_admission_back() -> None:
+    """A phase waiting for its account's share is cancelled (its local budget ran out, or a halt) in the very loop
+    turn its admission arrives: the admission must be given back, or the account holds a phase slot for good."""
+    share = FairShare(phase_slots=2, alone_phase_slots=1, yield_s=1.0, clock=Clock())
+    share.enter("a")
+    await share.enter_phase("a")  # the only slot taken
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, activity_type="analyze", priority=Priority(fairness_key="a"))
+
+    async def phase() -> str:
+        return "ran"
+
+    inbound = FairShareInterceptor(share).intercept_activity(_Call())
+    run = asyncio.ensure_future(env.run(
+        inbound.execute_activity, ExecuteActivityInput(fn=phase, args=[], executor=None, headers={})))
+    await settle()
+    waiting = [t for t in asyncio.all_tasks() if "enter_phase" in repr(t.get_coro())]
+    assert len(waiting) == 1 and not run.done()
+    # Cancel the activity from the admission's own completion: the interceptor resumes with both at once
+    waiting[0].add_done_callback(lambda _: run.cancel())
+    share.leave_phase("a")  # the first phase ends: the waiter is admitted
+    try:
+        await run
+    except asyncio.CancelledError:
+        pass
+    assert share.in_flight("a", "phases") == 0, "the admission of the cancelled wait was kept"
