@@ -173,34 +173,22 @@ async def test_the_operator_changes_are_recorded_behind_their_patches(monkeypatc
     assert result.replay_failure is not None
 
 
-@pytest.mark.parametrize(("name", "on"), [("run_quick_phases_local.json", False),
-                                          ("run_quick_phase_past_local_budget.json", False),
-                                          ("run_before_quick_phases_local.json", True)])
-async def test_local_phases_are_recorded_behind_their_patch(monkeypatch: pytest.MonkeyPatch, name: str,
+@pytest.mark.parametrize(("name", "patch", "on"), [
+    ("run_quick_phases_local.json", "quick-phases-local", False),
+    ("run_quick_phase_past_local_budget.json", "quick-phases-local", False),
+    ("run_before_quick_phases_local.json", "quick-phases-local", True),
+    ("run_cached_phases_local.json", "cached-phases-local", False),
+    ("run_before_cached_phases_local.json", "cached-phases-local", True),
+])
+async def test_local_phases_are_recorded_behind_their_patch(monkeypatch: pytest.MonkeyPatch, name: str, patch: str,
                                                             on: bool) -> None:
-    """A history whose quick phases ran as local activities replays only with ``quick-phases-local`` on, and one from
-    before it only with it off (its phases were scheduled activities)."""
+    """A history whose quick phases ran as local activities replays only with ``quick-phases-local`` on, one whose
+    re-run took its cache-hit phases locally only with ``cached-phases-local`` on, and one from before either only
+    with it off (its phases were scheduled activities)."""
     from temporalio import workflow
 
     real = workflow.patched
-    monkeypatch.setattr(workflow, "patched",
-                        lambda patch_id: on if patch_id == "quick-phases-local" else real(patch_id))
-    history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
-    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
-    assert result.replay_failure is not None
-
-
-@pytest.mark.parametrize(("name", "on"), [("run_cached_phases_local.json", False),
-                                          ("run_before_cached_phases_local.json", True)])
-async def test_cached_phases_are_recorded_behind_their_patch(monkeypatch: pytest.MonkeyPatch, name: str,
-                                                             on: bool) -> None:
-    """A re-run whose cache-hit phases ran as local activities replays only with ``cached-phases-local`` on, and one
-    from before it only with it off."""
-    from temporalio import workflow
-
-    real = workflow.patched
-    monkeypatch.setattr(workflow, "patched",
-                        lambda patch_id: on if patch_id == "cached-phases-local" else real(patch_id))
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: on if patch_id == patch else real(patch_id))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
