@@ -7,7 +7,6 @@ import logging
 import select
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,9 +50,6 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-_READERS: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
-
-
 def reader(engine: Engine) -> Engine:
     """``engine`` for statements that only read. On Postgres each statement runs on its own in autocommit: one round
     trip instead of three (BEGIN, the statement, then COMMIT or ROLLBACK; measured with psycopg on loopback, 0.64
@@ -63,9 +59,10 @@ def reader(engine: Engine) -> Engine:
     transaction depends on. On SQLite: ``engine`` itself. Shares ``engine``'s pool."""
     if engine.dialect.name != "postgresql":
         return engine
-    found = _READERS.get(engine)
-    if found is None:
-        found = _READERS[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    found: Engine | None = vars(engine).get("_benchwright_reader")
+    if found is None:  # kept on the engine itself (a cycle the collector frees with it; a weak map's value would not)
+        found = engine.execution_options(isolation_level="AUTOCOMMIT")
+        vars(engine)["_benchwright_reader"] = found
     return found
 
 

@@ -46,3 +46,16 @@ def test_a_reader_reads_without_a_transaction_and_leaves_the_pool_transactional(
                 assert session.connection().connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
     finally:
         engine.dispose()
+
+
+def test_the_reader_is_made_once_per_engine_and_freed_with_it(db_url: str) -> None:
+    import gc
+    import weakref
+
+    engine = make_engine(db_url)
+    assert reader(engine) is reader(engine)
+    gone = weakref.ref(engine)
+    engine.dispose()
+    del engine
+    gc.collect()
+    assert gone() is None, "the engine outlived its last reference"

@@ -201,12 +201,14 @@ class _SnapshotStore:
         manifest = self.load(base) if base is not None else {"files": {}, "dirs": {}, "symlinks": {}}
         entries: dict[str, Any] = dict(manifest["files"])
         dirs, links = manifest["dirs"], manifest["symlinks"]
-        for path in files:
+        written: dict[str, bytes] = {}
+        for path, data in files.items():
             parts = _split_relpath(path)
             rel = "/".join(parts)
             parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
             if rel in dirs or rel in links or any(p not in dirs for p in parents):
                 return None
+            written[rel] = data
         for rel, entry in entries.items():  # what restore would have checked of each object
             obj = self.object_path(entry["sha256"])
             try:
@@ -215,9 +217,8 @@ class _SnapshotStore:
                 raise SandboxError(f"snapshot {base} is damaged: object of {rel!r} is missing") from None
             if size != entry["size"] or file_digests.sha256(obj) != entry["sha256"]:
                 raise SandboxError(f"snapshot {base} is damaged: object of {rel!r} does not match")
-        for path, data in files.items():
-            entries["/".join(_split_relpath(path))] = {"sha256": self._store_bytes(data), "size": len(data),
-                                                       "mode": 0o644}
+        for rel, data in written.items():
+            entries[rel] = {"sha256": self._store_bytes(data), "size": len(data), "mode": 0o644}
         return self._record({"format": _SNAPSHOT_FORMAT, "files": entries, "dirs": dirs, "symlinks": links},
                             label=label, source=source)
 
