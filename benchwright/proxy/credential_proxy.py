@@ -19,10 +19,12 @@ Two ways upstream, chosen per route:
 Both price each call the same way (``benchwright.llm.prices``): its reported usage at the route's per-token prices,
 which Attach took from the launch or from LiteLLM's cost map for the launch's model string.
 
-Served by uvicorn (httptools) on loopback for the model calls; controlled by JSON lines on a Unix socket in a
-0700 directory that only this uid may use (checked with ``SO_PEERCRED``): ``hello``, ``register``, ``revoke``. The
-process exits on its own once it has had no route for ``--linger`` seconds (the warm window that spares back-to-back
-runs its start-up), on SIGTERM, and (started through ``_lifeline.py``) with the worker that started it.
+Served on loopback by ``benchwright.llm.httpserver``'s HTTP/1.1 protocol for the model calls (httptools, one write per
+answer: uvicorn's ASGI cycle cost more of this process's CPU than forwarding the call, docs/performance.md).
+Controlled by JSON lines on a Unix socket in a 0700 directory that only this uid may use (checked with
+``SO_PEERCRED``): ``hello``, ``register``, ``revoke``. The process exits on its own once it has had no route for
+``--linger`` seconds (the warm window that spares back-to-back runs its start-up), on SIGTERM, and (started through
+``_lifeline.py``) with the worker that started it.
 
 Run as a script (``python credential_proxy.py --control PATH --linger S``), not as ``-m benchwright.proxy...``: the
 package's ``__init__`` imports the egress proxy (~150 ms, ~10 MB) that this process never uses.
@@ -35,31 +37,26 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
+from benchwright.llm import httpserver
 from benchwright.llm.httpclient import HttpClientError, HttpConnectError, HttpPool
 from benchwright.llm.prices import Prices
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 UPSTREAM_TIMEOUT_S = 600.0
 """Bound on one upstream call; the caller's own per-try timeout is normally far shorter (it retries on its side)."""
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-MODELS_PATHS = ("/v1/models", "/models")
-LISTING_PATH = "/v1/benchwright/listing"
+CHAT_PATHS = (b"/v1/chat/completions", b"/chat/completions")
+MODELS_PATHS = (b"/v1/models", b"/models")
+LISTING_PATH = b"/v1/benchwright/listing"
 """Attach's cheap liveness check (``benchwright.llm.sut.listed_at_proxy``): whether the provider, asked with the real
 key, lists the route's model (its ``GET /models``: one round trip, no tokens, no generation latency)."""
 LISTING_TIMEOUT_S = 10.0
@@ -67,6 +64,15 @@ FAILURE_HEADER = "x-benchwright-failure"
 """Set on a 502/504 the proxy answers itself: ``unreachable``, ``server`` or ``timeout`` (the upstream's fault, not
 the proxy's), so the caller classifies it as if it had called the provider directly."""
 COST_HEADER = "x-litellm-response-cost"
+IDLE_S = 75.0
+"""A kept-alive connection with no request for this long is closed (uvicorn's ``timeout_keep_alive`` here before)."""
+REQUEST_S = 60.0
+"""A request whose head and body are not all in after this long since the client last sent anything is cut off."""
+SWEEP_EVERY_S = 5.0
+SHUTDOWN_GRACE_S = 2.0
+"""On SIGTERM or the linger's end, answers being made get this long before their connections are cut."""
+_WANTED_HEADERS = frozenset((b"authorization", b"content-length", b"expect"))
+_JSON = b"application/json"
 
 
 @dataclass
@@ -134,10 +140,35 @@ def _stream_usage(body: bytes) -> object:
     return None
 
 
-class CredentialProxy:
-    """The routes and the two servers' handlers (module docstring)."""
+def _wire(answer: Answer) -> httpserver.Answer:
+    """The protocol's answer: the content type (JSON unless the answer names another), the other headers, no
+    latency."""
+    content_type = _JSON
+    extra = []
+    for name, value in answer.headers:
+        if name == b"content-type":
+            content_type = value
+        else:
+            extra.append((name, value))
+    return answer.status, content_type, answer.body, httpserver.header_lines(extra), 0.0
 
-    def __init__(self, *, linger_s: float) -> None:
+
+_TOO_LARGE = httpserver.error_response(413, _JSON, error_answer(
+    413, f"request body over {MAX_REQUEST_BYTES} bytes", code="payload_too_large").body)
+
+
+class CredentialProxy:
+    """The routes, the model-call server's handler (``benchwright.llm.httpserver.Handler``) and the control
+    socket's (module docstring)."""
+
+    max_body = MAX_REQUEST_BYTES
+    wanted_headers = _WANTED_HEADERS
+    too_large = _TOO_LARGE
+
+    def __init__(self, *, linger_s: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or asyncio.get_running_loop()
+        self.connections: set[httpserver.Connection] = set()
+        self._all_closed: asyncio.Future[None] | None = None
         self.linger_s = linger_s
         self.routes: dict[str, Route] = {}
         """Per-run key -> route."""
@@ -151,55 +182,66 @@ class CredentialProxy:
         """Registrations under way (a litellm route's import takes seconds): the proxy is not idle meanwhile."""
         self._litellm: Any = None
 
-    # -- model calls (ASGI) --------------------------------------------------------------------------------------
+    # -- model calls (benchwright.llm.httpserver) ----------------------------------------------------------------
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        answer = await self._answer(scope, receive)
-        headers = [(b"content-type", b"application/json"), *answer.headers]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-        await send({"type": "http.response.body", "body": answer.body})
-
-    async def _answer(self, scope: Scope, receive: Receive) -> Answer:
-        path, method = scope["path"], scope["method"]
-        if path == "/health":
-            return Answer(200, b'{"status":"ok"}')
-        key = ""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                key = token.strip() if scheme.lower() == "bearer" else ""
-        route = self.routes.get(key)
+    def answer(self, method: bytes, target: bytes, body: bytes, headers: dict[bytes, bytes],
+               transport: asyncio.Transport) -> httpserver.Answer | Coroutine[Any, Any, httpserver.Answer]:
+        """One request's answer: at once for what needs no upstream call, else the coroutine that makes the call."""
+        path = httpserver.split_target(target)[0]
+        if path == b"/health":
+            return _wire(Answer(200, b'{"status":"ok"}'))
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        route = self.routes.get(token.strip() if scheme.lower() == "bearer" else "")
         if route is None:
-            return error_answer(401, "invalid key: not a key of a running run (a run's key stops working when "
-                                     "the run ends)", code="invalid_api_key")
-        if path == LISTING_PATH and method == "GET":
-            return await self._listing(route)
-        if path in MODELS_PATHS and method == "GET":
-            return Answer(200, json.dumps({"object": "list", "data": [
-                {"id": route.model_name, "object": "model", "owned_by": "benchwright"}]}).encode())
+            return _wire(error_answer(401, "invalid key: not a key of a running run (a run's key stops working "
+                                           "when the run ends)", code="invalid_api_key"))
+        if path == LISTING_PATH and method == b"GET":
+            return self._wired(self._listing(route))
+        if path in MODELS_PATHS and method == b"GET":
+            return _wire(Answer(200, json.dumps({"object": "list", "data": [
+                {"id": route.model_name, "object": "model", "owned_by": "benchwright"}]}).encode()))
+        shown = f"{method.decode('latin-1')} {path.decode('utf-8', 'replace')}"
         if path not in CHAT_PATHS:
-            return error_answer(404, f"the proxy serves POST /v1/chat/completions, not {method} {path}",
-                                code="not_found")
-        if method != "POST":
-            return error_answer(405, f"{method} {path} is not allowed", code="method_not_allowed")
-        body = await _read_body(receive)
-        if body is None:
-            return error_answer(413, f"request body over {MAX_REQUEST_BYTES} bytes", code="payload_too_large")
+            return _wire(error_answer(404, f"the proxy serves POST /v1/chat/completions, not {shown}",
+                                      code="not_found"))
+        if method != b"POST":
+            return _wire(error_answer(405, f"{shown} is not allowed", code="method_not_allowed"))
         try:
             request = json.loads(body)
-        except ValueError:
-            return error_answer(400, "the request body is not JSON", code="invalid_json")
+        except (ValueError, RecursionError):
+            return _wire(error_answer(400, "the request body is not JSON", code="invalid_json"))
         if not isinstance(request, dict):
-            return error_answer(400, "the request body is not a JSON object", code="invalid_json")
+            return _wire(error_answer(400, "the request body is not a JSON object", code="invalid_json"))
         if not route.accepts(request.get("model")):
-            return error_answer(404, f"model '{request.get('model')}' is not this run's model "
-                                     f"('{route.model_name}')", code="model_not_found")
+            return _wire(error_answer(404, f"model '{request.get('model')}' is not this run's model "
+                                           f"('{route.model_name}')", code="model_not_found"))
+        return self._call(route, request)
+
+    async def _call(self, route: Route, request: dict[str, Any]) -> httpserver.Answer:
         call = self._openai if route.kind == "openai" else self._via_litellm
         answer = await call(route, request)
         route.calls += 1
-        return answer
+        return _wire(answer)
+
+    @staticmethod
+    async def _wired(made: Coroutine[Any, Any, Answer]) -> httpserver.Answer:
+        return _wire(await made)
+
+    def connection_closed(self, connection: httpserver.Connection) -> None:
+        self.connections.discard(connection)
+        if not self.connections and self._all_closed is not None and not self._all_closed.done():
+            self._all_closed.set_result(None)
+
+    async def close_connections(self, grace_s: float) -> None:
+        """Close idle connections now and the others once their answer is out, or after ``grace_s``."""
+        for connection in list(self.connections):
+            connection.shutdown()
+        if self.connections:
+            self._all_closed = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_closed, grace_s)
+        for connection in list(self.connections):
+            connection.transport.abort()
 
     async def _listing(self, route: Route) -> Answer:
         """``{"listed": bool, "status": int | None}``: whether the provider's ``GET /models`` (asked with the real
@@ -223,7 +265,8 @@ class CredentialProxy:
         assert route.pool is not None
         payload = json.dumps({**route.params, **request, "model": route.upstream_model}).encode()
         try:
-            resp = await asyncio.wait_for(route.pool.post("/chat/completions", payload), UPSTREAM_TIMEOUT_S)
+            async with asyncio.timeout(UPSTREAM_TIMEOUT_S):  # a timer, not wait_for's task: this is every call
+                resp = await route.pool.post("/chat/completions", payload)
         except HttpConnectError as exc:
             reason = "connection refused" if isinstance(exc.__cause__, ConnectionRefusedError) else str(exc)
             return error_answer(502, reason, code="upstream_unreachable", failure="unreachable")
@@ -377,50 +420,52 @@ class CredentialProxy:
             self.on_idle()
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_REQUEST_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
 async def serve(*, control: Path, linger_s: float) -> None:
-    proxy = CredentialProxy(linger_s=linger_s)
+    loop = asyncio.get_running_loop()
+    proxy = CredentialProxy(linger_s=linger_s, loop=loop)
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and accepted
-    # sockets inherit the listener's. Without it uvicorn's two writes per answer (head, then body) met Nagle and the
-    # caller's delayed ACK: +40 ms on every call over a reused connection (1,000 calls at C=32: 3.8 s, not 1.9 s).
+    # sockets inherit the listener's. Without it an answer met Nagle and the caller's delayed ACK: +40 ms on every
+    # call over a reused connection (1,000 calls at C=32: 3.8 s, not 1.9 s).
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
-    listener.listen(2048)  # callers open a connection per concurrent call (128+)
     proxy.port = listener.getsockname()[1]
-    config = uvicorn.Config(proxy, interface="asgi3", http="httptools", loop="asyncio", lifespan="off",
-                            log_level="warning", access_log=False, timeout_keep_alive=75,
-                            timeout_graceful_shutdown=2, proxy_headers=False, server_header=False,
-                            date_header=False)
-    server = uvicorn.Server(config)
-
-    def stop() -> None:
-        server.should_exit = True
-
-    proxy.on_idle = stop
+    server = await loop.create_server(lambda: httpserver.Connection(proxy), sock=listener,
+                                      backlog=httpserver.BACKLOG)
+    stop = asyncio.Event()
+    proxy.on_idle = stop.set
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     control_server = await asyncio.start_unix_server(proxy.control, path=str(control))
     control.chmod(0o600)
     proxy._arm_idle()
+    sweeper = asyncio.create_task(_sweep_until_cancelled(proxy))
     try:
-        await server.serve(sockets=[listener])
+        await stop.wait()
     finally:
         proxy.closing = True
+        sweeper.cancel()
         control_server.close()
         control.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             control.parent.rmdir()
+        await _close_server(server, proxy)
+
+
+async def _sweep_until_cancelled(proxy: CredentialProxy) -> None:
+    """Close connections idle past ``IDLE_S`` or stalled mid-request past ``REQUEST_S`` (httpserver.sweep)."""
+    while True:
+        await asyncio.sleep(SWEEP_EVERY_S)
+        httpserver.sweep(proxy.connections, idle_s=IDLE_S, request_s=REQUEST_S)
+
+
+async def _close_server(server: asyncio.Server, proxy: CredentialProxy) -> None:
+    """Stop listening; idle connections close now, the others after their answer or ``SHUTDOWN_GRACE_S``."""
+    server.close()
+    await proxy.close_connections(SHUTDOWN_GRACE_S)
+    for route in list(proxy.routes.values()):
+        if route.pool is not None:
+            await route.pool.aclose()
 
 
 def main(argv: list[str]) -> int:
@@ -428,8 +473,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--control", type=Path, required=True)
     ap.add_argument("--linger", type=float, required=True)
     args = ap.parse_args(argv)
-    # asyncio's own loop, not uvloop: 10-16 % less CPU per call on uvloop, but a full test run with it lost a run's
-    # route for 120 s, unexplained (docs/performance.md, session 15).
+    # asyncio's own loop: with this server uvloop saved nothing measurable (0.25 ms a call either way, session 18).
     asyncio.run(serve(control=args.control, linger_s=args.linger))
     return 0
 

@@ -26,7 +26,6 @@ from benchwright.testkit.devmodel import (
     start_server,
     wrong_answer,
 )
-from benchwright.testkit.devmodel import protocol as devmodel_protocol
 
 ANSWERS = {
     "What is the capital of France?": "Paris",
@@ -459,7 +458,7 @@ async def test_oversized_body_gets_413_and_the_connection_closed(monkeypatch: py
         writer.close()
 
         # Chunked: refused once the received body passes the limit (lowered here to keep the test small).
-        monkeypatch.setattr(devmodel_protocol, "_MAX_BODY_BYTES", 1000)
+        monkeypatch.setattr(server._handler, "max_body", 1000)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n")
         writer.write(b"%x\r\n%s\r\n" % (600, b"x" * 600) * 2)

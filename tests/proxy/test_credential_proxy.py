@@ -226,3 +226,110 @@ async def test_the_route_connects_to_the_address_the_endpoint_check_approved(
     assert got.status_code == 200, got.text
     unpinned = await asyncio.to_thread(_register, tmp_path, "unpinned", spec, KEY_A, registry)
     assert (await _chat(unpinned, unpinned.fake_key)).status_code == 502, "the name itself does not resolve"
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(lines[0].split()[1]), headers, body
+
+
+async def test_the_model_call_server_speaks_http_1_1_to_a_hostile_caller(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    """The proxy's own HTTP/1.1 server (benchwright.llm.httpserver) faces the scorer's untrusted code: pipelined
+    calls answered in order on one connection, a chunked body, HTTP/1.0, an oversized body refused before it is
+    read, and garbage answered 400 and closed, while other connections carry on."""
+    a, _ = models
+    spec = ModelSpec(identifier="openai/dev", api_base=a.url, input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+    handle = await asyncio.to_thread(_register, tmp_path, "run-h", spec, KEY_A, registry)
+    chat = json.dumps({"model": handle.model_name, "messages": [{"role": "user", "content": QUESTION}]}).encode()
+    auth = f"Authorization: Bearer {handle.fake_key}\r\n".encode()
+
+    def post(body: bytes, extra: bytes = b"") -> bytes:
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\n" + auth + extra
+                + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", handle.port)
+    writer.write(post(chat) + b"GET /v1/models HTTP/1.1\r\nHost: p\r\n" + auth + b"\r\n" + post(b"[1]"))
+    first, second, third = [await _read_answer(reader) for _ in range(3)]
+    assert first[0] == 200 and json.loads(first[2])["choices"][0]["message"]["content"] == "5"
+    assert float(first[1]["x-litellm-response-cost"]) > 0
+    assert (second[0], json.loads(second[2])["data"][0]["id"]) == (200, handle.model_name)
+    assert (third[0], json.loads(third[2])["error"]["code"]) == (400, "invalid_json")
+
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chat[i:i + 7]), chat[i:i + 7]) for i in range(0, len(chat), 7))
+    writer.write(b"POST /chat/completions HTTP/1.1\r\nHost: p\r\n" + auth + b"Transfer-Encoding: chunked\r\n\r\n"
+                 + chunks + b"0\r\n\r\n")
+    status, _, body = await _read_answer(reader)
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "5"
+
+    # An oversized body is refused on its announced length, the connection closed; nothing of it is buffered.
+    writer.write(post(b"").replace(b"Content-Length: 0", b"Content-Length: %d" % (16 * 2**20 + 1)))
+    status, headers, body = await _read_answer(reader)
+    assert (status, headers["connection"], json.loads(body)["error"]["code"]) == (413, "close", "payload_too_large")
+    assert await reader.read() == b""
+    writer.close()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", handle.port)
+    writer.write(b"\x16\x03\x01 not http at all\r\n\r\n")  # e.g. a TLS hello
+    status, headers, _ = await _read_answer(reader)
+    assert (status, headers["connection"]) == (400, "close")
+    writer.close()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", handle.port)
+    writer.write(post(chat).replace(b"HTTP/1.1", b"HTTP/1.0"))
+    status, headers, body = await _read_answer(reader)
+    assert (status, headers["connection"]) == (200, "close")
+    assert await reader.read() == b""
+    writer.close()
+    assert (await _chat(handle, handle.fake_key)).status_code == 200, "the server carries on"
+
+
+async def test_connections_idle_or_stalled_mid_request_are_closed() -> None:
+    """httpserver.sweep: a kept-alive connection idle past its bound and one stalled half-way through its request
+    (slowloris) are closed; one between those bounds, or whose answer is being made, is left alone."""
+    from benchwright.llm import httpserver
+    from benchwright.proxy.credential_proxy import CredentialProxy
+
+    proxy = CredentialProxy(linger_s=60)
+    server = await asyncio.get_running_loop().create_server(lambda: httpserver.Connection(proxy), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        idle = await asyncio.open_connection("127.0.0.1", port)
+        idle[1].write(b"GET /health HTTP/1.1\r\nHost: p\r\n\r\n")
+        assert (await _read_answer(idle[0]))[0] == 200
+        stalled = await asyncio.open_connection("127.0.0.1", port)
+        stalled[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Length: 100\r\n\r\n{")
+        fresh = await asyncio.open_connection("127.0.0.1", port)
+        fresh[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Length: 100\r\n\r\n{")
+        await asyncio.gather(idle[1].drain(), stalled[1].drain(), fresh[1].drain())
+        for _ in range(10_000):  # loop turns until the server has read what was sent
+            if len(proxy.connections) == 3 and sum(c.in_message for c in proxy.connections) == 2:
+                break
+            await asyncio.sleep(0)
+        else:
+            pytest.fail("the server did not read the requests")
+        by_port = {c.transport.get_extra_info("peername")[1]: c for c in proxy.connections}
+        now = asyncio.get_running_loop().time()
+        by_port[idle[1].get_extra_info("sockname")[1]].last_active = now - 80
+        by_port[stalled[1].get_extra_info("sockname")[1]].last_active = now - 65
+        by_port[fresh[1].get_extra_info("sockname")[1]].last_active = now - 30
+        assert httpserver.sweep(proxy.connections, idle_s=75, request_s=60) == 2
+        assert await idle[0].read() == b"" and await stalled[0].read() == b""
+        assert len(proxy.connections) == 1
+        fresh[1].write(b"}" + b" " * 98)  # the rest of its body: answered (no route for it: 401)
+        assert (await _read_answer(fresh[0]))[0] == 401
+        for _, writer in (idle, stalled, fresh):
+            writer.close()
+    finally:
+        server.close()
+        await proxy.close_connections(1.0)
+
+
+async def test_an_upstream_header_cannot_split_the_answer() -> None:
+    from benchwright.llm.httpserver import header_lines
+
+    assert header_lines([(b"retry-after", b"3"), (b"retry-after", b"1\r\nset-cookie: x=1"), (b"x-a", b"b\0")]) \
+        == b"retry-after: 3\r\n"
