@@ -106,7 +106,13 @@ def iter_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
         with path.open("rb") as f:
             for lineno, line in enumerate(_decoded_lines(f), 1):
                 if line.strip():
-                    yield _as_object(_loads(line, f"line {lineno}"), f"line {lineno}")
+                    try:
+                        item = json.loads(line)
+                    except json.JSONDecodeError:
+                        item = _loads(line, f"line {lineno}")  # raises, naming the line
+                    if type(item) is not dict:
+                        item = _as_object(item, f"line {lineno}")
+                    yield item
     elif fmt == "json":
         data = _loads(_decode(path.read_bytes(), "the file"), "the file")
         if not isinstance(data, list):
@@ -148,6 +154,10 @@ def _as_object(item: Any, where: str) -> dict[str, Any]:
     return item
 
 
+_ENCODE_ROW = json.JSONEncoder(ensure_ascii=False, default=str).encode
+"""``json.dumps(row, ensure_ascii=False, default=str)`` (the same bytes) without an encoder made per row."""
+
+
 def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
     """Detect columns and splits and write the normalized ``tasks.jsonl`` (streamed; memory stays flat).
 
@@ -160,14 +170,19 @@ def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
     tmp = tasks_path.with_suffix(".part")
     with tmp.open("w", encoding="utf-8") as out:
         for row in iter_rows(source, fmt):
-            for key in row:
-                columns.setdefault(str(key), None)
-            split = next((v for k, v in row.items() if str(k).lower() == SPLIT_COLUMN), None)
+            split: object = None
+            seen_split = False
+            for key, value in row.items():  # one pass: the columns, and the first split column's value
+                name = str(key)
+                if name not in columns:
+                    columns[name] = None
+                if not seen_split and name.lower() == SPLIT_COLUMN:
+                    split, seen_split = value, True
             if isinstance(split, str):
                 splits[split] = splits.get(split, 0) + 1
             rows += 1
             try:
-                out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+                out.write(_ENCODE_ROW(row) + "\n")
             except UnicodeEncodeError as exc:  # a lone surrogate from a JSON escape such as "\ud800"
                 tmp.unlink(missing_ok=True)
                 raise DatasetError(f"dataset row {rows} holds text that is not valid Unicode "

@@ -153,6 +153,22 @@ def test_formats_are_detected_and_normalized(tmp_path: Path, name: str, text: st
     assert [r[analysis.columns[0]] for r in rows] == ["q", "q2"]
 
 
+def test_the_normalized_tasks_are_each_row_as_json_dumps_writes_it(tmp_path: Path) -> None:
+    """tasks.jsonl's bytes feed fingerprints and caches: each row as ``json.dumps(row, ensure_ascii=False,
+    default=str)`` writes it, whatever the source's escapes; columns in first-seen order; a split counted from the
+    first column named split in any case, when its value is a string."""
+    rows = [{"Split": "test", "q": "é ✓", "n": 1.5, "x": None}, {"SPLIT": 3, "q": [1, {"a": "b"}]},
+            {"split": "train", "Split": "x"}, {"q": "\u2028 line sep"}, {"q": float("inf")}]
+    src = tmp_path / "odd.jsonl"
+    src.write_text("\n".join(json.dumps(r, ensure_ascii=bool(i % 2)) for i, r in enumerate(rows)) + "\n\n  \n")
+    out = tmp_path / "tasks.jsonl"
+    analysis = analyze_dataset(source=src, fmt="jsonl", tasks_path=out)
+    assert out.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
+                                                      for r in rows)
+    assert (analysis.rows, analysis.columns) == (5, ["Split", "q", "n", "x", "SPLIT", "split"])
+    assert analysis.splits == {"test": 1, "train": 1}  # {"SPLIT": 3} is no split; "train" is its row's first
+
+
 def test_dataset_errors_name_the_problem(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q", "answer": "a"}\n{oops\n')
