@@ -145,8 +145,11 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         RunHalted: a ceiling or the balance was crossed (the run row is halted before this is raised).
     """
     k = inp.trials.plan.k
-    by_task, aggregated = await asyncio.to_thread(_recorded, engine, inp)
-    rows = await asyncio.to_thread(read_task_rows, tasks_path, inp.start, inp.stop)
+
+    def recorded_and_rows() -> tuple[dict[int, dict[int, TrialOutcome]], set[int], list[dict[str, Any]]]:
+        return *_recorded(engine, inp), read_task_rows(tasks_path, inp.start, inp.stop)
+
+    by_task, aggregated, rows = await asyncio.to_thread(recorded_and_rows)  # one thread hop, not two
     items = [TrialItem(index=inp.start + i, trial=t, row=row)
              for i, row in enumerate(rows) for t in range(k) if t not in by_task.get(inp.start + i, {})]
     counts = {"pass": 0, "fail": 0, "err": 0}
