@@ -287,6 +287,26 @@ async def test_the_model_call_server_speaks_http_1_1_to_a_hostile_caller(
     assert (await _chat(handle, handle.fake_key)).status_code == 200, "the server carries on"
 
 
+async def test_a_streamed_answer_passes_as_a_stream_and_is_priced_from_its_usage_chunk(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    spec = ModelSpec(identifier="openai/dev", api_base=a.url, input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+    handle = await asyncio.to_thread(_register, tmp_path, "run-s", spec, KEY_A, registry)
+    async with httpx.AsyncClient(timeout=10) as http:
+        got = await http.post(f"{handle.base_url}/chat/completions",
+                              headers={"Authorization": f"Bearer {handle.fake_key}"},
+                              json={"model": handle.model_name, "stream": True,
+                                    "stream_options": {"include_usage": True},
+                                    "messages": [{"role": "user", "content": QUESTION}]})
+    assert got.status_code == 200 and got.headers["content-type"] == "text/event-stream"
+    chunks = [json.loads(line[5:]) for line in got.text.splitlines()
+              if line.startswith("data:") and line.strip() != "data: [DONE]"]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "5"
+    usage = next(c["usage"] for c in chunks if c.get("usage"))
+    assert float(got.headers["x-litellm-response-cost"]) == pytest.approx(
+        usage["prompt_tokens"] * 1e-6 + usage["completion_tokens"] * 2e-6)
+
+
 async def test_connections_idle_or_stalled_mid_request_are_closed() -> None:
     """httpserver.sweep: a kept-alive connection idle past its bound and one stalled half-way through its request
     (slowloris) are closed; one between those bounds, or whose answer is being made, is left alone."""
