@@ -912,7 +912,7 @@ class LocalBackend:
             deadline = time.monotonic() + 10
             # The PID namespace is gone once its init is: the kernel kills and reaps every member first.
             while _alive(meta.init_pid, meta.init_start) and time.monotonic() < deadline:
-                time.sleep(0.005)
+                time.sleep(0.001)  # 5 ms steps made a kill ~7.5 ms; these ~4.5
         _remove_cgroups(meta.cgroups)
         sup = self._supervisors.pop(meta.sandbox_id, None)
         if sup is not None:

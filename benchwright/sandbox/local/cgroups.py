@@ -194,7 +194,7 @@ def _remove_cgroups(dirs: Sequence[Path | str], timeout_s: float = 5.0) -> None:
                     if time.monotonic() > deadline:
                         log.warning("could not remove cgroup %s: %s", d, exc)
                         break
-                    time.sleep(0.005)
+                    time.sleep(0.001)
 
 
 def _mountinfo() -> list[tuple[str, str, str, str]]:
