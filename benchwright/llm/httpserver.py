@@ -149,6 +149,8 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.last_active = self.loop.time()
         """When the client last sent anything (``sweep``)."""
+        self.message_started = 0.0
+        """When the request being parsed began (``sweep``)."""
         # The request being parsed.
         self.in_message = False
         self.target = b""
@@ -227,6 +229,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.in_message = True
+        self.message_started = self.loop.time()
         self.target = b""
         self.headers = {}
         self.body = []
@@ -392,12 +395,14 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def stale(self, now: float, *, idle_s: float, request_s: float) -> bool:
-        """Whether the client has sent nothing for ``idle_s`` between requests, or stalled mid-request (headers
-        or body not all sent) for ``request_s``. A request being answered is never stale: its upstream call has
-        its own bound."""
+        """Whether the client has sent nothing for ``idle_s`` between requests, or has not sent a whole request
+        (its head and body) within ``request_s`` of its first byte, however slowly it trickles. A request being
+        answered is never stale: its upstream call has its own bound."""
         if self.pending is not None or self.queue:
             return False
-        return now - self.last_active > (request_s if self.in_message else idle_s)
+        if self.in_message:
+            return now - self.message_started > request_s
+        return now - self.last_active > idle_s
 
 
 def sweep(connections: set[Connection], *, idle_s: float, request_s: float) -> int:

@@ -67,7 +67,7 @@ COST_HEADER = "x-litellm-response-cost"
 IDLE_S = 75.0
 """A kept-alive connection with no request for this long is closed (uvicorn's ``timeout_keep_alive`` here before)."""
 REQUEST_S = 60.0
-"""A request whose head and body are not all in after this long since the client last sent anything is cut off."""
+"""A request whose head and body are not all in within this long of its first byte is cut off (a slow trickle too)."""
 SWEEP_EVERY_S = 5.0
 SHUTDOWN_GRACE_S = 2.0
 """On SIGTERM or the linger's end, answers being made get this long before their connections are cut."""

@@ -308,8 +308,9 @@ async def test_a_streamed_answer_passes_as_a_stream_and_is_priced_from_its_usage
 
 
 async def test_connections_idle_or_stalled_mid_request_are_closed() -> None:
-    """httpserver.sweep: a kept-alive connection idle past its bound and one stalled half-way through its request
-    (slowloris) are closed; one between those bounds, or whose answer is being made, is left alone."""
+    """httpserver.sweep: a kept-alive connection idle past its bound and one whose request is not all in past its
+    bound since its first byte (slowloris, however recently it sent a byte) are closed; one within those bounds is
+    left alone."""
     from benchwright.llm import httpserver
     from benchwright.proxy.credential_proxy import CredentialProxy
 
@@ -334,8 +335,8 @@ async def test_connections_idle_or_stalled_mid_request_are_closed() -> None:
         by_port = {c.transport.get_extra_info("peername")[1]: c for c in proxy.connections}
         now = asyncio.get_running_loop().time()
         by_port[idle[1].get_extra_info("sockname")[1]].last_active = now - 80
-        by_port[stalled[1].get_extra_info("sockname")[1]].last_active = now - 65
-        by_port[fresh[1].get_extra_info("sockname")[1]].last_active = now - 30
+        by_port[stalled[1].get_extra_info("sockname")[1]].message_started = now - 65  # its last byte: just now
+        by_port[fresh[1].get_extra_info("sockname")[1]].message_started = now - 30
         assert httpserver.sweep(proxy.connections, idle_s=75, request_s=60) == 2
         assert await idle[0].read() == b"" and await stalled[0].read() == b""
         assert len(proxy.connections) == 1
