@@ -35,6 +35,8 @@ LINGER_S = 1.0
 """After an error response that closes the connection, how long unread request bytes are drained."""
 BACKLOG = 2048
 """Listen backlog: callers open a connection per concurrent call (hundreds at once in a bench)."""
+MAX_HEAD_BYTES = 64 * 1024
+"""A request line and headers longer than this get 431 (httptools would buffer a header of any length)."""
 
 #: (status, content type or None, body, extra header lines, latency in s) of one answer.
 Answer = tuple[int, bytes | None, bytes, bytes, float]
@@ -71,6 +73,8 @@ def error_response(status: int, content_type: bytes, body: bytes) -> bytes:
 
 
 BAD_REQUEST = error_response(400, b"text/plain; charset=utf-8", b"Invalid HTTP request received.")
+HEAD_TOO_LARGE = error_response(431, b"text/plain; charset=utf-8",
+                                b"Request line and headers over %d bytes." % MAX_HEAD_BYTES)
 INTERNAL_ERROR = error_response(500, b"text/plain; charset=utf-8", b"Internal Server Error")
 
 
@@ -153,6 +157,8 @@ class Connection(asyncio.Protocol):
         """When the request being parsed began (``sweep``)."""
         # The request being parsed.
         self.in_message = False
+        self.in_head = False  # its request line and headers are still coming
+        self.head_bytes = 0
         self.target = b""
         self.headers: dict[bytes, bytes] = {}
         self.body: list[bytes] = []
@@ -196,6 +202,11 @@ class Connection(asyncio.Protocol):
         self.last_active = self.loop.time()
         if self.done or self.last_request or self.final is not None:
             return  # nothing more will be answered; drain (a lingering close relies on this)
+        if self.in_head:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(HEAD_TOO_LARGE)
+                return
         while True:
             try:
                 self.parser.feed_data(data)
@@ -229,6 +240,8 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.in_message = True
+        self.in_head = True
+        self.head_bytes = 0
         self.message_started = self.loop.time()
         self.target = b""
         self.headers = {}
@@ -244,6 +257,7 @@ class Connection(asyncio.Protocol):
             self.headers[name] = value
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         parser = self.parser
         self.method = parser.get_method()
         self.keep_alive = parser.should_keep_alive()

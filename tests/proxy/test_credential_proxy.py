@@ -272,6 +272,16 @@ async def test_the_model_call_server_speaks_http_1_1_to_a_hostile_caller(
     assert await reader.read() == b""
     writer.close()
 
+    # Headers without end are cut off, not buffered (httptools would keep a header of any length).
+    reader, writer = await asyncio.open_connection("127.0.0.1", handle.port)
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHost: p\r\nX-Pad: ")
+    for _ in range(40):
+        writer.write(b"a" * 4096)
+        await writer.drain()
+    status, headers, _ = await _read_answer(reader)
+    assert (status, headers["connection"]) == (431, "close")
+    writer.close()
+
     reader, writer = await asyncio.open_connection("127.0.0.1", handle.port)
     writer.write(b"\x16\x03\x01 not http at all\r\n\r\n")  # e.g. a TLS hello
     status, headers, _ = await _read_answer(reader)
