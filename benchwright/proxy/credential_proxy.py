@@ -20,7 +20,7 @@ Both price each call the same way (``benchwright.llm.prices``): its reported usa
 which Attach took from the launch or from LiteLLM's cost map for the launch's model string.
 
 Served on loopback by ``benchwright.llm.httpserver``'s HTTP/1.1 protocol for the model calls (httptools, one write per
-answer: uvicorn's ASGI cycle cost more of this process's CPU than forwarding the call, docs/performance.md).
+answer: 17-20 % less of this process's CPU per call than under uvicorn, docs/performance.md).
 Controlled by JSON lines on a Unix socket in a 0700 directory that only this uid may use (checked with
 ``SO_PEERCRED``): ``hello``, ``register``, ``revoke``. The process exits on its own once it has had no route for
 ``--linger`` seconds (the warm window that spares back-to-back runs its start-up), on SIGTERM, and (started through
