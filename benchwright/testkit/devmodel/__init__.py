@@ -34,11 +34,12 @@ request). Measured with 128 requests in flight and 50 ms latency on 2 cores (uvl
 server CPU per request, against ~75-125 µs for the Starlette-on-uvicorn version it replaced. The HTTP
 behaviour is that version's: keep-alive, pipelined requests answered in order, ``Expect:
 100-continue``, chunked bodies, HEAD on GET routes, the trailing-slash redirect, and 404/405 in
-OpenAI's error shape; a malformed request gets 400 and a body over 64 MiB 413, both closing the
-connection. :func:`serve` runs it as a process, :func:`start_server` in a running event loop.
+OpenAI's error shape; a malformed request gets 400, a head over 64 KiB 431 and a body over 64 MiB 413, each closing
+the connection. The protocol itself is ``benchwright.llm.httpserver``, which the credential proxy serves with too.
+:func:`serve` runs it as a process, :func:`start_server` in a running event loop.
 
 Modules: :mod:`.config` (settings and fault windows), :mod:`.answers` (answer table, verdicts, wrong answers),
-:mod:`.replies` (request parsing and response bodies), :mod:`.protocol` (the HTTP/1.1 protocol),
+:mod:`.replies` (request parsing and response bodies), :mod:`.protocol` (the routes on the HTTP/1.1 protocol),
 :mod:`.server` (starting and serving). ``benchwright.testkit.devmodel`` re-exports this package's public names.
 """
 
