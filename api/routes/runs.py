@@ -97,11 +97,16 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
                       "way."))] = 0) -> RunView:
     """One run: status, halt fields, display_status, phase, cost and the task summary."""
     def read() -> RunView:
-        return run_view(state.engine, readable_run(state.engine, run_id=run_id, account_id=account.id))
+        # A terminal view is narrated in the same thread hop, from the same row (the long poll's answer waits for it).
+        run = readable_run(state.engine, run_id=run_id, account_id=account.id)
+        view = run_view(state.engine, run)
+        if view.terminal:
+            view.narration = run_narration(state.engine, run, view)
+        return view
 
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
-        return await run_in_threadpool(_narrated, state, view)
+        return view
     # Each activity the workflow completes wakes us at once: the terminal row is written by its last activity, and
     # a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes after the report
     # (issue 25: 0-250 ms of every launch-and-wait). The row is also re-read every WAIT_HALT_CHECK_S, and alone at
@@ -124,7 +129,7 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
         if watch is not None:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)  # a workflow gone or failed: the row tells
-    return await run_in_threadpool(_narrated, state, view)
+    return view
 
 
 _ROW_WRITES = frozenset({
@@ -143,13 +148,6 @@ async def _watch_activities(handle: WorkflowHandle[Any, Any], changed: asyncio.E
     async for event in handle.fetch_history_events(wait_new_event=True):
         if event.event_type in _ROW_WRITES:
             changed.set()
-
-
-def _narrated(state: StateDep, view: RunView) -> RunView:
-    """The view with the terminal run's narration (issue 26, ``benchwright.report.narration``)."""
-    if view.terminal:
-        view.narration = run_narration(state.engine, get_run(state.engine, run_id=view.id), view)
-    return view
 
 
 def _event_view(row: EventRow) -> EventView:
