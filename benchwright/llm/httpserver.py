@@ -3,16 +3,16 @@ proxy's, the two servers on the model-call hot path.
 
 Why not uvicorn there: every model call of a run passes through the credential proxy, and uvicorn's cycle around
 each request (a dict scope, messages through ``receive``/``send``, a keep-alive timer, the head and the body in two
-writes) made the proxy's CPU per call 17-20 % higher than this protocol's (docs/performance.md, session 18). This
-protocol parses with the same C parser, keeps only the headers its handler asks for, and writes each answer in one
-``write``.
+writes) costs CPU beside the call's own work: on this protocol the proxy uses 17-20 % less CPU per call
+(docs/performance.md, session 18). It parses with the same C parser, keeps only the headers its handler asks for,
+and writes each answer in one ``write``.
 
 A :class:`Connection` serves one client: requests are answered in order, one at a time (keep-alive, pipelining,
 ``Expect: 100-continue``, HTTP/1.0, body limits, back-pressure). Its :class:`Handler` answers each request with an
 :data:`Answer` at once, after a latency (the dev model's, by a timer, not a task), or through a coroutine (the
-proxy's upstream call). A malformed request gets 400, an oversized body 413, a handler that raises 500; each closes
-the connection after the answers still owed. ``sweep`` closes connections idle or stalled mid-request past their
-bounds (a client on the far side of the proxy is untrusted code).
+proxy's upstream call). A malformed request gets 400, a head over ``MAX_HEAD_BYTES`` 431, an oversized body 413, a
+handler that raises 500; each closes the connection after the answers still owed. ``sweep`` closes connections idle
+or stalled mid-request past their bounds (a client on the far side of the proxy is untrusted code).
 """
 
 from __future__ import annotations
