@@ -9,14 +9,7 @@ import secrets
 import time
 from urllib.parse import quote
 
-from benchwright.llm.httpserver import (
-    BACKLOG,
-    Answer,
-    Connection,
-    error_response,
-    split_target,
-    url_host,
-)
+from benchwright.llm.httpserver import Answer, Connection, error_response, split_target, url_host
 from benchwright.testkit.devmodel.config import _FAULT_ERRORS, UNKNOWN_REPLY, DevModelConfig
 from benchwright.testkit.devmodel.replies import (
     _ENCODER,
@@ -39,7 +32,6 @@ from benchwright.testkit.devmodel.replies import (
 _MAX_BODY_BYTES = 64 * 1024 * 1024
 # How long close() waits, beyond the configured latency, for in-flight answers before cutting them off.
 _SHUTDOWN_GRACE_S = 5.0
-_BACKLOG = BACKLOG
 # The only request headers looked at; the rest are dropped as they are parsed.
 _WANTED_HEADERS = frozenset((b"authorization", b"content-length", b"expect", b"host"))
 
@@ -48,12 +40,6 @@ _POST = frozenset((b"POST",))
 _GET = frozenset((b"GET", b"HEAD"))  # Starlette answered HEAD on every GET route; so does this
 # Starlette's RedirectResponse quoting of the Location URL.
 _LOCATION_SAFE = ":/%#?=@[]!$&'()*+,;"
-
-_Answer = Answer
-_Connection = Connection
-_url_host = url_host
-_split_target = split_target
-
 
 def _too_large(limit: int) -> bytes:
     return error_response(413, _JSON_CONTENT_TYPE,
@@ -84,7 +70,7 @@ class _Handler:
             b"/models": (_GET, models_body),
             b"/health": (_GET, b'{"ok": true}'),
         }
-        self.connections: set[_Connection] = set()
+        self.connections: set[Connection] = set()
         self.closing = False
         self.max_body = _MAX_BODY_BYTES
         self.wanted_headers = _WANTED_HEADERS
@@ -101,9 +87,9 @@ class _Handler:
         body: bytes,
         headers: dict[bytes, bytes],
         transport: asyncio.Transport,
-    ) -> _Answer:
+    ) -> Answer:
         """Route one request and build its answer."""
-        path, query = _split_target(target)
+        path, query = split_target(target)
         route = self.routes.get(path)
         if route is None:
             return self._unrouted(method, path, query, headers, transport)
@@ -120,7 +106,7 @@ class _Handler:
         self.chat_statuses[answer[0]] = self.chat_statuses.get(answer[0], 0) + 1
         return answer
 
-    def _chat_answer(self, body: bytes, headers: dict[bytes, bytes]) -> _Answer:
+    def _chat_answer(self, body: bytes, headers: dict[bytes, bytes]) -> Answer:
         """A chat request's answer: its fault window's error, a refused key, an unknown model, or the reply."""
         n, self.chat_requests = self.chat_requests, self.chat_requests + 1
         for fault in self.config.faults:
@@ -150,7 +136,7 @@ class _Handler:
         query: bytes,
         headers: dict[bytes, bytes],
         transport: asyncio.Transport,
-    ) -> _Answer:
+    ) -> Answer:
         """404, or Starlette's 307 to the same path with/without a trailing slash when that is a route."""
         other = path.rstrip(b"/") if path.endswith(b"/") else path + b"/"
         if path != b"/" and other in self.routes:
@@ -159,7 +145,7 @@ class _Handler:
                 netloc = host.decode("latin-1")
             else:
                 address = transport.get_extra_info("sockname")
-                netloc = f"{_url_host(address[0])}:{address[1]}"
+                netloc = f"{url_host(address[0])}:{address[1]}"
             location = f"http://{netloc}{other.decode('utf-8', 'replace')}"
             if query:
                 location += f"?{query.decode('latin-1')}"
@@ -167,7 +153,7 @@ class _Handler:
             return 307, None, b"", extra, 0.0
         return 404, _JSON_CONTENT_TYPE, _route_error("Not Found", method, path), b"", 0.0
 
-    def chat(self, raw: bytes) -> _Answer:
+    def chat(self, raw: bytes) -> Answer:
         """Answer one chat-completions request body (authentication already checked)."""
         try:
             payload, messages = _parse_request(raw)
@@ -207,7 +193,7 @@ class _Handler:
                                 (config.reasoning_key, thought) if thought else None)
         return 200, _JSON_CONTENT_TYPE, body, b"", self.delay
 
-    def connection_closed(self, connection: _Connection) -> None:
+    def connection_closed(self, connection: Connection) -> None:
         """Forget ``connection``; wake up a shutdown waiting for the last one."""
         self.connections.discard(connection)
         if not self.connections and self.all_closed is not None and not self.all_closed.done():

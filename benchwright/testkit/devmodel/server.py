@@ -15,8 +15,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Self
 
+from benchwright.llm.httpserver import BACKLOG, Connection, url_host
 from benchwright.testkit.devmodel.config import DevModelConfig
-from benchwright.testkit.devmodel.protocol import _BACKLOG, _SHUTDOWN_GRACE_S, _Connection, _Handler, _url_host
+from benchwright.testkit.devmodel.protocol import _SHUTDOWN_GRACE_S, _Handler
 
 
 class DevModelServer:
@@ -36,7 +37,7 @@ class DevModelServer:
     @property
     def url(self) -> str:
         """Base URL of the OpenAI-compatible API, ``http://HOST:PORT/v1`` (wildcard host -> loopback)."""
-        return f"http://{_url_host(self.host)}:{self.port}/v1"
+        return f"http://{url_host(self.host)}:{self.port}/v1"
 
     @property
     def chat_statuses(self) -> dict[int, int]:
@@ -96,7 +97,7 @@ async def start_server(config: DevModelConfig, host: str = "127.0.0.1", port: in
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        server = await loop.create_server(lambda: _Connection(handler), sock=sock, backlog=_BACKLOG)
+        server = await loop.create_server(lambda: Connection(handler), sock=sock, backlog=BACKLOG)
     except BaseException:
         sock.close()
         raise
@@ -198,7 +199,7 @@ async def _serve_until_stopped(
     server = await start_server(config, host, port)
     try:
         if ready_file is not None:
-            _write_ready_file(ready_file, _url_host(host), server.port)
+            _write_ready_file(ready_file, url_host(host), server.port)
             written.append(ready_file)
         await stop.wait()
     finally:
