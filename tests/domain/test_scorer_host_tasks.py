@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ from benchwright.llm.sut import SutReply
 from benchwright.scoring.host import TrialItem, TrialRecord, run_trials, runner_env
 
 SLOW_READER = r'''
-"""A test double of runner.py that speaks its protocol: it asks its first model call at once, then reads nothing
-for a second (its stdin backs up), then scores every task 1."""
-import json, sys, time
+"""A test double of runner.py that speaks its protocol: it asks its first model call at once, then reads nothing (its
+stdin backs up) until the test's SUT double says the call was made (a byte on the pipe whose read end it was given;
+at most 30 s, so a host that never makes the call fails the test instead of hanging it), then scores every task 1."""
+import json, os, select, sys
 
 def send(msg):
     sys.stdout.write(json.dumps(msg) + "\n")
@@ -25,7 +27,9 @@ send({"op": "ready"})
 first = json.loads(sys.stdin.readline())
 send({"op": "start", "id": first["id"]})
 send({"op": "call", "call": 0, "task": first["id"], "messages": [{"role": "user", "content": "hi"}]})
-time.sleep(1.0)
+called = int(sys.argv[-2])
+if select.select([called], [], [], 30.0)[0]:
+    os.read(called, 1)
 tasks, replied = [first["id"]], False
 for line in sys.stdin:
     msg = json.loads(line)
@@ -42,14 +46,17 @@ sys.stdin.read()
 
 
 class _WrittenAtCall:
-    """A SUT double that notes how many bytes the host had handed to the runner's stdin when it was called."""
+    """A SUT double that notes how many bytes the host had handed to the runner's stdin when it was called, then
+    tells the runner double so (a byte on ``called``)."""
 
-    def __init__(self, written: list[int]) -> None:
+    def __init__(self, written: list[int], called: int) -> None:
         self.written = written
+        self.called = called
         self.at_call: list[int] = []
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
         self.at_call.append(self.written[0])
+        os.write(self.called, b"x")
         return SutReply(text="4", usage={"prompt_tokens": 1, "completion_tokens": 1}, cost_usd=0.0)
 
 
@@ -57,11 +64,13 @@ async def test_the_first_call_is_served_before_the_last_task_is_written(tmp_path
     n = 10_000
     (tmp_path / "runner.py").write_text(SLOW_READER)
     written = [0]
+    called_r, called_w = os.pipe()
 
     async def spawn(args: list[str]) -> Any:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "runner.py", str(n), cwd=str(tmp_path), env=runner_env(str(tmp_path)),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable, "runner.py", str(called_r), str(n), cwd=str(tmp_path), env=runner_env(str(tmp_path)),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            pass_fds=(called_r,))
         assert proc.stdin is not None
         write = proc.stdin.write
 
@@ -76,14 +85,18 @@ async def test_the_first_call_is_served_before_the_last_task_is_written(tmp_path
              for i in range(n)]
     task_bytes = sum(len(json.dumps({"op": "task", "id": i, "row": item.row}, ensure_ascii=False)) + 1
                      for i, item in enumerate(items))
-    sut = _WrittenAtCall(written)
+    sut = _WrittenAtCall(written, called_w)
     records: list[TrialRecord] = []
 
     async def on_record(record: TrialRecord) -> None:
         records.append(record)
 
-    await asyncio.wait_for(run_trials(spawn=spawn, items=items, sut=sut, threads=4,  # type: ignore[arg-type]
-                                      on_record=on_record), 60)
+    try:
+        await asyncio.wait_for(run_trials(spawn=spawn, items=items, sut=sut, threads=4,  # type: ignore[arg-type]
+                                          on_record=on_record), 60)
+    finally:
+        os.close(called_r)
+        os.close(called_w)
     assert len(sut.at_call) == 1
     assert sut.at_call[0] < task_bytes / 4, (
         f"the call waited for the tasks: {sut.at_call[0]} of {task_bytes} bytes written when it was made")
