@@ -296,8 +296,8 @@ class OpenAICompatibleSut:
         started = time.monotonic()
         for attempt in range(self._retries + 1):
             try:
-                async with self._slots, asyncio.timeout(self._timeout_s):
-                    resp = await self._pool.post("/chat/completions", payload)
+                async with self._slots:
+                    resp = await self._pool.post("/chat/completions", payload, timeout_s=self._timeout_s)
             except HttpConnectError as exc:
                 error = self._error(f"is unreachable ({_connect_reason(exc)})", "unreachable", None,
                                     _connect_reason(exc))

@@ -265,8 +265,7 @@ class CredentialProxy:
         assert route.pool is not None
         payload = json.dumps({**route.params, **request, "model": route.upstream_model}).encode()
         try:
-            async with asyncio.timeout(UPSTREAM_TIMEOUT_S):  # a timer, not wait_for's task: this is every call
-                resp = await route.pool.post("/chat/completions", payload)
+            resp = await route.pool.post("/chat/completions", payload, timeout_s=UPSTREAM_TIMEOUT_S)
         except HttpConnectError as exc:
             reason = "connection refused" if isinstance(exc.__cause__, ConnectionRefusedError) else str(exc)
             return error_answer(502, reason, code="upstream_unreachable", failure="unreachable")

@@ -133,6 +133,9 @@ async def run_trials(*, spawn: Spawn, items: list[TrialItem], sut: SutClient, th
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, default=str).encode
 """``json.dumps(msg, ensure_ascii=False, default=str)`` without making an encoder per call (~1.6 µs of ~5)."""
+_DECODE = json.JSONDecoder().decode
+"""``json.loads`` of a runner's line, given as a str (from bytes, ``loads`` sniffs the encoding first: ~1.5 µs of ~3.7
+a message, three messages a trial)."""
 TASK_CHUNK_BYTES = 16 * 1024
 """The tasks sent to a runner go in writes of about this size."""
 
@@ -330,7 +333,7 @@ class _Session:
             if not line:
                 await runtime.proc.wait()
                 return
-            msg = json.loads(line)
+            msg = _DECODE(line.decode())  # a str: json.loads would first sniff the bytes' encoding
             if msg["op"] == "start":
                 item = self.items.get(msg["id"])
                 if item is not None:

@@ -224,6 +224,39 @@ async def test_cancelled_request_does_not_leave_a_half_read_connection_for_reuse
     assert stats["connections"] == 2
 
 
+async def test_timeout_s_bounds_the_request_on_a_fresh_and_a_reused_connection() -> None:
+    """``timeout_s`` (the SUT client's per-try bound, one timer per request) raises TimeoutError when the answer is
+    late, on a new connection and on a kept-alive one, and the late answer is never read as the next request's."""
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        while (req := await read_request(reader)) is not None:
+            stats["requests"] += 1
+            if req[2] == b"slow":
+                await release.wait()
+            writer.write(response(req[2]))
+            await writer.drain()
+
+    async with serving(handler) as (url, stats):
+        pool = HttpPool(url)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await pool.post("/x", b"slow", timeout_s=0.2)  # a fresh connection
+            assert 0.2 <= loop.time() - started < 2.0
+            assert (await pool.post("/x", b"warm", timeout_s=5)).body == b"warm"  # now one idle connection
+            with pytest.raises(TimeoutError):
+                await pool.post("/x", b"slow", timeout_s=0.2)  # on the kept-alive connection
+            release.set()
+            fast = await pool.post("/x", b"fast", timeout_s=5)
+            assert (await pool.post("/x", b"again", timeout_s=5)).body == b"again"  # an answered bound stays quiet
+        finally:
+            await pool.aclose()
+    assert fast.body == b"fast"  # not the late answer to "slow"
+    assert stats["connections"] == 3  # each timed-out connection was closed, never reused
+
+
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     import ipaddress
 
