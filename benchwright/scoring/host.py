@@ -333,7 +333,7 @@ class _Session:
             if not line:
                 await runtime.proc.wait()
                 return
-            msg = _DECODE(line.decode())  # a str: json.loads would first sniff the bytes' encoding
+            msg = _DECODE(line.decode("utf-8", "surrogatepass"))  # as json.loads decodes bytes, minus its sniffing
             if msg["op"] == "start":
                 item = self.items.get(msg["id"])
                 if item is not None:
