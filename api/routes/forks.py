@@ -6,16 +6,15 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col
+from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import AccountDep, StateDep
 from api.errors import BODY, responses
 from benchwright.errors import InvalidInput
 from benchwright.fingerprint import derive
-from benchwright.registry.shape import READABLE_BY_ID, readable_run
+from benchwright.registry.shape import READABLE_BY_ID, readable_run, run_events
 from benchwright.runs.launch import plan_fork, start_run
 from benchwright.schemas import (
     ForkOverrides,
@@ -30,7 +29,7 @@ from benchwright.schemas import (
     check_model_identifier,
 )
 from benchwright.store.forks import lineage_rows
-from benchwright.store.models import EventRow, Run
+from benchwright.store.models import Run
 from benchwright.store.runs import run_view
 
 router = APIRouter(prefix="/v1/runs", tags=["forks"])
@@ -116,8 +115,5 @@ def get_lineage(run_id: RunId, account: AccountDep, state: StateDep) -> LineageV
 def _fingerprint(engine: Engine, run: Run) -> str | None:
     """The run fingerprint recomputed from the log's Artifact events (before the registry stores it)."""
     with Session(engine) as session:
-        rows = session.execute(
-            select(col(EventRow.seq), col(EventRow.type), col(EventRow.data))
-            .where(col(EventRow.run_id) == run.id, col(EventRow.type).like("%Artifact"))
-            .order_by(col(EventRow.seq))).all()
-    return derive((seq, type_, data) for seq, type_, data in rows)[0] if rows else None
+        events = run_events(session, run.id)
+    return derive(events)[0] if events else None

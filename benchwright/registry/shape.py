@@ -14,7 +14,7 @@ from sqlmodel import Session, col
 
 from benchwright.errors import NotFound
 from benchwright.events import AtomizeArtifact, ProductRecipeArtifact
-from benchwright.fingerprint import derive, is_artifact, model_config_hash, sha256_hex
+from benchwright.fingerprint import artifact_types, derive, model_config_hash, sha256_hex
 from benchwright.store.db import reader
 from benchwright.store.models import EventRow, PhaseCell, Run
 
@@ -24,13 +24,17 @@ READABLE_BY_ID = ("unlisted", "public")
 
 def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
     """The run's Artifact events as ``(seq, type, data)`` in seq order: all that the fingerprint (``derive``), the
-    family and the run shape read. The rest of the log (a result and an aggregate per task) is not loaded: decoding
-    it was most of the CPU of finishing a 1,000-task run."""
+    family and the run shape read. The rest of the log (a result and an aggregate per task) is not read: decoding
+    it was most of the CPU of finishing a 1,000-task run, and scanning it (a ``LIKE`` on the type) ~25 ms of
+    finishing a 10,000 x 5 one; the types by name go through ``ix_events_run_type``."""
     rows = session.execute(select(EventRow.seq, EventRow.type, EventRow.data)
-                           .where(EventRow.run_id == run_id, col(EventRow.type).like("%Artifact"))
-                           .order_by(EventRow.seq)).all()
-    # LIKE ignores ASCII case on SQLite: the exact test is is_artifact's.
-    return [(int(seq), str(kind), dict(data)) for seq, kind, data in rows if is_artifact(str(kind))]
+                           .where(EventRow.run_id == run_id, col(EventRow.type).in_(_ARTIFACT_TYPES))).all()
+    # Sorted here, not by the query: asked for seq order, SQLite walks the run's whole log on (run_id, seq) instead.
+    return sorted((int(seq), str(kind), dict(data)) for seq, kind, data in rows)
+
+
+_ARTIFACT_TYPES = artifact_types()
+"""Every Artifact event type the log can hold (each event is appended as one of ``EVENT_TYPES``)."""
 
 
 def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, Any]]]) -> dict[str, str | None]:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func
+from sqlalchemy import func, literal_column
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -102,9 +102,13 @@ def _first_line(text: str) -> str:
 
 def _top_errors(session: Session, run_id: str, invocation: int, limit: int) -> list[tuple[str, int]]:
     counts: Counter[str] = Counter()
+    # The errored trials through the partial index ix_trial_results_errored, whose condition the query names as a
+    # literal (a bound parameter would leave a prepared statement's generic plan on Postgres unable to use it): not
+    # every trial of the run.
     for error, n in session.execute(
             select(TrialResult.error, func.count()).where(
-                TrialResult.run_id == run_id, TrialResult.invocation == invocation, TrialResult.outcome == "err")
+                TrialResult.run_id == run_id, TrialResult.invocation == invocation,
+                col(TrialResult.outcome) == literal_column("'err'"))
             .group_by(TrialResult.error)).all():
         counts[_first_line(error or "")] += int(n)
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]

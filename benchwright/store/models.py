@@ -121,7 +121,11 @@ class Run(SQLModel, table=True):
 
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
-    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_events_run_seq"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "seq", name="uq_events_run_seq"),
+        # A run's events of one type, without reading the rest of its log (migration 0016).
+        Index("ix_events_run_type", "run_id", "type", "seq"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(foreign_key="runs.id", max_length=36)
@@ -151,6 +155,11 @@ class TrialResult(SQLModel, table=True):
     """Projection of MaterializeTaskResult: one row per (run, invocation, task index, trial)."""
 
     __tablename__ = "trial_results"
+    __table_args__ = (
+        # The trials that errored, for the narration's top errors (migration 0016).
+        Index("ix_trial_results_errored", "run_id", "invocation", sqlite_where=text("outcome = 'err'"),
+              postgresql_where=text("outcome = 'err'")),
+    )
 
     run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
     invocation: int = Field(primary_key=True)

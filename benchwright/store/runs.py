@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import set_committed_value
@@ -36,7 +36,6 @@ from benchwright.schemas import (
     TasksSummary,
     TrialView,
 )
-from benchwright.scoring.aggregators import pass_at_k_summary
 from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.store.db import reader, session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key
@@ -121,11 +120,10 @@ def run_view(engine: Engine, run: Run) -> RunView:
         ).all():
             counts[outcome] = counts.get(outcome, 0) + n
             no_answer += n if unanswered and outcome == "fail" else 0
-        # pass@k reads every trial row: computed once the run is over, not on every poll of a live run
-        per_task = _trial_counts(session, run.id) if _trials_k(run) > 1 and run.finished_at is not None else []
-        # the bootstrap reads every task row too: once terminal, and then cached (benchwright/store/intervals.py)
+        # pass@k reads every trial row and the bootstrap every task row: once the run is over, not on every poll of
+        # a live run, and then cached (benchwright/store/intervals.py)
         boot = terminal_intervals(session, run_id=run.id, invocation=_latest_invocation(session, run.id),
-                                  finished_at=run.finished_at, k=_trials_k(run), per_task=per_task) \
+                                  finished_at=run.finished_at, k=_trials_k(run)) \
             if run.finished_at is not None else None
         from benchwright.registry.pinned import leaderboard_note
 
@@ -140,7 +138,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
         running=max(run.tasks_total - settled, 0) if in_flight else 0,
         total=run.tasks_total,
         pass_rate=passed / (passed + failed) if passed + failed else None,
-        pass_at_k=_pass_at_k(per_task, _trials_k(run)),
+        pass_at_k=boot.pass_at_k if boot else {},
         pass_rate_se=se, pass_rate_ci=ci,
         mean_score=boot.mean_score if boot else None, pass_at_k_ci=boot.pass_at_k_ci if boot else {},
     )
@@ -165,30 +163,6 @@ def run_view(engine: Engine, run: Run) -> RunView:
 
 def _trials_k(run: Run) -> int:
     return int(((run.trials_config or {}).get("plan") or {}).get("k", 1))
-
-
-def _trial_counts(session: Session, run_id: str) -> list[tuple[int, int]]:
-    """(n, c) per settled task of the latest invocation: trials that produced a score, and those that passed."""
-    invocation = _latest_invocation(session, run_id)
-    scored = func.sum(case((TrialResult.outcome != "err", 1), else_=0))
-    passing = func.sum(case((TrialResult.outcome == "pass", 1), else_=0))
-    rows = session.execute(
-        select(scored, passing)
-        .join(TaskRow, and_(TaskRow.run_id == TrialResult.run_id, TaskRow.invocation == TrialResult.invocation,
-                            TaskRow.index == TrialResult.index))
-        .where(TrialResult.run_id == run_id, TrialResult.invocation == invocation)
-        .group_by(TrialResult.index)
-    ).all()
-    return [(int(n or 0), int(c or 0)) for n, c in rows]
-
-
-def _pass_at_k(per_task: list[tuple[int, int]], k: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for size in sorted({1, k}) if k > 1 else []:
-        value = pass_at_k_summary(per_task, size)
-        if value is not None:
-            out[f"pass@{size}"] = value
-    return out
 
 
 def _latest_invocation(session: Session, run_id: str) -> int:

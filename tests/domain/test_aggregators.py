@@ -24,6 +24,7 @@ from benchwright.scoring.aggregators import (
     outcome_for,
     pass_at_k,
     pass_at_k_summary,
+    pass_at_k_values,
     validate_trials,
 )
 
@@ -605,6 +606,26 @@ def test_pass_at_k_summary_averages_qualifying_tasks() -> None:
 @pytest.mark.parametrize(("per_task", "k"), [([], 1), ([(1, 1), (2, 0)], 3)])
 def test_pass_at_k_summary_none_when_no_task_qualifies(per_task: list[tuple[int, int]], k: int) -> None:
     assert pass_at_k_summary(per_task, k) is None
+
+
+def test_pass_at_k_summary_of_many_tasks_is_exactly_each_tasks_estimate_averaged() -> None:
+    """pass_at_k_values computes each distinct (n, c) once (a finished run's first read); the summary is still the
+    correctly rounded mean of every task's own estimate, bit for bit."""
+    import random
+
+    rng = random.Random(7)
+    per_task = [(n, rng.randint(0, n)) for n in (rng.choice((1, 3, 5, 10)) for _ in range(5000))]
+    for k in (1, 3, 5):
+        one_by_one = [pass_at_k(n, c, k) for n, c in per_task if n >= k]
+        assert pass_at_k_values(per_task, k) == one_by_one
+        assert pass_at_k_summary(per_task, k) == math.fsum(one_by_one) / len(one_by_one)
+
+
+@pytest.mark.parametrize("bad", [(True, 1), (5, 2.0), (5.0, 2)])
+def test_pass_at_k_values_checks_a_count_that_is_not_an_int_even_after_its_equal_int(bad: tuple[Any, Any]) -> None:
+    """(True, 1) == (1, 1): a memo keyed on the pair alone would answer it from the int's entry unchecked."""
+    with pytest.raises(ValueError):
+        pass_at_k_values([(1, 1), (5, 2), bad], 1)
 
 
 def test_pass_at_k_summary_rejects_bad_k() -> None:

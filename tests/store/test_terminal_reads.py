@@ -1,0 +1,102 @@
+"""The reads at a run's end do not grow with its log (issue 25): a 10,000 x 5 run's long poll answered ~0.3 s after
+its terminal event while they scanned its ~60,000 events. The run's artifacts (its fingerprint, read by finish_run)
+and its narration and the facts the builtin narration is made of (read by a terminal ``GET /v1/runs/{id}``) are
+found by type through ``ix_events_run_type`` and the errored trials through ``ix_trial_results_errored``
+(migration 0016), whatever else the log holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlmodel import Session
+
+from benchwright.events import AnalyzeArtifact, FetchArtifact, MaterializeTaskResult, PhaseStarted, RunNarrated
+from benchwright.fingerprint import is_artifact
+from benchwright.registry.shape import run_events
+from benchwright.report.facts import narration_facts, recorded_narration
+from benchwright.schemas import LaunchRequest
+from benchwright.store.accounts import create_account
+from benchwright.store.db import make_engine, migrate
+from benchwright.store.events import NewEvent, append_events, event_key, read_events
+from benchwright.store.runs import create_run, get_run
+
+
+def _result(run_id: str, index: int) -> NewEvent:
+    return NewEvent.of(event_key(run_id, "m", 1, index, 0, "result"), MaterializeTaskResult(
+        invocation=1, index=index, trial=0, score=1.0, outcome="pass", output="42", meta={}, error=None, usage={},
+        cost_usd=0.0, input="q", duration_ms=50))
+
+
+class _Steps:
+    """SQLite virtual-machine instructions (in thousands) run on an engine's connections, counted as they run."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_progress_handler(self.tick, 1000)
+
+    def tick(self) -> int:
+        self.count += 1
+        return 0  # go on
+
+    def of(self, read: Callable[[], Any]) -> int:
+        before = self.count
+        read()
+        return self.count - before
+
+
+def test_a_runs_artifacts_and_narration_are_read_by_type_not_by_scanning_its_log(db_url: str) -> None:
+    engine = make_engine(db_url)
+    migrate(engine)
+    try:
+        account, _ = create_account(engine, name="reads")
+        run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/dev"),
+                         driver="builtin", trials_config={})
+        append_events(engine, run.id, [
+            NewEvent.of(event_key(run.id, "fetch", "started"), PhaseStarted(phase="fetch")),
+            NewEvent.of(event_key(run.id, "fetch", "artifact"), FetchArtifact(source="x.jsonl", sha256="a" * 64,
+                                                                               bytes=10, format="jsonl")),
+            NewEvent.of(event_key(run.id, "analyze", "artifact"), AnalyzeArtifact(
+                format="jsonl", rows=3, columns=["question", "answer"], input_field="question",
+                reference_field="answer")),
+            NewEvent.of(event_key(run.id, "narrated"), RunNarrated(text="It went well.", narrator="builtin")),
+        ])
+
+        reading = make_engine(db_url)  # its connections count their steps (SQLite) from the first
+        steps = _Steps()
+        if reading.dialect.name == "sqlite":
+            event.listen(reading, "connect", steps.on_connect)
+
+        def reads() -> tuple[list[tuple[int, str, dict[str, Any]]], str | None]:
+            with Session(reading) as session:
+                artifacts = run_events(session, run.id)
+            narrated = recorded_narration(reading, run.id)
+            facts = narration_facts(reading, get_run(reading, run_id=run.id))  # halts, failed phase, top errors
+            assert facts.top_errors == []
+            return artifacts, narrated.text if narrated else None
+
+        reads()  # the connection made and the statements compiled
+        small = steps.of(reads)
+        for start in range(0, 4000, 500):
+            append_events(engine, run.id, [_result(run.id, i) for i in range(start, start + 500)])
+        artifacts, narration = reads()
+        large = steps.of(reads)
+        reading.dispose()
+        everything = [(e.seq, e.type, e.data) for e in read_events(engine, run.id, after=-1, limit=10_000)]
+        assert artifacts == [e for e in everything if is_artifact(e[1])]  # the same events, in seq order
+        assert [t for _, t, _ in artifacts] == ["FetchArtifact", "AnalyzeArtifact"]
+        assert narration == "It went well."
+        if engine.dialect.name == "sqlite":
+            # 4,000 more events and trial rows: the same reads, not a walk over them (without the events index: 56k
+            # more steps)
+            assert large <= small + 5, (small, large)
+        else:
+            with engine.connect() as conn:
+                names = set(conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'events'"))
+                            .scalars())
+            assert "ix_events_run_type" in names
+    finally:
+        engine.dispose()
