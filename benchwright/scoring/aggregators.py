@@ -398,11 +398,12 @@ def outcome_for(score: float | None) -> Outcome:
 
 
 def _check_score(value: Any, where: str) -> float:
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if not isinstance(value, numbers.Real):
-        got = f"{type(value).__name__} {value!r}"
-        raise ValueError(f"{where} must be a number in [0, 1] or a bool, got {got}")
+    if type(value) is not float and type(value) is not int:  # what JSON gives: no ABC check on the hot path
+        if isinstance(value, bool):
+            return 1.0 if value else 0.0
+        if not isinstance(value, numbers.Real):
+            got = f"{type(value).__name__} {value!r}"
+            raise ValueError(f"{where} must be a number in [0, 1] or a bool, got {got}")
     score = float(value)
     if math.isnan(score):
         raise ValueError(f"{where} is NaN; expected a number in [0, 1]")
@@ -427,7 +428,9 @@ def normalize_score(value: Any) -> tuple[float, dict[str, Any]]:
             mapping has no ``score`` key, the score is non-numeric (e.g. None or a string),
             NaN, or outside [0, 1], or a score_meta key is not a string.
     """
-    if isinstance(value, Mapping):
+    if type(value) is float or type(value) is int:  # a bare number, as JSON gives it: the common case, first
+        return _check_score(value, "scorer score"), {}
+    if type(value) is dict or isinstance(value, Mapping):
         if "score" not in value:
             keys = ", ".join(repr(k) for k in value) or "none"
             raise ValueError(f"scorer returned a dict without a 'score' key (keys: {keys})")
