@@ -113,16 +113,17 @@ def run_view(engine: Engine, run: Run) -> RunView:
     with Session(reader(engine)) as session:
         counts: dict[str, int] = {}
         no_answer = 0
+        invocation = _latest_invocation(session, run.id)
         for outcome, unanswered, n in session.execute(
             select(TaskRow.outcome, TaskRow.no_answer, func.count()).where(
-                TaskRow.run_id == run.id, TaskRow.invocation == _latest_invocation(session, run.id))
+                TaskRow.run_id == run.id, TaskRow.invocation == invocation)
             .group_by(TaskRow.outcome, TaskRow.no_answer)
         ).all():
             counts[outcome] = counts.get(outcome, 0) + n
             no_answer += n if unanswered and outcome == "fail" else 0
         # pass@k reads every trial row and the bootstrap every task row: once the run is over, not on every poll of
         # a live run, and then cached (benchwright/store/intervals.py)
-        boot = terminal_intervals(session, run_id=run.id, invocation=_latest_invocation(session, run.id),
+        boot = terminal_intervals(session, run_id=run.id, invocation=invocation,
                                   finished_at=run.finished_at, k=_trials_k(run)) \
             if run.finished_at is not None else None
         from benchwright.registry.pinned import leaderboard_note
