@@ -171,9 +171,10 @@ async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack,
     roles = sorted(e["data"].get("role") for e in events if e["type"] == "SandboxCreated")
     # One orchestrator per start of the batch, and one task environment until the task is done. A batch Temporal
     # started again (a retryable failure, seen in the full suite on a loaded machine; printed with its cause) opens
-    # its own, and the earlier ones are killed (below).
+    # its own, and the earlier ones are killed (below); a start that ended before it got as far (a heartbeat timeout
+    # while it waited for a thread, seen once) opens none.
     attempts, why = await _batch_attempts(stack, run["id"])
-    assert roles.count("harbor_orchestrator") == attempts and 1 <= roles.count("harbor_task_env") <= attempts, (
+    assert 1 <= roles.count("harbor_orchestrator") <= attempts and 1 <= roles.count("harbor_task_env") <= attempts, (
         roles, why)
     if why:
         print(f"the batch ran {attempts} times: {why}")
