@@ -104,13 +104,20 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
             view.narration = run_narration(state.engine, run, view)
         return view
 
+    def row_settled() -> bool:
+        # The row alone (one read by key): the whole view counts the run's task rows, ~5-15 ms at 1,000 tasks, and a
+        # live run's wake-ups would pay that each time, on the cores its worker is using.
+        run = readable_run(state.engine, run_id=run_id, account_id=account.id)
+        return run.status != "running" or run.halted
+
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
         return view
     # Each activity the workflow completes wakes us at once: the terminal row is written by its last activity, and
     # a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes after the report
     # (issue 25: 0-250 ms of every launch-and-wait). The row is also re-read every WAIT_HALT_CHECK_S, and alone at
-    # that pace without Temporal (unreachable, or the workflow gone).
+    # that pace without Temporal (unreachable, or the workflow gone). The whole view is read once the row has turned
+    # (or the wait is over).
     changed = asyncio.Event()
     try:
         watch: asyncio.Task[None] | None = asyncio.create_task(
@@ -120,11 +127,15 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     try:
-        while not _settled(view) and (left := deadline - loop.time()) > 0:
+        while (left := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(WAIT_HALT_CHECK_S, left))
             changed.clear()
-            view = await run_in_threadpool(read)
+            if await run_in_threadpool(row_settled):
+                view = await run_in_threadpool(read)
+                if _settled(view):  # else resumed in between: wait on
+                    return view
+        view = await run_in_threadpool(read)
     finally:
         if watch is not None:
             watch.cancel()
