@@ -1,4 +1,4 @@
-"""Where a one-task run's time goes before its first result, hop by hop, from its workflow's history.
+"""Where a run's time goes before its first result, hop by hop, from its workflow's history (one task by default).
 
 Starts the real stack (``benchwright up`` and the dev model at ``--latency-ms``), launches ``--runs`` one-task runs
 one after the other with ``--pause-s`` between them, and prints for each (after the first, a cold start):
@@ -15,6 +15,8 @@ remembered, and Temporal's own dispatch"; ``bench/temporal_dispatch.py`` shows i
 
     python bench/hops.py --pause-s 2
     python bench/hops.py --pause-s 0
+    python bench/hops.py --tasks 1000 --concurrency 128 --timeline    # a bigger run's start (its batch's own steps
+                                                                      # need time marks: docs/performance.md)
     cd <other checkout> && PYTHONPATH=$PWD python bench/hops.py --pause-s 2    # the same, for that checkout
 """
 
@@ -92,13 +94,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--pause-s", type=float, default=2.0, help="between one run's end and the next launch")
     ap.add_argument("--latency-ms", type=float, default=50.0)
+    ap.add_argument("--tasks", type=int, default=1, help="tasks per run (the hops of a bigger run's start)")
+    ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--timeline", action="store_true", help="also print the last run's history event by event")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         dataset, answers = work / "one.jsonl", work / "answers.jsonl"
-        write_dataset(dataset, 1)
-        write_dataset(answers, 1)
+        write_dataset(dataset, args.tasks)
+        write_dataset(answers, args.tasks)
         with running_stack(work, answers=answers, latency_ms=args.latency_ms) as stack:
             client = Client(stack.dev["api_url"], api_key=stack.dev["api_key"])
             model = {"identifier": "openai/dev", "api_base": stack.model_url}
@@ -110,7 +114,7 @@ def main() -> None:
                 if i == 1:
                     cpu_from = cpu_s(stack.pids["worker"])
                 launched = time.time()
-                run = client.launch(dataset=str(dataset), model=model, concurrency=1)
+                run = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency)
                 client.wait(run["id"])
                 events = asyncio.run(history(stack.dev["temporal_address"], run["id"]))
                 h = hops(events, launched)
