@@ -1,7 +1,8 @@
 """Where a run's time goes before its first result, hop by hop, from its workflow's history (one task by default).
 
-Starts the real stack (``benchwright up`` and the dev model at ``--latency-ms``), launches ``--runs`` one-task runs
-one after the other with ``--pause-s`` between them, and prints for each (after the first, a cold start):
+Starts the real stack (``benchwright up`` and the dev model at ``--latency-ms``), launches ``--runs`` runs of
+``--tasks`` tasks (one by default) at ``--concurrency``, one after the other with ``--pause-s`` between them, and
+prints for each (after the first, a cold start):
 
 * the time from the launch to the Materialize batch's start and end (the first result is in at the end);
 * each phase activity's running time (Atomize among them);
