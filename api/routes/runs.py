@@ -36,7 +36,7 @@ from benchwright.schemas import (
     check_model_identifier,
 )
 from benchwright.store.events import read_events
-from benchwright.store.models import EventRow
+from benchwright.store.models import EventRow, Run
 from benchwright.store.results import fill_references
 from benchwright.store.runs import (
     CURSOR_PATTERN,
@@ -85,8 +85,9 @@ def get_runs(account: AccountDep, state: StateDep, limit: Annotated[int, Query(g
 WAIT_HALT_CHECK_S = 0.25
 
 
-def _settled(view: RunView) -> bool:
-    return view.status != "running" or view.halted
+def _settled(run: RunView | Run) -> bool:
+    """The run stopped running: it finished, or it is halted (stopped, paused, waiting for a review)."""
+    return run.status != "running" or run.halted
 
 
 @router.get("/{run_id}", response_model=RunView, responses=responses(404))
@@ -96,19 +97,21 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
                       "paused, waiting for a review) or this many seconds passed; the run is returned either "
                       "way."))] = 0) -> RunView:
     """One run: status, halt fields, display_status, phase, cost and the task summary."""
-    def read() -> RunView:
+    def view_of(run: Run) -> RunView:
         # A terminal view is narrated in the same thread hop, from the same row (the long poll's answer waits for it).
-        run = readable_run(state.engine, run_id=run_id, account_id=account.id)
         view = run_view(state.engine, run)
         if view.terminal:
             view.narration = run_narration(state.engine, run, view)
         return view
 
-    def row_settled() -> bool:
-        # The row alone (one read by key): the whole view counts the run's task rows, ~5-15 ms at 1,000 tasks, and a
-        # live run's wake-ups would pay that each time, on the cores its worker is using.
+    def read() -> RunView:
+        return view_of(readable_run(state.engine, run_id=run_id, account_id=account.id))
+
+    def read_if_settled() -> RunView | None:
+        # The row alone (one read by key) while the run is live: the whole view counts the run's task rows, ~5-15 ms
+        # at 1,000 tasks, and every wake-up would pay that on the cores its worker is using.
         run = readable_run(state.engine, run_id=run_id, account_id=account.id)
-        return run.status != "running" or run.halted
+        return view_of(run) if _settled(run) else None
 
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
@@ -131,10 +134,8 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(WAIT_HALT_CHECK_S, left))
             changed.clear()
-            if await run_in_threadpool(row_settled):
-                view = await run_in_threadpool(read)
-                if _settled(view):  # else resumed in between: wait on
-                    return view
+            if (settled := await run_in_threadpool(read_if_settled)) is not None:
+                return settled
         view = await run_in_threadpool(read)
     finally:
         if watch is not None:
