@@ -71,6 +71,32 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def postgres_cpu_s() -> float:
+    """CPU seconds of this machine's Postgres server so far: every ``postgres`` process alive (the postmaster, its
+    backends and workers) plus what the postmaster's exited children used (its ``cutime`` and ``cstime``)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name, rest = text.split("(", 1)[1].rsplit(")", 1)
+        if name != "postgres":
+            continue
+        fields = rest.split()
+        total += int(fields[11]) + int(fields[12])
+        if not _is_postgres(int(fields[1])):
+            total += int(fields[13]) + int(fields[14])  # the postmaster: its reaped backends
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+    except OSError:
+        return False
+
+
 @contextmanager
 def running_stack(work: Path, *, answers: Path, latency_ms: float,
                   model_api_key: str | None = None) -> Iterator[BenchStack]:
@@ -101,3 +127,29 @@ def running_stack(work: Path, *, answers: Path, latency_ms: float,
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
+
+
+@contextmanager
+def postgres_store(url: str | None) -> Iterator[None]:
+    """With ``url``: a fresh schema on that Postgres database is the store of the stack started meanwhile (its
+    processes read ``BENCHWRIGHT_DATABASE_URL``); dropped after."""
+    if url is None:
+        yield
+        return
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    schema = f"bw_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    os.environ["BENCHWRIGHT_DATABASE_URL"] = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    print(f"store: Postgres at {url.rsplit('@', 1)[-1]}, schema {schema}")
+    try:
+        yield
+    finally:
+        os.environ.pop("BENCHWRIGHT_DATABASE_URL", None)
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()

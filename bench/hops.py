@@ -18,6 +18,7 @@ remembered, and Temporal's own dispatch"; ``bench/temporal_dispatch.py`` shows i
     python bench/hops.py --pause-s 0
     python bench/hops.py --tasks 1000 --concurrency 128 --timeline    # a bigger run's start (its batch's own steps
                                                                       # need time marks: docs/performance.md)
+    python bench/hops.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test    # on the Postgres store
     cd <other checkout> && PYTHONPATH=$PWD python bench/hops.py --pause-s 2    # the same, for that checkout
 """
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import cpu_s, running_stack, write_dataset
+from benchstack import cpu_s, postgres_store, running_stack, write_dataset
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client as TemporalClient
 
@@ -98,8 +99,9 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=1, help="tasks per run (the hops of a bigger run's start)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--timeline", action="store_true", help="also print the last run's history event by event")
+    ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with postgres_store(args.postgres), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         dataset, answers = work / "one.jsonl", work / "answers.jsonl"
         write_dataset(dataset, args.tasks)

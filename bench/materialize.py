@@ -32,15 +32,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
-from benchstack import cpu_s, peak_rss_mb, rss_mb, running_stack, write_dataset
+from benchstack import cpu_s, peak_rss_mb, postgres_cpu_s, postgres_store, rss_mb, running_stack, write_dataset
 
 from benchwright.client import Client
 from benchwright.llm.httpclient import HttpPool
@@ -132,6 +130,8 @@ def _tail_s(events: list[dict], answered_at: float) -> float | None:
 
 def _cpu_now(pids: dict, proxy_dir: Path | None) -> dict[str, float]:
     cpu = {name: cpu_s(pid) for name, pid in pids.items()}
+    if "BENCHWRIGHT_DATABASE_URL" in os.environ:  # the store is this machine's Postgres (--postgres)
+        cpu["postgres"] = postgres_cpu_s()
     for pid in proxy_pids(proxy_dir) if proxy_dir is not None else []:
         try:
             cpu[f"proxy{pid}"] = cpu_s(pid)
@@ -157,6 +157,8 @@ def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c
     cpu = {name: round(cpu1[name] - cpu0.get(name, 0.0), 2) for name in pids}
     # A credential proxy may start (or linger out) during the run: count what each one present at the end used.
     cpu["proxy"] = round(sum(v - cpu0.get(name, 0.0) for name, v in cpu1.items() if name.startswith("proxy")), 2)
+    if "postgres" in cpu1:
+        cpu["postgres"] = round(cpu1["postgres"] - cpu0["postgres"], 2)
     assert final["status"] == "ok", final
     events = _all_events(client, run["id"])
     results = [e for e in events if e["type"] == "MaterializeTaskResult"]
@@ -216,32 +218,6 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with postgres_store(args.postgres):
         bench(args)
-
-
-@contextmanager
-def postgres_store(url: str | None) -> Iterator[None]:
-    """With ``url``: a fresh schema on that Postgres database is the store of the stack started meanwhile (its
-    processes read ``BENCHWRIGHT_DATABASE_URL``); dropped after."""
-    if url is None:
-        yield
-        return
-    import uuid
-
-    from sqlalchemy import create_engine, text
-
-    schema = f"bw_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(url)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    os.environ["BENCHWRIGHT_DATABASE_URL"] = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-    print(f"store: Postgres at {url.rsplit('@', 1)[-1]}, schema {schema}")
-    try:
-        yield
-    finally:
-        os.environ.pop("BENCHWRIGHT_DATABASE_URL", None)
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -346,9 +322,11 @@ def _report_goals(ones: dict[str, list[dict]], runs: dict[tuple[str, int], list[
                  for name in ("worker", "api", "proxy", "temporal")}
         total = _median([(r["cpu_s"]["worker"] + r["cpu_s"]["api"] + r["cpu_s"]["proxy"]) * 1000 / r["tasks"]
                          for r in rs])
+        store = (f", postgres {_median([r['cpu_s']['postgres'] * 1000 / r['tasks'] for r in rs]):.2f}"
+                 if "postgres" in rs[0]["cpu_s"] else "")
         line = (f"[{mode}] C={c}: CPU s per 1,000 tasks (median) worker+api+proxy {total:.2f} = worker "
                 f"{per_k['worker']:.2f} + api {per_k['api']:.2f} + proxy {per_k['proxy']:.2f} (temporal "
-                f"{per_k['temporal']:.2f}); launch -> first model request {first:.3f} s; last result -> answer "
+                f"{per_k['temporal']:.2f}{store}); launch -> first model request {first:.3f} s; last result -> answer "
                 f"{tail:.3f} s")
         print(line)
         if mode == "keyless" and bares.get(c):
