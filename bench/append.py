@@ -8,6 +8,10 @@ the statement, ROLLBACK: what every read paid before), interleaved round by roun
     python bench/append.py                 # SQLite in a temporary directory
     python bench/append.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test   # a schema of its own
 
+Then a Materialize batch's appends: ``--tasks`` tasks' results and aggregates in flushes of ``--flush`` tasks (each
+flush one append: the events, a trial row and a task row per task), with the wall and CPU per 1,000 tasks, and on
+Postgres the server's CPU beside it (every ``postgres`` process of this machine: run it on a quiet one).
+
 Single thread, nothing else running in the process; the machine's load shows in the spread between rounds.
 """
 
@@ -21,12 +25,15 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sqlalchemy import create_engine, text
+from benchstack import postgres_cpu_s
+from sqlalchemy import Engine, create_engine, text
 from sqlmodel import Session
 
-from benchwright.events import PhaseCompleted, PhaseStarted
+from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult, PhaseCompleted, PhaseStarted
 from benchwright.schemas import LaunchRequest
+from benchwright.store import events
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate, reader
 from benchwright.store.events import NewEvent, append_events, event_key
@@ -39,6 +46,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=400, help="appends per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
+    ap.add_argument("--tasks", type=int, default=1000, help="tasks per round of the batch's appends")
+    ap.add_argument("--flush", type=int, default=100, help="tasks per append (FLUSH_EVERY is 200 events: 100 tasks)")
     args = ap.parse_args()
     schema = f"bw_append_{uuid.uuid4().hex[:8]}"
     if args.postgres:
@@ -64,6 +73,14 @@ def main() -> None:
                                 PhaseCompleted(phase="fetch", duration_ms=1))])
             print(f"{engine.dialect.name}, round {r}: {1000 * (time.perf_counter() - wall) / args.n:.3f} ms wall, "
                   f"{1000 * (time.process_time() - cpu) / args.n:.3f} ms CPU per two-event append")
+        ways = [("by COPY", events._COPY_FROM), ("by INSERT", sys.maxsize)] if args.postgres else [("", 0)]
+        for r in range(args.rounds):  # on Postgres, the store's two ways of inserting rows, interleaved
+            for n, (way, copy_from) in enumerate(ways):
+                if args.postgres:  # as autovacuum soon does: a table never analyzed has its key check seq-scanned
+                    with engine.begin() as conn:
+                        conn.execute(text("ANALYZE events, trial_results, task_rows"))
+                events._COPY_FROM = copy_from or events._COPY_FROM
+                batch_appends(engine, run.id, r * len(ways) + n, tasks=args.tasks, flush=args.flush, way=way)
         for r in range(args.rounds):
             line = []
             for name, bind in (("in a transaction", engine), ("through reader()", reader(engine))):
@@ -80,6 +97,29 @@ def main() -> None:
             with admin.begin() as conn:
                 conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
             admin.dispose()
+
+
+def batch_appends(engine: Engine, run_id: str, round_: int, *, tasks: int, flush: int, way: str) -> None:
+    """One round of a batch's appends: ``tasks`` tasks' result and aggregate, ``flush`` tasks per append."""
+    batch = []
+    for i in range(tasks):
+        reply = f"Let me work through this.\n\n**Answer:** {i % 97}"
+        batch += [NewEvent.of(event_key(run_id, "bench", round_, i, 0), MaterializeTaskResult(
+                       invocation=round_ + 1, index=i, trial=0, score=1.0, outcome="pass", output=reply,
+                       meta={"extracted": True, "answer": str(i % 97), "latency_s": 0.05}, cost_usd=0.0)),
+                   NewEvent.of(event_key(run_id, "bench", round_, i, "agg"), MaterializeTaskAggregated(
+                       invocation=round_ + 1, index=i, score=1.0, outcome="pass", trial_scores=[1.0]))]
+    server = postgres_cpu_s() if engine.dialect.name == "postgresql" else None
+    wall, cpu = time.perf_counter(), time.process_time()
+    for start in range(0, len(batch), 2 * flush):
+        append_events(engine, run_id, batch[start:start + 2 * flush])
+    per_k = 1000 / tasks
+    how = f"{flush} tasks each{', ' + way if way else ''}"
+    line = (f"{engine.dialect.name}, round {round_}, a batch's appends ({how}): "
+            f"{(time.perf_counter() - wall) * per_k:.3f} s wall, {(time.process_time() - cpu) * per_k:.3f} s CPU")
+    if server is not None:
+        line += f", the server's {(postgres_cpu_s() - server) * per_k:.3f} s CPU"
+    print(line + " per 1,000 tasks")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: 
         yield f"sqlite:///{tmp_path / 'store.db'}"
     else:
         yield from _postgres_schema_url()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """Postgres alone, for what only Postgres does (its ``COPY``, its connections)."""
+    yield from _postgres_schema_url()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+import pytest
 from sqlalchemy import select
 from sqlmodel import Session
 
@@ -32,10 +33,10 @@ def _appender(url: str, run_id: str, worker: int) -> None:
     engine.dispose()
 
 
-def _new_run(url: str) -> str:
+def _new_run(url: str, account_name: str = "appender") -> str:
     engine = make_engine(url)
     migrate(engine)
-    account, _ = create_account(engine, name="appender")
+    account, _ = create_account(engine, name=account_name)
     run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/dev"),
                      driver="builtin", trials_config={})
     engine.dispose()
@@ -87,3 +88,80 @@ def test_append_is_idempotent_and_projects_in_the_same_transaction(db_url: str) 
     assert [t.output for t in list_tasks(engine, run_id=run_id).tasks] == ["42"]
     assert [e.seq for e in read_events(engine, run_id)] == [0, 1, 2]
     engine.dispose()
+
+
+# Text as replies come: markdown, LaTeX, code with tabs and backslashes, CRLF, COPY's own markers (\N, \.), quotes.
+_AWKWARD = ["**Answer:** $\\frac{1}{2}$\n\n```python\n\tprint('a\\tb')\n```", "line\r\nnext\\N\n\\.\n",
+            'say "hi" \\ {}', "<think>hmm…</think> 答案是 42 🙂", ""]
+
+
+def _task_events(run_id: str, index: int, invocation: int = 1, output: str = "x",
+                 meta: dict | None = None) -> list[NewEvent]:
+    from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
+
+    return [NewEvent.of(event_key(run_id, "m", invocation, index, 0), MaterializeTaskResult(
+                invocation=invocation, index=index, trial=0, score=0.0, outcome="fail", output=output,
+                meta=meta or {}, cost_usd=0.01)),
+            NewEvent.of(event_key(run_id, "m", invocation, index, "agg"), MaterializeTaskAggregated(
+                invocation=invocation, index=index, score=0.0, outcome="fail", trial_scores=[0.0]))]
+
+
+def test_a_large_append_lands_exactly_as_small_ones_do(db_url: str) -> None:
+    """On Postgres an append of _COPY_FROM rows or more goes in by COPY, smaller ones by INSERT: the log, the task
+    rows and the cost trigger must come out the same either way."""
+    from benchwright.store.events import _COPY_FROM
+    from benchwright.store.runs import get_run, list_tasks, run_view
+
+    engine = make_engine(db_url)
+    whole, piecemeal = _new_run(db_url), _new_run(db_url, "piecemeal")
+    tasks = 30
+    outputs = [_AWKWARD[i % len(_AWKWARD)] + f" #{i}" for i in range(tasks)]
+    metas = [{"reply": outputs[i], "usage": {"tokens": i}, "tabs\tkey": [1, "\\"]} for i in range(tasks)]
+    batch = [e for i in range(tasks) for e in _task_events(whole, i, output=outputs[i], meta=metas[i])]
+    assert len(batch) >= _COPY_FROM
+    assert append_events(engine, whole, batch) == 2 * tasks
+    for i in range(tasks):
+        small = _task_events(piecemeal, i, output=outputs[i], meta=metas[i])
+        assert len(small) < _COPY_FROM
+        assert append_events(engine, piecemeal, small) == 2
+    assert append_events(engine, whole, batch) == 0
+
+    def logged(run_id: str) -> list[tuple[int, str, dict]]:
+        return [(e.seq, e.type, e.data) for e in read_events(engine, run_id)][1:]  # after RunLaunched
+
+    assert logged(whole) == logged(piecemeal)
+    assert [e[2]["output"] for e in logged(whole) if e[1] == "MaterializeTaskResult"] == outputs
+    for run_id in (whole, piecemeal):
+        listed = list_tasks(engine, run_id=run_id, limit=100).tasks
+        assert [t.output for t in listed] == outputs
+        view = run_view(engine, get_run(engine, run_id=run_id))
+        assert view.cost.model == pytest.approx(0.01 * tasks) and view.tasks.summary.failed == tasks
+    engine.dispose()
+
+
+def test_a_connection_lost_during_a_copy_reads_as_a_store_outage(postgres_url: str) -> None:
+    """A COPY runs on the driver's cursor, outside SQLAlchemy's statement path: its errors must still come out as
+    SQLAlchemy's, a lost connection invalidated, so that the batch waits an outage out instead of failing."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
+
+    from benchwright.store.db import store_outage
+    from benchwright.store.events import _COPY_FROM, _EVENTS, _insert_rows
+    from tests.store.conftest import POSTGRES_URL
+
+    run_id = _new_run(postgres_url)
+    engine, admin = make_engine(postgres_url), create_engine(POSTGRES_URL)
+    rows = [{"seq": 100 + i, "type": "AgentText", "data": {"text": str(i)}, "idem_key": f"{run_id}:lost:{i}"}
+            for i in range(_COPY_FROM)]
+    with Session(engine) as session:
+        pid = session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with admin.connect() as other:  # waits until that backend has gone
+            assert other.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid}).scalar_one()
+        with pytest.raises(DBAPIError) as raised:
+            _insert_rows(session, _EVENTS, rows, same={"run_id": run_id, "created_at": None})
+        assert session.connection().invalidated
+    assert raised.value.connection_invalidated
+    assert (store_outage(raised.value) or "").startswith("the store's connection was lost")
+    assert [e.seq for e in read_events(engine, run_id)] == [0]  # nothing landed; the pool serves a live connection
+    engine.dispose()
+    admin.dispose()
