@@ -38,7 +38,7 @@ from benchwright.schemas import (
 )
 from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_in_session, event_key
+from benchwright.store.events import NewEvent, append_in_session, event_key, without_nul
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, utcnow
 
@@ -90,7 +90,7 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
             run = session.get(Run, run_id)
             assert run is not None
             run.status = status
-            run.error = error[:4000] if error else None
+            run.error = without_nul(error)[:4000] if error else None  # Postgres holds no NUL in a text column
             run.finished_at = utcnow()
             stamp_terminal(session, run)
 

@@ -139,6 +139,31 @@ def test_a_large_append_lands_exactly_as_small_ones_do(db_url: str) -> None:
     engine.dispose()
 
 
+def test_a_reply_with_nul_characters_is_stored_and_counted(db_url: str) -> None:
+    """An endpoint may answer with NUL characters. SQLite keeps them; Postgres, which cannot hold one in text (nor
+    read a \\u0000 in JSON with ->>, as the cost trigger does), gets U+FFFD in their place. Either way the append
+    lands, small or large, and the run can end with an error that quotes one."""
+    from benchwright.store.runs import finish_run, get_run, list_tasks, run_view
+
+    engine = make_engine(db_url)
+    run_id = _new_run(db_url)
+    reply = "answer:\x00 42\x00"
+    stored = reply if db_url.startswith("sqlite") else reply.replace("\x00", "\ufffd")
+    meta = {"raw\x00": ["\x00"]}
+    assert append_events(engine, run_id, _task_events(run_id, 0, output=reply, meta=meta)) == 2
+    large = [e for i in range(1, 21) for e in _task_events(run_id, i, output=reply, meta=meta)]
+    assert append_events(engine, run_id, large) == 40
+    assert append_events(engine, run_id, large) == 0  # the keys still match on a retry
+    assert {t.output for t in list_tasks(engine, run_id=run_id, limit=100).tasks} == {stored}
+    results = [e for e in read_events(engine, run_id) if e.type == "MaterializeTaskResult"]
+    assert len(results) == 21 and {e.data["output"] for e in results} == {stored}
+    assert results[0].data["meta"] == {f"raw{stored[7]}": [stored[7]]}
+    assert run_view(engine, get_run(engine, run_id=run_id)).cost.model == pytest.approx(0.21)
+    finish_run(engine, run_id=run_id, status="error", error="the endpoint said \x00")
+    assert get_run(engine, run_id=run_id).error == "the endpoint said \ufffd"
+    engine.dispose()
+
+
 def test_a_connection_lost_during_a_copy_reads_as_a_store_outage(postgres_url: str) -> None:
     """A COPY runs on the driver's cursor, outside SQLAlchemy's statement path: its errors must still come out as
     SQLAlchemy's, a lost connection invalidated, so that the batch waits an outage out instead of failing."""
