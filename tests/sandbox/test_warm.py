@@ -267,11 +267,13 @@ async def test_a_killed_workers_unclaimed_warm_sandbox_dies_with_it_and_a_claime
         cwd=Path(__file__).resolve().parents[2])
     try:
         made = json.loads(await asyncio.wait_for(owner.stdout.readline(), 60))  # type: ignore[union-attr]
+        # Opened while the owner lives: once it is killed the unclaimed sandbox's processes may exit and be reaped
+        # at once, and a pid that is gone has no pidfd to open.
+        warm_supervisor = _pidfd(root, made["warm"], "supervisor")
+        warm_init, claimed_init = _pidfd(root, made["warm"], "init"), _pidfd(root, made["claimed"], "init")
     finally:
         owner.kill()  # SIGKILL: no shutdown code of the pool runs
         await owner.wait()
-    warm_supervisor = _pidfd(root, made["warm"], "supervisor")
-    warm_init, claimed_init = _pidfd(root, made["warm"], "init"), _pidfd(root, made["claimed"], "init")
     try:
         # The unclaimed one's supervisor saw its lifeline end, killed the init and ended (a pidfd is readable once
         # its process has exited); the claimed one's supervisor had been told, so its init lives on.
