@@ -77,8 +77,8 @@ def _insert_rows(session: Session, table: Table, rows: list[dict[str, Any]],
         compiled = insert(table).compile(dialect=dialect, column_keys=list(keys))
         order = list(compiled.positiontup or []) if compiled.positional else list(keys)
         procs = [table.c[key].type._cached_bind_processor(dialect) for key in order]
-        quote = dialect.identifier_preparer.quote
-        copy = f"COPY {quote(table.name)} ({', '.join(map(quote, order))}) FROM STDIN"
+        preparer = dialect.identifier_preparer
+        copy = f"COPY {preparer.format_table(table)} ({', '.join(map(preparer.quote, order))}) FROM STDIN"
         found = _INSERTS[cache_key] = (compiled.string, copy, order, procs, bool(compiled.positional))
     sql, copy, order, procs, positional = found
     copying = dialect.name == "postgresql" and len(rows) >= _COPY_FROM
