@@ -81,7 +81,9 @@ def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver
 def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = None,
                before: Sequence[NewEvent] = ()) -> None:
     """Set the terminal status and append ``before`` and then PipelineFinished in the same transaction
-    (idempotent: keyed events already in the log are skipped)."""
+    (idempotent: keyed events already in the log are skipped). A NUL in ``error`` (an endpoint's words) becomes
+    U+FFFD in the row and the event alike, on either store: Postgres holds none in a text column."""
+    error = without_nul(error) if error else None
     with session_scope(engine) as session:
         finished = NewEvent.of(event_key(run_id, "pipeline", "finished"), PipelineFinished(status=status, error=error))
         append_in_session(session, run_id, list(before))
@@ -90,7 +92,7 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
             run = session.get(Run, run_id)
             assert run is not None
             run.status = status
-            run.error = without_nul(error)[:4000] if error else None  # Postgres holds no NUL in a text column
+            run.error = error[:4000] if error else None
             run.finished_at = utcnow()
             stamp_terminal(session, run)
 

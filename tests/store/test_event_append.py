@@ -161,6 +161,8 @@ def test_a_reply_with_nul_characters_is_stored_and_counted(db_url: str) -> None:
     assert run_view(engine, get_run(engine, run_id=run_id)).cost.model == pytest.approx(0.21)
     finish_run(engine, run_id=run_id, status="error", error="the endpoint said \x00")
     assert get_run(engine, run_id=run_id).error == "the endpoint said \ufffd"
+    assert [e.data["error"] for e in read_events(engine, run_id) if e.type == "PipelineFinished"] == [
+        "the endpoint said \ufffd"]  # the row and its event alike
     engine.dispose()
 
 
