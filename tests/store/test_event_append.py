@@ -166,14 +166,16 @@ def test_a_reply_with_nul_characters_is_stored_and_counted(db_url: str) -> None:
     engine.dispose()
 
 
-def test_a_connection_lost_during_a_copy_reads_as_a_store_outage(postgres_url: str) -> None:
-    """A COPY runs on the driver's cursor, outside SQLAlchemy's statement path: its errors must still come out as
-    SQLAlchemy's, a lost connection invalidated, so that the batch waits an outage out instead of failing."""
+@pytest.mark.parametrize("way", ["copy", "append"])
+def test_a_connection_lost_on_the_driver_path_reads_as_a_store_outage(postgres_url: str, way: str) -> None:
+    """On Postgres a COPY, and an append's own statements (the lock, the key check, the rows, the run's update), run
+    on the driver's cursor outside SQLAlchemy's statement path: their errors must still come out as SQLAlchemy's, a
+    lost connection invalidated, so that the batch waits an outage out instead of failing."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import DBAPIError
 
     from benchwright.store.db import store_outage
-    from benchwright.store.events import _COPY_FROM, _EVENTS, _insert_rows
+    from benchwright.store.events import _COPY_FROM, _EVENTS, _insert_rows, append_in_session
     from tests.store.conftest import POSTGRES_URL
 
     run_id = _new_run(postgres_url)
@@ -185,7 +187,11 @@ def test_a_connection_lost_during_a_copy_reads_as_a_store_outage(postgres_url: s
         with admin.connect() as other:  # waits until that backend has gone
             assert other.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid}).scalar_one()
         with pytest.raises(DBAPIError) as raised:
-            _insert_rows(session, _EVENTS, rows, same={"run_id": run_id, "created_at": None})
+            if way == "copy":
+                _insert_rows(session, _EVENTS, rows, same={"run_id": run_id, "created_at": None})
+            else:
+                append_in_session(session, run_id, [NewEvent.of(event_key(run_id, "lost"), AgentTextEvent(
+                    phase="test", text="after the connection went"))])
         assert session.connection().invalidated
     assert raised.value.connection_invalidated
     assert (store_outage(raised.value) or "").startswith("the store's connection was lost")
