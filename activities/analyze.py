@@ -47,8 +47,7 @@ class AnalyzeActivities:
                 cache.begin()
                 workdir = self.deps.workdir(inp.run_id)
                 fetched = await require_event(self.deps, inp.run_id, FetchArtifact, needed_by="Analyze")
-                name = handoff.dataset_file(fetched, await in_thread(handoff.latest_files, self.deps.engine,
-                                                                     inp.run_id))
+                name = handoff.dataset_file(fetched, scope.files)
                 count = await self._analyze(inp, scope, source=workdir / name, fmt=fetched["format"],
                                             tasks=workdir / "tasks.jsonl")
                 if count is not None:  # None: the Driver asked for a restart or a review

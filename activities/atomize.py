@@ -86,7 +86,7 @@ class AtomizeActivities:
             if bench.box is None and key is not None and self.load_checks.passed(key):
                 # Loaded on this filesystem before: the snapshot from files, as the sandbox would have left it.
                 await snapshot_files(engine=engine, settings=settings, files=runtime_files(source), run_id=inp.run_id,
-                                     phase="atomize", invocation=inp.invocation, base=before)
+                                     phase="atomize", invocation=inp.invocation, base=before, emit=scope.emit)
             else:
                 error = await bench.check(source)
                 if error is not None:

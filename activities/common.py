@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
@@ -39,9 +40,9 @@ from benchwright.runs.pipeline import NOT_CACHED_ERROR, PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
 from benchwright.security.traces import format_trace, relative_trace
 from benchwright.settings import Settings
-from benchwright.store.control import budget_halt_reason, halt_run
+from benchwright.store.control import append_closing
 from benchwright.store.db import outage_tolerant
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.events import NewEvent, event_key
 
 T = TypeVar("T")
 
@@ -122,10 +123,20 @@ class PhaseScope:
     """Set when the phase asks the workflow for a restart, a review, or (a ceiling crossed) a halt."""
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
     """The activity's heartbeat: ``scope.heartbeat.send(details)`` for details the phase wants shown."""
+    files: dict[str, str] = field(default_factory=dict)
+    """The run's work files as recorded when the phase opened (path -> blob id, ``handoff.latest_files``), read in
+    its opening transaction: what the work directory was restored to."""
+    writes: list[Callable[[Session], None]] = field(default_factory=list)
+    """The phase's own rows (its cache cell), written in its closing transaction (``on_close``)."""
 
     def emit(self, what: str, event: Event) -> None:
-        """Queue an event to land with PhaseCompleted (artifacts, driver narration)."""
+        """Queue an event to land with PhaseCompleted (artifacts, driver narration, a snapshot taken without a
+        sandbox)."""
         self.artifacts.append((what, event))
+
+    def on_close(self, write: Callable[[Session], None]) -> None:
+        """Make ``write`` in the phase's closing transaction, after its events (none if the phase fails)."""
+        self.writes.append(write)
 
 
 def failure(exc: BaseException) -> ApplicationError:
@@ -177,11 +188,12 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
     if inp.instructions:
         opening.append(NewEvent.of(event_key(inp.run_id, *key, "instructions"), AgentTextEvent(
             phase=inp.phase, text=f"Following the reviewer's instructions: {inp.instructions}")))
-    await in_thread(append_events, deps.engine, inp.run_id, opening)
+    files = await in_thread(handoff.append_reading_files, deps.engine, inp.run_id, opening)
     # The work directory is a cache of the run's handed-off files (benchwright.runs.handoff): any worker holds any
     # phase.
-    await handoff.restore(engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, workdir=deps.workdir(inp.run_id))
-    scope = PhaseScope(inp, heartbeat=heartbeat)
+    await handoff.restore(engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, workdir=deps.workdir(inp.run_id),
+                          files=files)
+    scope = PhaseScope(inp, heartbeat=heartbeat, files=files)
     try:
         yield scope
     except BenchwrightError as exc:
@@ -189,7 +201,7 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
     closing = [NewEvent.of(event_key(inp.run_id, *key, what), ev) for what, ev in scope.artifacts]
     closing.append(NewEvent.of(event_key(inp.run_id, *key, "work-files"), await handoff.publish(
         engine=deps.engine, blobs=deps.blobs, run_id=inp.run_id, phase=inp.phase, invocation=inp.invocation,
-        workdir=deps.workdir(inp.run_id))))
+        workdir=deps.workdir(inp.run_id), known=files)))
     scope.control = scope.control or _driver_request(deps, inp)  # the Driver's own request (activities.driving)
     if scope.control is not None and scope.control.kind == "restart":
         closing.append(NewEvent.of(event_key(inp.run_id, *key, "restart"),
@@ -197,14 +209,12 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
     else:
         closing.append(NewEvent.of(event_key(inp.run_id, *key, "completed"), PhaseCompleted(
             phase=inp.phase, duration_ms=int((time.monotonic() - started) * 1000))))
-    await in_thread(append_events, deps.engine, inp.run_id, closing)
-    if scope.control is None:
-        # "The pipeline polls that flag between phases" (§9): a crossed ceiling halts before the next phase.
-        reason = await in_thread(budget_halt_reason, deps.engine, run_id=inp.run_id, run_cost_usd=inp.run_cost_usd)
-        halted = bool(reason) and await in_thread(halt_run, deps.engine, run_id=inp.run_id, reason=reason,
-                                                  key=f"{inp.phase}-{inp.invocation}-budget")
-        if reason and halted:
-            scope.control = PhaseControl(kind="halt", reason=reason)
+    # "The pipeline polls that flag between phases" (§9): a crossed ceiling halts before the next phase, checked in
+    # the closing transaction (unless the phase asks for something else already).
+    budget_key = f"{inp.phase}-{inp.invocation}-budget" if scope.control is None else None
+    if reason := await in_thread(append_closing, deps.engine, inp.run_id, closing, writes=scope.writes,
+                                 run_cost_usd=inp.run_cost_usd, budget_key=budget_key):
+        scope.control = PhaseControl(kind="halt", reason=reason)
     await maybe_stall_local(deps, inp.launch.metadata, inp.phase)
     maybe_inject_fault(deps, inp.launch.metadata, inp.phase)
 

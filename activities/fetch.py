@@ -90,7 +90,7 @@ class FetchActivities:
                                               on_refused=on_refused)
                 await snapshot_files(engine=self.deps.engine, settings=self.deps.settings,
                                      files={fetched.path.name: await in_thread(fetched.path.read_bytes)},
-                                     run_id=inp.run_id, phase="fetch", invocation=inp.invocation)
+                                     run_id=inp.run_id, phase="fetch", invocation=inp.invocation, emit=scope.emit)
                 scope.emit("artifact", FetchArtifact(source=source, sha256=fetched.sha256, bytes=fetched.bytes,
                                                      format=fetched.format, file=fetched.path.name))
                 detail = {"bytes": fetched.bytes}

@@ -45,7 +45,8 @@ class SetupActivities:
             else:
                 cache.begin()
                 await setup_requirements(engine=self.deps.engine, settings=self.deps.settings, run_id=inp.run_id,
-                                         invocation=inp.invocation, requirements=requirements, before=before)
+                                         invocation=inp.invocation, requirements=requirements, before=before,
+                                         emit=scope.emit)
                 scope.emit("artifact", SetupArtifact(python=python, requirements=requirements))
                 await cache.record(scope)
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control, detail=detail)

@@ -50,13 +50,18 @@ def _cell(row: PhaseCell) -> Cell:
 def record_cell(engine: Engine, cell: Cell) -> None:
     """Upsert the run's cell for the phase (a restarted phase's later invocation replaces it)."""
     with session_scope(engine) as session:
-        row = session.get(PhaseCell, (cell.run_id, cell.phase))
-        if row is None:
-            row = PhaseCell(run_id=cell.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=[], files={},
-                            result={})
-            session.add(row)
-        row.input_hash, row.artifacts, row.snapshot_id = cell.input_hash, cell.artifacts, cell.snapshot_id
-        row.files, row.result, row.source_run_id = cell.files, cell.result, cell.source_run_id
+        record_cell_in(session, cell)
+
+
+def record_cell_in(session: Session, cell: Cell) -> None:
+    """``record_cell`` inside a caller's transaction: a phase's, which lands its cell with its close."""
+    row = session.get(PhaseCell, (cell.run_id, cell.phase))
+    if row is None:
+        row = PhaseCell(run_id=cell.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=[], files={},
+                        result={})
+        session.add(row)
+    row.input_hash, row.artifacts, row.snapshot_id = cell.input_hash, cell.artifacts, cell.snapshot_id
+    row.files, row.result, row.source_run_id = cell.files, cell.result, cell.source_run_id
 
 
 def run_cell(engine: Engine, *, run_id: str, phase: str) -> Cell | None:

@@ -10,6 +10,7 @@ SnapshotCreated. The work directory is only a *cache* on the worker that holds t
   (path -> blob id) that lands in the same transaction as PhaseCompleted;
 * when a phase invocation (or a Materialize batch) starts, :func:`restore` reads the run's newest
   ``WorkFilesRecorded`` from the store and fetches every file the local directory lacks or holds different bytes of.
+  A phase reads that event in its opening transaction (:func:`append_reading_files`) and goes by it at its end too.
 
 So a worker with an empty disk picks up any phase of any run, given the store and the blob store. A file's digest
 is computed once and remembered while it is unchanged (``benchwright.data.digests``), so an unchanged publish and an
@@ -26,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from benchwright.data.blobs import BlobStore, write_atomic
 from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
-from benchwright.store.db import reader
+from benchwright.store.db import reader, session_scope
+from benchwright.store.events import NewEvent, append_in_session
 from benchwright.store.models import EventRow, table_of
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
@@ -59,37 +61,63 @@ def _listing(workdir: Path) -> dict[str, Path]:
 def latest_files(engine: Engine, run_id: str) -> dict[str, str]:
     """The run's work files as its newest ``WorkFilesRecorded`` lists them (path -> blob id); {} before any."""
     with reader(engine).connect() as conn:
-        data = conn.execute(_LATEST_FILES, {"run_id_": run_id}).scalar_one_or_none()
+        return _latest_files(conn, run_id)
+
+
+def _latest_files(conn: Connection, run_id: str) -> dict[str, str]:
+    data = conn.execute(_LATEST_FILES, {"run_id_": run_id}).scalar_one_or_none()
     return dict(data["files"]) if data is not None else {}
 
 
-def _survey(engine: Engine, run_id: str, workdir: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """The work files as last recorded and as they are now (path -> blob id), in one thread hop: every phase
-    publishes at its end."""
-    return latest_files(engine, run_id), {rel: _digest(path) for rel, path in _listing(workdir).items()}
+def append_reading_files(engine: Engine, run_id: str, events: list[NewEvent]) -> dict[str, str]:
+    """Append ``events`` and read the run's work files as ``latest_files`` does, in one transaction: a phase's
+    opening (``activities.common``), whose restore and publish both go by the files it read.
+
+    Raises:
+        NotFound: the run does not exist.
+    """
+    with session_scope(engine) as session:
+        append_in_session(session, run_id, events)
+        return _latest_files(session.connection(), run_id)
 
 
-def _stale(engine: Engine, run_id: str, workdir: Path) -> dict[str, str]:
-    """The recorded work files whose copy in ``workdir`` is missing or differs (path -> blob id), in one thread hop:
-    every phase restores at its start."""
-    return {rel: digest for rel, digest in latest_files(engine, run_id).items()
+def _survey(engine: Engine, run_id: str, workdir: Path, known: dict[str, str] | None
+            ) -> tuple[dict[str, str], dict[str, str]]:
+    """The work files as last recorded (``known`` when the caller read them) and as they are now (path -> blob id),
+    in one thread hop: every phase publishes at its end."""
+    recorded = latest_files(engine, run_id) if known is None else known
+    return recorded, {rel: _digest(path) for rel, path in _listing(workdir).items()}
+
+
+def _stale(engine: Engine, run_id: str, workdir: Path, files: dict[str, str] | None) -> dict[str, str]:
+    """The recorded work files (``files`` when the caller read them) whose copy in ``workdir`` is missing or differs
+    (path -> blob id), in one thread hop: every phase restores at its start."""
+    recorded = latest_files(engine, run_id) if files is None else files
+    return {rel: digest for rel, digest in recorded.items()
             if not ((workdir / rel).is_file() and _digest(workdir / rel) == digest)}
 
 
 async def publish(*, engine: Engine, blobs: BlobStore, run_id: str, phase: str, invocation: int,
-                  workdir: Path) -> WorkFilesRecorded:
-    """Every work file into the blob store; the event that records them (the caller appends it)."""
-    known, files = await asyncio.to_thread(_survey, engine, run_id, workdir)
+                  workdir: Path, known: dict[str, str] | None = None) -> WorkFilesRecorded:
+    """Every work file into the blob store; the event that records them (the caller appends it).
+
+    ``known``: the run's recorded work files as the caller read them earlier in the same phase invocation (none else
+    records any meanwhile), or None to read them. A file recorded there with the same digest is not looked for in the
+    blob store: it went in before it was recorded.
+    """
+    recorded, files = await asyncio.to_thread(_survey, engine, run_id, workdir, known)
     for rel, digest in files.items():
-        if known.get(rel) != digest and not await blobs.exists(digest):
+        if recorded.get(rel) != digest and not await blobs.exists(digest):
             stored = await blobs.put(await asyncio.to_thread((workdir / rel).read_bytes))
             assert stored == digest, f"{rel} changed while it was published"
     return WorkFilesRecorded(phase=phase, invocation=invocation, files=files)
 
 
-async def restore(*, engine: Engine, blobs: BlobStore, run_id: str, workdir: Path) -> list[str]:
-    """Bring ``workdir`` to the run's newest recorded work files; returns the paths fetched."""
-    stale = await asyncio.to_thread(_stale, engine, run_id, workdir)
+async def restore(*, engine: Engine, blobs: BlobStore, run_id: str, workdir: Path,
+                  files: dict[str, str] | None = None) -> list[str]:
+    """Bring ``workdir`` to the run's newest recorded work files (``files`` when the caller has just read them,
+    ``append_reading_files``; else read here); returns the paths fetched."""
+    stale = await asyncio.to_thread(_stale, engine, run_id, workdir, files)
     for rel, digest in stale.items():
         await asyncio.to_thread(write_atomic, workdir / rel, await blobs.get(digest))
     return list(stale)
@@ -116,4 +144,4 @@ def dataset_file(fetched: Mapping[str, Any], files: Mapping[str, str]) -> str:
     return min(same, key=lambda path: (not path.startswith("dataset."), path))
 
 
-__all__ = ["NOT_HANDED_OFF", "dataset_file", "latest_files", "publish", "restore"]
+__all__ = ["NOT_HANDED_OFF", "append_reading_files", "dataset_file", "latest_files", "publish", "restore"]

@@ -17,18 +17,21 @@ scope is the ``PhaseOutput`` here: where the cache queues events and shows a hit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from benchwright.data.digests import file_digests
-from benchwright.events import EVENT_TYPES, Event, FetchArtifact, PhaseCacheHit
+from benchwright.events import EVENT_TYPES, Event, FetchArtifact, PhaseCacheHit, SnapshotCreated
 from benchwright.fingerprint import is_artifact, sha256_hex
 from benchwright.registry.blobs import BlobStore
-from benchwright.registry.cache import Cell, find_public_cell, record_cell, run_cell
+from benchwright.registry.cache import Cell, find_public_cell, record_cell_in, run_cell
 from benchwright.runs.pipeline import PhaseInput
-from benchwright.sandbox.lifecycle import SNAPSHOTS, record_snapshot, snapshot_of
+from benchwright.sandbox.lifecycle import SNAPSHOT_PHASES, SNAPSHOTS, record_snapshot, snapshot_of
 from benchwright.settings import Settings
 from benchwright.store.db import outage_tolerant as in_thread
 
@@ -40,7 +43,8 @@ class Beat(Protocol):
 
 
 class PhaseOutput(Protocol):
-    """What a phase invocation's bracket gives the cache: its queued events and its heartbeat."""
+    """What a phase invocation's bracket gives the cache: its queued events, its heartbeat, and writes that land in
+    its closing transaction."""
 
     @property
     def artifacts(self) -> list[tuple[str, Event]]: ...
@@ -49,6 +53,8 @@ class PhaseOutput(Protocol):
     def heartbeat(self) -> Beat: ...
 
     def emit(self, what: str, event: Event) -> None: ...
+
+    def on_close(self, write: Callable[[Session], None]) -> None: ...
 
 
 def _listing(workdir: Path) -> Listing:
@@ -115,16 +121,16 @@ class PhaseCache:
             await in_thread(file_digests.note, self.workdir / name, digest)
         if cell.snapshot_id:
             await record_snapshot(engine=self.engine, run_id=self.inp.run_id, phase=self.inp.phase,
-                                  invocation=self.inp.invocation, snapshot_id=cell.snapshot_id)
+                                  invocation=self.inp.invocation, snapshot_id=cell.snapshot_id, emit=scope.emit)
         hit = {"source_run_id": cell.origin_run_id, "phase": cell.phase, "input_hash": cell.input_hash}
         scope.heartbeat.send({"cache_hit": hit})  # resent by every later beat of the phase (activities.common)
         scope.emit("cache-hit", PhaseCacheHit(phase=self.inp.phase, source_run_id=cell.origin_run_id,
                                               input_hash=cell.input_hash, snapshot_id=cell.snapshot_id))
         for i, artifact in enumerate(cell.artifacts):
             scope.emit(f"artifact-{i}", EVENT_TYPES[artifact["type"]].model_validate(artifact["data"]))
-        await in_thread(record_cell, self.engine, Cell(
+        scope.on_close(partial(record_cell_in, cell=Cell(
             run_id=self.inp.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=cell.artifacts,
-            snapshot_id=cell.snapshot_id, files=cell.files, result=cell.result, source_run_id=cell.origin_run_id))
+            snapshot_id=cell.snapshot_id, files=cell.files, result=cell.result, source_run_id=cell.origin_run_id)))
         return cell.result.get("tasks"), {**cell.result.get("detail", {}), "cache_hit": hit}
 
     def begin(self) -> None:
@@ -133,7 +139,8 @@ class PhaseCache:
 
     async def record(self, scope: PhaseOutput, *, tasks: int | None = None,
                      detail: dict[str, Any] | None = None) -> None:
-        """The phase's cell: the files it created or changed, its snapshot, its Artifact events."""
+        """The phase's cell: the files it created or changed, its snapshot, its Artifact events. It lands in the
+        phase's closing transaction, with the events it names."""
         if self.input_hash is None:
             return
         after = _listing(self.workdir)
@@ -141,11 +148,11 @@ class PhaseCache:
         files = {name: await in_thread(self.blobs.put_file, self.workdir / name) for name in sorted(changed)}
         artifacts = [{"type": ev.type_name(), "data": ev.model_dump(mode="json")}
                      for _, ev in scope.artifacts if is_artifact(ev.type_name())]
-        input_hash, run_id, phase = self.input_hash, self.inp.run_id, self.inp.phase
-
-        def record() -> None:  # the snapshot read and the cell's write in one thread hop, off the event loop
-            record_cell(self.engine, Cell(run_id=run_id, phase=phase, input_hash=input_hash, artifacts=artifacts,
-                                          snapshot_id=snapshot_of(self.engine, run_id, phase), files=files,
-                                          result={"tasks": tasks, "detail": detail or {}}))
-
-        await in_thread(record)
+        # The snapshot this invocation queued for its close, else the phase's newest in the log (none for Analyze).
+        queued = [ev.snapshot_id for _, ev in scope.artifacts if isinstance(ev, SnapshotCreated)]
+        snapshot_id = queued[-1] if queued else (
+            await in_thread(snapshot_of, self.engine, self.inp.run_id, self.inp.phase)
+            if self.inp.phase in SNAPSHOT_PHASES else None)
+        scope.on_close(partial(record_cell_in, cell=Cell(
+            run_id=self.inp.run_id, phase=self.inp.phase, input_hash=self.input_hash, artifacts=artifacts,
+            snapshot_id=snapshot_id, files=files, result={"tasks": tasks, "detail": detail or {}})))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 
 from benchwright.aio import uncancellable
 from benchwright.data.blobs import BlobNotFound
-from benchwright.events import SandboxCreated, SandboxKilled, SnapshotCreated
+from benchwright.events import Event, SandboxCreated, SandboxKilled, SnapshotCreated
 from benchwright.proxy.egress import EgressProxy
 from benchwright.proxy.policy import HostPolicy
 from benchwright.sandbox.base import (
@@ -237,17 +237,28 @@ def latest_snapshot(engine: Engine, run_id: str, *, before: str) -> str | None:
     return next((newest[phase] for phase in reversed(earlier) if phase in newest), None)
 
 
-async def record_snapshot(*, engine: Engine, run_id: str, phase: str, invocation: int, snapshot_id: str) -> None:
+Emit = Callable[[str, Event], None]
+"""A phase's ``PhaseScope.emit``: queue an event to land with the phase's close (``activities.common``)."""
+
+
+async def record_snapshot(*, engine: Engine, run_id: str, phase: str, invocation: int, snapshot_id: str,
+                          emit: Emit | None = None) -> None:
     """SnapshotCreated for the phase: how the phases after it (on any worker) find it. Snapshots are
     content-addressed, so a phase that left the filesystem as it found it records its predecessor's id without
-    taking one."""
+    taking one. With ``emit`` (the phase's scope), the event lands with the phase's close, in its transaction and
+    under the same key, instead of in a transaction of its own now."""
+    event = SnapshotCreated(snapshot_id=snapshot_id, phase=phase)
+    if emit is not None:
+        emit("snapshot", event)
+        return
     await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
-        event_key(run_id, phase, invocation, "snapshot"), SnapshotCreated(snapshot_id=snapshot_id, phase=phase))])
+        event_key(run_id, phase, invocation, "snapshot"), event)])
 
 
 async def take_snapshot(*, engine: Engine, settings: Settings, box: Sandbox, run_id: str, phase: str,
                         invocation: int) -> str:
-    """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after."""
+    """Snapshot the work sandbox at a phase's exit (SnapshotCreated) and remember it for the phases after. Recorded
+    at once, while the sandbox lives: its SandboxKilled follows."""
     snapshot_id = await box.backend.snapshot(box.info.sandbox_id, label=f"{run_id}:{phase}:v{invocation}")
     await _export_local(settings, box.backend, snapshot_id)
     await record_snapshot(engine=engine, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id)
@@ -255,10 +266,11 @@ async def take_snapshot(*, engine: Engine, settings: Settings, box: Sandbox, run
 
 
 async def snapshot_files(*, engine: Engine, settings: Settings, files: dict[str, bytes], run_id: str, phase: str,
-                         invocation: int, base: str | None = None) -> str:
+                         invocation: int, base: str | None = None, emit: Emit | None = None) -> str:
     """A work-sandbox snapshot holding ``base``'s files (none if not given) and ``files`` on the run's backend, made
     without a sandbox (for a phase that only puts files in place and runs nothing), recorded like
-    ``take_snapshot``'s: the snapshot a sandbox restored from ``base`` would give after ``put_file`` of each."""
+    ``take_snapshot``'s: the snapshot a sandbox restored from ``base`` would give after ``put_file`` of each. With
+    ``emit``, recorded with the phase's close (``record_snapshot``)."""
     backend = await asyncio.to_thread(run_backend, engine, run_id)
     opened = open_backend(settings, backend=backend)
     try:
@@ -268,7 +280,8 @@ async def snapshot_files(*, engine: Engine, settings: Settings, files: dict[str,
         await _export_local(settings, opened.backend, snapshot_id)
     finally:
         await opened.backend.close()
-    await record_snapshot(engine=engine, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id)
+    await record_snapshot(engine=engine, run_id=run_id, phase=phase, invocation=invocation, snapshot_id=snapshot_id,
+                          emit=emit)
     return snapshot_id
 
 
@@ -288,6 +301,6 @@ async def put_runtime(box: Sandbox, impl_source: str) -> None:
         await put_file(box, name, data)
 
 
-__all__ = ["DEPS_DIR", "SNAPSHOTS", "Sandbox", "latest_snapshot", "open_sandbox", "put_file", "put_runtime",
+__all__ = ["DEPS_DIR", "SNAPSHOTS", "Emit", "Sandbox", "latest_snapshot", "open_sandbox", "put_file", "put_runtime",
            "record_snapshot", "run_backend", "runtime_files", "snapshot_files", "snapshot_of",
            "take_snapshot"]

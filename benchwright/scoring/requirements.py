@@ -8,7 +8,7 @@ from sqlalchemy.engine import Engine
 
 from benchwright.errors import InvalidInput
 from benchwright.sandbox import ExecLimits
-from benchwright.sandbox.lifecycle import DEPS_DIR, open_sandbox, record_snapshot, take_snapshot
+from benchwright.sandbox.lifecycle import DEPS_DIR, Emit, open_sandbox, record_snapshot, take_snapshot
 from benchwright.settings import Settings
 
 PIP_TIMEOUT_S = 600
@@ -19,15 +19,17 @@ class RequirementsFailed(InvalidInput):
 
 
 async def setup_requirements(*, engine: Engine, settings: Settings, run_id: str, invocation: int,
-                             requirements: list[str], before: str | None) -> None:
+                             requirements: list[str], before: str | None, emit: Emit | None = None) -> None:
     """Install ``requirements`` on top of snapshot ``before`` and snapshot the result; with nothing to install,
     the post-Fetch filesystem keeps its content-addressed id (recorded as Setup's snapshot, nothing started).
+    ``emit``: the phase's, so that the recorded id of nothing installed lands with its close (``record_snapshot``).
 
     Raises:
         RequirementsFailed: pip failed (its exit status and output's tail in the message).
     """
     if not requirements and before is not None:
-        await record_snapshot(engine=engine, run_id=run_id, phase="setup", invocation=invocation, snapshot_id=before)
+        await record_snapshot(engine=engine, run_id=run_id, phase="setup", invocation=invocation, snapshot_id=before,
+                              emit=emit)
         return
     async with open_sandbox(engine=engine, settings=settings, run_id=run_id, role="work", key=("setup", invocation),
                             restore=before) as box:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.engine import Engine
-from sqlmodel import col
+from sqlalchemy.engine import Connection, Engine
+from sqlmodel import Session, col
 
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
 from benchwright.registry.shape import stamp_terminal
@@ -28,11 +29,38 @@ def halt_run(engine: Engine, *, run_id: str, reason: str, key: str | None = None
     ``key`` makes the call idempotent across activity retries (the workflow passes its own deterministic key).
     """
     with session_scope(engine) as session:
-        run = lock_run(session, run_id)
-        if run.halted and not replace:
-            return False
-        event = NewEvent.of(event_key(run_id, "halt", key or uuid.uuid4().hex), RunHalted(halt_reason=reason))
-        return bool(append_in_session(session, run_id, [event], halted=True, halt_reason=reason))
+        return _halt_in_session(session, run_id=run_id, reason=reason, key=key, replace=replace)
+
+
+def _halt_in_session(session: Session, *, run_id: str, reason: str, key: str | None, replace: bool = False) -> bool:
+    run = lock_run(session, run_id)
+    if run.halted and not replace:
+        return False
+    event = NewEvent.of(event_key(run_id, "halt", key or uuid.uuid4().hex), RunHalted(halt_reason=reason))
+    return bool(append_in_session(session, run_id, [event], halted=True, halt_reason=reason))
+
+
+def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *,
+                   writes: Sequence[Callable[[Session], None]] = (), run_cost_usd: float | None = None,
+                   budget_key: str | None = None) -> str | None:
+    """A phase's close in one transaction: append ``events``, make the phase's own ``writes`` (its cache cell) and,
+    with ``budget_key``, halt the run if it has now crossed its cost ceiling or its account's balance
+    (``budget_halt_reason``; the halt keyed by ``budget_key``). Returns the reason when this call halted the run.
+
+    The check "between phases" (§9) costs the close one read instead of a read and a transaction of its own, and a
+    cost among the closing events counts.
+
+    Raises:
+        NotFound: the run does not exist.
+    """
+    with session_scope(engine) as session:
+        append_in_session(session, run_id, events)
+        for write in writes:
+            write(session)
+        if budget_key is None:
+            return None
+        reason = _spend_reason(session.connection(), run_id=run_id, run_cost_usd=run_cost_usd)
+        return reason if reason and _halt_in_session(session, run_id=run_id, reason=reason, key=budget_key) else None
 
 
 def clear_halt(engine: Engine, *, run_id: str, key: str, resolution: str | None = None) -> bool:
@@ -60,7 +88,11 @@ def finish_halted(engine: Engine, *, run_id: str) -> None:
 def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | None) -> str | None:
     """``limit_exceeded:run.cost`` or ``balance_exhausted`` if the run has crossed one, else None."""
     with reader(engine).connect() as conn:
-        incurred, billed, balance = conn.execute(_SPEND, {"run_id_": run_id}).one()
+        return _spend_reason(conn, run_id=run_id, run_cost_usd=run_cost_usd)
+
+
+def _spend_reason(conn: Connection, *, run_id: str, run_cost_usd: float | None) -> str | None:
+    incurred, billed, balance = conn.execute(_SPEND, {"run_id_": run_id}).one()
     if run_cost_usd is not None and incurred > run_cost_usd:
         return limit_exceeded("run.cost")
     if billed > 0 and balance <= 0:

@@ -5,12 +5,20 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
+from benchwright.errors import NotFound
 from benchwright.events import Event, MaterializeTaskResult
 from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account, credit, get_account
-from benchwright.store.control import budget_halt_reason, clear_halt, halt_run, halted_reason, halted_reasons
+from benchwright.store.control import (
+    append_closing,
+    budget_halt_reason,
+    clear_halt,
+    halt_run,
+    halted_reason,
+    halted_reasons,
+)
 from benchwright.store.db import make_engine, migrate
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.events import NewEvent, append_events, event_key, read_events
 from benchwright.store.models import Run
 from benchwright.store.runs import create_run, get_run, run_view
 
@@ -44,6 +52,34 @@ def test_trigger_accumulates_by_source_and_debits_the_balance(db_url: str) -> No
     assert get_account(engine, account_id=account.id).balance_usd == pytest.approx(-0.1)
     assert budget_halt_reason(engine, run_id=run.id, run_cost_usd=None) == "balance_exhausted"
     assert credit(engine, account_name="payer", amount_usd=5) == pytest.approx(4.9)
+    engine.dispose()
+
+
+def test_a_phase_close_that_crosses_the_ceiling_halts_the_run_in_its_own_transaction(db_url: str) -> None:
+    """A phase's closing append checks the run's spend after its own events counted (their cost included) and halts
+    the run in the same transaction: the RunHalted follows the closing events; a retried close adds nothing."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    account, _ = create_account(engine, name="closer", balance_usd=1.0)
+    run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                     driver="builtin", trials_config={})
+
+    def close(what: str, cost: float) -> str | None:
+        return append_closing(engine, run.id, [NewEvent.of(event_key(run.id, what), SandboxKilled(
+            sandbox_id=what, cost_usd=cost))], run_cost_usd=0.2, budget_key=f"{what}-budget")
+
+    assert close("fetch", 0.1) is None
+    assert not get_run(engine, run_id=run.id).halted
+    assert close("atomize", 0.15) == "limit_exceeded:run.cost"  # 0.25 > 0.2, counted from this close's own event
+    row = get_run(engine, run_id=run.id)
+    assert row.halted and row.halt_reason == "limit_exceeded:run.cost"
+    log = read_events(engine, run.id)
+    assert [e.type for e in log[-2:]] == ["SandboxKilled", "RunHalted"]
+    assert log[-1].idem_key == event_key(run.id, "halt", "atomize-budget")
+    assert close("atomize", 0.15) is None, "a retry: the run is halted already, and nothing lands twice"
+    assert len(read_events(engine, run.id)) == len(log)
+    with pytest.raises(NotFound):
+        append_closing(engine, "no-such-run", [], budget_key="x")
     engine.dispose()
 
 
