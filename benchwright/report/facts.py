@@ -38,6 +38,7 @@ from benchwright.events import (
 )
 from benchwright.report.narration import MAX_REASON_CHARS, Comparison, NarrationFacts, builtin_narration
 from benchwright.schemas import BreakdownView, RunView
+from benchwright.store.db import reader
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult
 from benchwright.store.results import breakdown
 from benchwright.store.runs import run_view
@@ -141,7 +142,7 @@ def _comparison(session: Session, run: Run) -> tuple[Run, Relation] | None:
 def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> NarrationFacts:
     """What the narrator is told about ``run`` (``benchwright.report.narration.NarrationFacts``)."""
     view = view or run_view(engine, run)
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         invocation = _latest_invocation(session, run.id)
         halts = [str(d.get("halt_reason", "")) for d in session.exec(
             select(EventRow.data).where(col(EventRow.run_id) == run.id, col(EventRow.type) == RunHalted.type_name())
@@ -170,7 +171,7 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
 
 def recorded_narration(engine: Engine, run_id: str) -> RunNarrated | None:
     """The run's recorded narration (its newest RunNarrated), if any."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         data = session.exec(select(EventRow.data).where(
             col(EventRow.run_id) == run_id, col(EventRow.type) == RunNarrated.type_name())
             .order_by(col(EventRow.seq).desc()).limit(1)).first()
@@ -317,7 +318,7 @@ def report_facts(engine: Engine, blobs: BlobStore, *, run: Run, narration: str, 
         grouped = None  # no dataset rows recorded (a run that failed early)
     if grouped is not None and grouped.by is None:
         grouped = None  # the data has no grouping column: nothing to split the score by
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         invocation = _latest_invocation(session, run.id)
         tasks = _tasks(session, run.id, invocation)
         failures = _top_errors(session, run.id, invocation, TOP_REASONS)
@@ -332,7 +333,7 @@ def report_facts(engine: Engine, blobs: BlobStore, *, run: Run, narration: str, 
 
 def report_files(engine: Engine, run_id: str) -> dict[str, ReportFile]:
     """The run's report files by name (the newest ReportFile of each name), in the order first written."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         rows = session.exec(select(EventRow.data).where(
             col(EventRow.run_id) == run_id, col(EventRow.type) == ReportFile.type_name())
             .order_by(col(EventRow.seq))).all()

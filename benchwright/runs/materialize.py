@@ -28,7 +28,7 @@ from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchRes
 from benchwright.scoring.aggregators import RowAggregate, TrialOutcome, aggregator
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.control import budget_halt_reason, halt_run
-from benchwright.store.db import outage_tolerant
+from benchwright.store.db import outage_tolerant, reader
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import TaskRow, TrialResult
 
@@ -100,7 +100,7 @@ class RunHalted(Exception):
 
 def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dict[int, TrialOutcome]], set[int]]:
     """Trials already recorded for this batch (by task) and the tasks already aggregated."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:  # each read its own snapshot, as in a READ COMMITTED transaction
         trials = session.execute(
             select(TrialResult).where(TrialResult.run_id == inp.run_id, TrialResult.invocation == inp.invocation,
                                       TrialResult.index >= inp.start, TrialResult.index < inp.stop)

@@ -43,7 +43,7 @@ from benchwright.store.db import reader
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.models import EventRow, table_of
 from benchwright.store.policy import get_policy, record_blocked
-from benchwright.store.runs import get_run, record_isolation
+from benchwright.store.runs import get_run
 
 DEPS_DIR = ".deps"
 """Where Setup installs the scorer's Python requirements inside the work sandbox (on the runner's PYTHONPATH)."""
@@ -155,14 +155,14 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
         isolation = str(info.metadata.get("isolation", "namespaces"))
         # A warm sandbox (benchwright.sandbox.local.warm) was made before the run claimed it: the log says so.
         made = {"warm": True} if info.metadata.get("warm") else {}
+        # The run's first sandbox records how its sandboxes are isolated, in the same transaction as its event.
+        recorded = {"isolation": isolation} if run.isolation != isolation and not on_worker else {}
         await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(
             event_key(run_id, *key, "sandbox", info.sandbox_id, "created"),
             SandboxCreated(sandbox_id=info.sandbox_id, role=role, backend=opened.backend.name,
                            instance_size=info.instance_size, isolation=isolation,
                            metadata={**(metadata or {}), "benchwright_role": role, "isolation": isolation,
-                                     **made}))])
-        if run.isolation != isolation and not on_worker:
-            await asyncio.to_thread(record_isolation, engine, run_id=run_id, isolation=isolation)
+                                     **made}))], **recorded)
         yield Sandbox(backend=opened.backend, info=info, home=_home(info), python=opened.python)
     finally:
         # Shielded and waited for: a cancellation (a task group tearing down siblings, a halted batch) must neither

@@ -78,7 +78,7 @@ def defaults(settings: Settings) -> Quotas:
 def quotas_for(engine: Engine, settings: Settings, *, account_id: str) -> Quotas:
     """The account's quotas: the admin's overrides over the deployment's defaults."""
     base = defaults(settings)
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.get(AccountQuota, account_id)
     if row is None:
         return base
@@ -139,7 +139,7 @@ class Usage:
 
 def usage(engine: Engine, *, account_id: str) -> Usage:
     """What the account holds now: its running runs and their tasks not yet scored (latest sweep of each run)."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:  # each read its own snapshot, as in a READ COMMITTED transaction
         running = session.execute(
             select(col(Run.id), col(Run.tasks_total)).where(col(Run.account_id) == account_id,
                                                             col(Run.status) == "running",

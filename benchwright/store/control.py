@@ -102,7 +102,7 @@ def _spend_reason(conn: Connection, *, run_id: str, run_cost_usd: float | None) 
 
 def halted_reasons(engine: Engine, *, run_ids: list[str]) -> dict[str, str]:
     """``halted_reason`` of many runs in one read: the halted ones among ``run_ids`` and why."""
-    with session_scope(engine) as session:
+    with Session(reader(engine)) as session:
         rows = session.execute(select(Run.id, Run.halt_reason).where(col(Run.id).in_(run_ids),
                                                                      col(Run.halted).is_(True))).all()
     return {row.id: row.halt_reason or "halted" for row in rows}
@@ -110,6 +110,6 @@ def halted_reasons(engine: Engine, *, run_ids: list[str]) -> dict[str, str]:
 
 def halted_reason(engine: Engine, *, run_id: str) -> str | None:
     """The run's halt_reason while halted, else None (a cheap read for loops that poll the flag)."""
-    with session_scope(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.execute(select(Run.halted, Run.halt_reason).where(Run.id == run_id)).one()
     return (row.halt_reason or "halted") if row.halted else None

@@ -156,16 +156,17 @@ def event_key(run_id: str, *parts: object) -> str:
     return ":".join((run_id, *map(str, parts)))
 
 
-def append_events(engine: Engine, run_id: str, events: list[NewEvent]) -> int:
-    """Append ``events`` to the run's log in one transaction; returns how many were new.
+def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_updates: Any) -> int:
+    """Append ``events`` to the run's log in one transaction, with ``run_updates`` to its row's columns (plain values)
+    if any; returns how many events were new.
 
     Raises:
         NotFound: the run does not exist.
     """
-    if not events:
+    if not events and not run_updates:
         return 0
     with session_scope(engine) as session:
-        return append_in_session(session, run_id, events)
+        return append_in_session(session, run_id, events, **run_updates)
 
 
 def lock_run(session: Session, run_id: str) -> Run:

@@ -24,6 +24,7 @@ from benchwright.events import AnalyzeArtifact
 from benchwright.runs.handoff import latest_files
 from benchwright.schemas import BreakdownView, TaskRowView
 from benchwright.scoring.results import MAX_FIELD_CHARS, candidate_columns, group_label, group_results, reference_column
+from benchwright.store.db import reader
 from benchwright.store.models import EventRow, Run, TaskRow
 
 __all__ = ["breakdown", "dataset_columns", "fill_references"]
@@ -42,7 +43,7 @@ def dataset_columns(engine: Engine, run_id: str) -> tuple[list[str], str | None]
     Raises:
         Conflict: the run has not analyzed a dataset (yet).
     """
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         row = session.exec(select(EventRow).where(col(EventRow.run_id) == run_id,
                                                   col(EventRow.type) == AnalyzeArtifact.type_name())
                            .order_by(col(EventRow.seq).desc()).limit(1)).first()
@@ -102,7 +103,7 @@ def breakdown(engine: Engine, blobs: BlobStore, *, run: Run, by: str | None) -> 
         raise InvalidInput(f"the run's data has no column {by[:128]!r}; it has {_names(columns)}",
                            code="unknown_column")
     labels = _column(engine, blobs, run.id, by, "label", group_label)
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         invocation = session.exec(select(col(TaskRow.invocation)).where(col(TaskRow.run_id) == run.id)
                                   .order_by(col(TaskRow.invocation).desc()).limit(1)).first() or 1
         settled = session.execute(select(col(TaskRow.index), col(TaskRow.outcome), col(TaskRow.no_answer)).where(

@@ -194,7 +194,7 @@ def list_runs(engine: Engine, *, account_id: str, limit: int = 50, cursor: str |
     if cursor is not None:  # an empty cursor= is refused (invalid_cursor), not taken as absent
         created_at, run_id = _decode_cursor(cursor)
         query = query.where(or_(Run.created_at < created_at, and_(Run.created_at == created_at, Run.id < run_id)))
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         runs = list(session.execute(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)).scalars())  # type: ignore[attr-defined]
         for run in runs:
             set_committed_value(run, "launch", {})  # a summary carries no launch body; run_view reads it
@@ -221,7 +221,7 @@ def list_tasks(engine: Engine, *, run_id: str, after: int = -1, limit: int = 500
                invocation: int | None = None) -> TaskList:
     """Settled task rows of one Materialize invocation (a sweep, §2; default the latest), by index; output is the
     first trial's."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         invocation = invocation or _latest_invocation(session, run_id)
         rows = session.execute(
             select(TaskRow, TrialResult.output, TrialResult.meta, TrialResult.input)
@@ -249,7 +249,7 @@ def task_detail(engine: Engine, *, run_id: str, index: int) -> TaskDetail:
     Raises:
         NotFound: the task has no settled row yet.
     """
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         invocation = _latest_invocation(session, run_id)
         row = session.get(TaskRow, (run_id, invocation, index))
         trials = list(session.execute(
@@ -295,11 +295,3 @@ def set_visibility(engine: Engine, *, run_id: str, account_id: str, visibility: 
         if visibility == "public":
             check_can_be_public(session, run)
         run.visibility = visibility
-
-
-def record_isolation(engine: Engine, *, run_id: str, isolation: str) -> None:
-    """Record how the run's sandboxes were isolated (``namespaces``, or ``none`` where the operator opted in)."""
-    with session_scope(engine) as session:
-        run = session.get(Run, run_id)
-        if run is not None:
-            run.isolation = isolation
