@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchwright.stack.devstack import free_port
+from benchwright.stack.devstack import free_port, free_ports  # noqa: F401 - free_port for bench/temporal_dispatch.py
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 
@@ -102,7 +102,7 @@ def running_stack(work: Path, *, answers: Path, latency_ms: float,
                   model_api_key: str | None = None) -> Iterator[BenchStack]:
     """Start ``benchwright up`` and the dev model (answering from ``answers``) under ``work``; stop both after.
     With ``model_api_key``, a second dev model demanding that key serves keyed runs."""
-    ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
+    ports = dict(zip(("api", "temporal", "ui"), free_ports(3), strict=True))
     up = subprocess.Popen([*BW, "up", "--data-dir", str(work / "data"), "--api-port", str(ports["api"]),
                            "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

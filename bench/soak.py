@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 from benchstack import rss_mb, write_dataset
 
-from benchwright.stack.devstack import free_port, port_open, temporal_binary
+from benchwright.stack.devstack import free_port, free_ports, port_open, temporal_binary
 from benchwright.stack.temporal_ui import dev_server_args
 
 BW = [sys.executable, "-m", "benchwright.cli"]
@@ -126,7 +126,7 @@ class Soak:
         data = work / "data"
         data.mkdir()
         self.data = data
-        self.ports = {"temporal": free_port(), "api": free_port()}
+        self.ports = dict(zip(("temporal", "api"), free_ports(2), strict=True))
         self.datasets = {n: work / f"tasks-{n}.jsonl" for n in (20, 60, 150)}
         answers: dict[str, str] = {}
         for n, path in self.datasets.items():

@@ -98,7 +98,7 @@ def demo(data_dir: DataDir = None,
     import signal
 
     from benchwright.client import Client
-    from benchwright.stack.devstack import free_port
+    from benchwright.stack.devstack import free_ports
     from benchwright.stack.supervisor import dashboard_url, stack_holder
     from benchwright.stack.teardown import reap_stack
     from benchwright.testkit.devmodel import rows_answered_correctly
@@ -112,7 +112,7 @@ def demo(data_dir: DataDir = None,
     code = 1
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
+        ports = dict(zip(("api", "temporal", "ui"), free_ports(3), strict=True))
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
         console.print(f"[bold]Benchwright demo[/bold] (data in {directory}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -26,6 +27,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports: each socket is held until all are picked (``free_port`` twice in a row may give the
+    same port back, and a stack started on it fails)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def pid_alive(pid: int) -> bool:

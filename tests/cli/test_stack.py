@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from benchwright.client import Client
 from benchwright.events import AFTER_TERMINAL
-from benchwright.stack.devstack import free_port, pid_alive
+from benchwright.stack.devstack import free_port, free_ports, pid_alive
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"
@@ -184,3 +185,13 @@ def test_cli_exit_status_is_truthful_across_repeats(tmp_path: Path) -> None:
         assert failed.returncode == 1, (failed.returncode, failed.stderr)
         usage = subprocess.run([*BW, "run"], capture_output=True, text=True, timeout=60)
         assert usage.returncode == 2, (usage.returncode, usage.stderr)
+
+
+def test_free_ports_picks_distinct_ports_a_stack_can_bind() -> None:
+    """A stack's ports (the demo's and the benches': API, Temporal, its UI) are picked together: two ``free_port``
+    calls in a row may return the same port, and the stack's second server then fails to start."""
+    ports = free_ports(8)
+    assert len(set(ports)) == len(ports) == 8
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
