@@ -20,6 +20,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.analyze import AnalyzeActivities
 from activities.atomize import AtomizeActivities
 from activities.attach import AttachActivities
+from activities.chain import PhaseChainActivities
 from activities.common import Deps
 from activities.fair_share import FairShareInterceptor
 from activities.fetch import FetchActivities
@@ -109,15 +110,14 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     run_log = RunLogActivities(deps)
     control = ControlActivities(deps)
     regression = RegressionActivities(deps)
+    quick = {"fetch": FetchActivities(deps).fetch, "analyze": AnalyzeActivities(deps).analyze,
+             "setup": SetupActivities(deps).setup, "attach": attach.attach, "atomize": AtomizeActivities(deps).atomize}
     activities = [
         ForkActivities(deps).fork,
         FindActivities(deps).find,
-        FetchActivities(deps).fetch,
-        AnalyzeActivities(deps).analyze,
-        SetupActivities(deps).setup,
-        attach.attach,
+        *quick.values(),
+        PhaseChainActivities(quick).quick_phases,  # the same instances: Atomize's remembered load checks are shared
         attach.stop_proxy,
-        AtomizeActivities(deps).atomize,
         materialize.begin,
         materialize.batch,
         materialize.complete,

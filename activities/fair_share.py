@@ -16,8 +16,9 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 from benchwright.security.quotas import FairShare
 
-PHASES = frozenset({"fork", "find", "fetch", "analyze", "setup", "attach", "atomize", "report_run"})
-"""The activities bounded by an account's phase share: the pipeline's work (sandboxes, datasets, scorer set-up).
+PHASES = frozenset({"fork", "find", "fetch", "analyze", "setup", "attach", "atomize", "quick_phases", "report_run"})
+"""The activities bounded by an account's phase share: the pipeline's work (sandboxes, datasets, scorer set-up; a
+chain of quick phases takes one share for all of them).
 Not the Materialize batches (their model calls have their own share), the run log's bookkeeping, nor the long
 waits (an Operator waiting for its runs must not hold a slot its runs need)."""
 

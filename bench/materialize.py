@@ -59,8 +59,9 @@ async def _closed_history_length(address: str, run_id: str) -> int:
 
 
 async def _quick_phases(address: str, run_ids: list[str]) -> tuple[int, int]:
-    """How many of the runs' quick phases ran as local activities in their workflow tasks, and how many went on as
-    ordinary activities (past the local budget under load, ``quick-phases-local``), read from their histories."""
+    """How many local activities the runs' quick phases took in their workflow tasks (a run's chain of them counts
+    once, ``quick-phases-chained``; a phase tried on its own after the chain gave out once more), and how many went
+    on as ordinary activities (past the local budget under load, ``quick-phases-local``), read from their histories."""
     from temporalio.client import Client as TemporalClient
 
     from benchwright.runs.pipeline import QUICK_PHASES
@@ -374,8 +375,8 @@ def _burst(client: Client, work: Path, keyed_url: str, pids: dict, *, n: int, ta
     print(f"  worker: RSS {before['worker']:.0f} MB before, peak {peak['worker']:.0f} MB "
           f"(+{(peak['worker'] - before['worker']) / n:.1f} MB per run), CPU {cpu['worker']:.2f} s")
     local, scheduled = asyncio.run(_quick_phases(temporal_address, ids))
-    print(f"  quick phases: {local} tries in the workflow task, {scheduled} scheduled as activities "
-          f"(past the local budget, or not run locally)")
+    print(f"  quick phases: {local} local activities in the workflow task ({n} if each run's chain took all its "
+          f"phases), {scheduled} phases scheduled as activities (past the local budget, or not run locally)")
     every = work / "burst-all.jsonl"
     every.write_text(dataset.read_text() * n)
     bare = bare_once(bare_url, every, n * c)["wall_s"]

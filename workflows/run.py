@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.analyze import AnalyzeActivities
     from activities.atomize import AtomizeActivities
     from activities.attach import AttachActivities
+    from activities.chain import PhaseChainActivities
     from activities.fetch import FetchActivities
     from activities.find import FindActivities
     from activities.fork import ForkActivities
@@ -72,6 +73,9 @@ with workflow.unsafe.imports_passed_through():
         HaltInput,
         MaterializeBatchInput,
         MaterializeCompleteInput,
+        PhaseChainFailure,
+        PhaseChainInput,
+        PhaseChainResult,
         PhaseControl,
         PhaseInput,
         PhaseResult,
@@ -81,6 +85,7 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         StopRequest,
         batch_bounds,
+        chains,
         local_attempt,
         plan_batches,
         plan_phases,
@@ -129,6 +134,8 @@ load: of 20 runs launched at once, 5-7 of their 100 quick phases ran past it and
 (``bench/materialize.py --burst 20``); at 5 s none did, in three bursts. One attempt: a retry is the ordinary
 activity's business."""
 LOCAL_RETRY = RetryPolicy(maximum_attempts=1)
+QUICK_PHASES_CHAINED = "quick-phases-chained"
+"""The patch under which a plain run's quick phases run in one local activity (``_chained``), not one each."""
 PHASE_ACTIVITIES: dict[str, Callable[[Any, PhaseInput], Awaitable[PhaseResult]]] = {
     "find": FindActivities.find, "fetch": FetchActivities.fetch, "analyze": AnalyzeActivities.analyze,
     "setup": SetupActivities.setup, "attach": AttachActivities.attach, "atomize": AtomizeActivities.atomize,
@@ -173,6 +180,12 @@ class RunWorkflow:
         """Phase → the run whose cached artifact and snapshot it reused."""
         self._preface: list[dict[str, Any]] = []
         """PipelineStarted and the plan's skips while no activity has written them (``_write_preface``)."""
+        self._plan: list[str] = []
+        """The phases the run runs, in order (``_run_plan``)."""
+        self._chain_tried = False
+        """Whether the run's quick phases were tried as one chain (once a run: ``_chained``)."""
+        self._chain_outcomes: dict[tuple[str, int], PhaseResult | PhaseChainFailure] = {}
+        """What the chain did for each (phase, invocation) the workflow has not reached yet."""
 
     # -- queries and updates -------------------------------------------------------------------------------------
 
@@ -384,6 +397,7 @@ class RunWorkflow:
         """Run the phases in order; a phase that asks for an earlier one to start over (Materialize wanting a new
         impl from Atomize) sends the run back there, and every phase after it runs again as its next invocation
         (Materialize v2 is the second sweep, §2)."""
+        self._plan = phases
         i = 0
         while i < len(phases):
             back = await self._phase_loop(phases[i])
@@ -505,13 +519,78 @@ class RunWorkflow:
         attempt = local_attempt(phase_inp.phase, phase_inp.launch, phase_inp.driver, self._inp.backend)
         if attempt is not None and (workflow.patched(CACHED_PHASES_LOCAL) if attempt.since_cached_phases
                                     else workflow.patched(QUICK_PHASES_LOCAL)):
-            local = await self._try_local(activity, phase_inp.model_copy(update={"cached_only": attempt.cached_only}),
-                                          summary)
-            if local is not None:
-                return local
+            chained = await self._chained(phase_inp) if chains(attempt) else None
+            if isinstance(chained, PhaseResult):
+                return chained
+            if chained is None:  # not in a chain, or the chain gave out before it: the phase's own local attempt
+                local = await self._try_local(
+                    activity, phase_inp.model_copy(update={"cached_only": attempt.cached_only}), summary)
+                if local is not None:
+                    return local
+            # else a failure in the chain a retry may mend: the ordinary activity, as after a local attempt's
         return await workflow.execute_activity_method(
             activity, phase_inp, start_to_close_timeout=PHASE_TIMEOUT, retry_policy=PHASE_RETRY,
             heartbeat_timeout=self._phase_heartbeat(), cancellation_type=CANCEL, summary=summary)
+
+    async def _chained(self, phase_inp: PhaseInput) -> PhaseResult | PhaseChainFailure | None:
+        """The phase's outcome from the run's chain of quick phases (issue 25, patch ``quick-phases-chained``): at the
+        first quick phase, this one and those after it that chain too run in one local activity; each then takes its
+        result here when the workflow reaches it. A permanent failure in the chain is raised as the phase's own
+        activity's would be; a failure a retry may mend is returned (its ordinary activity runs it again). None: the
+        phase was not run in the chain (the run tried its chain already, or it ran past its budget)."""
+        key = (phase_inp.phase, phase_inp.invocation)
+        if key not in self._chain_outcomes and not self._chain_tried and workflow.patched(QUICK_PHASES_CHAINED):
+            self._chain_tried = True
+            chain = self._chain_from(phase_inp)
+            outcome = await self._try_chain(chain) if len(chain) > 1 else None
+            if outcome is not None:
+                self._chain_outcomes.update({(r.phase, r.invocation): r for r in outcome.results})
+                if outcome.failure is not None:
+                    self._chain_outcomes[(outcome.failure.phase, outcome.failure.invocation)] = outcome.failure
+        found = self._chain_outcomes.pop(key, None)
+        if isinstance(found, PhaseChainFailure) and (found.non_retryable or found.type == HALTED_ERROR):
+            raise ActivityError(f"{phase_inp.phase} v{phase_inp.invocation} failed", scheduled_event_id=0,
+                                started_event_id=0, identity="", activity_type=phase_inp.phase, activity_id="",
+                                retry_state=RetryState.NON_RETRYABLE_FAILURE) from ApplicationError(
+                found.message, *found.details, type=found.type, non_retryable=True)
+        return found
+
+    def _chain_from(self, phase_inp: PhaseInput) -> list[PhaseInput]:
+        """``phase_inp`` and the plan's phases after it that chain (``benchwright.runs.pipeline.chains``), up to the
+        first that does not: each at its next invocation as the workflow would give it, none that ran already, has a
+        reviewer's instructions or a ceiling of its own (a ceiling is the workflow's timer around its one phase)."""
+        chain: list[PhaseInput] = []
+        plan = self._plan if phase_inp.phase in self._plan else [phase_inp.phase]
+        for phase in plan[plan.index(phase_inp.phase):]:
+            first = phase == phase_inp.phase
+            if (phase not in PHASE_ACTIVITIES or self._inp.limits.phase_limit(phase) is not None
+                    or not chains(local_attempt(phase, self._launch, self._inp.driver, self._inp.backend))
+                    or (not first and (phase in self._invocations or phase in self._instructions))):
+                break
+            chain.append(phase_inp if first else phase_inp.model_copy(update={
+                "phase": phase, "invocation": 1, "instructions": None, "preface": []}))
+        return chain
+
+    async def _try_chain(self, chain: list[PhaseInput]) -> PhaseChainResult | None:
+        """The chain as one local activity within ``LOCAL_BUDGET``; None when it ran past it (each phase then goes
+        on as its own local attempt: what it already committed dedupes)."""
+        priority = workflow.info().priority
+        try:
+            return await workflow.execute_local_activity_method(
+                PhaseChainActivities.quick_phases,
+                PhaseChainInput(phases=chain, fairness_key=priority.fairness_key if priority else None),
+                start_to_close_timeout=LOCAL_BUDGET, retry_policy=LOCAL_RETRY, cancellation_type=CANCEL,
+                summary=f"quick phases {chain[0].phase}..{chain[-1].phase} (local)")
+        except FailureError as err:
+            failed = err.cause if isinstance(err, ActivityError) else err
+            if isinstance(failed, CancelledError):  # a halt cancelled it: as a local phase's (``_try_local``)
+                if isinstance(err, ActivityError):
+                    raise
+                raise ActivityError("quick phases cancelled", scheduled_event_id=0, started_event_id=0, identity="",
+                                    activity_type="quick_phases", activity_id="",
+                                    retry_state=RetryState.CANCEL_REQUESTED) from failed
+            workflow.logger.info("run %s: the quick phases go on one by one (%s)", self._inp.run_id, failed)
+            return None
 
     async def _try_local(self, activity: Callable[[Any, PhaseInput], Awaitable[PhaseResult]], phase_inp: PhaseInput,
                          summary: str) -> PhaseResult | None:

@@ -217,6 +217,41 @@ class PhaseResult(BaseModel):
     control: PhaseControl | None = None
 
 
+def chains(attempt: LocalAttempt | None) -> bool:
+    """Whether a phase so tried locally may run in a chain of quick phases (``PhaseChainInput``): a plain local
+    attempt (not ``cached_only``, not one that came with ``cached-phases-local``)."""
+    return attempt is not None and not attempt.cached_only and not attempt.since_cached_phases
+
+
+class PhaseChainInput(BaseModel):
+    """A plain run's quick phases, one after the other in one local activity (``quick_phases``, patch
+    ``quick-phases-chained``): each phase exactly as its own local activity would run it, the chain stopping after
+    the first that asks the workflow for something (``PhaseResult.control``) or fails. One local activity instead
+    of one a phase: the workflow's activation, the payloads' encoding and the markers of four fewer."""
+
+    phases: list[PhaseInput]
+    fairness_key: str | None = None
+    """The run's account (``PhaseInput.fairness_key``): the chain takes one phase share for all its phases."""
+
+
+class PhaseChainFailure(BaseModel):
+    """How a phase of a chain failed, as the ``ApplicationError`` its own activity would have raised."""
+
+    phase: str
+    invocation: int
+    type: str
+    message: str
+    non_retryable: bool
+    details: list[Any] = Field(default_factory=list)
+
+
+class PhaseChainResult(BaseModel):
+    results: list[PhaseResult]
+    """The phases that completed, in order; the ones after them did not start."""
+    failure: PhaseChainFailure | None = None
+    """The phase after the last result, when it failed."""
+
+
 class EventsInput(BaseModel):
     """Events the workflow itself decides on (pipeline markers, skips, phase failures)."""
 

@@ -1,9 +1,12 @@
-"""A plain run's quick phases run as local activities in its workflow task (issue 25, patch ``quick-phases-local``).
+"""A plain run's quick phases run as local activities in its workflow task (issue 25, patch ``quick-phases-local``),
+all of them in one (patch ``quick-phases-chained``).
 
-Fetch of a file, Analyze, Setup, Attach and Atomize leave a local-activity marker each in the run's history instead of
-an activity scheduled through the task queue. One that runs past the workflow's local budget goes on as the ordinary
-activity of the same invocation (its events dedupe); a permanent failure is the phase's failure and is not run
-again; a stop sent while a local phase runs still lands.
+Fetch of a file, Analyze, Setup, Attach and Atomize leave one local-activity marker in the run's history (the chain,
+``quick_phases``) instead of an activity each scheduled through the task queue; before the chain, one marker each.
+A chain that runs past the workflow's local budget gives way to the phases' own local attempts, and a phase that
+runs past its own to the ordinary activity of the same invocation (its events dedupe); a permanent failure is the
+phase's failure and is not run again, one a retry may mend goes to the phase's activity; a phase that asks for a
+review stops the chain; a stop sent while a local phase runs still lands.
 
 A downloaded dataset's Fetch and a requirements install's Setup are tried locally only from a cross-run cache hit
 (patch ``cached-phases-local``): a re-run of a known benchmark takes all five phases in its workflow task, and a
@@ -37,6 +40,7 @@ from tests.conftest import SAMPLE, Stack, serve_app
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 DATASET = str(SAMPLE / "arithmetic.jsonl")
 QUICK = ["fetch", "analyze", "setup", "attach", "atomize"]
+CHAIN = ["quick_phases"]
 
 
 def _local_markers(events: list[HistoryEvent]) -> list[str]:
@@ -88,15 +92,38 @@ async def test_quick_phases_leave_markers_not_scheduled_activities(stack: Stack)
         events = await wait_terminal(http, run["id"])
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
     history = await _history(stack, run["id"])
-    assert _local_markers(history) == QUICK
+    assert _local_markers(history) == CHAIN
     assert not set(QUICK) & set(_scheduled(history)), _scheduled(history)
     assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
     # The log reads as it did with activities: every phase started and completed once, in order
     _once(events)
     started = [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"]
     assert started == [p for p in PHASES if p != "find"]
+    assert [e["data"]["phase"] for e in events if e["type"] == "PhaseCompleted"] == started
     assert (await stack.client.get_workflow_handle(run["id"]).query("state"))["invocations"] == {
         p: 1 for p in PHASES if p != "find"}
+    await record_history(stack, run["id"], "run_quick_phases_chained.json")
+
+
+async def test_a_worker_without_the_chain_runs_a_local_activity_per_phase_and_its_run_replays(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker from before ``quick-phases-chained`` does: a local activity each; its history replays today."""
+    from temporalio import workflow
+
+    real = workflow.patched
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "quick-phases-chained"
+                        else real(patch_id))
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
+                                                                "api_base": stack.dev_url}})
+        events = await wait_terminal(http, run["id"])
+        await stack.client.get_workflow_handle(run["id"]).result()
+    monkeypatch.undo()
+    history = await _history(stack, run["id"])
+    assert _local_markers(history) == QUICK
+    assert not set(QUICK) & set(_scheduled(history)), _scheduled(history)
+    assert events[-1]["type"] == "PipelineFinished" and events[-1]["data"]["status"] == "ok"
+    _once(events)
     await record_history(stack, run["id"], "run_quick_phases_local.json")
 
 
@@ -129,12 +156,13 @@ async def test_a_local_phase_past_its_budget_goes_on_as_its_activity(stack: Stac
         events = await wait_terminal(http, run["id"])
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
     history = await _history(stack, run["id"])
-    assert _local_markers(history) == QUICK  # atomize's marker records its timeout
+    # The chain's marker records its timeout; then each phase's own (atomize's its timeout too)
+    assert _local_markers(history) == CHAIN + QUICK
     assert "atomize" in _scheduled(history), "the stalled local Atomize must go on as the ordinary activity"
     assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
-    _once(events)  # both tries wrote Atomize's events; each is in the log once
+    _once(events)  # three tries wrote Atomize's events, two the other phases'; each is in the log once
     assert (await stack.client.get_workflow_handle(run["id"]).query("state"))["invocations"]["atomize"] == 1
-    await record_history(stack, run["id"], "run_quick_phase_past_local_budget.json")
+    await record_history(stack, run["id"], "run_quick_phases_chain_past_local_budget.json")
 
 
 async def test_a_permanent_failure_in_a_local_phase_is_not_run_again(stack: Stack) -> None:
@@ -147,9 +175,48 @@ async def test_a_permanent_failure_in_a_local_phase_is_not_run_again(stack: Stac
     failed = [e["data"] for e in events if e["type"] == "PhaseFailed"]
     assert final["status"] == "error" and [f["phase"] for f in failed] == ["attach"], failed
     assert failed[0]["error_type"] == "Unavailable", failed
-    assert "attach" in _local_markers(history) and "attach" not in _scheduled(history)
-    assert "atomize" not in _local_markers(history)
+    assert failed[0]["stack_trace"], "the failure keeps its trace through the chain"
+    assert _local_markers(history) == CHAIN and "attach" not in _scheduled(history)
+    assert not [e for e in events if e["type"] == "PhaseStarted" and e["data"]["phase"] == "atomize"]
     _once(events)
+
+
+async def test_a_failure_a_retry_may_mend_in_the_chain_goes_to_the_phases_activity(stack: Stack) -> None:
+    """Analyze fails its first attempt after committing its events (a transient fault): the chain stops there, Analyze
+    goes on as its ordinary activity (which fails once more, then passes), and the phases after it run one by one."""
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
+                                  "metadata": {"fault_injection": {"phase": "analyze"}}})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
+    assert _local_markers(history) == [*CHAIN, "setup", "attach", "atomize"]
+    assert [p for p in _scheduled(history) if p in QUICK] == ["analyze"]
+    _once(events)
+    assert not [e for e in events if e["type"] == "PhaseFailed"]
+
+
+async def test_a_review_asked_in_the_chain_stops_it(stack: Stack) -> None:
+    """Analyze asks for a review: the chain ends with it, nothing after it starts until the resolution, and then
+    Analyze's second invocation and the phases after it run one by one."""
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
+                                  "metadata": {"test_hooks": {"review": {"phase": "analyze", "reason": "look"}}}})
+        await _until_event(http, run["id"], "HumanReviewRequested", "analyze")
+        events = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 5000})).json()["events"]
+        assert [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"] == ["fetch", "analyze"]
+        resolved = await http.patch(f"/v1/runs/{run['id']}", json={"review_resolution": "go on"})
+        assert resolved.status_code < 300, resolved.text
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
+    assert _local_markers(history) == [*CHAIN, "analyze", "setup", "attach", "atomize"]
+    assert (await stack.client.get_workflow_handle(run["id"]).query("state"))["invocations"]["analyze"] == 2
+    assert [e["data"]["phase"] for e in events if e["type"] == "PhaseStarted"] == [
+        "fetch", "analyze", "analyze", "setup", "attach", "atomize", "materialize"]
+    assert [e["seq"] for e in events] == list(range(len(events)))
 
 
 async def test_a_stop_sent_while_a_local_phase_runs_lands(stack: Stack) -> None:

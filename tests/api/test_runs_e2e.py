@@ -102,7 +102,7 @@ async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> Non
                                                             f"WorkflowId = '{run['id']}'")]
     assert found == [run["id"]]
     history = await handle.fetch_history()
-    # The quick phases run as local activities (their markers carry the summaries), Materialize as activities
+    # The quick phases run as one local activity (its marker carries the summary), Materialize as activities
     summaries = [e.user_metadata.summary for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")
                  or e.HasField("marker_recorded_event_attributes")]
@@ -110,7 +110,7 @@ async def test_temporal_ui_shows_run_phase_status_and_model(stack: Stack) -> Non
     codec = stack.client.data_converter.payload_codec
     assert codec is not None
     summaries = await codec.decode([s for s in summaries if s.data])
-    assert any(b"fetch v1 (local)" in s.data for s in summaries)
+    assert any(b"quick phases fetch..atomize (local)" in s.data for s in summaries)
     assert any(b"materialize v1: tasks 0..59" in s.data for s in summaries)
 
 

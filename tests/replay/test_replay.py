@@ -55,6 +55,13 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   ``run_before_quick_phases_local.json``: the same run with the patch answered False in the recording worker, as a
   worker from before it would have run it (every phase an activity). The call is asked only for a ``RunInput`` with
   ``backend`` (carried since the patch), so every run history above replays without reaching it.
+- ``run_quick_phases_chained.json``: the run of ``run_quick_phases_local.json`` with its five quick phases in one
+  local activity (``patched("quick-phases-chained")``: one ``core_local_activity`` marker, ``quick_phases``), and
+  ``run_quick_phases_chain_past_local_budget.json``: the same with Atomize stalled inside the chain, which ran past
+  its 5 s budget, after which each phase ran as its own local activity and Atomize, stalled again, as its ordinary
+  activity; both recorded by tests/api/test_local_phases.py (issue 25: four local activities fewer before the first
+  model call). ``run_quick_phases_local.json`` is since recorded with that patch answered False (a local activity
+  per phase, as before it); every run history above from before the patch reaches the call and replays without it.
 - ``run_cached_phases_local.json``: a re-run of a published benchmark (a downloaded dataset, one requirement) whose
   Fetch, Analyze and Setup hit the cross-run cache and whose five quick phases all ran as local activities
   (``patched("cached-phases-local")``), and ``run_before_cached_phases_local.json``: the same re-run with the patch
