@@ -105,48 +105,43 @@ async def test_quick_phases_leave_markers_not_scheduled_activities(stack: Stack)
     await record_history(stack, run["id"], "run_quick_phases_chained.json")
 
 
-async def test_a_worker_without_the_chain_runs_a_local_activity_per_phase_and_its_run_replays(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a worker from before ``quick-phases-chained`` does: a local activity each; its history replays today."""
+async def _run_without(stack: Stack, monkeypatch: pytest.MonkeyPatch, patch: str
+                       ) -> tuple[str, list[dict[str, Any]], list[HistoryEvent]]:
+    """A plain run by a worker from before ``patch`` (the patch answered False in the stack's worker): its id, log
+    and history, which replays on today's code (the replay, reaching the call with no marker recorded, keeps the old
+    branch)."""
     from temporalio import workflow
 
     real = workflow.patched
-    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "quick-phases-chained"
-                        else real(patch_id))
+    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == patch else real(patch_id))
     async with stack.http() as http:
         run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
                                                                 "api_base": stack.dev_url}})
         events = await wait_terminal(http, run["id"])
         await stack.client.get_workflow_handle(run["id"]).result()
     monkeypatch.undo()
-    history = await _history(stack, run["id"])
+    return run["id"], events, await _history(stack, run["id"])
+
+
+async def test_a_worker_without_the_chain_runs_a_local_activity_per_phase_and_its_run_replays(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker from before ``quick-phases-chained`` does: a local activity each."""
+    run_id, events, history = await _run_without(stack, monkeypatch, "quick-phases-chained")
     assert _local_markers(history) == QUICK
     assert not set(QUICK) & set(_scheduled(history)), _scheduled(history)
     assert events[-1]["type"] == "PipelineFinished" and events[-1]["data"]["status"] == "ok"
     _once(events)
-    await record_history(stack, run["id"], "run_quick_phases_local.json")
+    await record_history(stack, run_id, "run_quick_phases_local.json")
 
 
 async def test_a_worker_without_the_patch_schedules_every_phase_and_its_run_replays(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a worker from before ``quick-phases-local`` does with a run it started (the patch answered False in the
-    stack's worker): every phase an activity, no marker; the history replays on today's code (the run's replay,
-    reaching the call with no marker recorded, keeps the old branch)."""
-    from temporalio import workflow
-
-    real = workflow.patched
-    monkeypatch.setattr(workflow, "patched", lambda patch_id: False if patch_id == "quick-phases-local"
-                        else real(patch_id))
-    async with stack.http() as http:
-        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
-                                                                "api_base": stack.dev_url}})
-        events = await wait_terminal(http, run["id"])
-        await stack.client.get_workflow_handle(run["id"]).result()
-    monkeypatch.undo()
-    history = await _history(stack, run["id"])
+    """What a worker from before ``quick-phases-local`` does with a run it started: every phase an activity, no
+    marker."""
+    run_id, events, history = await _run_without(stack, monkeypatch, "quick-phases-local")
     assert not _local_markers(history) and set(QUICK) <= set(_scheduled(history))
     assert events[-1]["type"] == "PipelineFinished" and events[-1]["data"]["status"] == "ok"
-    await record_history(stack, run["id"], "run_before_quick_phases_local.json")
+    await record_history(stack, run_id, "run_before_quick_phases_local.json")
 
 
 async def test_a_local_phase_past_its_budget_goes_on_as_its_activity(stack: Stack) -> None:
