@@ -285,6 +285,9 @@ def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[
         for start in range(0, len(keys), _KEY_CHUNK):
             seen.update(conn.execute(_RECORDED, {"keys_": keys[start : start + _KEY_CHUNK]}).scalars())
         return next_seq, seen
+    if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+        # A reader's session (store.db.reader): the lock would end with its statement and seq could repeat.
+        raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
     lock_sql, check_sql = _DRIVER_SQL.get(conn.dialect.name) or _driver_sql(conn)
     row = _on_driver(conn, lock_sql, {"run_id_": run_id}, fetch=True)
     if not row:

@@ -198,3 +198,18 @@ def test_a_connection_lost_on_the_driver_path_reads_as_a_store_outage(postgres_u
     assert [e.seq for e in read_events(engine, run_id)] == [0]  # nothing landed; the pool serves a live connection
     engine.dispose()
     admin.dispose()
+
+
+def test_an_append_through_a_readers_session_is_refused(postgres_url: str) -> None:
+    """A session on ``store.db.reader`` runs each statement in autocommit: the run row's lock would end with its own
+    statement and two appenders could take the same seq. The append refuses it and writes nothing."""
+    from benchwright.store.db import reader
+    from benchwright.store.events import append_in_session
+
+    run_id = _new_run(postgres_url)
+    engine = make_engine(postgres_url)
+    with Session(reader(engine)) as session, pytest.raises(RuntimeError, match="needs a transaction"):
+        append_in_session(session, run_id, [NewEvent.of(event_key(run_id, "unlocked"), AgentTextEvent(
+            phase="test", text="no lock held"))])
+    assert [e.seq for e in read_events(engine, run_id)] == [0]
+    engine.dispose()
