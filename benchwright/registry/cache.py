@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.store.db import reader, session_scope
+from benchwright.store.db import reader
 from benchwright.store.models import PhaseCell, Run
 
 CACHED_PHASES = ("fetch", "analyze", "setup")
@@ -47,14 +47,9 @@ def _cell(row: PhaseCell) -> Cell:
                 source_run_id=row.source_run_id)
 
 
-def record_cell(engine: Engine, cell: Cell) -> None:
-    """Upsert the run's cell for the phase (a restarted phase's later invocation replaces it)."""
-    with session_scope(engine) as session:
-        record_cell_in(session, cell)
-
-
 def record_cell_in(session: Session, cell: Cell) -> None:
-    """``record_cell`` inside a caller's transaction: a phase's, which lands its cell with its close."""
+    """Upsert the run's cell for the phase (a restarted phase's later invocation replaces it), inside the caller's
+    transaction: a phase's close, which lands the cell with the events it names."""
     row = session.get(PhaseCell, (cell.run_id, cell.phase))
     if row is None:
         row = PhaseCell(run_id=cell.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=[], files={},
