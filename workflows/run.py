@@ -147,6 +147,13 @@ class _Teardown(Exception):
     """A halt that does not come back: stop the pipeline and close the run."""
 
 
+def _local_failure(message: str, activity_type: str, retry_state: RetryState) -> ActivityError:
+    """The ``ActivityError`` an ordinary activity would have ended with, for a local one whose end reached the
+    workflow bare (a replayed marker) or only as a result (a chain's failure): raise it ``from`` the cause."""
+    return ActivityError(message, scheduled_event_id=0, started_event_id=0, identity="", activity_type=activity_type,
+                         activity_id="", retry_state=retry_state)
+
+
 def _conflict(message: str, code: str) -> ApplicationError:
     # details are positional (TEMPORAL-NOTES): ApplicationError(message, {"code": ...}, type=...)
     return ApplicationError(message, {"code": code}, type="Conflict", non_retryable=True)
@@ -549,9 +556,8 @@ class RunWorkflow:
                     self._chain_outcomes[(outcome.failure.phase, outcome.failure.invocation)] = outcome.failure
         found = self._chain_outcomes.pop(key, None)
         if isinstance(found, PhaseChainFailure) and (found.non_retryable or found.type == HALTED_ERROR):
-            raise ActivityError(f"{phase_inp.phase} v{phase_inp.invocation} failed", scheduled_event_id=0,
-                                started_event_id=0, identity="", activity_type=phase_inp.phase, activity_id="",
-                                retry_state=RetryState.NON_RETRYABLE_FAILURE) from ApplicationError(
+            raise _local_failure(f"{phase_inp.phase} v{phase_inp.invocation} failed", phase_inp.phase,
+                                 RetryState.NON_RETRYABLE_FAILURE) from ApplicationError(
                 found.message, *found.details, type=found.type, non_retryable=True)
         return found
 
@@ -586,9 +592,7 @@ class RunWorkflow:
             if isinstance(failed, CancelledError):  # a halt cancelled it: as a local phase's (``_try_local``)
                 if isinstance(err, ActivityError):
                     raise
-                raise ActivityError("quick phases cancelled", scheduled_event_id=0, started_event_id=0, identity="",
-                                    activity_type="quick_phases", activity_id="",
-                                    retry_state=RetryState.CANCEL_REQUESTED) from failed
+                raise _local_failure("quick phases cancelled", "quick_phases", RetryState.CANCEL_REQUESTED) from failed
             workflow.logger.info("run %s: the quick phases go on one by one (%s)", self._inp.run_id, failed)
             return None
 
@@ -613,10 +617,8 @@ class RunWorkflow:
                              and (failed.non_retryable or failed.type == HALTED_ERROR)):
                 if isinstance(err, ActivityError):
                     raise
-                raise ActivityError(f"{summary} failed", scheduled_event_id=0, started_event_id=0, identity="",
-                                    activity_type=phase_inp.phase, activity_id="",
-                                    retry_state=RetryState.CANCEL_REQUESTED if cancelled
-                                    else RetryState.NON_RETRYABLE_FAILURE) from failed
+                raise _local_failure(f"{summary} failed", phase_inp.phase, RetryState.CANCEL_REQUESTED if cancelled
+                                     else RetryState.NON_RETRYABLE_FAILURE) from failed
         workflow.logger.info("run %s: %s goes on as an activity (%s)", self._inp.run_id, summary, failed)
         return None
 
