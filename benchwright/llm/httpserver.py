@@ -203,7 +203,8 @@ class Connection(asyncio.Protocol):
         self.last_active = self.loop.time()
         if self.done or self.last_request or self.final is not None:
             return  # nothing more will be answered; drain (a lingering close relies on this)
-        if self.in_head:
+        was_in_head = self.in_head
+        if was_in_head:
             self.head_bytes += len(data)
             if self.head_bytes > MAX_HEAD_BYTES:
                 self._fail(HEAD_TOO_LARGE)
@@ -211,6 +212,13 @@ class Connection(asyncio.Protocol):
         while True:
             try:
                 self.parser.feed_data(data)
+                if self.in_head and not was_in_head:
+                    # A request began in this chunk and its head is not over. Counted from the next chunk on only,
+                    # a head sent in one burst went uncounted and the parser buffered it whole; at most the whole
+                    # chunk is that head (a pipelined request's tail before it counts too).
+                    self.head_bytes = len(data)
+                    if self.head_bytes > MAX_HEAD_BYTES:
+                        self._fail(HEAD_TOO_LARGE)
                 return
             except httptools.HttpParserUpgrade as exc:
                 # Upgrades (h2c, websocket) are not supported: carry on in HTTP/1.1 as if none was asked.

@@ -297,6 +297,21 @@ async def test_the_model_call_server_speaks_http_1_1_to_a_hostile_caller(
     assert (await _chat(handle, handle.fake_key)).status_code == 200, "the server carries on"
 
 
+async def test_a_head_over_the_bound_sent_in_one_burst_gets_431(
+        models: tuple[DevModelServer, DevModelServer]) -> None:
+    """The head's bound holds when the whole head arrives in the server's first read of it: the client writes it in
+    one call and only then yields to the server, which shares its loop, so the server reads it at once. It used to be
+    counted from the next read on only, and the parser buffered the head whole and waited for more."""
+    from benchwright.llm.httpserver import MAX_HEAD_BYTES
+
+    a, _ = models
+    reader, writer = await asyncio.open_connection("127.0.0.1", a.port)
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHost: p\r\nX-Pad: " + b"a" * (MAX_HEAD_BYTES + 4096))
+    status, headers, _ = await asyncio.wait_for(_read_answer(reader), 10)
+    assert (status, headers["connection"]) == (431, "close")
+    writer.close()
+
+
 async def test_a_streamed_answer_passes_as_a_stream_and_is_priced_from_its_usage_chunk(
         tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
     a, _ = models
