@@ -33,6 +33,7 @@ from activities.report import ReportActivities
 from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
 from benchwright.drivers.llm import install_llm_driver
+from benchwright.llm.httpclient import ConnectionShelf
 from benchwright.runs.placement import start_warm_sandboxes
 from benchwright.sandbox.local.warm import stop_warm_pool
 from benchwright.security.crypto import load_keyring
@@ -70,11 +71,12 @@ class StackWorker(Worker):
     in-process (tests) or not."""
 
     def __init__(self, client: Client, *, settings: Settings, engine: Engine, share: FairShare | None = None,
-                 **kwargs: Any) -> None:
+                 connections: ConnectionShelf | None = None, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self._settings = settings
         self._engine = engine
         self._share = share
+        self._connections = connections
 
     async def run(self) -> None:
         stop_sweep = asyncio.Event()
@@ -85,6 +87,8 @@ class StackWorker(Worker):
         finally:
             if lag:
                 lag.cancel()
+            if self._connections is not None:
+                self._connections.close()
             stop_sweep.set()
             await asyncio.shield(_release(sweep, settings=self._settings))
 
@@ -105,7 +109,9 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
     # Alone, an account's phases and batch starts (CPU-bound: sandboxes, scorer runtimes) go as many at once as cores.
     share = FairShare(phase_slots=settings.fair_phase_slots, lag_target_s=settings.fair_lag_target_ms / 1000,
                       alone_phase_slots=(os.cpu_count() or 1))
-    materialize = MaterializeActivities(deps, share)
+    # The batches' connections to the worker's credential proxy outlive each batch: the next one starts with them.
+    connections = ConnectionShelf()
+    materialize = MaterializeActivities(deps, share, connections)
     attach = AttachActivities(deps)
     run_log = RunLogActivities(deps)
     control = ControlActivities(deps)
@@ -142,6 +148,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         settings=settings,
         engine=engine,
         share=share,
+        connections=connections,
         interceptors=[FairShareInterceptor(share)],  # each account's share of this worker (benchwright.security.quotas)
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],

@@ -19,6 +19,7 @@ from benchwright.aio import wait_out
 from benchwright.errors import BenchwrightError
 from benchwright.events import PhaseCompleted, PhaseRestartRequested, PhaseStarted
 from benchwright.llm.breaker import SutBreaker
+from benchwright.llm.httpclient import ConnectionShelf
 from benchwright.llm.prices import prices_for
 from benchwright.llm.sut import SutClient, run_sut
 from benchwright.proxy.model_proxy import ProxyHandle
@@ -109,8 +110,11 @@ def resweep_request(deps: Deps, metadata: dict[str, Any], invocation: int) -> Ph
 
 
 class MaterializeActivities:
-    def __init__(self, deps: Deps, share: FairShare | None = None) -> None:
+    def __init__(self, deps: Deps, share: FairShare | None = None, connections: ConnectionShelf | None = None) -> None:
         self.deps = deps
+        self.connections = connections
+        """The worker's idle connections to its credential proxy, which every batch's model calls go through: a
+        batch takes its warm connections from there and leaves them there (``benchwright.llm.httpclient``)."""
         self.ceilings = ScorerCeilings.of(deps.settings)
         self.halts = HaltWatch(deps)
         self.share = share or FairShare()
@@ -142,7 +146,7 @@ class MaterializeActivities:
         settings = self.deps.settings
         sut: SutClient = run_sut(inp.model, prices=prices_for(inp.model), proxy=proxy, concurrency=inp.concurrency,
                                  timeout_s=settings.sut_timeout_s, retries=settings.sut_retries,
-                                 budget_s=inp.task_limits.attempt_duration_s)
+                                 budget_s=inp.task_limits.attempt_duration_s, shelf=self.connections)
         account_id, quota = account
         self.share.set_quota(account_id, quota)
         sut = GatedSut(sut, share=self.share, account=account_id, concurrency=inp.concurrency)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -176,6 +178,80 @@ def _deadline(timeout_s: float | None) -> float | None:
     return None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
 
 
+Origin = tuple[bool, str, int, str]
+"""Where a connection goes: (TLS, the address connected to, the port, the host name it was opened for)."""
+
+
+class ConnectionShelf:
+    r"""Idle keep-alive connections that closed ``HttpPool``\ s left, for the next pool to the same origin (on the
+    same event loop).
+
+    A worker's Materialize batches all call its credential proxy, each batch through a pool of its own, and each
+    pool opened its connections afresh: 128 connects at C=128, ~15 ms of the worker's event loop at every batch's
+    start (its own start waiting behind them) and as much of the proxy's. A connection carries nothing of the pool
+    that opened it (every request sends its own headers), so a pool to the same origin may use it. At most
+    ``per_origin`` are kept, each for at most ``keep_s`` (well below the proxy's own idle limit, 75 s); one the server
+    closed meanwhile is skipped, and a request that finds it closed anyway is resent once on a fresh connection, as
+    on any reused connection (``HttpPool.post``).
+    """
+
+    def __init__(self, *, per_origin: int = 512, keep_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._per_origin = per_origin
+        self._keep_s = keep_s
+        self._clock = clock
+        self._kept: dict[Origin, list[tuple[float, _Connection]]] = {}
+        self._closed = False
+
+    def take(self, origin: Origin, count: int) -> list[_Connection]:
+        """Up to ``count`` open connections to ``origin``, the most recently kept first."""
+        kept = self._kept.get(origin)
+        taken: list[_Connection] = []
+        now = self._clock()
+        while kept and len(taken) < count:
+            since, conn = kept.pop()
+            if conn.closed:
+                continue
+            if now - since > self._keep_s:
+                conn.close()
+                continue
+            taken.append(conn)
+        return taken
+
+    def put(self, origin: Origin, conns: list[_Connection]) -> None:
+        """Keep ``conns`` (idle, between requests) for the next pool to ``origin``; close what is not kept."""
+        if self._closed:
+            for conn in conns:
+                conn.close()
+            return
+        kept = self._kept.setdefault(origin, [])
+        now = self._clock()
+        stale = 0
+        while stale < len(kept) and (kept[stale][1].closed or now - kept[stale][0] > self._keep_s):
+            kept[stale][1].close()
+            stale += 1
+        del kept[:stale]
+        for conn in conns:
+            if conn.closed:
+                continue
+            if len(kept) < self._per_origin:
+                kept.append((now, conn))
+            else:
+                conn.close()
+
+    def kept(self, origin: Origin) -> int:
+        """How many connections to ``origin`` are kept (closed ones included until they are looked at)."""
+        return len(self._kept.get(origin, ()))
+
+    def close(self) -> None:
+        """Close every kept connection; later ones are closed as they come."""
+        self._closed = True
+        for kept in self._kept.values():
+            for _, conn in kept:
+                conn.close()
+        self._kept.clear()
+
+
 class HttpPool:
     """Keep-alive connections to one origin (``scheme://host[:port]``).
 
@@ -187,11 +263,13 @@ class HttpPool:
         connect_timeout_s: Bound on establishing a connection (the caller bounds the whole request).
         connect_address: Connect to this IP address instead of resolving the URL's host (an address a policy
             check approved); the ``Host`` header and the TLS server name stay the URL's.
+        shelf: Where ``warm`` takes idle connections to the origin from before it opens any, and where ``aclose``
+            leaves this pool's idle ones (``ConnectionShelf``); None: each pool opens and closes its own.
     """
 
     def __init__(self, base_url: str, *, headers: dict[str, str] | None = None, max_idle: int = 128,
                  ssl_context: ssl.SSLContext | None = None, connect_timeout_s: float = 30.0,
-                 connect_address: str | None = None) -> None:
+                 connect_address: str | None = None, shelf: ConnectionShelf | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -213,6 +291,8 @@ class HttpPool:
         self._connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
         self._closed = False
+        self._shelf = shelf
+        self.origin: Origin = (self._ssl is not None, self._connect_to, self._port, self._host)
 
     async def post(self, path: str, body: bytes, *, content_type: str = "application/json",
                    timeout_s: float | None = None) -> HttpResponse:
@@ -283,8 +363,12 @@ class HttpPool:
 
     async def warm(self, count: int) -> int:
         """Open connections ahead of the requests until ``count`` (at most ``max_idle``) are idle; returns how
-        many were opened. Failures are not raised: the requests that follow will report them."""
+        many were opened (those taken from the pool's shelf not counted). Failures are not raised: the requests that
+        follow will report them."""
         want = min(count, self._max_idle) - len(self._idle)
+        if self._shelf is not None and want > 0:
+            self._idle.extend(self._shelf.take(self.origin, want))
+            want = min(count, self._max_idle) - len(self._idle)
         results = await asyncio.gather(*(self._connect() for _ in range(max(0, want))), return_exceptions=True)
         for conn in results:
             if isinstance(conn, _Connection):
@@ -295,7 +379,12 @@ class HttpPool:
         return sum(isinstance(c, _Connection) for c in results)
 
     async def aclose(self) -> None:
+        """Close the pool: its idle connections go to its shelf (if it has one) or are closed; a connection in use
+        is closed when its exchange ends."""
         self._closed = True
         idle, self._idle = self._idle, []
+        if self._shelf is not None:
+            self._shelf.put(self.origin, idle)
+            return
         for conn in idle:
             conn.close()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from benchwright.errors import Unavailable
-from benchwright.llm.httpclient import HttpClientError, HttpConnectError, HttpPool
+from benchwright.llm.httpclient import ConnectionShelf, HttpClientError, HttpConnectError, HttpPool
 from benchwright.llm.prices import Prices
 from benchwright.schemas import ModelSpec
 
@@ -140,17 +140,19 @@ def make_sut(spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrenc
 
 
 def run_sut(model: ModelSpec, *, prices: Prices, proxy: ProxyHandle | None, concurrency: int, timeout_s: float,
-            retries: int, budget_s: float | None = None) -> SutClient:
+            retries: int, budget_s: float | None = None, shelf: ConnectionShelf | None = None) -> SutClient:
     """The run's model route, the one place it is decided: through the run's credential proxy with its per-run
     key (every run has one since Attach registers every run; ``None`` calls the model directly, for callers
     outside a run). The Attach probe and every Materialize batch use it, so the probe proves exactly the path the
-    scorer's calls will take."""
+    scorer's calls will take. ``shelf``: the worker's idle connections to its proxy, used and added to by the
+    route's client (``benchwright.llm.httpclient.ConnectionShelf``; a direct route never shares them)."""
     if proxy is not None:
         via_proxy = ModelSpec(identifier=f"openai/{proxy.model_name}", api_base=proxy.base_url, params=model.params)
         # Errors name the model's own endpoint: the proxy's loopback address means nothing to a reader.
         shown = model.api_base or (OPENAI_DEFAULT_BASE if route_for(model.identifier) == "openai" else model.identifier)
         return OpenAICompatibleSut(via_proxy, prices=prices, api_key=proxy.fake_key, concurrency=concurrency,
-                                   timeout_s=timeout_s, retries=retries, budget_s=budget_s, shown_as=shown)
+                                   timeout_s=timeout_s, retries=retries, budget_s=budget_s, shown_as=shown,
+                                   shelf=shelf)
     return make_sut(model, prices=prices, api_key=None, concurrency=concurrency, timeout_s=timeout_s,
                     retries=retries, budget_s=budget_s)
 
@@ -274,7 +276,8 @@ async def probe(sut: SutClient, *, spec: ModelSpec) -> None:
 
 class OpenAICompatibleSut:
     def __init__(self, spec: ModelSpec, *, prices: Prices, api_key: str | None, concurrency: int, timeout_s: float,
-                 retries: int, budget_s: float | None = None, shown_as: str | None = None) -> None:
+                 retries: int, budget_s: float | None = None, shown_as: str | None = None,
+                 shelf: ConnectionShelf | None = None) -> None:
         self._model = spec.identifier.split("/", 1)[1]
         self._params = spec.params
         self._prices = prices
@@ -287,7 +290,8 @@ class OpenAICompatibleSut:
         self._timeout_s = timeout_s
         self._limit = max(concurrency, 1)
         self._slots = asyncio.Semaphore(self._limit)
-        self._pool = HttpPool(base, headers={"Authorization": f"Bearer {key}"}, max_idle=max(concurrency, 1))
+        self._pool = HttpPool(base, headers={"Authorization": f"Bearer {key}"}, max_idle=max(concurrency, 1),
+                              shelf=shelf)
 
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
         body = {**self._params, **params, "model": self._model, "messages": messages}

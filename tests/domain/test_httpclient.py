@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchwright.llm.httpclient import HttpClientError, HttpPool
+from benchwright.llm.httpclient import ConnectionShelf, HttpClientError, HttpPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -321,6 +321,60 @@ async def test_warm_opens_connections_the_next_requests_use() -> None:
     with pytest.raises(HttpClientError, match="cannot connect"):
         await pool.post("/x", b"")
     await pool.aclose()
+
+
+async def test_a_shelf_hands_a_closed_pools_connections_to_the_next_pool_to_the_same_origin() -> None:
+    shelf = ConnectionShelf()
+    async with serving(echo_keep_alive) as (url, stats), serving(echo_keep_alive) as (other_url, other_stats):
+        first = HttpPool(url, headers={"Authorization": "Bearer run-1"}, max_idle=4, shelf=shelf)
+        assert await first.warm(4) == 4
+        await asyncio.gather(*(first.post("/x", b"a") for _ in range(4)))
+        await first.aclose()  # its four idle connections stay open, on the shelf
+        assert shelf.kept(first.origin) == 4 and stats["connections"] == 4
+        # The next pool (another run's key) warms from the shelf: no connect, and its requests carry its own headers.
+        second = HttpPool(url, headers={"Authorization": "Bearer run-2"}, max_idle=4, shelf=shelf)
+        assert await second.warm(4) == 0
+        answers = await asyncio.gather(*(second.post("/x", b"b") for _ in range(4)))
+        assert {a.body for a in answers} == {b"POST /v1/x HTTP/1.1|Bearer run-2|b"}
+        assert stats == {"connections": 4, "requests": 8}
+        # Another origin has nothing on the shelf: its pool opens its own.
+        elsewhere = HttpPool(other_url, max_idle=2, shelf=shelf)
+        assert await elsewhere.warm(2) == 2 and other_stats["connections"] == 2
+        await elsewhere.aclose()
+        await second.aclose()
+        shelf.close()  # the worker's end: every kept connection closed, and any left later too
+        assert shelf.kept(first.origin) == 0
+        late = HttpPool(url, max_idle=1, shelf=shelf)
+        assert await late.warm(1) == 1
+        await late.aclose()
+        assert shelf.kept(late.origin) == 0
+
+
+async def test_a_shelf_skips_closed_connections_and_drops_old_and_surplus_ones() -> None:
+    async with serving(echo_keep_alive) as (url, stats):
+        shelf = ConnectionShelf(per_origin=2)
+        pool = HttpPool(url, max_idle=3, shelf=shelf)
+        assert await pool.warm(3) == 3
+        idle = list(pool._idle)
+        await pool.aclose()  # three idle connections, two kept: the surplus one is closed
+        assert shelf.kept(pool.origin) == 2
+        assert [conn.closed for conn in idle] == [False, False, True]
+        idle[1].close()  # as when its server closes it while it sits on the shelf (connection_lost)
+        taken = shelf.take(pool.origin, 2)
+        assert taken == [idle[0]] and shelf.kept(pool.origin) == 0
+        for conn in taken:
+            conn.close()
+        # Kept past keep_s: closed when looked at, never handed out.
+        now = [100.0]
+        old = ConnectionShelf(keep_s=30.0, clock=lambda: now[0])
+        pool = HttpPool(url, max_idle=2, shelf=old)
+        await pool.warm(2)
+        idle = list(pool._idle)
+        await pool.aclose()
+        now[0] += 30.5
+        assert old.take(pool.origin, 2) == []
+        assert all(conn.closed for conn in idle)
+    assert stats["connections"] == 5
 
 
 async def test_an_oversized_body_and_unsolicited_bytes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:

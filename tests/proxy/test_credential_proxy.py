@@ -14,6 +14,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from benchwright.llm.httpclient import ConnectionShelf
 from benchwright.llm.prices import Prices
 from benchwright.llm.sut import SutError, listed_at_proxy, run_sut
 from benchwright.proxy.model_proxy import (
@@ -99,6 +100,41 @@ async def test_per_run_keys_route_apart_and_die_with_the_run(
     last = await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-b")
     assert last is not None and last.idle and last.calls == 2
     assert a.chat_statuses == {200: 1} and b.chat_statuses == {200: 2}, "each provider saw only its own run"
+
+
+async def test_runs_take_over_kept_connections_to_the_proxy_and_each_request_carries_its_own_runs_key(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, b = models
+    spec_a = ModelSpec(identifier="openai/dev", api_base=a.url)
+    spec_b = ModelSpec(identifier="openai/dev", api_base=b.url)
+    run_a = await asyncio.to_thread(_register, tmp_path, "run-a", spec_a, KEY_A, registry)
+    run_b = await asyncio.to_thread(_register, tmp_path, "run-b", spec_b, KEY_B, registry)
+    shelf = ConnectionShelf()  # a worker's: every batch's client takes from it and leaves to it
+    proxy = (False, "127.0.0.1", run_a.port, "127.0.0.1")
+    messages = [{"role": "user", "content": QUESTION}]
+
+    sut_a = run_sut(spec_a, prices=Prices(), proxy=run_a, concurrency=2, timeout_s=5, retries=0, shelf=shelf)
+    await sut_a.warm(2)
+    assert [r.text for r in await asyncio.gather(*(sut_a.complete(messages, {}) for _ in range(2)))] == ["5", "5"]
+    await sut_a.aclose()
+    assert shelf.kept(proxy) == 2, "run-a's batch left its connections to the proxy open"
+    await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-a")
+
+    sut_b = run_sut(spec_b, prices=Prices(), proxy=run_b, concurrency=2, timeout_s=5, retries=0, shelf=shelf)
+    await sut_b.warm(2)
+    assert shelf.kept(proxy) == 0, "run-b's batch took them over instead of connecting"
+    assert [r.text for r in await asyncio.gather(*(sut_b.complete(messages, {}) for _ in range(2)))] == ["5", "5"]
+    await sut_b.aclose()
+    # On the very connections run-b used, run-a's key is refused: a connection carries no run, each request its key.
+    late_a = run_sut(spec_a, prices=Prices(), proxy=run_a, concurrency=2, timeout_s=5, retries=0, shelf=shelf)
+    await late_a.warm(2)
+    assert shelf.kept(proxy) == 0
+    with pytest.raises(SutError) as refused:
+        await late_a.complete(messages, {})
+    await late_a.aclose()
+    assert refused.value.status == 401
+    assert a.chat_statuses == {200: 2} and b.chat_statuses == {200: 2}, "each provider saw only its own run"
+    shelf.close()
 
 
 async def test_the_worker_side_client_classifies_the_providers_failures_through_the_proxy(
