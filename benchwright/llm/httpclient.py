@@ -263,8 +263,9 @@ class HttpPool:
         connect_timeout_s: Bound on establishing a connection (the caller bounds the whole request).
         connect_address: Connect to this IP address instead of resolving the URL's host (an address a policy
             check approved); the ``Host`` header and the TLS server name stay the URL's.
-        shelf: Where ``warm`` takes idle connections to the origin from before it opens any, and where ``aclose``
-            leaves this pool's idle ones (``ConnectionShelf``); None: each pool opens and closes its own.
+        shelf: Where the pool takes idle connections to its origin from before it opens any (``warm``, and a
+            request finding none idle), and where ``aclose`` leaves its idle ones (``ConnectionShelf``); None: each
+            pool opens and closes its own.
     """
 
     def __init__(self, base_url: str, *, headers: dict[str, str] | None = None, max_idle: int = 128,
@@ -321,6 +322,8 @@ class HttpPool:
     async def _send(self, request: bytes, deadline: float | None) -> HttpResponse:
         if self._closed:
             raise HttpClientError("the HTTP pool is closed")
+        if not self._idle and self._shelf is not None:
+            self._idle.extend(self._shelf.take(self.origin, 1))
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:

@@ -137,6 +137,23 @@ async def test_runs_take_over_kept_connections_to_the_proxy_and_each_request_car
     shelf.close()
 
 
+async def test_a_run_after_another_to_the_same_provider_calls_it_on_the_connections_the_first_left(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    a, _ = models
+    spec = ModelSpec(identifier="openai/dev", api_base=a.url)
+    first = await asyncio.to_thread(_register, tmp_path, "run-1", spec, KEY_A, registry)
+    got = await asyncio.gather(*(_chat(first, first.fake_key) for _ in range(3)))
+    assert [g.status_code for g in got] == [200] * 3 and a.connections_opened == 3
+    await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-1")
+    second = await asyncio.to_thread(_register, tmp_path, "run-2", spec, KEY_A, registry)
+    assert second.port == first.port, "the same proxy (it lingers between runs)"
+    got = await asyncio.gather(*(_chat(second, second.fake_key) for _ in range(3)))
+    assert [g.status_code for g in got] == [200] * 3
+    assert a.connections_opened == 3, "run-2's calls went out on run-1's connections to the provider"
+    assert a.chat_statuses == {200: 6}
+    assert (await _chat(first, first.fake_key)).status_code == 401, "run-1's key died with run-1 all the same"
+
+
 async def test_the_worker_side_client_classifies_the_providers_failures_through_the_proxy(
         tmp_path: Path, registry: ProcessRegistry) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"

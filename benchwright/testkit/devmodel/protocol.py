@@ -41,6 +41,16 @@ _GET = frozenset((b"GET", b"HEAD"))  # Starlette answered HEAD on every GET rout
 # Starlette's RedirectResponse quoting of the Location URL.
 _LOCATION_SAFE = ":/%#?=@[]!$&'()*+,;"
 
+class _CountedSet(set[Connection]):
+    """The live connections, counting every one ever added (``DevModelServer.connections_opened``)."""
+
+    opened = 0
+
+    def add(self, connection: Connection) -> None:
+        self.opened += 1
+        super().add(connection)
+
+
 def _too_large(limit: int) -> bytes:
     return error_response(413, _JSON_CONTENT_TYPE,
                           _error_body(f"Request body exceeds the {limit // 2**20} MiB limit."))
@@ -70,7 +80,7 @@ class _Handler:
             b"/models": (_GET, models_body),
             b"/health": (_GET, b'{"ok": true}'),
         }
-        self.connections: set[Connection] = set()
+        self.connections = _CountedSet()
         self.closing = False
         self.max_body = _MAX_BODY_BYTES
         self.wanted_headers = _WANTED_HEADERS

@@ -44,6 +44,11 @@ class DevModelServer:
         """How many chat-completions requests were answered with each status so far."""
         return dict(self._handler.chat_statuses)
 
+    @property
+    def connections_opened(self) -> int:
+        """How many connections clients have opened to it so far."""
+        return self._handler.connections.opened
+
     async def close(self) -> None:
         """Stop listening and close every connection once its in-flight answer has been sent.
 
