@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
-from benchwright.runs.materialize import aggregated_event, result_event
+from benchwright.runs.materialize import _outcome, _plain, aggregated_event, result_event
 from benchwright.scoring.aggregators import AggregatorConfig, TrialOutcome, aggregate, aggregator
 from benchwright.scoring.host import TrialRecord
 from benchwright.store.events import NewEvent, event_key
@@ -52,6 +52,21 @@ def test_a_result_event_is_the_models(rec: TrialRecord) -> None:
 def test_a_record_the_model_refuses_is_still_refused() -> None:
     with pytest.raises(ValidationError):
         result_event("run-1", 0, RECORDS[-1])
+
+
+@pytest.mark.parametrize("rec", RECORDS[:-1], ids=lambda r: f"task{r.index}")
+def test_a_trial_as_its_aggregator_takes_it_is_the_models(rec: TrialRecord) -> None:
+    built = _outcome(rec, _plain(rec))
+    validated = TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta, error=rec.error)
+    assert built.model_dump() == validated.model_dump()
+    assert type(built.score) is type(validated.score)  # 0 as 0.0, as the model coerces it
+
+
+def test_a_trial_score_out_of_range_is_still_refused() -> None:
+    rec = TrialRecord(index=0, trial=0, outcome="pass", score=1.5, output=None)
+    assert _plain(rec)  # plain in its types, not in its range
+    with pytest.raises(ValidationError):
+        _outcome(rec, True)
 
 
 @pytest.mark.parametrize("trials", [
