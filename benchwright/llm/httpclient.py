@@ -178,8 +178,11 @@ def _deadline(timeout_s: float | None) -> float | None:
     return None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
 
 
-Origin = tuple[bool, str, int, str]
-"""Where a connection goes: (TLS, the address connected to, the port, the host name it was opened for)."""
+Origin = tuple[str, str, int, str]
+"""Where a connection goes and how it was checked: (its TLS, the address connected to, the port, the host name it
+was opened for). The TLS part is empty for plain HTTP, ``default`` for the system's trust store, and names the
+caller's own ``SSLContext`` otherwise: a connection verified under one context is never handed to a pool that would
+have verified it under another."""
 
 
 class ConnectionShelf:
@@ -278,6 +281,7 @@ class HttpPool:
         self._connect_to = connect_address or parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        tls = "" if self._ssl is None else "default" if ssl_context is None else f"context-{id(ssl_context)}"
         self._prefix = parts.path.rstrip("/")
         default_port = self._port == (443 if parts.scheme == "https" else 80)
         host = f"[{self._host}]" if ":" in self._host else self._host
@@ -293,7 +297,7 @@ class HttpPool:
         self._idle: list[_Connection] = []
         self._closed = False
         self._shelf = shelf
-        self.origin: Origin = (self._ssl is not None, self._connect_to, self._port, self._host)
+        self.origin: Origin = (tls, self._connect_to, self._port, self._host)
 
     async def post(self, path: str, body: bytes, *, content_type: str = "application/json",
                    timeout_s: float | None = None) -> HttpResponse:

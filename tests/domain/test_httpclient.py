@@ -299,6 +299,30 @@ async def test_https_verifies_the_server_certificate(tmp_path: Path) -> None:
     assert answer.body.endswith(b"|over tls")
 
 
+async def test_a_shelf_never_hands_a_connection_verified_under_one_trust_store_to_a_pool_of_another(
+        tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    shelf = ConnectionShelf()
+    trust = ssl.create_default_context(cafile=str(cert))
+    async with serving(echo_keep_alive, server_ctx) as (url, stats):
+        trusting = HttpPool(url, ssl_context=trust, shelf=shelf)
+        assert (await trusting.post("/x", b"over tls")).body.endswith(b"|over tls")
+        await trusting.aclose()
+        assert shelf.kept(trusting.origin) == 1
+        default = HttpPool(url, shelf=shelf)  # the system trust store, which does not know the certificate
+        with pytest.raises(HttpClientError, match="CERTIFICATE_VERIFY_FAILED"):
+            await default.post("/x", b"refused")
+        await default.aclose()
+        assert shelf.kept(trusting.origin) == 1, "the verified connection stayed with its own trust store"
+        again = HttpPool(url, ssl_context=trust, shelf=shelf)  # the same context: it may take it
+        assert await again.warm(1) == 0 and (await again.post("/x", b"reused")).body.endswith(b"|reused")
+        await again.aclose()
+    shelf.close()
+    assert stats["requests"] == 2
+
+
 async def test_bad_urls_and_header_injection_are_refused() -> None:
     with pytest.raises(ValueError, match="not an http"):
         HttpPool("ftp://example.com")

@@ -110,7 +110,7 @@ async def test_runs_take_over_kept_connections_to_the_proxy_and_each_request_car
     run_a = await asyncio.to_thread(_register, tmp_path, "run-a", spec_a, KEY_A, registry)
     run_b = await asyncio.to_thread(_register, tmp_path, "run-b", spec_b, KEY_B, registry)
     shelf = ConnectionShelf()  # a worker's: every batch's client takes from it and leaves to it
-    proxy = (False, "127.0.0.1", run_a.port, "127.0.0.1")
+    proxy = ("", "127.0.0.1", run_a.port, "127.0.0.1")
     messages = [{"role": "user", "content": QUESTION}]
 
     sut_a = run_sut(spec_a, prices=Prices(), proxy=run_a, concurrency=2, timeout_s=5, retries=0, shelf=shelf)
