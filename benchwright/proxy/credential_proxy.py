@@ -183,8 +183,8 @@ class CredentialProxy:
         self._litellm: Any = None
         self.upstream = ConnectionShelf()
         """Idle connections to providers that ended routes left, for the next route to the same origin (the same
-        approved address, host and port): each request carries its own route's key, so the next run's first calls
-        need not open their connections afresh (~0.1 ms of this process each, 128 at C=128)."""
+        approved address, host, port and trust store): each request carries its own route's key, so the next run's
+        first calls need not open their connections afresh (~0.1 ms of this process each, 128 at C=128)."""
 
     # -- model calls (benchwright.llm.httpserver) ----------------------------------------------------------------
 

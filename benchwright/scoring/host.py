@@ -383,7 +383,7 @@ class _Session:
         out = []
         # Only the attempts under way can be past a ceiling (a trial still queued in the runner has not started):
         # the runner's threads bound them, where the batch's unsettled trials may be thousands, looked at every
-        # WATCH_EVERY_S (~6 % of the worker's time in a 10,000 x 5 run when every trial was).
+        # WATCH_EVERY_S (~7 % of the worker's time in a 10,000 x 5 run when every trial was).
         for item_id, attempt_s in self.attempt_started.items():
             item = self.items.get(item_id)
             if item is None:  # settled: _settle forgets its start in the same step

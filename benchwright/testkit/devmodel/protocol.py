@@ -41,6 +41,7 @@ _GET = frozenset((b"GET", b"HEAD"))  # Starlette answered HEAD on every GET rout
 # Starlette's RedirectResponse quoting of the Location URL.
 _LOCATION_SAFE = ":/%#?=@[]!$&'()*+,;"
 
+
 class _CountedSet(set[Connection]):
     """The live connections, counting every one ever added (``DevModelServer.connections_opened``)."""
 
