@@ -81,7 +81,8 @@ class _Handler:
             b"/models": (_GET, models_body),
             b"/health": (_GET, b'{"ok": true}'),
         }
-        self.connections = _CountedSet()
+        self.counted = _CountedSet()
+        self.connections: set[Connection] = self.counted
         self.closing = False
         self.max_body = _MAX_BODY_BYTES
         self.wanted_headers = _WANTED_HEADERS

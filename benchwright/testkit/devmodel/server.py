@@ -47,7 +47,7 @@ class DevModelServer:
     @property
     def connections_opened(self) -> int:
         """How many connections clients have opened to it so far."""
-        return self._handler.connections.opened
+        return self._handler.counted.opened
 
     async def close(self) -> None:
         """Stop listening and close every connection once its in-flight answer has been sent.
