@@ -143,13 +143,15 @@ async def test_a_run_after_another_to_the_same_provider_calls_it_on_the_connecti
     spec = ModelSpec(identifier="openai/dev", api_base=a.url)
     first = await asyncio.to_thread(_register, tmp_path, "run-1", spec, KEY_A, registry)
     got = await asyncio.gather(*(_chat(first, first.fake_key) for _ in range(3)))
-    assert [g.status_code for g in got] == [200] * 3 and a.connections_opened == 3
+    assert [g.status_code for g in got] == [200] * 3
+    opened = a.connections_opened  # one to three, as the proxy's pool reused them
+    assert opened >= 1
     await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-1")
     second = await asyncio.to_thread(_register, tmp_path, "run-2", spec, KEY_A, registry)
     assert second.port == first.port, "the same proxy (it lingers between runs)"
-    got = await asyncio.gather(*(_chat(second, second.fake_key) for _ in range(3)))
-    assert [g.status_code for g in got] == [200] * 3
-    assert a.connections_opened == 3, "run-2's calls went out on run-1's connections to the provider"
+    for _ in range(3):  # one at a time: each needs one connection, and run-1 left at least one
+        assert (await _chat(second, second.fake_key)).status_code == 200
+    assert a.connections_opened == opened, "run-2's calls went out on run-1's connections to the provider"
     assert a.chat_statuses == {200: 6}
     assert (await _chat(first, first.fake_key)).status_code == 401, "run-1's key died with run-1 all the same"
 
