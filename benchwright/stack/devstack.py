@@ -54,8 +54,19 @@ def pid_alive(pid: int) -> bool:
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """Whether something listens on ``host:port``. A port from the ephemeral range (as ``free_port`` gives) can be
+    picked as this very connection's source port, and TCP then connects the socket to itself (a simultaneous open)
+    with nothing listening: that counts as closed."""
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            return not connected_to_itself(conn)
+    except OSError:
+        return False
+
+
+def connected_to_itself(conn: socket.socket) -> bool:
+    """Whether ``conn``'s two ends are the same address and port (a TCP self-connection)."""
+    try:
+        return bool(conn.getsockname() == conn.getpeername())
     except OSError:
         return False

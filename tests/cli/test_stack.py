@@ -19,7 +19,7 @@ import pytest
 
 from benchwright.client import Client
 from benchwright.events import AFTER_TERMINAL
-from benchwright.stack.devstack import free_port, free_ports, pid_alive
+from benchwright.stack.devstack import connected_to_itself, free_port, free_ports, pid_alive, port_open
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"
@@ -195,3 +195,22 @@ def test_free_ports_picks_distinct_ports_a_stack_can_bind() -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_a_port_counts_as_open_only_when_something_listens_not_when_tcp_connects_a_socket_to_itself() -> None:
+    """A port from the ephemeral range can become a readiness probe's own source port, and TCP then connects the
+    probe to itself with nothing listening (a simultaneous open). CI once went on past such a probe to a Temporal dev
+    server that was not up yet. Here the self-connection is made on purpose: bound to the port it connects to."""
+    port = free_port()
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+        probe.connect(("127.0.0.1", port))
+        assert connected_to_itself(probe)
+    assert not port_open("127.0.0.1", port)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname(), timeout=5) as conn:
+            assert not connected_to_itself(conn)
+        assert port_open("127.0.0.1", listener.getsockname()[1])
