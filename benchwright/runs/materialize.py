@@ -211,8 +211,11 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             if not stopping:
                 await flush()
 
+    settled = 0
+
     async def on_record(rec: TrialRecord) -> None:
-        nonlocal first_woken
+        nonlocal first_woken, settled
+        settled += 1
         plain = _plain(rec)
         by_task.setdefault(rec.index, {})[rec.trial] = _outcome(rec, plain)
         pending.append(result_event(inp.run_id, inp.invocation, rec, plain=plain))
@@ -220,7 +223,10 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
             aggregate_task(rec.index)
         if cost_ceiling:
             await flush()  # committed and checked before the next result is taken: halts within one task
-        elif not first_woken or len(pending) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_INTERVAL_S:
+        elif (not first_woken or settled == len(items) or len(pending) >= FLUSH_EVERY
+              or time.monotonic() - last_flush >= FLUSH_INTERVAL_S):
+            # The first result goes out at once (the log shows the batch live), and so does the last: its commit
+            # then runs while the scorer runtime and its sandbox are torn down (~10 ms), not after them.
             first_woken = True
             wake_flusher.set()
 
