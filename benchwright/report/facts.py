@@ -39,9 +39,10 @@ from benchwright.events import (
 from benchwright.report.narration import MAX_REASON_CHARS, Comparison, NarrationFacts, builtin_narration
 from benchwright.schemas import BreakdownView, RunView
 from benchwright.store.db import reader
+from benchwright.store.intervals import pass_rate_interval
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult
 from benchwright.store.results import breakdown
-from benchwright.store.runs import run_view
+from benchwright.store.runs import outcome_counts, run_view
 
 __all__ = ["Decision", "ReportFacts", "TaskFact", "narration_facts", "recorded_narration", "report_facts",
            "report_files", "run_narration"]
@@ -152,13 +153,18 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
             .order_by(col(EventRow.seq).desc()).limit(1)).first()
         top = _top_errors(session, run.id, invocation, 3)
         found = _comparison(session, run)
-    comparison = None
-    if found is not None:
-        other, relation = found
-        other_view = run_view(engine, other)
-        s = other_view.tasks.summary
-        comparison = Comparison(run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
-                                passed=s.passed, failed=s.failed, pass_rate=s.pass_rate, pass_rate_ci=s.pass_rate_ci)
+        comparison = None
+        if found is not None:
+            # Its counts alone, not its whole view (intervals, leaderboard note): the long poll's terminal answer
+            # waits for this narration.
+            other, relation = found
+            counts, _ = outcome_counts(session, other.id)
+            its_passed, its_failed = counts.get("pass", 0), counts.get("fail", 0)
+            scored = its_passed + its_failed
+            comparison = Comparison(
+                run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
+                passed=its_passed, failed=its_failed, pass_rate=its_passed / scored if scored else None,
+                pass_rate_ci=pass_rate_interval(passed=its_passed, failed=its_failed)[1])
     duration = None
     if run.finished_at is not None:
         duration = max((run.finished_at - run.created_at).total_seconds(), 0.0)

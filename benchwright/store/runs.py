@@ -113,16 +113,8 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
 def run_view(engine: Engine, run: Run) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary."""
     with Session(reader(engine)) as session:
-        counts: dict[str, int] = {}
-        no_answer = 0
         invocation = _latest_invocation(session, run.id)
-        for outcome, unanswered, n in session.execute(
-            select(TaskRow.outcome, TaskRow.no_answer, func.count()).where(
-                TaskRow.run_id == run.id, TaskRow.invocation == invocation)
-            .group_by(TaskRow.outcome, TaskRow.no_answer)
-        ).all():
-            counts[outcome] = counts.get(outcome, 0) + n
-            no_answer += n if unanswered and outcome == "fail" else 0
+        counts, no_answer = outcome_counts(session, run.id, invocation)
         # pass@k reads every trial row and the bootstrap every task row: once the run is over, not on every poll of
         # a live run, and then cached (benchwright/store/intervals.py)
         boot = terminal_intervals(session, run_id=run.id, invocation=invocation,
@@ -162,6 +154,23 @@ def run_view(engine: Engine, run: Run) -> RunView:
         off_leaderboard=off_leaderboard,
         subset_id=run.subset_id, impl_id=run.impl_id,
     )
+
+
+def outcome_counts(session: Session, run_id: str, invocation: int | None = None) -> tuple[dict[str, int], int]:
+    """The run's tasks by outcome (``pass``/``fail``/``err``) in ``invocation`` (its latest when None), and how many
+    failed for giving no answer: what a run's task summary is made of."""
+    if invocation is None:
+        invocation = _latest_invocation(session, run_id)
+    counts: dict[str, int] = {}
+    no_answer = 0
+    for outcome, unanswered, n in session.execute(
+        select(TaskRow.outcome, TaskRow.no_answer, func.count()).where(
+            TaskRow.run_id == run_id, TaskRow.invocation == invocation)
+        .group_by(TaskRow.outcome, TaskRow.no_answer)
+    ).all():
+        counts[outcome] = counts.get(outcome, 0) + n
+        no_answer += n if unanswered and outcome == "fail" else 0
+    return counts, no_answer
 
 
 def _trials_k(run: Run) -> int:

@@ -153,6 +153,14 @@ async def test_a_rerun_of_the_same_shape_is_compared_with_the_previous(stack: St
     assert narrated["compared_with"] == reported["view"]["id"]
     assert f"the previous run of the same benchmark, subset and impl {reported['view']['id']}" in view["narration"]
     assert "moved +0.0 points" in view["narration"]
+    # The run compared with is read by its counts alone: the same numbers as its own view's summary.
+    engine = make_engine(stack.settings.resolved_database_url())
+    comparison = narration_facts(engine, get_run(engine, run_id=again["id"])).comparison
+    first = reported["view"]["tasks"]["summary"]
+    assert comparison is not None and comparison.run_id == reported["view"]["id"]
+    assert (comparison.passed, comparison.failed, comparison.pass_rate) == (
+        first["passed"], first["failed"], first["pass_rate"])
+    assert list(comparison.pass_rate_ci or []) == list(first["pass_rate_ci"] or [])
 
 
 async def test_a_fork_is_compared_with_its_parent(stack: Stack, reported: dict[str, Any]) -> None:

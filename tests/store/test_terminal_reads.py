@@ -7,12 +7,21 @@ found by type through ``ix_events_run_type`` and the errored trials through ``ix
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import event, text
 from sqlmodel import Session
 
-from benchwright.events import AnalyzeArtifact, FetchArtifact, MaterializeTaskResult, PhaseStarted, RunNarrated
+from benchwright.events import (
+    AnalyzeArtifact,
+    FetchArtifact,
+    MaterializeTaskAggregated,
+    MaterializeTaskResult,
+    PhaseFailed,
+    PhaseStarted,
+    RunNarrated,
+)
 from benchwright.fingerprint import is_artifact
 from benchwright.registry.shape import run_events
 from benchwright.report.facts import narration_facts, recorded_narration
@@ -20,7 +29,8 @@ from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.events import NewEvent, append_events, event_key, read_events
-from benchwright.store.runs import create_run, get_run
+from benchwright.store.models import Run
+from benchwright.store.runs import create_run, get_run, run_view
 
 
 def _result(run_id: str, index: int) -> NewEvent:
@@ -98,5 +108,41 @@ def test_a_runs_artifacts_and_narration_are_read_by_type_not_by_scanning_its_log
                 names = set(conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'events'"))
                             .scalars())
             assert "ix_events_run_type" in names
+    finally:
+        engine.dispose()
+
+
+def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phase(db_url: str) -> None:
+    """The narration's comparison reads the earlier run of the same shape by its task counts alone, and gives the
+    numbers its own view shows; the facts of the run itself (its failed phase) are unchanged by it."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    try:
+        account, _ = create_account(engine, name="compare")
+        earlier, later = (create_run(engine, account_id=account.id, driver="builtin", trials_config={},
+                                     launch=LaunchRequest(dataset="x.jsonl", model="openai/dev")) for _ in range(2))
+        outcomes = ["pass"] * 7 + ["fail"] * 3 + ["err"] * 2
+        append_events(engine, earlier.id, [NewEvent.of(event_key(earlier.id, "agg", i), MaterializeTaskAggregated(
+            invocation=1, index=i, score={"pass": 1.0, "fail": 0.0}.get(o), outcome=o, trial_scores=[]))
+            for i, o in enumerate(outcomes)])
+        append_events(engine, later.id, [NewEvent.of(event_key(later.id, "fetch", "failed"), PhaseFailed(
+            phase="fetch", error_type="InvalidInput", detail="no such file", stack_trace=""))])
+        now = datetime.now(UTC)
+        with Session(engine) as session:
+            for run, at in ((earlier, now - timedelta(seconds=5)), (later, now)):
+                row = session.get(Run, run.id)
+                assert row is not None
+                row.subset_fingerprint, row.impl_fingerprint = "s" * 64, "i" * 64
+                row.created_at, row.finished_at = at, at
+                session.add(row)
+            session.commit()
+        facts = narration_facts(engine, get_run(engine, run_id=later.id))
+        assert facts.failed_phase == "fetch"
+        shown = run_view(engine, get_run(engine, run_id=earlier.id)).tasks.summary
+        assert facts.comparison is not None and facts.comparison.run_id == earlier.id
+        assert facts.comparison.relation == "previous"
+        assert (facts.comparison.passed, facts.comparison.failed) == (shown.passed, shown.failed) == (7, 3)
+        assert facts.comparison.pass_rate == shown.pass_rate == 0.7
+        assert facts.comparison.pass_rate_ci == shown.pass_rate_ci and shown.pass_rate_ci is not None
     finally:
         engine.dispose()
