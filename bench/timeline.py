@@ -1,0 +1,177 @@
+"""Where a run's time goes, launch to answer: one timeline from the API's answer, the run's log, its workflow's history
+and time marks taken inside the worker and the API, medians over runs.
+
+Starts the real stack (``benchwright up`` and the dev model at 50 ms) with ``bench/timeline_hooks`` first on its
+processes' ``PYTHONPATH``: Python loads its ``sitecustomize`` there, which wraps a few functions of the worker and the
+API as they are imported and appends a time mark for each call to a file (``BENCHWRIGHT_BENCH_MARKS``; nothing of the
+product changes, see that file). Then it launches ``--runs`` runs of ``--tasks`` tasks at ``--concurrency`` one after
+the other, each waited for by the API's long poll, after two warm-up runs, and prints each milestone of a run as ms
+after its launch POST (the median over the runs, with the fastest and slowest), and the step from the one before it:
+
+    python bench/timeline.py                                  # 1,000 tasks at C=128
+    python bench/timeline.py --tasks 1 --concurrency 1        # one task: the fixed pipeline
+    python bench/timeline.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
+    cd <other checkout> && PYTHONPATH=$PWD python bench/timeline.py    # the same for that checkout
+
+Sources: the run's log (each event's commit time), the workflow's history (Temporal's own times) and the marks (the
+worker's activations and activity starts as its Python code sees them, the batch, the scorer runtime, the model calls
+the scorer asked for, the sandboxes' disposal, the API's run view and narration). The marks cost a line-buffered
+write each (one per model call), so the marked runs are slightly slower than ``bench/materialize.py``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchstack import postgres_store, running_stack, write_dataset
+from hops import history
+from materialize import _all_events, model_for
+from tail import _at
+from temporalio.api.enums.v1 import EventType
+
+from benchwright.client import Client
+
+HOOKS = Path(__file__).resolve().parent / "timeline_hooks"
+
+Mark = tuple[float, int, str]
+"""(unix time, pid, label) of one time mark."""
+
+
+def read_marks(path: Path) -> list[Mark]:
+    marks = []
+    for line in path.read_text().splitlines():
+        at, pid, label = line.split(" ", 2)
+        marks.append((float(at), int(pid), label))
+    return sorted(marks)
+
+
+def _first(marks: list[Mark], label: str, *, after: float = 0.0, pid: int | None = None) -> float | None:
+    return next((t for t, p, lab in marks if lab == label and t >= after and (pid is None or p == pid)), None)
+
+
+def milestones(*, launched: float, answered: float, events: list[dict], hist: list, marks: list[Mark],
+               concurrency: int, api_pid: int) -> dict[str, float | None]:
+    """Each milestone of one run as seconds since the epoch (None when the run had none of it)."""
+    ours = [m for m in marks if launched <= m[0] <= answered + 0.5]
+    by_type: dict[str, list[float]] = {}
+    for e in events:
+        by_type.setdefault(e["type"], []).append(_at(e))
+    atomized = next((_at(e) for e in events if e["type"] == "PhaseCompleted" and e["data"]["phase"] == "atomize"),
+                    None)
+    results = by_type.get("MaterializeTaskResult", [])
+
+    def when(kind: int, name: str | None = None, last: bool = False) -> float | None:
+        names: dict[int, str] = {}
+        found = []
+        for e in hist:
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                names[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+            if e.event_type != kind:
+                continue
+            if name is not None:
+                attrs = (e.activity_task_completed_event_attributes if kind ==
+                         EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED else e.activity_task_started_event_attributes)
+                if names.get(attrs.scheduled_event_id) != name:
+                    continue
+            found.append(e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp())
+        return (found[-1] if last else found[0]) if found else None
+
+    terminal = (by_type.get("PipelineFinished") or [None])[0]
+    calls = [t for t, _, lab in ours if lab.startswith("model call ")]
+    return {
+        "workflow started (history)": when(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED),
+        "its first activation in the worker": _first(ours, "activation initialize_workflow >"),
+        "quick phases start": _first(ours, "activity quick_phases >"),
+        "Atomize completed (log)": atomized,
+        "batch activity started (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED, "materialize_batch"),
+        "batch starts in the worker": _first(ours, "batch >"),
+        "scorer runtime ready": _first(ours, "scorer runtime start <"),
+        "first model call": calls[0] if calls else None,
+        f"model call {concurrency} (C)": calls[concurrency - 1] if len(calls) >= concurrency else None,
+        "first result committed (log)": min(results) if results else None,
+        "last result committed (log)": max(results) if results else None,
+        "last batch's end in the worker": max((t for t, _, lab in ours if lab == "batch <"), default=None),
+        "last batch activity completed (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+                                                        "materialize_batch", last=True),
+        "finish_run starts in the worker": _first(ours, "activity finish_run >"),
+        "PipelineFinished committed (log)": terminal,
+        "finish_run completed (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "finish_run"),
+        "API reads the terminal view": _first(ours, "run view >", after=terminal or answered, pid=api_pid),
+        "API's narration done": _first(ours, "narration <", after=terminal or answered, pid=api_pid),
+        "the long poll answered": answered,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
+    args = ap.parse_args()
+    with postgres_store(args.postgres), tempfile.TemporaryDirectory(prefix="bw-timeline-") as tmp:
+        work = Path(tmp)
+        marks_file = work / "marks.txt"
+        os.environ["BENCHWRIGHT_BENCH_MARKS"] = str(marks_file)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
+        dataset = work / "tasks.jsonl"
+        write_dataset(dataset, args.tasks)
+        with running_stack(work, answers=dataset, latency_ms=50) as stack, \
+                Client(stack.dev["api_url"], stack.dev["api_key"], timeout=120) as client:
+            model = model_for(stack.model_url, keyed=False)
+            runs: list[dict[str, float | None]] = []
+            for n in range(2 + args.runs):
+                launched = time.time()
+                run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency)["id"]
+                final = client.wait(run_id)
+                answered = time.time()
+                assert final["status"] == "ok", final
+                hist = asyncio.run(_closed_history(stack.dev["temporal_address"], run_id))
+                if n >= 2:  # the first two warm the worker up
+                    runs.append(milestones(
+                        launched=launched, answered=answered, events=_all_events(client, run_id), hist=hist,
+                        marks=read_marks(marks_file), concurrency=min(args.concurrency, args.tasks),
+                        api_pid=stack.pids["api"]) | {"launch POST": launched})
+        _print(runs, args)
+
+
+async def _closed_history(address: str, run_id: str) -> list:
+    """The workflow's whole history, once it closed (after the report): no run overlaps the next one's launch."""
+    for _ in range(600):
+        events = await history(address, run_id)
+        if events and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            return events
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"the workflow of run {run_id} did not close")
+
+
+def _print(runs: list[dict[str, float | None]], args: argparse.Namespace) -> None:
+    print(f"{len(runs)} runs of {args.tasks} tasks at C={args.concurrency} (50 ms model); ms after the launch POST: "
+          "median [fastest, slowest], then the step from the milestone above (medians of the per-run steps)")
+    names = [k for k in runs[0] if k != "launch POST"]
+    previous: Callable[[dict[str, float | None]], float | None] = lambda r: r["launch POST"]  # noqa: E731
+    for name in names:
+        offsets = [1000 * (r[name] - r["launch POST"]) for r in runs if r[name] is not None and r["launch POST"]]
+        steps = [1000 * (r[name] - p) for r in runs if r[name] is not None and (p := previous(r)) is not None]
+        if offsets:
+            print(f"{statistics.median(offsets):8.1f} [{min(offsets):7.1f}, {max(offsets):7.1f}]  "
+                  f"{'+' if steps and statistics.median(steps) >= 0 else ''}"
+                  f"{statistics.median(steps) if steps else float('nan'):6.1f}  {name}")
+            previous = lambda r, name=name: r[name]  # noqa: E731
+        else:
+            print(f"{'':36}{name}: not in these runs")
+
+
+if __name__ == "__main__":
+    main()
