@@ -144,27 +144,37 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
     """What the narrator is told about ``run`` (``benchwright.report.narration.NarrationFacts``)."""
     view = view or run_view(engine, run)
     with Session(reader(engine)) as session:
-        invocation = _latest_invocation(session, run.id)
-        halts = [str(d.get("halt_reason", "")) for d in session.exec(
-            select(EventRow.data).where(col(EventRow.run_id) == run.id, col(EventRow.type) == RunHalted.type_name())
-            .order_by(col(EventRow.seq))).all()]
-        failed = session.exec(select(EventRow.data).where(
-            col(EventRow.run_id) == run.id, col(EventRow.type) == PhaseFailed.type_name())
-            .order_by(col(EventRow.seq).desc()).limit(1)).first()
-        top = _top_errors(session, run.id, invocation, 3)
-        found = _comparison(session, run)
-        comparison = None
-        if found is not None:
-            # Its counts alone, not its whole view (intervals, leaderboard note): the long poll's terminal answer
-            # waits for this narration.
-            other, relation = found
-            counts, _ = outcome_counts(session, other.id)
-            its_passed, its_failed = counts.get("pass", 0), counts.get("fail", 0)
-            scored = its_passed + its_failed
-            comparison = Comparison(
-                run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
-                passed=its_passed, failed=its_failed, pass_rate=its_passed / scored if scored else None,
-                pass_rate_ci=pass_rate_interval(passed=its_passed, failed=its_failed)[1])
+        return _facts(session, run, view)
+
+
+def _facts(session: Session, run: Run, view: RunView) -> NarrationFacts:
+    invocation = _latest_invocation(session, run.id)
+    # The halts in order and the last failed phase in one read (each statement is a round trip on Postgres, and a
+    # long poll's terminal answer waits for these). Sorted here: an ORDER BY seq had SQLite walk the run's whole log
+    # by seq instead of probing ix_events_run_type for the two types.
+    halts: list[str] = []
+    failed: Any = None
+    for _seq, kind, data in sorted(session.execute(sa_select(col(EventRow.seq), col(EventRow.type), col(EventRow.data))
+                                                   .where(col(EventRow.run_id) == run.id, col(EventRow.type).in_(
+                                                       (RunHalted.type_name(), PhaseFailed.type_name())))).all(),
+                                   key=lambda row: row[0]):
+        if kind == RunHalted.type_name():
+            halts.append(str(data.get("halt_reason", "")))
+        else:
+            failed = data
+    top = _top_errors(session, run.id, invocation, 3)
+    found = _comparison(session, run)
+    comparison = None
+    if found is not None:
+        # Its counts alone, not its whole view (intervals, leaderboard note).
+        other, relation = found
+        counts, _ = outcome_counts(session, other.id)
+        its_passed, its_failed = counts.get("pass", 0), counts.get("fail", 0)
+        scored = its_passed + its_failed
+        comparison = Comparison(
+            run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
+            passed=its_passed, failed=its_failed, pass_rate=its_passed / scored if scored else None,
+            pass_rate_ci=pass_rate_interval(passed=its_passed, failed=its_failed)[1])
     duration = None
     if run.finished_at is not None:
         duration = max((run.finished_at - run.created_at).total_seconds(), 0.0)
@@ -178,22 +188,28 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
 def recorded_narration(engine: Engine, run_id: str) -> RunNarrated | None:
     """The run's recorded narration (its newest RunNarrated), if any."""
     with Session(reader(engine)) as session:
-        data = session.exec(select(EventRow.data).where(
-            col(EventRow.run_id) == run_id, col(EventRow.type) == RunNarrated.type_name())
-            .order_by(col(EventRow.seq).desc()).limit(1)).first()
+        return _recorded(session, run_id)
+
+
+def _recorded(session: Session, run_id: str) -> RunNarrated | None:
+    data = session.exec(select(EventRow.data).where(
+        col(EventRow.run_id) == run_id, col(EventRow.type) == RunNarrated.type_name())
+        .order_by(col(EventRow.seq).desc()).limit(1)).first()
     return RunNarrated.model_validate(data) if isinstance(data, dict) else None
 
 
 def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:
     """The narration the run view shows: the recorded one; for a terminal run without one yet (the report is
-    being written, or the run ended before narration existed) the builtin text computed now; None while running."""
-    recorded = recorded_narration(engine, run.id)
-    if recorded is not None:
-        return recorded.text
-    if run.finished_at is None:
-        return None
+    being written, or the run ended before narration existed) the builtin text computed now; None while running.
+    One read transaction for all of it: the long poll's terminal answer waits for this."""
     try:
-        return builtin_narration(narration_facts(engine, run, view))
+        with Session(reader(engine)) as session:
+            recorded = _recorded(session, run.id)
+            if recorded is not None:
+                return recorded.text
+            if run.finished_at is None:
+                return None
+            return builtin_narration(_facts(session, run, view))
     except Exception:  # noqa: BLE001 - a narration never costs the caller the run view
         _log.exception("run %s: the builtin narration could not be computed", run.id)
         return None

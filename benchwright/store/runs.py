@@ -159,13 +159,14 @@ def run_view(engine: Engine, run: Run) -> RunView:
 def outcome_counts(session: Session, run_id: str, invocation: int | None = None) -> tuple[dict[str, int], int]:
     """The run's tasks by outcome (``pass``/``fail``/``err``) in ``invocation`` (its latest when None), and how many
     failed for giving no answer: what a run's task summary is made of."""
-    if invocation is None:
-        invocation = _latest_invocation(session, run_id)
+    # The latest invocation as a subquery: one statement (a round trip on Postgres), not two.
+    which = invocation if invocation is not None else (
+        select(func.max(TaskRow.invocation)).where(TaskRow.run_id == run_id).scalar_subquery())
     counts: dict[str, int] = {}
     no_answer = 0
     for outcome, unanswered, n in session.execute(
         select(TaskRow.outcome, TaskRow.no_answer, func.count()).where(
-            TaskRow.run_id == run_id, TaskRow.invocation == invocation)
+            TaskRow.run_id == run_id, TaskRow.invocation == which)
         .group_by(TaskRow.outcome, TaskRow.no_answer)
     ).all():
         counts[outcome] = counts.get(outcome, 0) + n
