@@ -202,17 +202,17 @@ def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:
     """The narration the run view shows: the recorded one; for a terminal run without one yet (the report is
     being written, or the run ended before narration existed) the builtin text computed now; None while running.
     One read transaction for all of it: the long poll's terminal answer waits for this."""
-    try:
-        with Session(reader(engine)) as session:
-            recorded = _recorded(session, run.id)
-            if recorded is not None:
-                return recorded.text
-            if run.finished_at is None:
-                return None
+    with Session(reader(engine)) as session:
+        recorded = _recorded(session, run.id)
+        if recorded is not None:
+            return recorded.text
+        if run.finished_at is None:
+            return None
+        try:
             return builtin_narration(_facts(session, run, view))
-    except Exception:  # noqa: BLE001 - a narration never costs the caller the run view
-        _log.exception("run %s: the builtin narration could not be computed", run.id)
-        return None
+        except Exception:  # noqa: BLE001 - a narration never costs the caller the run view
+            _log.exception("run %s: the builtin narration could not be computed", run.id)
+            return None
 
 
 def _tasks(session: Session, run_id: str, invocation: int) -> list[TaskFact]:
