@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from benchwright.events import MaterializeTaskResult
@@ -20,18 +21,24 @@ from benchwright.scoring.aggregators import TrialsConfig
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
-from benchwright.store.models import EventRow
+from benchwright.store.models import EventRow, Run
 from benchwright.store.runs import create_run
 
 
-async def test_the_first_result_is_committed_while_the_batch_still_runs(tmp_path: Path) -> None:
+def _batch_store(tmp_path: Path, n: int) -> tuple[Engine, Run, Path]:
+    """A store with one run, and its ``n`` tasks' file."""
     engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
     migrate(engine)
     account, _ = create_account(engine, name="a", balance_usd=1.0)
     run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
                      driver="builtin", trials_config={})
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"input": f"{i}+{i}", "reference": str(2 * i)}) + "\n" for i in range(3)))
+    tasks.write_text("".join(json.dumps({"input": f"{i}+{i}", "reference": str(2 * i)}) + "\n" for i in range(n)))
+    return engine, run, tasks
+
+
+async def test_the_first_result_is_committed_while_the_batch_still_runs(tmp_path: Path) -> None:
+    engine, run, tasks = _batch_store(tmp_path, 3)
     committed = asyncio.Event()
     seen_mid_batch: list[int] = []
 
@@ -65,13 +72,7 @@ async def test_the_first_result_is_committed_while_the_batch_still_runs(tmp_path
 async def test_the_last_result_is_committed_while_the_scorer_is_torn_down(tmp_path: Path) -> None:
     """The batch's last results are committed as soon as the last trial settles, not after the scorer runtime and
     its sandbox are torn down (~10 ms at every batch's end): ``execute`` here stays in its teardown until they are."""
-    engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
-    migrate(engine)
-    account, _ = create_account(engine, name="a", balance_usd=1.0)
-    run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
-                     driver="builtin", trials_config={})
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"input": f"{i}+{i}", "reference": str(2 * i)}) + "\n" for i in range(5)))
+    engine, run, tasks = _batch_store(tmp_path, 5)
     first_committed, all_committed = asyncio.Event(), asyncio.Event()
 
     async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
