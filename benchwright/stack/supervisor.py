@@ -73,6 +73,15 @@ class StackConfig:
                 "BENCHWRIGHT_TEMPORAL_UI_CODEC": "true"}  # the UI's codec path (api/routes/codec.py)
 
 
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` (owner-only) so that a reader finds its old or its new content, never a part: beside it, then
+    renamed over it."""
+    tmp = path.with_suffix(".part")
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
 @dataclass
 class Child:
     name: Kind
@@ -264,17 +273,15 @@ class Stack:
         _wait_for("the API", lambda: _api_ready(cfg.api_url), self.api)
         dev = {"api_url": cfg.api_url, "temporal_address": cfg.temporal_address, "temporal_ui_url": cfg.ui_url,
                "api_key": key}
-        tmp = self.dev_json.with_suffix(".part")
-        tmp.write_text(json.dumps(dev, indent=2))
-        tmp.chmod(0o600)
-        tmp.replace(self.dev_json)
+        _write_whole(self.dev_json, json.dumps(dev, indent=2))
         self._write_pids()
         return dev
 
     def _write_pids(self) -> None:
         """``DIR/pids.json``: each child's PID, for operators (and tests) that need to find one."""
         pids = {c.name: c.proc.pid for c in (self.temporal, self.worker, self.api) if c.proc is not None}
-        (self.cfg.data_dir / "pids.json").write_text(json.dumps(pids))
+        # Rewritten each time the supervisor restarts a child: a reader must never find it half-written.
+        _write_whole(self.cfg.data_dir / "pids.json", json.dumps(pids))
 
     def supervise(self, stop: Any) -> int:
         """Watch the children until ``stop()`` is true; returns the exit status."""

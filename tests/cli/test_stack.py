@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,3 +216,31 @@ def test_a_port_counts_as_open_only_when_something_listens_not_when_tcp_connects
         with socket.create_connection(listener.getsockname(), timeout=5) as conn:
             assert not connected_to_itself(conn)
         assert port_open("127.0.0.1", listener.getsockname()[1])
+
+
+def test_the_supervisors_files_are_never_read_half_written(tmp_path: Path) -> None:
+    """``pids.json`` is rewritten each time the supervisor restarts a child, while tests and operators read it: CI
+    once read it empty between the truncation and the write. A reader now finds the old content or the new one."""
+    from benchwright.stack.supervisor import _write_whole
+
+    path = tmp_path / "pids.json"
+    _write_whole(path, json.dumps({"worker": 0}))
+    stop = threading.Event()
+    seen: list[str] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append(path.read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for pid in range(1, 3001):
+            _write_whole(path, json.dumps({"worker": pid, "api": pid, "temporal": pid}))
+    finally:
+        stop.set()
+        reader.join()
+    assert len(seen) > 100, "the reader ran alongside the writes"
+    assert all(json.loads(text)["worker"] >= 0 for text in seen)
+    assert json.loads(path.read_text())["worker"] == 3000
+    assert path.stat().st_mode & 0o777 == 0o600
