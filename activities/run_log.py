@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.common import Deps, in_thread, workflow_events
+from activities.common import Deps, in_thread, maybe_stall_local, workflow_events
 from benchwright.proxy.revocation import revoke_route
 from benchwright.runs.pipeline import EventsInput, FinishInput, HaltInput, ResumeInput
 from benchwright.store.control import clear_halt, finish_halted, halt_run
@@ -30,6 +30,7 @@ class RunLogActivities:
             before += await in_thread(revoke_route, self.deps.settings, self.deps.run_dir(inp.run_id), inp.run_id)
         await in_thread(finish_run, self.deps.engine, run_id=inp.run_id, status=inp.status, error=inp.error,
                         before=before)
+        await maybe_stall_local(self.deps, {"fault_injection": inp.fault_injection}, "finish")
 
 
 class ControlActivities:

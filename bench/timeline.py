@@ -11,6 +11,7 @@ after its launch POST (the median over the runs, with the fastest and slowest), 
     python bench/timeline.py                                  # 1,000 tasks at C=128
     python bench/timeline.py --tasks 1 --concurrency 1        # one task: the fixed pipeline
     python bench/timeline.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --dump   # and every time mark of the last run
     cd <other checkout> && PYTHONPATH=$PWD python bench/timeline.py    # the same for that checkout
 
 Sources: the run's log (each event's commit time), the workflow's history (Temporal's own times) and the marks (the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -87,11 +89,22 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
             found.append(e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp())
         return (found[-1] if last else found[0]) if found else None
 
+    def local(name: str) -> float | None:
+        """When the workflow task that recorded local activity ``name``'s marker completed."""
+        for e in hist:
+            attrs = e.marker_recorded_event_attributes
+            if (e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and attrs.marker_name == "core_local_activity"
+                    and json.loads(attrs.details["data"].payloads[0].data)["activity_type"] == name):
+                return e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
+        return None
+
     terminal = (by_type.get("PipelineFinished") or [None])[0]
+    batch_end = when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "materialize_batch", last=True)
     calls = [t for t, _, lab in ours if lab.startswith("model call ")]
     return {
         "workflow started (history)": when(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED),
         "its first activation in the worker": _first(ours, "activation initialize_workflow >"),
+        "its workflow instance made": _first(ours, "workflow instance made <"),
         "quick phases start": _first(ours, "activity quick_phases >"),
         "Atomize completed (log)": atomized,
         "batch activity started (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED, "materialize_batch"),
@@ -102,11 +115,12 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
         "first result committed (log)": min(results) if results else None,
         "last result committed (log)": max(results) if results else None,
         "last batch's end in the worker": max((t for t, _, lab in ours if lab == "batch <"), default=None),
-        "last batch activity completed (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
-                                                        "materialize_batch", last=True),
+        "last batch activity completed (history)": batch_end,
+        "its activation in the worker": _first(ours, "activation resolve_activity >", after=batch_end or answered),
         "finish_run starts in the worker": _first(ours, "activity finish_run >"),
         "PipelineFinished committed (log)": terminal,
-        "finish_run completed (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "finish_run"),
+        "finish_run completed (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "finish_run")
+        or local("finish_run"),
         "API reads the terminal view": _first(ours, "run view >", after=terminal or answered, pid=api_pid),
         "API's narration done": _first(ours, "narration <", after=terminal or answered, pid=api_pid),
         "the long poll answered": answered,
@@ -119,6 +133,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
+    ap.add_argument("--dump", action="store_true", help="also print every time mark of the last run, in order")
     args = ap.parse_args()
     with postgres_store(args.postgres), tempfile.TemporaryDirectory(prefix="bw-timeline-") as tmp:
         work = Path(tmp)
@@ -144,6 +159,10 @@ def main() -> None:
                         marks=read_marks(marks_file), concurrency=min(args.concurrency, args.tasks),
                         api_pid=stack.pids["api"]) | {"launch POST": launched})
         _print(runs, args)
+        if args.dump:
+            for at, pid, label in read_marks(marks_file):
+                if launched <= at <= answered + 0.5 and not label.startswith("model call "):
+                    print(f"{1000 * (at - launched):8.1f}  {pid:>7}  {label}")
 
 
 async def _closed_history(address: str, run_id: str) -> list:

@@ -134,6 +134,10 @@ load: of 20 runs launched at once, 5-7 of their 100 quick phases ran past it and
 (``bench/materialize.py --burst 20``); at 5 s none did, in three bursts. One attempt: a retry is the ordinary
 activity's business."""
 LOCAL_RETRY = RetryPolicy(maximum_attempts=1)
+RUN_FINISHED_LOCALLY = "run-finished-locally"
+"""The patch under which a run's end (``finish_run``) is first tried as a local activity in the workflow task that
+decided it, one attempt within ``LOCAL_BUDGET``, then run as its ordinary activity if that attempt failed or ran past
+it: what the local attempt committed dedupes (``benchwright.store.runs.finish_run``)."""
 QUICK_PHASES_CHAINED = "quick-phases-chained"
 """The patch under which a plain run's quick phases run in one local activity (``_chained``), not one each."""
 PHASE_ACTIVITIES: dict[str, Callable[[Any, PhaseInput], Awaitable[PhaseResult]]] = {
@@ -829,10 +833,13 @@ class RunWorkflow:
             # One activity, one transaction: what is still pending (the last sweep's close), the model route's
             # revocation and the terminal event (issue 25: two activities and two workflow tasks fewer).
             revoke = self._model_proxy and not self._route_revoked
-            await self._execute_log(RunLogActivities.finish,
-                                    FinishInput(run_id=self._inp.run_id, status=status, error=error,
-                                                preface=self._preface, revoke_route=revoke),
-                                    summary=f"finish: {status}")
+            fault = self._launch.metadata.get("fault_injection")
+            finish = FinishInput(run_id=self._inp.run_id, status=status, error=error, preface=self._preface,
+                                 revoke_route=revoke, fault_injection=fault if isinstance(fault, dict) else None)
+            # In the workflow task that decided it first (issue 25: a hop through Temporal's queue fewer between the
+            # last result and the terminal event).
+            if not (workflow.patched(RUN_FINISHED_LOCALLY) and await self._finished_locally(finish)):
+                await self._execute_log(RunLogActivities.finish, finish, summary=f"finish: {status}")
             self._preface = []
             self._route_revoked = self._route_revoked or revoke
         else:
@@ -845,6 +852,19 @@ class RunWorkflow:
         self._finished = True
         workflow.upsert_search_attributes([RUN_STATUS.value_set(status)])
         self._details()
+
+    async def _finished_locally(self, finish: FinishInput) -> bool:
+        """One local attempt at ``finish_run`` within ``LOCAL_BUDGET``: whether it ended the run. Any failure leaves
+        the run to the ordinary activity, live and on replay alike (a local activity's failure reaches the workflow
+        wrapped or bare by how it ended and whether it is replayed, ``_try_local``)."""
+        try:
+            await workflow.execute_local_activity_method(
+                RunLogActivities.finish, finish, start_to_close_timeout=LOCAL_BUDGET, retry_policy=LOCAL_RETRY,
+                summary=f"finish: {finish.status} (local)")
+        except FailureError as err:
+            workflow.logger.info("run %s: its end goes on as an activity (%s)", self._inp.run_id, err)
+            return False
+        return True
 
     async def _execute_log(self, activity: Callable[[Any, T], Awaitable[R]], arg: T, *, summary: str) -> R:
         """One bookkeeping activity (the run's log and row), by reference."""

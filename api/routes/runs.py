@@ -116,8 +116,8 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
     view = await run_in_threadpool(read)
     if wait_s <= 0 or _settled(view):
         return view
-    # Each activity the workflow completes wakes us at once: the terminal row is written by its last activity, and
-    # a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes after the report
+    # Each activity the workflow completes wakes us at once: the terminal row is written by its last (local) activity,
+    # and a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes after the report
     # (issue 25: 0-250 ms of every launch-and-wait). The row is also re-read every WAIT_HALT_CHECK_S, and alone at
     # that pace without Temporal (unreachable, or the workflow gone). The whole view is read once the row has turned
     # (or the wait is over).
@@ -147,7 +147,7 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
 _ROW_WRITES = frozenset({
     EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
     EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT, EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED,
-    EventType.EVENT_TYPE_MARKER_RECORDED,  # a local activity's end (the quick phases)
+    EventType.EVENT_TYPE_MARKER_RECORDED,  # a local activity's end (the quick phases, the run's end)
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED})

@@ -2,11 +2,11 @@
 ``PYTHONPATH``, so Python imports this file as it starts). Inert unless ``BENCHWRIGHT_BENCH_MARKS`` names a file.
 
 When it does, a few functions of the worker and the API are wrapped as their modules are imported, and each call
-appends ``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 µs): the worker's Temporal activations
-and activity starts, the Materialize batch, the scorer runtime's start and end, every model call a batch's scorer
-asks for, a sandbox's disposal, and the run view and narration the API reads for a long poll's answer. Nothing of
-the product is changed to take them; the marks cost what a write costs, so the timeline's own run is a little slower
-than an unmarked one.
+appends ``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 µs): the worker's Temporal activations,
+the sandboxed workflow instances it makes and its activity starts, the Materialize batch, the scorer runtime's start
+and end, every model call a batch's scorer asks for, a sandbox's disposal, the warm pool's takes and refills, and the
+run view and narration the API reads for a long poll's answer. Nothing of the product is changed to take them; the
+marks cost what a write costs, so the timeline's own run is a little slower than an unmarked one.
 """
 
 from __future__ import annotations
@@ -51,13 +51,16 @@ def _call_label(args: tuple[Any, ...]) -> str:
 
 # module -> (attribute path, label or a label made from the call's arguments, whether the end is marked too)
 _WRAPPED: dict[str, Sequence[tuple[str, str | Callable[[tuple[Any, ...]], str], bool]]] = {
-    "temporalio.worker._workflow": [("_WorkflowWorker._handle_activation", _activation_label, True)],
+    "temporalio.worker._workflow": [("_WorkflowWorker._handle_activation", _activation_label, True),
+                                    ("_WorkflowWorker._create_workflow_instance", "workflow instance made", True)],
     "temporalio.worker._activity": [("_ActivityWorker._handle_start_activity_task", _activity_label, False)],
     "benchwright.runs.materialize": [("run_batch", "batch", True)],
     "benchwright.scoring.host": [("_Session._start_runtime", "scorer runtime start", True),
                                  ("_Session._call", _call_label, False),
                                  ("_Runtime.close", "scorer runtime close", True)],
     "benchwright.sandbox.lifecycle": [("_dispose", "sandbox dispose", True)],
+    "benchwright.sandbox.local.backend": [("LocalBackend.create_warm", "warm sandbox made", True)],
+    "benchwright.sandbox.local.warm": [("WarmPool.take", "warm sandbox taken", False)],
     "benchwright.store.runs": [("run_view", "run view", True)],
     "benchwright.report.facts": [("run_narration", "narration", True)],
 }

@@ -11,6 +11,9 @@ review stops the chain; a stop sent while a local phase runs still lands.
 A downloaded dataset's Fetch and a requirements install's Setup are tried locally only from a cross-run cache hit
 (patch ``cached-phases-local``): a re-run of a known benchmark takes all five phases in its workflow task, and a
 first run's misses go on as their activities without a trace in the log.
+
+The run's end, too, is a local activity of the workflow task that decided it (patch ``run-finished-locally``), and
+an end past its budget goes on as the ordinary ``finish_run``, its events landing once.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ QUICK = ["fetch", "analyze", "setup", "attach", "atomize"]
 CHAIN = ["quick_phases"]
 
 
-def _local_markers(events: list[HistoryEvent]) -> list[str]:
+def _all_local_markers(events: list[HistoryEvent]) -> list[str]:
     """The activity types of the local activities the workflow recorded, in order."""
     found = []
     for e in events:
@@ -53,6 +56,12 @@ def _local_markers(events: list[HistoryEvent]) -> list[str]:
                 data = json.loads(attrs.details["data"].payloads[0].data)
                 found.append(data["activity_type"])
     return found
+
+
+def _local_markers(events: list[HistoryEvent]) -> list[str]:
+    """The local activities of the run's phases, in order: without the run's end (``finish_run``, local since
+    ``run-finished-locally``; its own tests are at the end of this file)."""
+    return [name for name in _all_local_markers(events) if name != "finish_run"]
 
 
 async def _history(stack: Stack, run_id: str) -> list[HistoryEvent]:
@@ -325,3 +334,56 @@ async def test_a_re_run_takes_its_cached_phases_in_its_workflow_task(stack: Stac
         assert _hits(events) == {"fetch", "analyze", "setup"}
         assert not _local_markers(history) and set(QUICK) <= set(_scheduled(history))
         await record_history(stack, before["id"], "run_before_cached_phases_local.json")
+
+
+# -- the run's end (patch ``run-finished-locally``) ------------------------------------------------------------------
+
+def _terminal_tail(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(e["type"], e["data"].get("phase") or e["data"].get("role")) for e in events[-4:]]
+
+
+async def test_a_runs_end_is_a_local_activity_of_the_task_that_decided_it(stack: Stack) -> None:
+    """The last batch's completion wakes the workflow, which ends the run in that workflow task: a local activity,
+    no ``finish_run`` through the task queue; the log ends as it did."""
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
+                                                                "api_base": stack.dev_url}})
+        events = await wait_terminal(http, run["id"])
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    assert _all_local_markers(history)[-1] == "finish_run"
+    assert "finish_run" not in _scheduled(history), _scheduled(history)
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
+    assert _terminal_tail(events) == [("PhaseCompleted", "materialize"), ("SandboxKilled", "proxy"),
+                                      ("ProxyLingerMetered", None), ("PipelineFinished", None)]
+    _once(events)
+    await record_history(stack, run["id"], "run_finished_locally.json")
+
+
+async def test_a_runs_end_past_its_local_budget_goes_on_as_its_activity(stack: Stack) -> None:
+    """The local end commits the terminal event, then stalls past the budget: the ordinary ``finish_run`` runs the
+    end again, and the log holds it once (the route's revocation included)."""
+    async with stack.http() as http:
+        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
+                                  "metadata": {"fault_injection": {"phase": "finish", "local_stall_s": 8}}})
+        events = await wait_terminal(http, run["id"])
+        await stack.client.get_workflow_handle(run["id"]).result()
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    history = await _history(stack, run["id"])
+    assert _all_local_markers(history)[-1] == "finish_run"
+    assert _scheduled(history).count("finish_run") == 1, _scheduled(history)
+    assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
+    assert _terminal_tail(events) == [("PhaseCompleted", "materialize"), ("SandboxKilled", "proxy"),
+                                      ("ProxyLingerMetered", None), ("PipelineFinished", None)]
+    _once(events)
+    await record_history(stack, run["id"], "run_finished_locally_past_budget.json")
+
+
+async def test_a_worker_without_the_local_end_schedules_finish_run_and_its_run_replays(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker from before ``run-finished-locally`` does: the run's end through the task queue."""
+    run_id, events, history = await _run_without(stack, monkeypatch, "run-finished-locally")
+    assert "finish_run" not in _all_local_markers(history) and _scheduled(history).count("finish_run") == 1
+    assert events[-1]["type"] == "PipelineFinished" and events[-1]["data"]["status"] == "ok"
+    _once(events)
+    await record_history(stack, run_id, "run_before_finished_locally.json")

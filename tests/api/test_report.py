@@ -306,9 +306,10 @@ async def test_llm_narrator_writes_the_narration_and_its_spend_is_billed(stack: 
 
 async def test_the_long_poll_answers_when_the_run_ends_not_when_its_report_is_written(
         stack: Stack, narrator_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """``GET /v1/runs/{id}?wait_s=`` answers once the row is terminal (finish_run's completion in the workflow's
-    history wakes it), while the report is still being written: here the LLM narrator is held by the test until the
-    answer is in. The long poll's periodic re-read of the row is put out of reach, so only the history wakes it."""
+    """``GET /v1/runs/{id}?wait_s=`` answers once the row is terminal (finish_run's end in the workflow's history, a
+    local activity's marker, wakes it), while the report is still being written: here the LLM narrator is held by the
+    test until the answer is in. The long poll's periodic re-read of the row is put out of reach, so only the history
+    wakes it."""
     monkeypatch.setattr(runs_route, "WAIT_HALT_CHECK_S", 3600.0)
     body = {"dataset": str(SAMPLE / "arithmetic.jsonl"), "constraints": {"max_tasks": 3},
             "model": {"identifier": "openai/dev", "api_base": stack.dev_url}}

@@ -68,6 +68,14 @@ behind ``workflow.patched``, and a history recorded before the change is kept he
   answered False in the recording worker (every phase an activity); both recorded by tests/api/test_local_phases.py.
   Every history above reaches the call only where a launch has requirements or a dataset URL, and none of them took
   the new branch.
+- ``run_finished_locally.json``: a run whose end (``finish_run``) ran as a local activity in the workflow task that
+  learned its last batch ended (``patched("run-finished-locally")``: a ``core_local_activity`` marker, no
+  ``finish_run`` scheduled), and ``run_finished_locally_past_budget.json``: the same with the local end stalled past
+  its 5 s budget after its commit, which ``finish_run`` then ran again as the ordinary activity (the log holds it
+  once); ``run_before_finished_locally.json``: the same run with the patch answered False in the recording worker. All
+  three recorded by tests/api/test_local_phases.py (issue 25: a hop through Temporal's queue fewer between the last
+  result and the terminal event). Every run history above was recorded before the patch and replays with the
+  ordinary ``finish_run``.
 - Pre-patch histories recorded later with the code from before their patch (a ``git worktree`` of the patch's
   parent commit running its own test): ``run_stopped_before_halt_written_before_teardown.json`` (0487831, parent of
   24514fe: the same stop mid-Materialize, torn down without waiting), ``run_before_revoke_model_route.json``
