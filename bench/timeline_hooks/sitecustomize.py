@@ -3,10 +3,11 @@
 
 When it does, a few functions of the worker and the API are wrapped as their modules are imported, and each call
 appends ``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 µs): the worker's Temporal activations,
-the sandboxed workflow instances it makes and its activity starts, the Materialize batch, the scorer runtime's start
-and end, every model call a batch's scorer asks for, a sandbox's disposal, the warm pool's takes and refills, and the
-run view and narration the API reads for a long poll's answer. Nothing of the product is changed to take them; the
-marks cost what a write costs, so the timeline's own run is a little slower than an unmarked one.
+the sandboxed workflow instances it makes and its activity starts, the batch activity's preamble (hand-off, model
+proxy, call limit) and the Materialize batch, its sandbox's opening (snapshot, egress proxy, create, spawn), the scorer
+runtime's start and end, every model call a batch's scorer asks for, a sandbox's disposal, the warm pool's takes and
+refills, and the run view and narration the API reads for a long poll's answer. Nothing of the product is changed to
+take them; the marks cost what a write costs, so the timeline's own run is a little slower than an unmarked one.
 """
 
 from __future__ import annotations
@@ -55,11 +56,17 @@ _WRAPPED: dict[str, Sequence[tuple[str, str | Callable[[tuple[Any, ...]], str], 
                                     ("_WorkflowWorker._create_workflow_instance", "workflow instance made", True)],
     "temporalio.worker._activity": [("_ActivityWorker._handle_start_activity_task", _activity_label, False)],
     "benchwright.runs.materialize": [("run_batch", "batch", True)],
+    "benchwright.runs.handoff": [("restore", "handoff restore", True)],
+    "activities.attach": [("live_proxy", "live proxy", True)],
+    "benchwright.security.quotas": [("model_call_limit", "call limit", True)],
+    "benchwright.proxy.egress": [("EgressProxy.start", "egress start", True)],
     "benchwright.scoring.host": [("_Session._start_runtime", "scorer runtime start", True),
                                  ("_Session._call", _call_label, False),
                                  ("_Runtime.close", "scorer runtime close", True)],
-    "benchwright.sandbox.lifecycle": [("_dispose", "sandbox dispose", True)],
-    "benchwright.sandbox.local.backend": [("LocalBackend.create_warm", "warm sandbox made", True)],
+    "benchwright.sandbox.lifecycle": [("_dispose", "sandbox dispose", True), ("snapshot_of", "snapshot of", True)],
+    "benchwright.sandbox.local.backend": [("LocalBackend.create_warm", "warm sandbox made", True),
+                                          ("LocalBackend.create", "sandbox create", True),
+                                          ("LocalBackend.spawn", "sandbox spawn", True)],
     "benchwright.sandbox.local.warm": [("WarmPool.take", "warm sandbox taken", False)],
     "benchwright.store.runs": [("run_view", "run view", True)],
     "benchwright.report.facts": [("run_narration", "narration", True)],
