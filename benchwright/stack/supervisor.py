@@ -273,8 +273,10 @@ class Stack:
         _wait_for("the API", lambda: _api_ready(cfg.api_url), self.api)
         dev = {"api_url": cfg.api_url, "temporal_address": cfg.temporal_address, "temporal_ui_url": cfg.ui_url,
                "api_key": key}
-        _write_whole(self.dev_json, json.dumps(dev, indent=2))
+        # dev.json says the stack is up, so it comes last: a reader that waited for it finds pids.json there too (a
+        # bench read pids.json right after dev.json appeared and found none).
         self._write_pids()
+        _write_whole(self.dev_json, json.dumps(dev, indent=2))
         return dev
 
     def _write_pids(self) -> None:

@@ -73,6 +73,8 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
     up = _up(data_dir, ports)
     try:
         dev = _wait_file(data_dir / "dev.json", up)
+        # dev.json is the last file the stack writes as it comes up: the PIDs are there as soon as it is.
+        assert set(json.loads((data_dir / "pids.json").read_text())) == {"temporal", "worker", "api"}
         assert set(dev) == {"api_url", "temporal_address", "temporal_ui_url", "api_key"}
         assert httpx.get(dev["temporal_ui_url"], timeout=10).status_code == 200
 
