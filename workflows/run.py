@@ -833,9 +833,10 @@ class RunWorkflow:
             # One activity, one transaction: what is still pending (the last sweep's close), the model route's
             # revocation and the terminal event (issue 25: two activities and two workflow tasks fewer).
             revoke = self._model_proxy and not self._route_revoked
-            fault = self._launch.metadata.get("fault_injection")
+            fault = self._launch.metadata.get("fault_injection")  # tests only: a fault meant for the run's end
             finish = FinishInput(run_id=self._inp.run_id, status=status, error=error, preface=self._preface,
-                                 revoke_route=revoke, fault_injection=fault if isinstance(fault, dict) else None)
+                                 revoke_route=revoke, fault_injection=fault if isinstance(fault, dict)
+                                 and fault.get("phase") == "finish" else None)
             # In the workflow task that decided it first (issue 25: a hop through Temporal's queue fewer between the
             # last result and the terminal event).
             if not (workflow.patched(RUN_FINISHED_LOCALLY) and await self._finished_locally(finish)):

@@ -270,8 +270,9 @@ class FinishInput(BaseModel):
     revoke_route: bool = False
     """Revoke the run's model route (and record its ledger entries) before the terminal event."""
     fault_injection: dict[str, Any] | None = None
-    """Tests only (``allow_fault_injection``): the launch's ``metadata.fault_injection``, so a local attempt at the
-    run's end can be stalled past its budget (``activities.common.maybe_stall_local``, phase ``finish``)."""
+    """Tests only (``allow_fault_injection``): the launch's ``metadata.fault_injection`` when it names the phase
+    ``finish``, so a local attempt at the run's end can be stalled past its budget
+    (``activities.common.maybe_stall_local``)."""
 
 
 class MaterializeBatchInput(BaseModel):
