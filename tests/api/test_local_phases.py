@@ -94,13 +94,22 @@ def _once(events: list[dict[str, Any]]) -> None:
     assert [e["seq"] for e in events] == list(range(len(events)))
 
 
-async def test_quick_phases_leave_markers_not_scheduled_activities(stack: Stack) -> None:
+async def _plain_run(stack: Stack, metadata: dict[str, Any] | None = None
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], list[HistoryEvent]]:
+    """A plain run of the sample, once its workflow closed: the launch's answer, its log, its view and its history."""
+    body: dict[str, Any] = {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url}}
+    if metadata is not None:
+        body["metadata"] = metadata
     async with stack.http() as http:
-        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
-                                                                "api_base": stack.dev_url}})
+        run = await launch(http, body)
         events = await wait_terminal(http, run["id"])
+        await stack.client.get_workflow_handle(run["id"]).result()
         final = (await http.get(f"/v1/runs/{run['id']}")).json()
-    history = await _history(stack, run["id"])
+    return run, events, final, await _history(stack, run["id"])
+
+
+async def test_quick_phases_leave_markers_not_scheduled_activities(stack: Stack) -> None:
+    run, events, final, history = await _plain_run(stack)
     assert _local_markers(history) == CHAIN
     assert not set(QUICK) & set(_scheduled(history)), _scheduled(history)
     assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60
@@ -345,12 +354,7 @@ def _terminal_tail(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
 async def test_a_runs_end_is_a_local_activity_of_the_task_that_decided_it(stack: Stack) -> None:
     """The last batch's completion wakes the workflow, which ends the run in that workflow task: a local activity,
     no ``finish_run`` through the task queue; the log ends as it did."""
-    async with stack.http() as http:
-        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev",
-                                                                "api_base": stack.dev_url}})
-        events = await wait_terminal(http, run["id"])
-        final = (await http.get(f"/v1/runs/{run['id']}")).json()
-    history = await _history(stack, run["id"])
+    run, events, final, history = await _plain_run(stack)
     assert _all_local_markers(history)[-1] == "finish_run"
     assert "finish_run" not in _scheduled(history), _scheduled(history)
     assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
@@ -363,13 +367,8 @@ async def test_a_runs_end_is_a_local_activity_of_the_task_that_decided_it(stack:
 async def test_a_runs_end_past_its_local_budget_goes_on_as_its_activity(stack: Stack) -> None:
     """The local end commits the terminal event, then stalls past the budget: the ordinary ``finish_run`` runs the
     end again, and the log holds it once (the route's revocation included)."""
-    async with stack.http() as http:
-        run = await launch(http, {"dataset": DATASET, "model": {"identifier": "openai/dev", "api_base": stack.dev_url},
-                                  "metadata": {"fault_injection": {"phase": "finish", "local_stall_s": 8}}})
-        events = await wait_terminal(http, run["id"])
-        await stack.client.get_workflow_handle(run["id"]).result()
-        final = (await http.get(f"/v1/runs/{run['id']}")).json()
-    history = await _history(stack, run["id"])
+    run, events, final, history = await _plain_run(
+        stack, {"fault_injection": {"phase": "finish", "local_stall_s": 8}})
     assert _all_local_markers(history)[-1] == "finish_run"
     assert _scheduled(history).count("finish_run") == 1, _scheduled(history)
     assert final["status"] == "ok" and final["tasks"]["summary"]["passed"] == 60, final
