@@ -4,7 +4,9 @@ seq is assigned inside the append transaction from the run row's ``next_seq`` co
 every append is an UPDATE of that row, which takes the row lock on Postgres and the write lock on SQLite, so
 concurrent appenders in any number of processes queue up and seq stays gapless and monotonic. Each event carries
 an idempotency key; an append whose key is already in the log writes nothing (a retried activity re-appends the
-same keys), and since the check happens under the same lock no seq is consumed for it.
+same keys), and since the check happens under the same lock no seq is consumed for it. On Postgres an append whose
+events project no rows makes all of that one call of ``bw_append_events`` (migration 0017: the same lock, the same
+check, the same seqs), one round trip instead of four (``_append_in_one_call``).
 
 Projections (task rows, trial rows, the run's phase) are updated in the same transaction, so a reader never sees
 an event without its projection or the other way round. Cost columns are the database trigger's (migration 0002).
@@ -34,7 +36,7 @@ from benchwright.events import (
     PhaseStarted,
 )
 from benchwright.scoring.results import is_no_answer
-from benchwright.store.db import session_scope
+from benchwright.store.db import reader, session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, table_of, utcnow
 
 _KEY_CHUNK = 500
@@ -43,6 +45,8 @@ _KEY_CHUNK = 500
 _EVENTS, _TRIALS, _TASK_ROWS = table_of(EventRow), table_of(TrialResult), table_of(TaskRow)
 _PHASE_STARTED, _TASKS_ARTIFACT = PhaseStarted.type_name(), DatasetTasksArtifact.type_name()
 _RESULT, _AGGREGATED = MaterializeTaskResult.type_name(), MaterializeTaskAggregated.type_name()
+_ROW_PROJECTED = frozenset({_RESULT, _AGGREGATED})
+"""Events that project rows of their own (a trial row, a task row): appended by the statements, not in one call."""
 # Per (dialect, table, columns): the INSERT, the COPY, the columns in order, their bind processors, positional or not.
 _Insert = tuple[str, str, list[str], list[Any], bool]
 _INSERTS: dict[tuple[str, str, tuple[str, ...]], _Insert] = {}
@@ -63,6 +67,12 @@ _RECORDED = select(_EVENTS.c.idem_key).where(_EVENTS.c.idem_key.in_(bindparam("k
 _RECORDED_ANY = select(_EVENTS.c.idem_key).where(_EVENTS.c.idem_key == any_(bindparam("keys_", type_=ARRAY(String))))
 _DRIVER_SQL: dict[str, tuple[str, str]] = {}
 _RUN_UPDATES: dict[tuple[str, ...], tuple[Any, str, dict[str, Any]]] = {}
+_ONE_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total FROM bw_append_events(%(run_id)s::text, "
+             "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
+             "%(at)s::timestamp)")
+"""A small append on Postgres (``_append_in_one_call``): the function of migration 0017, its values as psycopg
+binds them."""
+_ONE_CALL_PROCS: dict[str, tuple[Any, Any]] = {}
 
 
 def _insert_rows(session: Session, table: Table, rows: list[dict[str, Any]],
@@ -165,6 +175,13 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
     """
     if not events and not run_updates:
         return 0
+    if engine.dialect.name == "postgresql" and not run_updates:
+        events = [_storable_on_postgres(e) for e in events]
+        if not any(e.type in _ROW_PROJECTED for e in events):
+            # The call alone, in autocommit: its own transaction, one round trip instead of three (BEGIN, the call,
+            # COMMIT), the lock held until it commits.
+            with reader(engine).connect() as conn:
+                return _call_append(conn, run_id, events)[0]
     with session_scope(engine) as session:
         return append_in_session(session, run_id, events, **run_updates)
 
@@ -223,6 +240,8 @@ def append_in_session(session: Session, run_id: str, events: list[NewEvent], **r
     """Like ``append_events`` inside a caller's transaction, optionally updating columns of the run row too."""
     if session.connection().dialect.name == "postgresql":
         events = [_storable_on_postgres(e) for e in events]
+        if events and not any(e.type in _ROW_PROJECTED for e in events):
+            return _append_in_one_call(session, run_id, events, run_updates)
     # The hot path: take the lock and read which keys the log holds, without reloading the row.
     next_seq, seen = _lock_and_recorded(session, run_id, [e.key for e in events])
     fresh = _without(events, seen)
@@ -232,6 +251,58 @@ def append_in_session(session: Session, run_id: str, events: list[NewEvent], **r
                                         for i, e in enumerate(fresh)], same={"run_id": run_id, "created_at": now})
     _update_run(session, run_id, {**_project(session, run_id, fresh), **run_updates, "next_seq": next_seq + len(fresh)})
     return len(fresh)
+
+
+def _append_in_one_call(session: Session, run_id: str, events: list[NewEvent], run_updates: dict[str, Any]) -> int:
+    """``append_in_session`` on Postgres for events that project no rows (a phase's brackets, halts, the run's end):
+    the lock, the key check, the inserts and the row's ``next_seq`` and projected columns in one call
+    (``_call_append``) instead of four statements; ``run_updates`` after it, as their own ``UPDATE``. Returns how
+    many events were new.
+
+    Raises:
+        NotFound: the run does not exist.
+    """
+    conn = session.connection()
+    if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+        raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
+    fresh, next_seq, phase, tasks_total = _call_append(conn, run_id, events)
+    held = session.identity_map.get(session.identity_key(Run, run_id))
+    if held is not None:
+        for key, value in (("next_seq", next_seq), ("phase", phase), ("tasks_total", tasks_total)):
+            if value is not None:
+                set_committed_value(held, key, value)
+    updates = {key: value for key, value in run_updates.items() if key != "next_seq"}
+    if updates:
+        _update_run(session, run_id, updates)
+    return fresh
+
+
+def _call_append(conn: Connection, run_id: str, events: list[NewEvent]) -> tuple[int, int, str | None, int | None]:
+    """Append ``events`` (none of them projecting rows, each storable on Postgres) by one call of
+    ``bw_append_events`` (migration 0017) on ``conn``'s driver connection; returns how many were new, the run's
+    ``next_seq`` after them, and the phase and task count they moved the row to (None where they did not).
+
+    Raises:
+        NotFound: the run does not exist.
+        DBAPIError: the driver failed (``_on_driver``).
+    """
+    procs = _ONE_CALL_PROCS.get(conn.dialect.name)
+    if procs is None:
+        procs = _ONE_CALL_PROCS[conn.dialect.name] = (_EVENTS.c.data.type._cached_bind_processor(conn.dialect),
+                                                      _EVENTS.c.created_at.type._cached_bind_processor(conn.dialect))
+    data_proc, at_proc = procs
+    projected = [_projected(e) for e in events]
+    now = utcnow()
+    rows = _on_driver(conn, _ONE_CALL, {
+        "run_id": run_id, "keys": [e.key for e in events], "types": [e.type for e in events],
+        "data": [data_proc(e.data) if data_proc else e.data for e in events],
+        "phases": [values.get("phase") for values in projected],
+        "counts": [values.get("tasks_total") for values in projected],
+        "at": at_proc(now) if at_proc else now}, fetch=True)
+    fresh, next_seq, phase, tasks_total = rows[0]
+    if fresh is None:
+        raise NotFound(f"run {run_id} not found")
+    return int(fresh), int(next_seq), phase, tasks_total
 
 
 _NUL, _REPLACEMENT = "\x00", "\ufffd"
@@ -342,6 +413,7 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
     rows: list[dict[str, Any]] = []
     for e in events:
         d = e.data
+        run_updates.update(_projected(e))
         if e.type == _RESULT:
             trials.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
                            "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
@@ -349,16 +421,22 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
         elif e.type == _AGGREGATED:
             rows.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"],
                          "outcome": d["outcome"], "score": d["score"], "trial_scores": d["trial_scores"]})
-        elif e.type == _PHASE_STARTED:
-            run_updates["phase"] = d["phase"]
-        elif e.type == _TASKS_ARTIFACT:
-            run_updates["tasks_total"] = d["count"]
     if trials:
         _insert_rows(session, _TRIALS, trials)
     if rows:
         _mark_no_answer(session, run_id, rows, trials)
         _insert_rows(session, _TASK_ROWS, rows)
     return run_updates
+
+
+def _projected(event: NewEvent) -> dict[str, Any]:
+    """The run row's columns ``event`` sets when it is appended: a PhaseStarted's phase, a DatasetTasksArtifact's
+    task count (the last such event of an append wins)."""
+    if event.type == _PHASE_STARTED:
+        return {"phase": event.data["phase"]}
+    if event.type == _TASKS_ARTIFACT:
+        return {"tasks_total": event.data["count"]}
+    return {}
 
 
 def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlmodel import Session
 
 from benchwright.events import AgentTextEvent
@@ -168,9 +168,10 @@ def test_a_reply_with_nul_characters_is_stored_and_counted(db_url: str) -> None:
 
 @pytest.mark.parametrize("way", ["copy", "append"])
 def test_a_connection_lost_on_the_driver_path_reads_as_a_store_outage(postgres_url: str, way: str) -> None:
-    """On Postgres a COPY, and an append's own statements (the lock, the key check, the rows, the run's update), run
-    on the driver's cursor outside SQLAlchemy's statement path: their errors must still come out as SQLAlchemy's, a
-    lost connection invalidated, so that the batch waits an outage out instead of failing."""
+    """On Postgres a COPY, and an append's own statements (the lock, the key check, the rows, the run's update, or
+    the one call that makes them all), run on the driver's cursor outside SQLAlchemy's statement path: their errors
+    must still come out as SQLAlchemy's, a lost connection invalidated, so that the batch waits an outage out instead
+    of failing."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import DBAPIError
 
@@ -212,4 +213,88 @@ def test_an_append_through_a_readers_session_is_refused(postgres_url: str) -> No
         append_in_session(session, run_id, [NewEvent.of(event_key(run_id, "unlocked"), AgentTextEvent(
             phase="test", text="no lock held"))])
     assert [e.seq for e in read_events(engine, run_id)] == [0]
+    engine.dispose()
+
+
+def test_a_small_append_lands_as_the_statements_would_write_it(db_url: str) -> None:
+    """On Postgres an append whose events project no rows of their own goes as one call of ``bw_append_events``
+    (migration 0017); on SQLite, and for results and aggregates everywhere, as the statements. Either way the same
+    appends leave the same log and the same run row: a key repeated within an append lands once (the first), keys
+    already in the log land nothing and take no seq, the last PhaseStarted among the new events moves the row's phase
+    and a DatasetTasksArtifact its task count (a repeated one neither), a cost is counted by the trigger, the
+    caller's own columns are written even when every event was a repeat, and a run that is not there is NotFound."""
+    from benchwright.errors import NotFound
+    from benchwright.events import DatasetTasksArtifact, DriverUsage, PhaseStarted, RunHalted
+    from benchwright.store.events import append_in_session
+    from benchwright.store.runs import get_run, run_view
+
+    run_id = _new_run(db_url)
+    engine = make_engine(db_url)
+
+    def key(*parts: object) -> str:
+        return event_key(run_id, *parts)
+
+    opened = [NewEvent.of(key("find", "started"), PhaseStarted(phase="find")),
+              NewEvent.of(key("find", "text"), AgentTextEvent(phase="find", text="first \x00")),
+              NewEvent.of(key("find", "text"), AgentTextEvent(phase="find", text="a repeat within the append")),
+              NewEvent.of(key("fetch", "started"), PhaseStarted(phase="fetch")),
+              NewEvent.of(key("tasks"), DatasetTasksArtifact(count=7))]
+    assert append_events(engine, run_id, opened) == 4
+    assert (get_run(engine, run_id=run_id).phase, get_run(engine, run_id=run_id).tasks_total) == ("fetch", 7)
+    again = [NewEvent.of(key("tasks"), DatasetTasksArtifact(count=99)),  # a repeat: projects nothing
+             NewEvent.of(key("find", "started"), PhaseStarted(phase="find")),
+             NewEvent.of(key("usage"), DriverUsage(phase="fetch", invocation=1, step=0, model="m", prompt_tokens=1,
+                                                   completion_tokens=1, cost_usd=0.5))]
+    assert append_events(engine, run_id, again) == 1
+    halt = [NewEvent.of(key("halt"), RunHalted(halt_reason="stopped"))]
+    for _ in range(2):  # the second time every event is a repeat: the columns are written all the same
+        with Session(engine) as session, session.begin():
+            append_in_session(session, run_id, halt, halted=True, halt_reason="stopped")
+        with Session(engine) as session, session.begin():
+            session.execute(update(Run).where(Run.id == run_id).values(halted=False, halt_reason=None))
+    with Session(engine) as session, session.begin():
+        held = session.get(Run, run_id)
+        assert held is not None
+        append_in_session(session, run_id, [NewEvent.of(key("analyze", "started"), PhaseStarted(phase="analyze"))])
+        assert (held.phase, held.next_seq) == ("analyze", 8)  # the row the session holds moved with it
+    with pytest.raises(NotFound), Session(engine) as session, session.begin():
+        append_in_session(session, "no-such-run", opened)
+
+    text = "first \x00" if db_url.startswith("sqlite") else "first \ufffd"
+    assert [(e.seq, e.type, e.idem_key) for e in read_events(engine, run_id)] == [
+        (0, "RunLaunched", key("launch")), (1, "PhaseStarted", key("find", "started")),
+        (2, "AgentTextEvent", key("find", "text")), (3, "PhaseStarted", key("fetch", "started")),
+        (4, "DatasetTasksArtifact", key("tasks")), (5, "DriverUsage", key("usage")), (6, "RunHalted", key("halt")),
+        (7, "PhaseStarted", key("analyze", "started"))]
+    assert read_events(engine, run_id)[2].data == {"phase": "find", "text": text, "index": None}
+    run = get_run(engine, run_id=run_id)
+    assert (run.next_seq, run.phase, run.tasks_total) == (8, "analyze", 7)
+    assert run_view(engine, run).cost.driver == pytest.approx(0.5)
+    with Session(engine) as session:  # the halt's columns were written by each of the two appends
+        assert session.execute(select(Run.halted).where(Run.id == run_id)).scalar_one() is False
+    engine.dispose()
+
+
+def test_postgres_appends_through_its_function(postgres_url: str) -> None:
+    """The one call is what a small append on Postgres runs: without migration 0017's function it fails, with it
+    back (the migration's upgrade after its downgrade) it lands."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy.exc import DBAPIError
+
+    from benchwright.store.db import _MIGRATIONS
+
+    run_id = _new_run(postgres_url)
+    engine = make_engine(postgres_url)
+    event = [NewEvent.of(event_key(run_id, "once"), AgentTextEvent(phase="test", text="x"))]
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0016")
+    with pytest.raises(DBAPIError, match="bw_append_events"):
+        append_events(engine, run_id, event)
+    migrate(engine)
+    assert append_events(engine, run_id, event) == 1
+    assert [e.seq for e in read_events(engine, run_id)] == [0, 1]
     engine.dispose()
