@@ -175,13 +175,11 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
     """
     if not events and not run_updates:
         return 0
-    if engine.dialect.name == "postgresql" and not run_updates:
-        events = [_storable_on_postgres(e) for e in events]
-        if not any(e.type in _ROW_PROJECTED for e in events):
-            # The call alone, in autocommit: its own transaction, one round trip instead of three (BEGIN, the call,
-            # COMMIT), the lock held until it commits.
-            with reader(engine).connect() as conn:
-                return _call_append(conn, run_id, events)[0]
+    if engine.dialect.name == "postgresql" and not run_updates and not any(e.type in _ROW_PROJECTED for e in events):
+        # The call alone, in autocommit: its own transaction, one round trip instead of three (BEGIN, the call,
+        # COMMIT), the lock held until it commits.
+        with reader(engine).connect() as conn:
+            return _call_append(conn, run_id, [_storable_on_postgres(e) for e in events])[0]
     with session_scope(engine) as session:
         return append_in_session(session, run_id, events, **run_updates)
 
