@@ -1,10 +1,12 @@
 """What one small event append costs: a phase's bracket appends two or three events at a time, several times a phase,
 so the fixed cost of an append (its transaction and its four statements; on Postgres one call of
-``bw_append_events`` in autocommit, migration 0017) is paid on every run's path to its first model call. Appends
-PhaseStarted + PhaseCompleted to one run, ``--n`` times per round, and prints the wall and CPU time per append.
-Then the same for a small read (the run row by its key, as ``get_run`` reads it), through
-``benchwright.store.db.reader`` (on Postgres one autocommit statement) against a transaction of its own (BEGIN,
-the statement, ROLLBACK: what every read paid before), interleaved round by round.
+``bw_append_events``, migration 0017) is paid on every run's path to its first model call. Appends PhaseStarted +
+PhaseCompleted to each of ``--n`` runs per round, and prints the wall and CPU time per append. On Postgres three ways
+in turn, round by round, with the server's CPU beside them: the four statements in a transaction (as every append
+went before migration 0017), the one call in a transaction (a phase's opening and close) and the one call alone in
+autocommit (an append of its own). Then the same for a small read (the run row by its key, as ``get_run`` reads
+it), through ``benchwright.store.db.reader`` (on Postgres one autocommit statement) against a transaction of its own
+(BEGIN, the statement, ROLLBACK: what every read paid before), interleaved round by round.
 
     python bench/append.py                 # SQLite in a temporary directory
     python bench/append.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test   # a schema of its own
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,10 +39,10 @@ from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult,
 from benchwright.schemas import LaunchRequest
 from benchwright.store import events
 from benchwright.store.accounts import create_account
-from benchwright.store.db import make_engine, migrate, reader
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.db import make_engine, migrate, reader, session_scope
+from benchwright.store.events import NewEvent, append_events, append_in_session, event_key
 from benchwright.store.models import Run
-from benchwright.store.runs import create_run
+from benchwright.store.runs import create_run, get_run
 
 
 def main() -> None:
@@ -63,17 +66,33 @@ def main() -> None:
         engine = make_engine(url)
         migrate(engine)
         account, _ = create_account(engine, name="bench", balance_usd=1.0)
-        run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
-                         driver="builtin", trials_config={})
+        runs = [create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                           driver="builtin", trials_config={}).id for _ in range(args.n)]
+        run = get_run(engine, run_id=runs[0])
+        # Each append to a run of its own, as a phase's appends are spread over the runs in flight (one run appended
+        # to thousands of times churns its row's versions and slows every way alike). On Postgres the ways are
+        # interleaved round by round: the four statements (``_append_by_statements``, every append before
+        # migration 0017), the one call in a transaction (``append_in_session``, a phase's opening and close) and
+        # the one call alone in autocommit (``append_events``).
+        ways: list[tuple[str, Callable[[str, list[NewEvent]], object]]] = [("", _alone)]
+        if args.postgres:
+            ways = [("four statements in a transaction", _by_statements), ("one call in a transaction", _in_session),
+                    ("one call alone", _alone)]
         for r in range(args.rounds):
-            wall, cpu = time.perf_counter(), time.process_time()
-            for i in range(args.n):
-                append_events(engine, run.id, [
-                    NewEvent.of(event_key(run.id, "bench", r, i, "started"), PhaseStarted(phase="fetch")),
-                    NewEvent.of(event_key(run.id, "bench", r, i, "completed"),
-                                PhaseCompleted(phase="fetch", duration_ms=1))])
-            print(f"{engine.dialect.name}, round {r}: {1000 * (time.perf_counter() - wall) / args.n:.3f} ms wall, "
-                  f"{1000 * (time.process_time() - cpu) / args.n:.3f} ms CPU per two-event append")
+            for w, (way, append) in enumerate(ways):
+                server = postgres_cpu_s() if args.postgres else None
+                wall, cpu = time.perf_counter(), time.process_time()
+                for i, run_id in enumerate(runs):
+                    append(engine, run_id, [
+                        NewEvent.of(event_key(run_id, "bench", r, w, i, "started"), PhaseStarted(phase="fetch")),
+                        NewEvent.of(event_key(run_id, "bench", r, w, i, "completed"),
+                                    PhaseCompleted(phase="fetch", duration_ms=1))])
+                line = (f"{engine.dialect.name}, round {r}{', ' + way if way else ''}: "
+                        f"{1000 * (time.perf_counter() - wall) / args.n:.3f} ms wall, "
+                        f"{1000 * (time.process_time() - cpu) / args.n:.3f} ms CPU")
+                if server is not None:
+                    line += f", the server's {1000 * (postgres_cpu_s() - server) / args.n:.3f} ms CPU"
+                print(line + " per two-event append")
         # On Postgres, the store's two ways of inserting rows (events._COPY_FROM rows or more by COPY), interleaved.
         copy_from = events._COPY_FROM
         ways = [("by COPY", copy_from), ("by INSERT", sys.maxsize)] if args.postgres else [("", copy_from)]
@@ -101,6 +120,20 @@ def main() -> None:
             with admin.begin() as conn:
                 conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
             admin.dispose()
+
+
+def _alone(engine: Engine, run_id: str, batch: list[NewEvent]) -> object:
+    return append_events(engine, run_id, batch)
+
+
+def _in_session(engine: Engine, run_id: str, batch: list[NewEvent]) -> object:
+    with session_scope(engine) as session:
+        return append_in_session(session, run_id, batch)
+
+
+def _by_statements(engine: Engine, run_id: str, batch: list[NewEvent]) -> object:
+    with session_scope(engine) as session:
+        return events._append_by_statements(session, run_id, batch, {})
 
 
 def batch_appends(engine: Engine, run_id: str, round_: int, *, tasks: int, flush: int, way: str) -> None:

@@ -240,6 +240,12 @@ def append_in_session(session: Session, run_id: str, events: list[NewEvent], **r
         events = [_storable_on_postgres(e) for e in events]
         if events and not any(e.type in _ROW_PROJECTED for e in events):
             return _append_in_one_call(session, run_id, events, run_updates)
+    return _append_by_statements(session, run_id, events, run_updates)
+
+
+def _append_by_statements(session: Session, run_id: str, events: list[NewEvent], run_updates: dict[str, Any]) -> int:
+    """``append_in_session`` as statements: the lock, the key check, the rows (and their projection rows) and the
+    run row's update; returns how many events were new."""
     # The hot path: take the lock and read which keys the log holds, without reloading the row.
     next_seq, seen = _lock_and_recorded(session, run_id, [e.key for e in events])
     fresh = _without(events, seen)

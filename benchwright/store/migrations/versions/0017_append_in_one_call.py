@@ -5,10 +5,10 @@ The lock is the one the no-op ``UPDATE`` took (``FOR NO KEY UPDATE``) without wr
 
 A loop of plain statements, each planned once per connection: a single statement over the arrays (``unnest``, a
 ``DISTINCT ON`` for repeated keys, a window for the seqs) cost the server 0.6-1.1 ms of CPU an append, more than the
-four statements it replaced (0.45 ms). Measured with psycopg on loopback, a two-event append in a transaction of its
-own: the wall 1.23-1.26 -> 0.84 ms, the client's CPU 0.61 -> 0.37 ms, the server's 0.45 -> 0.3 ms; the call alone
-in autocommit (``append_events``) 0.54-0.61 ms. A phase's opening and closing are such appends, a dozen of them on a
-run's way to its first model call.
+four statements it replaced (0.48 ms). Measured with psycopg on loopback (``bench/append.py --postgres``), a
+two-event append in a transaction of its own: the wall 1.27-1.38 -> 0.88-1.13 ms, the client's CPU 0.63-0.66 ->
+0.41-0.55 ms, the server's 0.48 -> 0.30-0.40 ms; the call alone in autocommit (``append_events``) 0.57-0.80 ms.
+A phase's opening and closing are such appends, a dozen of them on a run's way to its first model call.
 
 The function is plpgsql and ``VOLATILE``: at READ COMMITTED each of its statements takes a snapshot of its own, so
 the key check, which runs once the lock is taken, sees every key the lock's previous holder committed, as the
