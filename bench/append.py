@@ -74,12 +74,12 @@ def main() -> None:
         # interleaved round by round: the four statements (``_append_by_statements``, every append before
         # migration 0017), the one call in a transaction (``append_in_session``, a phase's opening and close) and
         # the one call alone in autocommit (``append_events``).
-        ways: list[tuple[str, Callable[[str, list[NewEvent]], object]]] = [("", _alone)]
+        small: list[tuple[str, Callable[[Engine, str, list[NewEvent]], object]]] = [("", _alone)]
         if args.postgres:
-            ways = [("four statements in a transaction", _by_statements), ("one call in a transaction", _in_session),
-                    ("one call alone", _alone)]
+            small = [("four statements in a transaction", _by_statements), ("one call in a transaction", _in_session),
+                     ("one call alone", _alone)]
         for r in range(args.rounds):
-            for w, (way, append) in enumerate(ways):
+            for w, (way, append) in enumerate(small):
                 server = postgres_cpu_s() if args.postgres else None
                 wall, cpu = time.perf_counter(), time.process_time()
                 for i, run_id in enumerate(runs):
@@ -87,12 +87,12 @@ def main() -> None:
                         NewEvent.of(event_key(run_id, "bench", r, w, i, "started"), PhaseStarted(phase="fetch")),
                         NewEvent.of(event_key(run_id, "bench", r, w, i, "completed"),
                                     PhaseCompleted(phase="fetch", duration_ms=1))])
-                line = (f"{engine.dialect.name}, round {r}{', ' + way if way else ''}: "
+                said = (f"{engine.dialect.name}, round {r}{', ' + way if way else ''}: "
                         f"{1000 * (time.perf_counter() - wall) / args.n:.3f} ms wall, "
                         f"{1000 * (time.process_time() - cpu) / args.n:.3f} ms CPU")
                 if server is not None:
-                    line += f", the server's {1000 * (postgres_cpu_s() - server) / args.n:.3f} ms CPU"
-                print(line + " per two-event append")
+                    said += f", the server's {1000 * (postgres_cpu_s() - server) / args.n:.3f} ms CPU"
+                print(said + " per two-event append")
         # On Postgres, the store's two ways of inserting rows (events._COPY_FROM rows or more by COPY), interleaved.
         copy_from = events._COPY_FROM
         ways = [("by COPY", copy_from), ("by INSERT", sys.maxsize)] if args.postgres else [("", copy_from)]
