@@ -236,7 +236,11 @@ def _update_run(session: Session, run_id: str, values: dict[str, Any]) -> None:
 
 def append_in_session(session: Session, run_id: str, events: list[NewEvent], **run_updates: Any) -> int:
     """Like ``append_events`` inside a caller's transaction, optionally updating columns of the run row too."""
-    if session.connection().dialect.name == "postgresql":
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+            # A reader's session (store.db.reader): the lock would end with its statement and seq could repeat.
+            raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
         events = [_storable_on_postgres(e) for e in events]
         if events and not any(e.type in _ROW_PROJECTED for e in events):
             return _append_in_one_call(session, run_id, events, run_updates)
@@ -266,10 +270,7 @@ def _append_in_one_call(session: Session, run_id: str, events: list[NewEvent], r
     Raises:
         NotFound: the run does not exist.
     """
-    conn = session.connection()
-    if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
-        raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
-    fresh, next_seq, phase, tasks_total = _call_append(conn, run_id, events)
+    fresh, next_seq, phase, tasks_total = _call_append(session.connection(), run_id, events)
     held = session.identity_map.get(session.identity_key(Run, run_id))
     if held is not None:
         for key, value in (("next_seq", next_seq), ("phase", phase), ("tasks_total", tasks_total)):
@@ -360,9 +361,6 @@ def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[
         for start in range(0, len(keys), _KEY_CHUNK):
             seen.update(conn.execute(_RECORDED, {"keys_": keys[start : start + _KEY_CHUNK]}).scalars())
         return next_seq, seen
-    if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
-        # A reader's session (store.db.reader): the lock would end with its statement and seq could repeat.
-        raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
     lock_sql, check_sql = _DRIVER_SQL.get(conn.dialect.name) or _driver_sql(conn)
     row = _on_driver(conn, lock_sql, {"run_id_": run_id}, fetch=True)
     if not row:
