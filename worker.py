@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import hashlib
 import os
@@ -198,15 +199,37 @@ async def run_worker(settings: Settings) -> None:
     # Sandboxes made ahead, each with a scorer runtime waiting (issue 25); stopped before the worker's shutdown
     # reaps its own sandboxes, so no new one is made after that sweep.
     warm = await start_warm_sandboxes(settings)
+    slow: asyncio.Task[None] | None = None
     try:
         async with worker:
             await stop.wait()
+            slow = asyncio.create_task(_say_where_a_slow_shutdown_is())
             if warm is not None:
                 await stop_warm_pool(warm)
                 warm = None
     finally:
         if warm is not None:
             await stop_warm_pool(warm)
+        if slow is not None:  # the threads' dump stays armed: asyncio.run then waits for the executor's threads
+            slow.cancel()
+
+
+SLOW_SHUTDOWN_S = 10.0
+"""A shutdown still under way this long after SIGTERM writes where it is to the log (stderr): ``benchwright up``
+kills a worker that has not stopped within two thirds of its shutdown timeout (20 s by default)."""
+
+
+async def _say_where_a_slow_shutdown_is() -> None:
+    """After ``SLOW_SHUTDOWN_S``: every thread's stack (``faulthandler``, written even if the event loop is stuck)
+    and every task's."""
+    faulthandler.dump_traceback_later(SLOW_SHUTDOWN_S)
+    await asyncio.sleep(SLOW_SHUTDOWN_S)
+    me = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not me]
+    print(f"the worker's shutdown is still under way after {SLOW_SHUTDOWN_S:.0f} s; its {len(tasks)} tasks:",
+          file=sys.stderr)
+    for task in tasks:
+        task.print_stack(file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +40,7 @@ from benchwright.errors import Unavailable
 from benchwright.llm.prices import prices_for
 from benchwright.schemas import ModelSpec
 from benchwright.stack.devstack import pid_alive
-from benchwright.stack.procreg import ProcEntry, ProcessRegistry, proc_starttime
+from benchwright.stack.procreg import ProcEntry, ProcessRegistry, owned_tempdir, proc_starttime
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -173,7 +172,7 @@ _PROXIES = _Proxies()
 
 def _spawn(*, registry: ProcessRegistry, linger_s: float) -> _Proxy:
     """Start a credential proxy and wait until its control socket answers (~0.4 s measured here, idle machine)."""
-    control_dir = Path(tempfile.mkdtemp(prefix=_CONTROL_PREFIX))  # 0700: a Unix socket path must stay short
+    control_dir = owned_tempdir("cp")  # 0700, a short path (a Unix socket's); removed if this process dies
     control = control_dir / "control.sock"
     # Nothing of the worker's environment: no key ever enters it (keys arrive over the control socket).
     env = {"PATH": os.defpath, "HOME": str(control_dir), "LITELLM_LOCAL_MODEL_COST_MAP": "True",

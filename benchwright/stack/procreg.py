@@ -11,6 +11,10 @@ Scope is the data directory: several stacks (test stacks, say) run on one machin
 reads only its own ``DIR/procs``. Sandboxes are not entries here: their own ``meta.json`` (under
 ``DIR/sandboxes``) records their init, its supervisor and their cgroups the same way, and the local backend's
 ``reap`` reads it.
+
+A process's Unix sockets live in temporary directories of its own (``owned_tempdir``), outside any data directory: a
+socket's path must stay short. A process killed with SIGKILL leaves its directories behind; the reapers remove
+those whose process is gone (``sweep_owned_tempdirs``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
+import shutil
 import signal
+import stat
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -140,3 +148,38 @@ def wait_gone(entries: list[ProcEntry], *, timeout_s: float) -> bool:
             return False
         time.sleep(_POLL_S)
     return True
+
+
+# ----------------------------------------------------------------------------- a process's temporary directories ---
+
+_OWNED = re.compile(r"bw-[a-z]+-(\d+)-")
+
+
+def owned_tempdir(kind: str) -> Path:
+    """A new private (0700) temporary directory named for this process: ``bw-<kind>-<pid>-<random>``.
+
+    For Unix sockets, whose path must stay short (``sun_path`` is 108 bytes), so they cannot live under a data
+    directory. The owner removes it when done; one killed with SIGKILL cannot, and ``sweep_owned_tempdirs`` removes
+    it once no process holds the PID.
+    """
+    return Path(tempfile.mkdtemp(prefix=f"bw-{kind}-{os.getpid()}-"))
+
+
+def sweep_owned_tempdirs() -> list[Path]:
+    """Remove the ``owned_tempdir`` directories (in this process's temporary directory, owned by its user) whose
+    process is gone; returns them. A directory whose PID the kernel gave to another process waits for that one."""
+    removed = []
+    me = os.getuid()
+    for path in Path(tempfile.gettempdir()).glob("bw-*-*-*"):
+        match = _OWNED.match(path.name)
+        if match is None or int(match[1]) == os.getpid() or proc_starttime(int(match[1])) is not None:
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -106,16 +106,18 @@ class Child:
             assert self.proc is not None
             self.proc.terminate()
 
-    def wait_or_kill(self, deadline: float) -> None:
-        """Wait for the child until ``deadline`` (monotonic), then SIGKILL its process group."""
+    def wait_or_kill(self, deadline: float) -> bool:
+        """Wait for the child until ``deadline`` (monotonic), then SIGKILL its process group; whether it had to."""
         if self.proc is None or self.proc.poll() is not None:
-            return
+            return False
         try:
             self.proc.wait(max(0.0, deadline - time.monotonic()))
+            return False
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            return True
 
 
 def stack_holder(data_dir: Path) -> str | None:
@@ -301,6 +303,12 @@ class Stack:
             time.sleep(0.2)
         return 0
 
+    def _killed(self, child: Child, killed: bool, within_s: float) -> None:
+        if killed:
+            # A worker writes where its shutdown stood to its log after worker.SLOW_SHUTDOWN_S.
+            self.say(f"the {child.name} did not stop within {within_s:.0f} s of SIGTERM: killed it (SIGKILL); its "
+                     f"log: {child.log}")
+
     def stop(self) -> None:
         """Worker first (it releases its sandboxes and proxies while Temporal and the store are still up), then
         the API and Temporal, all within ``shutdown_timeout_s``; then the sweep, which SIGKILLs any leftover."""
@@ -311,11 +319,11 @@ class Stack:
         started = time.monotonic()
         timeout = self.cfg.shutdown_timeout_s
         self.worker.terminate()
-        self.worker.wait_or_kill(started + timeout * 2 / 3)
+        self._killed(self.worker, self.worker.wait_or_kill(started + timeout * 2 / 3), timeout * 2 / 3)
         for child in (self.api, self.temporal):
             child.terminate()
         for child in (self.api, self.temporal):
-            child.wait_or_kill(started + timeout)
+            self._killed(child, child.wait_or_kill(started + timeout), timeout)
         self._sweep("stopping")
         if self._me is not None:
             self.registry.forget(self._me)

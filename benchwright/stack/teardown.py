@@ -13,6 +13,10 @@ Three owners, three scopes (all within one data directory, never beyond it; othe
 * the supervisor, when the stack stops and again before it starts (after a SIGKILL nothing of that ran), stops
   every process in the stack's registry, every proxy and every sandbox under the data directory
   (``reap_stack``): workers first (SIGTERM: they clean up their own), then the API and Temporal, then the rest.
+
+A worker starting and the supervisor's sweep also remove the socket directories
+(``benchwright.stack.procreg.owned_tempdir``) of processes that died without removing them: a SIGKILLed worker's
+egress relays and its model proxy's control socket.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies
 from benchwright.sandbox import LocalBackend, SandboxInfo
 from benchwright.settings import Settings
 from benchwright.stack.devstack import pid_alive
-from benchwright.stack.procreg import ProcEntry, ProcessRegistry
+from benchwright.stack.procreg import ProcEntry, ProcessRegistry, sweep_owned_tempdirs
 
 _log = logging.getLogger(__name__)
 
@@ -155,8 +159,10 @@ async def reap_worker_leftovers(*, settings: Settings, engine: Engine) -> list[s
         owner = _owner(info)
         return owner is not None and not pid_alive(owner)
 
-    return await _reap_sandboxes(settings.sandboxes_dir(), orphan) + await _reap_remote(settings=settings,
-                                                                                        engine=engine)
+    killed = await _reap_sandboxes(settings.sandboxes_dir(), orphan) + await _reap_remote(settings=settings,
+                                                                                          engine=engine)
+    await asyncio.to_thread(sweep_owned_tempdirs)  # the sockets' directories of processes SIGKILLed
+    return killed
 
 
 async def _reap_remote(*, settings: Settings, engine: Engine) -> list[str]:
@@ -201,4 +207,5 @@ def reap_stack(*, data_dir: Path, workers_timeout_s: float, others_timeout_s: fl
     # cgroup yet; with the whole stack down nothing else can be using it.
     for stray in (settings.sandboxes_dir() / "sandboxes").glob("sb-*"):
         shutil.rmtree(stray, ignore_errors=True)
+    sweep_owned_tempdirs()  # the directories of the sockets of processes that were SIGKILLed (a worker's relays)
     return reaped

@@ -58,11 +58,13 @@ def dev_model(tmp_path: Path) -> Iterator[str]:
         _stop(proc)
 
 
-def _up(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[bytes]:
+def _up(data_dir: Path, ports: dict[str, int], *, tmpdir: Path | None = None) -> subprocess.Popen[bytes]:
+    """``benchwright up`` on ``data_dir`` (its messages in ``up.err``), with ``tmpdir`` as its TMPDIR if given."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
     return subprocess.Popen(
         [*BW, "up", "--data-dir", str(data_dir), "--api-port", str(ports["api"]),
          "--temporal-port", str(ports["temporal"]), "--ui-port", str(ports["ui"])],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(data_dir / "up.err").open("wb"))
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(data_dir / "up.err").open("wb"), env=env)
 
 
 @pytest.mark.asyncio(loop_scope="session")

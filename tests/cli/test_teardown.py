@@ -170,10 +170,16 @@ def _start_slow_run(data_dir: Path, up: subprocess.Popen[bytes], model_url: str,
     return run_id
 
 
+def _socket_dirs(tmpdir: Path) -> list[str]:
+    """The stack's sockets' directories (``benchwright.stack.procreg.owned_tempdir``) in its TMPDIR."""
+    return sorted(path.name for path in tmpdir.glob("bw-*"))
+
+
 def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev_model: str) -> None:
-    data_dir = tmp_path / "stack"
+    data_dir, tmpdir = tmp_path / "stack", tmp_path / "tmp"
     data_dir.mkdir()
-    up = _up(data_dir, {"api": free_port(), "temporal": free_port(), "ui": free_port()})
+    tmpdir.mkdir()
+    up = _up(data_dir, {"api": free_port(), "temporal": free_port(), "ui": free_port()}, tmpdir=tmpdir)
     try:
         _start_slow_run(data_dir, up, dev_model, keyed=True)
         before = _footprint(up, data_dir)
@@ -191,13 +197,15 @@ def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev
     assert _referencing(data_dir) == []
     assert list((data_dir / "sandboxes" / "sandboxes").iterdir()) == []
     assert list(data_dir.glob("runs/*/proxy.json")) == []
+    assert _socket_dirs(tmpdir) == []  # the proxy's control socket and the sandboxes' egress relays
 
 
 def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path, dev_model: str) -> None:
-    data_dir = tmp_path / "stack"
+    data_dir, tmpdir = tmp_path / "stack", tmp_path / "tmp"
     data_dir.mkdir()
+    tmpdir.mkdir()
     ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
-    up = _up(data_dir, ports)
+    up = _up(data_dir, ports, tmpdir=tmpdir)
     try:
         # Keyless: the proxy's death with its worker is tested apart (tests/domain/test_teardown_registry.py),
         # which saves a LiteLLM start-up here.
@@ -212,11 +220,15 @@ def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path,
         orphans = crashed.survivors()
         assert any("temporal" in o for o in orphans) and any("_nsexec.py" in o for o in orphans), orphans
         assert [d for d in crashed.sandbox_dirs if d.exists()] and [c for c in crashed.cgroups if c.exists()]
+        # The dead worker's sockets' directories (its proxy's control socket, its warm sandbox's egress relay)
+        left = [name for name in _socket_dirs(tmpdir) if f"-{worker}-" in name]
+        assert any(name.startswith("bw-egress-") for name in left), _socket_dirs(tmpdir)
 
         (data_dir / "dev.json").unlink()  # the dead stack's; wait for the next one's
-        up = _up(data_dir, ports)  # the same ports: the orphaned Temporal and API hold them until reaped
+        up = _up(data_dir, ports, tmpdir=tmpdir)  # the same ports: the orphaned Temporal and API hold them until reaped
         dev = _wait_file(data_dir / "dev.json", up)
         assert crashed.survivors() == [], "the next `up` reaped every leftover before serving"
+        assert not set(left) & set(_socket_dirs(tmpdir)), "... and the dead worker's sockets' directories"
         assert "stopped what was left of the stack" in (data_dir / "up.err").read_text()
 
         with httpx.Client(base_url=dev["api_url"], headers={"Authorization": f"Bearer {dev['api_key']}"},
@@ -235,3 +247,4 @@ def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path,
     finally:
         _stop(up)
     assert after.survivors() == [] and _referencing(data_dir) == []
+    assert _socket_dirs(tmpdir) == []

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
@@ -17,7 +18,7 @@ import pytest
 
 from benchwright.proxy import model_proxy
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle, proxy_file, reap_model_proxies
-from benchwright.stack.procreg import ProcessRegistry, proc_starttime
+from benchwright.stack.procreg import ProcessRegistry, owned_tempdir, proc_starttime, sweep_owned_tempdirs
 
 IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" \
               "time.sleep(600)"
@@ -124,3 +125,25 @@ def test_a_process_started_through_the_lifeline_dies_with_its_parent(tmp_path: P
     while proc_starttime(child) == start:
         assert time.monotonic() < deadline, "the child outlived its parent"
         time.sleep(0.01)
+
+
+def test_the_sweep_removes_only_the_socket_directories_of_processes_that_are_gone(
+        tmp_path: Path, spawn: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its PID names no process (unless the kernel reuses it within this test)
+    live = _sleeper(spawn)
+    mine = owned_tempdir("egress")
+    assert mine.name.startswith(f"bw-egress-{os.getpid()}-") and mine.stat().st_mode & 0o777 == 0o700
+    gone = [tmp_path / f"bw-cp-{dead.pid}-a", tmp_path / f"bw-egress-{dead.pid}-b"]
+    kept = [mine, tmp_path / f"bw-cp-{live}-c", tmp_path / f"bw-{dead.pid}-d", tmp_path / f"other-{dead.pid}-e"]
+    for path in gone + kept[1:]:
+        path.mkdir()
+        (path / "control.sock").write_bytes(b"")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_bytes(b"")
+    (tmp_path / f"bw-cp-{dead.pid}-link").symlink_to(target)  # a link is never followed, nor removed
+    assert sorted(sweep_owned_tempdirs()) == sorted(gone)
+    assert all(path.is_dir() for path in kept) and not any(path.exists() for path in gone)
+    assert (target / "keep").exists() and (tmp_path / f"bw-cp-{dead.pid}-link").is_symlink()

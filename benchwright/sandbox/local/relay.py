@@ -7,10 +7,10 @@ import contextlib
 import os
 import shutil
 import socket
-import tempfile
 import threading
-from pathlib import Path
 from urllib.parse import urlsplit
+
+from benchwright.stack.procreg import owned_tempdir
 
 # ------------------------------------------------------------------------------------------------- egress relay ---
 
@@ -26,7 +26,7 @@ class _EgressRelay:
 
     def __init__(self, host: str | None, port: int = 0) -> None:
         self.target = (host, port) if host is not None else None
-        self._dir = Path(tempfile.mkdtemp(prefix="benchwright-egress-"))  # short path: sun_path is 108 bytes
+        self._dir = owned_tempdir("egress")  # a short path: sun_path is 108 bytes
         self.socket_path = self._dir / "egress.sock"
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(str(self.socket_path))
