@@ -149,6 +149,11 @@ class TaskRow(SQLModel, table=True):
     trial_scores: list[float | None] = Field(sa_column=Column(JSON, nullable=False))
     no_answer: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
     """A ``fail`` whose every trial reported ``score_meta.extracted == false`` (``benchwright.scoring.results``)."""
+    trials_scored: int | None = None
+    """Its trials that produced a score (``trial_scores`` not None: outcome not ``err``), pass@k's n. None on a row an
+    older writer projected (``benchwright.store.intervals.trial_counts`` then counts the trial rows)."""
+    trials_passed: int | None = None
+    """Its trials that passed (a score >= ``PASS_THRESHOLD``), pass@k's c."""
 
 
 class TrialResult(SQLModel, table=True):

@@ -87,6 +87,14 @@ async def test_aggregators_reduce_mixed_trials_server_side(stack: Stack, aggrega
         expected = aggregate(AggregatorConfig(**aggregator),
                              [TrialOutcome(trial=t["trial"], score=t["score"], meta=t["meta"]) for t in trials])
         assert (e["data"]["score"], e["data"]["outcome"]) == (expected.score, expected.outcome)
+    # pass@k comes from each task row's counts (migration 0018): the trials' own outcomes must give the same.
+    from benchwright.scoring.aggregators import pass_at_k
+
+    counts = [(sum(t["outcome"] != "err" for t in trials), sum(t["outcome"] == "pass" for t in trials))
+              for trials in by_index.values()]
+    for size in (1, 3):
+        values = [pass_at_k(n, c, size) for n, c in counts if n >= size]
+        assert final["tasks"]["summary"]["pass_at_k"][f"pass@{size}"] == pytest.approx(sum(values) / len(values))
     outcomes = Counter(e["data"]["outcome"] for e in events if e["type"] == "MaterializeTaskAggregated")
     if outcome is not None:
         # the per-call counter makes ~1/3 of trials pass, so every row has mixed trials only in aggregate
