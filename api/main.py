@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await app.state.bw.sse.close()  # stops the feeds' readers and ends any stream still open
         await app.state.bw.session_sse.close()
+        app.state.bw.close()
         engine.dispose()
 
     app = FastAPI(title="Benchwright", version="0.1.0", lifespan=lifespan,

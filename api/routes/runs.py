@@ -113,34 +113,37 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
         run = readable_run(state.engine, run_id=run_id, account_id=account.id)
         return view_of(run) if _settled(run) else None
 
-    view = await run_in_threadpool(read)
-    if wait_s <= 0 or _settled(view):
-        return view
-    # Each activity the workflow completes wakes us at once: the terminal row is written by its last (local) activity,
-    # and a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes after the report
-    # (issue 25: 0-250 ms of every launch-and-wait). The row is also re-read every WAIT_HALT_CHECK_S, and alone at
-    # that pace without Temporal (unreachable, or the workflow gone). The whole view is read once the row has turned
-    # (or the wait is over).
     changed = asyncio.Event()
-    try:
-        watch: asyncio.Task[None] | None = asyncio.create_task(
-            _watch_activities((await state.temporal()).get_workflow_handle(run_id), changed))
-    except Unavailable:
-        watch = None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    try:
-        while (left := deadline - loop.time()) > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=min(WAIT_HALT_CHECK_S, left))
-            changed.clear()
-            if (settled := await run_in_threadpool(read_if_settled)) is not None:
-                return settled
+    # On Postgres the store says when the row settles (benchwright.store.settled): listened for before the first
+    # read, so a settle after that read is not missed.
+    with state.settling(run_id, changed) if wait_s > 0 else contextlib.nullcontext():
         view = await run_in_threadpool(read)
-    finally:
-        if watch is not None:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)  # a workflow gone or failed: the row tells
+        if wait_s <= 0 or _settled(view):
+            return view
+        # Each activity the workflow completes wakes us at once too: the terminal row is written by its last (local)
+        # activity, and a halt's by the halt's, so the answer leaves when the row turns, not when the workflow closes
+        # after the report (issue 25: 0-250 ms of every launch-and-wait). The row is also re-read every
+        # WAIT_HALT_CHECK_S, and alone at that pace without Temporal (unreachable, or the workflow gone). The whole
+        # view is read once the row has turned (or the wait is over).
+        try:
+            watch: asyncio.Task[None] | None = asyncio.create_task(
+                _watch_activities((await state.temporal()).get_workflow_handle(run_id), changed))
+        except Unavailable:
+            watch = None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        try:
+            while (left := deadline - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=min(WAIT_HALT_CHECK_S, left))
+                changed.clear()
+                if (settled := await run_in_threadpool(read_if_settled)) is not None:
+                    return settled
+            view = await run_in_threadpool(read)
+        finally:
+            if watch is not None:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)  # a workflow gone or failed: the row tells
     return view
 
 

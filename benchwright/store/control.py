@@ -15,6 +15,7 @@ from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.store.db import reader, session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, table_of, utcnow
+from benchwright.store.settled import notify_settled
 
 _RUNS, _ACCOUNTS = table_of(Run), table_of(Account)
 # Read after every phase: a Core statement built once (through the ORM its building cost more than the read).
@@ -37,7 +38,10 @@ def _halt_in_session(session: Session, *, run_id: str, reason: str, key: str | N
     if run.halted and not replace:
         return False
     event = NewEvent.of(event_key(run_id, "halt", key or uuid.uuid4().hex), RunHalted(halt_reason=reason))
-    return bool(append_in_session(session, run_id, [event], halted=True, halt_reason=reason))
+    if not append_in_session(session, run_id, [event], halted=True, halt_reason=reason):
+        return False
+    notify_settled(session, run_id)  # a halted run's long polls answer too
+    return True
 
 
 def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *,

@@ -41,6 +41,7 @@ from benchwright.store.db import reader, session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, without_nul
 from benchwright.store.intervals import pass_rate_interval, terminal_intervals
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, utcnow
+from benchwright.store.settled import notify_settled
 
 
 def create_run(engine: Engine, *, account_id: str, launch: LaunchRequest, driver: str,
@@ -95,6 +96,7 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
             run.error = error[:4000] if error else None
             run.finished_at = utcnow()
             stamp_terminal(session, run)
+            notify_settled(session, run_id)  # the long polls waiting for it, once this commits (Postgres)
 
 
 def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Run:

@@ -1,0 +1,139 @@
+"""Word from the Postgres store as a run's row settles (``benchwright.store.settled``): the transaction that ends or
+halts a run notifies at its commit, and the API's listener wakes whoever waits for that run, and only them; a
+listener whose connection is cut makes another and goes on. On SQLite nothing is sent and nothing fails."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from benchwright.schemas import LaunchRequest
+from benchwright.store.accounts import create_account
+from benchwright.store.control import halt_run
+from benchwright.store.db import make_engine, migrate
+from benchwright.store.runs import create_run, finish_run, get_run
+from benchwright.store.settled import SettledListener
+
+WAIT_S = 10.0
+"""The longest a test waits for word; a notification normally arrives within milliseconds."""
+
+
+def _runs(url: str, n: int) -> list[str]:
+    engine = make_engine(url)
+    migrate(engine)
+    account, _ = create_account(engine, name="settled")
+    ids = [create_run(engine, account_id=account.id, driver="builtin", trials_config={},
+                      launch=LaunchRequest(dataset="x.jsonl", model="openai/dev")).id for _ in range(n)]
+    engine.dispose()
+    return ids
+
+
+def _listening(url: str) -> tuple[SettledListener, Engine]:
+    engine = make_engine(url)
+    listener = SettledListener(engine)
+    listener.start()
+    assert listener.listening.wait(WAIT_S), "the listener never connected"
+    return listener, engine
+
+
+async def test_a_run_ending_or_halting_wakes_who_waits_for_it_and_no_one_else(postgres_url: str) -> None:
+    ended, halted, bystander = _runs(postgres_url, 3)
+    listener, engine = _listening(postgres_url)
+    woken = {run_id: asyncio.Event() for run_id in (ended, halted, bystander)}
+    try:
+        with listener.waiting(ended, woken[ended]), listener.waiting(halted, woken[halted]), \
+                listener.waiting(bystander, woken[bystander]):
+            await asyncio.to_thread(finish_run, engine, run_id=ended, status="ok")
+            await asyncio.wait_for(woken[ended].wait(), WAIT_S)
+            await asyncio.to_thread(halt_run, engine, run_id=halted, reason="paused")
+            await asyncio.wait_for(woken[halted].wait(), WAIT_S)
+            # Notifications arrive in commit order: had the bystander been told, it would be by now.
+            assert not woken[bystander].is_set()
+            # A finish that writes nothing (a retried activity) tells no one again.
+            woken[ended].clear()
+            await asyncio.to_thread(finish_run, engine, run_id=ended, status="ok")
+            await asyncio.to_thread(halt_run, engine, run_id=bystander, reason="paused")
+            await asyncio.wait_for(woken[bystander].wait(), WAIT_S)
+            assert not woken[ended].is_set()
+        assert get_run(engine, run_id=ended).status == "ok"
+    finally:
+        listener.close()
+        engine.dispose()
+
+
+async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: str) -> None:
+    (run_id,) = _runs(postgres_url, 1)
+    listener, engine = _listening(postgres_url)
+    try:
+        with engine.begin() as conn:
+            cut = conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE query LIKE 'LISTEN bw_run_settled%' AND pid <> pg_backend_pid()")).all()
+        assert cut and all(ok for (ok,) in cut)
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while listener.connections < 2 or not listener.listening.is_set():
+            assert asyncio.get_running_loop().time() < deadline, "the listener did not connect again"
+            await asyncio.to_thread(listener.listening.wait, 0.1)
+        woken = asyncio.Event()
+        with listener.waiting(run_id, woken):
+            await asyncio.to_thread(finish_run, engine, run_id=run_id, status="ok")
+            await asyncio.wait_for(woken.wait(), WAIT_S)
+    finally:
+        listener.close()
+        engine.dispose()
+
+
+def test_on_sqlite_a_run_ends_and_halts_as_before(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    ended, halted = _runs(url, 2)
+    engine = make_engine(url)
+    finish_run(engine, run_id=ended, status="ok")
+    assert halt_run(engine, run_id=halted, reason="paused")
+    assert get_run(engine, run_id=ended).status == "ok" and get_run(engine, run_id=halted).halted
+    engine.dispose()
+
+
+async def test_the_apis_long_poll_answers_on_the_stores_word(postgres_url: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API on the Postgres store, with no Temporal to watch and its own re-read of the row put off for a
+    minute: a long poll still answers as soon as the run ends, on the store's word alone."""
+    import httpx
+
+    from api.main import create_app
+    from api.routes import runs as runs_route
+    from benchwright.settings import Settings
+    from benchwright.stack.devstack import free_port
+    from tests.conftest import serve_app
+
+    monkeypatch.setattr(runs_route, "WAIT_HALT_CHECK_S", 60.0)
+    engine = make_engine(postgres_url)
+    migrate(engine)
+    account, key = create_account(engine, name="long-poll")
+    run_id = create_run(engine, account_id=account.id, driver="builtin", trials_config={},
+                        launch=LaunchRequest(dataset="x.jsonl", model="openai/dev")).id
+    settings = Settings(data_dir=tmp_path / "api", database_url=postgres_url,
+                        temporal_address=f"127.0.0.1:{free_port()}")  # nothing listens there
+    app = create_app(settings)
+    port = free_port()
+    server, task = await serve_app(app, port)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=90,
+                                     headers={"Authorization": f"Bearer {key}"}) as http:
+            poll = asyncio.create_task(http.get(f"/v1/runs/{run_id}", params={"wait_s": 55}))
+            listener = app.state.bw.settled
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while not listener.waits_for(run_id):  # the long poll is waiting for this run
+                assert not poll.done(), poll.result().text
+                assert asyncio.get_running_loop().time() < deadline, "the long poll never waited"
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(finish_run, engine, run_id=run_id, status="ok")
+            answer = await asyncio.wait_for(poll, WAIT_S)
+        assert answer.status_code == 200 and answer.json()["status"] == "ok", answer.text
+        assert not listener.waits_for(run_id)
+    finally:
+        server.should_exit = True
+        await task
+        engine.dispose()
