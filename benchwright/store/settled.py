@@ -96,7 +96,7 @@ class SettledListener:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True) as conn:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.connections += 1
                     self.listening.set()
@@ -104,7 +104,7 @@ class SettledListener:
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=self.POLL_S):
                             self._wake(note.payload)
-            except psycopg.Error as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever broke the connection, the thread makes another
                 _log.info("the run-settled listener lost its connection (%s); again in %.1f s", exc, backoff)
             finally:
                 self.listening.clear()
