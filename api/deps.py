@@ -17,7 +17,7 @@ from benchwright.settings import Settings
 from benchwright.stack.temporal_client import connect
 from benchwright.store.accounts import authenticate
 from benchwright.store.models import Account
-from benchwright.store.settled import SettledListener
+from benchwright.store.settled import listen_for_settles
 
 
 class AppState:
@@ -32,13 +32,15 @@ class AppState:
         """The same for Operator sessions' logs."""
         self._client: Client | None = None
         self._lock = asyncio.Lock()
-        self.settled = SettledListener(engine) if engine.dialect.name == "postgresql" else None
-        """On Postgres, word from the store as a run's row settles: the long polls wake on it."""
+        self.settled = listen_for_settles(engine)
+        """Word from the store as a run's row settles (a NOTIFY on Postgres, a datagram beside an SQLite file): the
+        long polls wake on it."""
         if self.settled is not None:
             self.settled.start()
 
     def settling(self, run_id: str, event: asyncio.Event) -> contextlib.AbstractContextManager[None]:
-        """While inside: ``event`` is set when the store says ``run_id``'s row settled (Postgres; else never)."""
+        """While inside: ``event`` is set when the store says ``run_id``'s row settled (never for SQLite in
+        memory)."""
         return self.settled.waiting(run_id, event) if self.settled is not None else contextlib.nullcontext()
 
     def close(self) -> None:

@@ -114,8 +114,8 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
         return view_of(run) if _settled(run) else None
 
     changed = asyncio.Event()
-    # On Postgres the store says when the row settles (benchwright.store.settled): listened for before the first
-    # read, so a settle after that read is not missed.
+    # The store says when the row settles (benchwright.store.settled): listened for before the first read, so a
+    # settle after that read is not missed.
     with state.settling(run_id, changed) if wait_s > 0 else contextlib.nullcontext():
         view = await run_in_threadpool(read)
         if wait_s <= 0 or _settled(view):

@@ -1,22 +1,32 @@
-"""Word from the Postgres store as a run's row settles (``benchwright.store.settled``): the transaction that ends or
-halts a run notifies at its commit, and the API's listener wakes whoever waits for that run, and only them; a
-listener whose connection is cut makes another and goes on. On SQLite nothing is sent and nothing fails."""
+"""Word from the store as a run's row settles (``benchwright.store.settled``): the transaction that ends or halts a
+run tells at its commit (a NOTIFY on Postgres, a datagram to the listeners beside an SQLite file), and the API's
+listener wakes whoever waits for that run, and only them; a Postgres listener whose connection is cut makes another
+and goes on; an SQLite sender tells nothing before the commit, and removes the link of a listener that is gone."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account
 from benchwright.store.control import halt_run
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.runs import create_run, finish_run, get_run
-from benchwright.store.settled import SettledListener
+from benchwright.store.settled import (
+    SettledListener,
+    SocketSettledListener,
+    listen_for_settles,
+    notify_settled,
+    settled_channel,
+)
 
 WAIT_S = 10.0
 """The longest a test waits for word; a notification normally arrives within milliseconds."""
@@ -32,17 +42,25 @@ def _runs(url: str, n: int) -> list[str]:
     return ids
 
 
-def _listening(url: str) -> tuple[SettledListener, Engine]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def _listening(url: str) -> tuple[SettledListener | SocketSettledListener, Engine]:
     engine = make_engine(url)
-    listener = SettledListener(engine)
+    listener = listen_for_settles(engine)
+    assert listener is not None
     listener.start()
     assert listener.listening.wait(WAIT_S), "the listener never connected"
     return listener, engine
 
 
-async def test_a_run_ending_or_halting_wakes_who_waits_for_it_and_no_one_else(postgres_url: str) -> None:
-    ended, halted, bystander = _runs(postgres_url, 3)
-    listener, engine = _listening(postgres_url)
+async def test_a_run_ending_or_halting_wakes_who_waits_for_it_and_no_one_else(store_url: str) -> None:
+    ended, halted, bystander = _runs(store_url, 3)
+    listener, engine = _listening(store_url)
     woken = {run_id: asyncio.Event() for run_id in (ended, halted, bystander)}
     try:
         with listener.waiting(ended, woken[ended]), listener.waiting(halted, woken[halted]), \
@@ -68,6 +86,7 @@ async def test_a_run_ending_or_halting_wakes_who_waits_for_it_and_no_one_else(po
 async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: str) -> None:
     (run_id,) = _runs(postgres_url, 1)
     listener, engine = _listening(postgres_url)
+    assert isinstance(listener, SettledListener)
     try:
         with engine.begin() as conn:
             cut = conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -86,20 +105,86 @@ async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: st
         engine.dispose()
 
 
-def test_on_sqlite_a_run_ends_and_halts_as_before(tmp_path: Path) -> None:
+def _probe(channel: Path, where: Path) -> socket.socket:
+    """A datagram socket linked into ``channel`` as a listener would be, non-blocking: what a sender sent is in its
+    queue once ``sendto`` returned (a Unix datagram is queued synchronously), so an empty queue means nothing was."""
+    channel.mkdir(exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(where))
+    sock.setblocking(False)
+    (channel / "1-probe").symlink_to(where)
+    return sock
+
+
+def _received(sock: socket.socket) -> list[bytes]:
+    got = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            got.append(sock.recv(1024))
+    return got
+
+
+def test_on_sqlite_word_leaves_only_at_the_commit(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/store.db"
-    ended, halted = _runs(url, 2)
+    run_id, other = _runs(url, 2)
     engine = make_engine(url)
-    finish_run(engine, run_id=ended, status="ok")
-    assert halt_run(engine, run_id=halted, reason="paused")
-    assert get_run(engine, run_id=ended).status == "ok" and get_run(engine, run_id=halted).halted
+    channel = settled_channel(engine)
+    assert channel is not None
+    with _probe(channel, tmp_path / "probe") as probe:
+        with Session(engine) as session:
+            notify_settled(session, run_id)
+            session.execute(text("SELECT 1"))
+            assert _received(probe) == []  # not before the commit
+            session.rollback()  # a transaction that said so and rolled back tells no one,
+            session.execute(text("SELECT 1"))
+            session.commit()  # nor does the same session's next transaction
+            assert _received(probe) == []
+        finish_run(engine, run_id=run_id, status="ok")
+        assert _received(probe) == [run_id.encode()]
+        assert halt_run(engine, run_id=other, reason="paused")
+        assert _received(probe) == [other.encode()]
+        finish_run(engine, run_id=run_id, status="ok")  # a retried finish writes nothing and tells no one
+        assert _received(probe) == []
     engine.dispose()
 
 
-async def test_the_apis_long_poll_answers_on_the_stores_word(postgres_url: str, tmp_path: Path,
+async def test_on_sqlite_a_gone_listeners_link_is_removed_and_a_stray_one_left_alone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    ended, later = _runs(url, 2)
+    listener, engine = _listening(url)
+    channel = settled_channel(engine)
+    assert channel is not None and isinstance(listener, SocketSettledListener)
+    gone = channel / "999999-gone"
+    gone.symlink_to(tmp_path / "no-such-socket")
+    stray = channel / "a-file"
+    (tmp_path / "not-a-socket").write_text("x")
+    stray.symlink_to(tmp_path / "not-a-socket")
+    woken = asyncio.Event()
+    try:
+        with listener.waiting(ended, woken):
+            await asyncio.to_thread(finish_run, engine, run_id=ended, status="ok")
+            await asyncio.wait_for(woken.wait(), WAIT_S)  # the live listener was told all the same
+        assert not gone.is_symlink() and stray.is_symlink()
+        assert (tmp_path / "not-a-socket").read_text() == "x"
+    finally:
+        listener.close()
+    # A closed listener's link goes with it; the next settle finds no one and fails nothing.
+    assert sorted(p.name for p in channel.iterdir()) == ["a-file"]
+    await asyncio.to_thread(finish_run, engine, run_id=later, status="ok")
+    assert get_run(engine, run_id=later).status == "ok"
+    engine.dispose()
+
+
+def test_sqlite_in_memory_has_no_channel() -> None:
+    engine = make_engine("sqlite://")
+    assert settled_channel(engine) is None and listen_for_settles(engine) is None
+    engine.dispose()
+
+
+async def test_the_apis_long_poll_answers_on_the_stores_word(store_url: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The API on the Postgres store, with no Temporal to watch and its own re-read of the row put off for a
-    minute: a long poll still answers as soon as the run ends, on the store's word alone."""
+    """The API on either store, with no Temporal to watch and its own re-read of the row put off for a minute: a
+    long poll still answers as soon as the run ends, on the store's word alone."""
     import httpx
 
     from api.main import create_app
@@ -109,12 +194,12 @@ async def test_the_apis_long_poll_answers_on_the_stores_word(postgres_url: str, 
     from tests.conftest import serve_app
 
     monkeypatch.setattr(runs_route, "WAIT_HALT_CHECK_S", 60.0)
-    engine = make_engine(postgres_url)
+    engine = make_engine(store_url)
     migrate(engine)
     account, key = create_account(engine, name="long-poll")
     run_id = create_run(engine, account_id=account.id, driver="builtin", trials_config={},
                         launch=LaunchRequest(dataset="x.jsonl", model="openai/dev")).id
-    settings = Settings(data_dir=tmp_path / "api", database_url=postgres_url,
+    settings = Settings(data_dir=tmp_path / "api", database_url=store_url,
                         temporal_address=f"127.0.0.1:{free_port()}")  # nothing listens there
     app = create_app(settings)
     port = free_port()
