@@ -1,0 +1,47 @@
+"""A run's phase cell (``benchwright.registry.cache.record_cell_in``) is one upsert in the phase's closing transaction,
+on SQLite and Postgres: the first close inserts it, a later invocation's close replaces what it says (its creation
+time kept), and a rolled-back close leaves nothing."""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from benchwright.registry.cache import Cell, record_cell_in, run_cell
+from benchwright.schemas import LaunchRequest
+from benchwright.store.accounts import create_account
+from benchwright.store.db import make_engine, migrate, session_scope
+from benchwright.store.models import PhaseCell
+from benchwright.store.runs import create_run
+
+
+def _cell(run_id: str, phase: str, n: int) -> Cell:
+    return Cell(run_id=run_id, phase=phase, input_hash=f"{n:064x}", artifacts=[{"type": "X", "data": {"n": n}}],
+                snapshot_id=f"snap-{n}", files={"data.jsonl": f"{n:064x}"}, result={"tasks": n},
+                source_run_id=None if n == 1 else "another-run")
+
+
+def test_a_cell_is_inserted_then_replaced_and_a_rollback_leaves_none(db_url: str) -> None:
+    engine = make_engine(db_url)
+    migrate(engine)
+    account, _ = create_account(engine, name="cells")
+    run_id = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                        driver="builtin", trials_config={}).id
+    with session_scope(engine) as session:
+        record_cell_in(session, _cell(run_id, "fetch", 1))
+    assert run_cell(engine, run_id=run_id, phase="fetch") == _cell(run_id, "fetch", 1)
+    with Session(engine) as session:
+        first_made = session.get(PhaseCell, (run_id, "fetch")).created_at  # type: ignore[union-attr]
+
+    with session_scope(engine) as session:  # the phase's next invocation
+        record_cell_in(session, _cell(run_id, "fetch", 2))
+        record_cell_in(session, _cell(run_id, "analyze", 3))
+    assert run_cell(engine, run_id=run_id, phase="fetch") == _cell(run_id, "fetch", 2)
+    assert run_cell(engine, run_id=run_id, phase="analyze") == _cell(run_id, "analyze", 3)
+    with Session(engine) as session:
+        assert session.get(PhaseCell, (run_id, "fetch")).created_at == first_made  # type: ignore[union-attr]
+
+    with Session(engine) as session:  # a close that fails after its cell was written
+        record_cell_in(session, _cell(run_id, "setup", 4))
+        session.rollback()
+    assert run_cell(engine, run_id=run_id, phase="setup") is None
+    engine.dispose()
