@@ -13,15 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.store.db import reader
-from benchwright.store.models import PhaseCell, Run, table_of, utcnow
-
-_CELLS = table_of(PhaseCell)
+from benchwright.store.models import PhaseCell, Run
 
 CACHED_PHASES = ("fetch", "analyze", "setup")
 """The phases before Attach: model-free, so their cells are shareable across every model and account."""
@@ -53,19 +49,14 @@ def _cell(row: PhaseCell) -> Cell:
 
 def record_cell_in(session: Session, cell: Cell) -> None:
     """Upsert the run's cell for the phase (a restarted phase's later invocation replaces it), inside the caller's
-    transaction: a phase's close, which lands the cell with the events it names. One statement (``INSERT ... ON
-    CONFLICT DO UPDATE``, both stores), not a read and a write: a round trip less in every cached phase's close on
-    Postgres (issue 25)."""
-    dialect = session.get_bind().dialect.name
-    stmt = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(_CELLS).values(
-        run_id=cell.run_id, phase=cell.phase, created_at=utcnow(), **_cell_values(cell))
-    session.execute(stmt.on_conflict_do_update(index_elements=[_CELLS.c.run_id, _CELLS.c.phase],
-                                               set_=_cell_values(cell)))
-
-
-def _cell_values(cell: Cell) -> dict[str, Any]:
-    return {"input_hash": cell.input_hash, "artifacts": cell.artifacts, "snapshot_id": cell.snapshot_id,
-            "files": cell.files, "result": cell.result, "source_run_id": cell.source_run_id}
+    transaction: a phase's close, which lands the cell with the events it names."""
+    row = session.get(PhaseCell, (cell.run_id, cell.phase))
+    if row is None:
+        row = PhaseCell(run_id=cell.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=[], files={},
+                        result={})
+        session.add(row)
+    row.input_hash, row.artifacts, row.snapshot_id = cell.input_hash, cell.artifacts, cell.snapshot_id
+    row.files, row.result, row.source_run_id = cell.files, cell.result, cell.source_run_id
 
 
 def run_cell(engine: Engine, *, run_id: str, phase: str) -> Cell | None:

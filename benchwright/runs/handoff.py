@@ -34,7 +34,7 @@ from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_events, append_in_session
+from benchwright.store.events import NewEvent, append_in_session
 from benchwright.store.models import EventRow, table_of
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
@@ -70,18 +70,12 @@ def _latest_files(conn: Connection, run_id: str) -> dict[str, str]:
 
 
 def append_reading_files(engine: Engine, run_id: str, events: list[NewEvent]) -> dict[str, str]:
-    """Append ``events``, then read the run's work files as ``latest_files`` does: a phase's opening
-    (``activities.common``), whose restore and publish both go by the files it read. On SQLite in one transaction;
-    on Postgres as two calls in autocommit (``append_events`` is one call there when no event projects rows), two
-    round trips instead of four (BEGIN, the append, the read, COMMIT; issue 25). The read needs no shared snapshot
-    with the append: the files it reads were recorded by the phases before this one.
+    """Append ``events`` and read the run's work files as ``latest_files`` does, in one transaction: a phase's
+    opening (``activities.common``), whose restore and publish both go by the files it read.
 
     Raises:
         NotFound: the run does not exist.
     """
-    if engine.dialect.name == "postgresql":
-        append_events(engine, run_id, events)
-        return latest_files(engine, run_id)
     with session_scope(engine) as session:
         append_in_session(session, run_id, events)
         return _latest_files(session.connection(), run_id)

@@ -1,4 +1,4 @@
-"""A phase's opening appends its events and then reads the run's work files, and its restore and publish go by them
+"""A phase's opening reads the run's work files in its own transaction, and its restore and publish go by them
 (``benchwright.runs.handoff.append_reading_files``), on SQLite and Postgres."""
 
 from __future__ import annotations

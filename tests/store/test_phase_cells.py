@@ -1,6 +1,6 @@
-"""A run's phase cell (``benchwright.registry.cache.record_cell_in``) is one upsert in the phase's closing transaction,
-on SQLite and Postgres: the first close inserts it, a later invocation's close replaces what it says (its creation
-time kept), and a rolled-back close leaves nothing."""
+"""A run's phase cell (``benchwright.registry.cache.record_cell_in``), written in the phase's closing transaction, on
+SQLite and Postgres: the first close inserts it, a later invocation's close replaces what it says (its creation time
+kept), and a rolled-back close leaves nothing."""
 
 from __future__ import annotations
 
