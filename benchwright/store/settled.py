@@ -96,11 +96,15 @@ def _send_settled(channel: Path, run_id: str) -> None:
         return  # no API listens on this machine
     payload = run_id.encode()[:_MAX_ID_BYTES]
     me = os.getuid()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:
+        return  # out of descriptors, say: the long polls go by their other ways
+    with sock:
         sock.setblocking(False)
         for entry in entries:
             try:
-                target = os.readlink(entry.path)
+                target = os.path.join(channel, os.readlink(entry.path))  # a relative link is the channel's
                 st = os.stat(target)
                 if not stat.S_ISSOCK(st.st_mode) or st.st_uid != me:
                     continue  # only a socket of this user: a link elsewhere is not a listener
