@@ -11,7 +11,8 @@ transaction that settles a row says so (``notify_settled``), and each API proces
   with the run's id to each API process listening beside that file (``SocketSettledListener``). Each binds a Unix
   datagram socket in a private temporary directory (a socket path must stay short) and links it from the channel
   directory next to the database (``<database>.settled/``), which the sender reads. A sender only writes to sockets
-  of its own user; a link whose socket is gone (its API died) is removed by the next sender.
+  of its own user; a link whose socket nobody reads, or whose socket and process are both gone (its API died), is
+  removed by the next sender.
 
 A wake-up only makes the long poll read the run's row again, so a word lost (a listener's connection down, a full
 socket buffer) costs time, never an answer: Temporal's word and the long poll's periodic re-read still answer.
@@ -35,7 +36,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from benchwright.stack.procreg import owned_tempdir
+from benchwright.stack.procreg import owned_tempdir, proc_starttime
 
 __all__ = ["CHANNEL", "SettledListener", "SocketSettledListener", "listen_for_settles", "notify_settled",
            "settled_channel"]
@@ -109,11 +110,24 @@ def _send_settled(channel: Path, run_id: str) -> None:
                 if not stat.S_ISSOCK(st.st_mode) or st.st_uid != me:
                     continue  # only a socket of this user: a link elsewhere is not a listener
                 sock.sendto(payload, target)
-            except (FileNotFoundError, ConnectionRefusedError):  # its API is gone: the link goes too
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+            except ConnectionRefusedError:  # its socket is there and nobody reads it: its API is gone
+                _unlink(entry.path)
+            except FileNotFoundError:  # gone, or out of this process's sight (another container): the link goes
+                if not _alive(entry.name):  # only when the process it names is gone too
+                    _unlink(entry.path)
             except OSError:
                 continue  # not a link, a full buffer, a path too long: this listener goes by its other ways
+
+
+def _alive(link_name: str) -> bool:
+    """Whether the process a link is named for (``<pid>-<random>``) is alive here."""
+    pid = link_name.partition("-")[0]
+    return pid.isdigit() and proc_starttime(int(pid)) is not None
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 class _Waiters:

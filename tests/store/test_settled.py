@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,6 +108,13 @@ async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: st
         engine.dispose()
 
 
+def _dead_pid() -> int:
+    """A PID no process holds now (a child that exited and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
 def _probe(channel: Path, where: Path) -> socket.socket:
     """A datagram socket linked into ``channel`` as a listener would be, non-blocking: what a sender sent is in its
     queue once ``sendto`` returned (a Unix datagram is queued synchronously), so an empty queue means nothing was."""
@@ -148,14 +158,20 @@ def test_on_sqlite_word_leaves_only_at_the_commit(tmp_path: Path) -> None:
     engine.dispose()
 
 
-async def test_on_sqlite_a_gone_listeners_link_is_removed_and_a_stray_one_left_alone(tmp_path: Path) -> None:
+async def test_on_sqlite_a_gone_listeners_link_is_removed_and_the_others_left_alone(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/store.db"
     ended, later = _runs(url, 2)
     listener, engine = _listening(url)
     channel = settled_channel(engine)
     assert channel is not None and isinstance(listener, SocketSettledListener)
-    gone = channel / "999999-gone"
+    gone = channel / f"{_dead_pid()}-gone"
     gone.symlink_to(tmp_path / "no-such-socket")
+    unseen = channel / f"{os.getpid()}-unseen"  # a live process's socket out of sight (another container's /tmp)
+    unseen.symlink_to(tmp_path / "not-here")
+    deaf = channel / f"{os.getpid()}-deaf"  # a socket nobody reads any more
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bound:
+        bound.bind(str(tmp_path / "deaf"))
+    deaf.symlink_to(tmp_path / "deaf")
     stray = channel / "a-file"
     (tmp_path / "not-a-socket").write_text("x")
     stray.symlink_to(tmp_path / "not-a-socket")
@@ -164,12 +180,12 @@ async def test_on_sqlite_a_gone_listeners_link_is_removed_and_a_stray_one_left_a
         with listener.waiting(ended, woken):
             await asyncio.to_thread(finish_run, engine, run_id=ended, status="ok")
             await asyncio.wait_for(woken.wait(), WAIT_S)  # the live listener was told all the same
-        assert not gone.is_symlink() and stray.is_symlink()
+        assert not gone.is_symlink() and not deaf.is_symlink() and unseen.is_symlink() and stray.is_symlink()
         assert (tmp_path / "not-a-socket").read_text() == "x"
     finally:
         listener.close()
     # A closed listener's link goes with it; the next settle finds no one and fails nothing.
-    assert sorted(p.name for p in channel.iterdir()) == ["a-file"]
+    assert sorted(p.name for p in channel.iterdir()) == sorted(["a-file", unseen.name])
     await asyncio.to_thread(finish_run, engine, run_id=later, status="ok")
     assert get_run(engine, run_id=later).status == "ok"
     engine.dispose()
