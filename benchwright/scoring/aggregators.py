@@ -560,10 +560,12 @@ def pass_at_k_summary(per_task: list[tuple[int, int]], k: int) -> float | None:
     _check_count(k, "k")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    values = pass_at_k_values(per_task, k)
-    if not values:
-        return None
-    return math.fsum(values) / len(values)
+    return mean_of_pass_at_k(pass_at_k_values(per_task, k))
+
+
+def mean_of_pass_at_k(values: list[float]) -> float | None:
+    """The summary of ``pass_at_k_values``: their exact mean, None when no task qualified."""
+    return math.fsum(values) / len(values) if values else None
 
 
 def pass_at_k_values(per_task: list[tuple[int, int]], k: int) -> list[float]:

@@ -35,7 +35,7 @@ from benchwright.events import (
     MaterializeTaskResult,
     PhaseStarted,
 )
-from benchwright.scoring.aggregators import PASS_THRESHOLD
+from benchwright.scoring.aggregators import outcome_for
 from benchwright.scoring.results import is_no_answer
 from benchwright.store.db import reader, session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, table_of, utcnow
@@ -425,8 +425,8 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
             scores = d["trial_scores"]  # one per trial, None for one that errored (its outcome ``err``)
             rows.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"],
                          "outcome": d["outcome"], "score": d["score"], "trial_scores": scores,
-                         "trials_scored": sum(s is not None for s in scores),
-                         "trials_passed": sum(s is not None and s >= PASS_THRESHOLD for s in scores)})
+                         "trials_scored": sum(outcome_for(s) != "err" for s in scores),
+                         "trials_passed": sum(outcome_for(s) == "pass" for s in scores)})
     if trials:
         _insert_rows(session, _TRIALS, trials)
     if rows:

@@ -10,7 +10,6 @@ change, so the answer is cached per (run, finish time) in the process — a 10,0
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from datetime import datetime
@@ -20,7 +19,7 @@ from sqlmodel import Session, col
 
 from benchwright.comparison.stats import Estimate, bootstrap_mean, proportion_se, wilson_interval
 from benchwright.schemas import ScoreEstimate
-from benchwright.scoring.aggregators import pass_at_k_values
+from benchwright.scoring.aggregators import mean_of_pass_at_k, pass_at_k_values
 from benchwright.store.models import TaskRow, TrialResult
 
 __all__ = ["TerminalIntervals", "pass_rate_interval", "terminal_intervals", "trial_counts"]
@@ -106,8 +105,9 @@ def terminal_intervals(session: Session, *, run_id: str, invocation: int, finish
     for size in sorted({1, k}) if k > 1 else []:
         values = pass_at_k_values(per_task, size)  # once for both the mean and its bootstrap
         estimate = bootstrap_mean(values=values)
-        if estimate is not None:
-            at_k[f"pass@{size}"] = math.fsum(values) / len(values)  # what pass_at_k_summary is
+        average = mean_of_pass_at_k(values)
+        if estimate is not None and average is not None:
+            at_k[f"pass@{size}"] = average
             at_k_ci[f"pass@{size}"] = (estimate.interval.low, estimate.interval.high)
     result = TerminalIntervals(mean, at_k, at_k_ci)
     with _lock:
