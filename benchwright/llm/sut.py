@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from benchwright import fastjson
 from benchwright.errors import Unavailable
 from benchwright.llm.httpclient import ConnectionShelf, HttpClientError, HttpConnectError, HttpPool
 from benchwright.llm.prices import Prices
@@ -296,7 +297,7 @@ class OpenAICompatibleSut:
     async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
         body = {**self._params, **params, "model": self._model, "messages": messages}
         body.pop("stream", None)
-        payload = json.dumps(body).encode()
+        payload = fastjson.dumps_bytes(body)
         started = time.monotonic()
         for attempt in range(self._retries + 1):
             try:

@@ -17,6 +17,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DisconnectionError
 from sqlmodel import Session, create_engine
 
+from benchwright import fastjson
+
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _migrate_lock = threading.Lock()
 T = TypeVar("T")
@@ -33,7 +35,8 @@ def make_engine(url: str) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60},
+                               json_serializer=fastjson.dumps)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -45,7 +48,7 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    engine = create_engine(url, pool_size=10, max_overflow=20)
+    engine = create_engine(url, pool_size=10, max_overflow=20, json_serializer=fastjson.dumps)
     event.listen(engine.pool, "checkout", _check_out)
     return engine
 
