@@ -6,7 +6,9 @@ processes' ``PYTHONPATH``: Python loads its ``sitecustomize`` there, which wraps
 API as they are imported and appends a time mark for each call to a file (``BENCHWRIGHT_BENCH_MARKS``; nothing of the
 product changes, see that file). Then it launches ``--runs`` runs of ``--tasks`` tasks at ``--concurrency`` one after
 the other, each waited for by the API's long poll, after two warm-up runs, and prints each milestone of a run as ms
-after its launch POST (the median over the runs, with the fastest and slowest), and the step from the one before it:
+after its launch POST (the median over the runs, with the fastest and slowest), and the step from the one before it;
+then how the model calls went as the worker saw them (each SUT call's duration, the credential proxy and the model
+included, and how many were in flight) and how late the worker's event loop was while the batch ran (a 1 ms timer):
 
     python bench/timeline.py                                  # 1,000 tasks at C=128
     python bench/timeline.py --tasks 1 --concurrency 1        # one task: the fixed pipeline
@@ -16,8 +18,9 @@ after its launch POST (the median over the runs, with the fastest and slowest), 
 
 Sources: the run's log (each event's commit time), the workflow's history (Temporal's own times) and the marks (the
 worker's activations and activity starts as its Python code sees them, the batch, the scorer runtime, the model calls
-the scorer asked for, the sandboxes' disposal, the API's run view and narration). The marks cost a line-buffered
-write each (one per model call), so the marked runs are slightly slower than ``bench/materialize.py``'s.
+the scorer asked for and the SUT calls made for them, the sandboxes' disposal, the API's run view and narration, the
+loop probe). The marks cost a line-buffered write each (three per model call) and the probe a wake-up a millisecond,
+so the marked runs are slightly slower than ``bench/materialize.py``'s.
 """
 
 from __future__ import annotations
@@ -127,6 +130,34 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
     }
 
 
+def call_figures(marks: list[Mark], *, launched: float, answered: float) -> dict[str, float] | None:
+    """How the model calls of one run went, as the worker saw them: each SUT call's duration (the credential proxy and
+    the model included; ms), how many were in flight on average from the first call's start to the last one's end, and
+    how late the worker's event loop fired a 1 ms timer while the batch ran (the last batch's probe; ms)."""
+    ours = [m for m in marks if launched <= m[0] <= answered + 0.5]
+    starts: dict[str, float] = {}
+    spans: list[tuple[float, float]] = []
+    for at, _, label in ours:
+        if label.startswith("sut call "):
+            name, _, end = label.rpartition(" ")
+            if end == ">":
+                starts[name] = at
+            elif name in starts:
+                spans.append((starts.pop(name), at))
+    if not spans:
+        return None
+    took = sorted(1000 * (b - a) for a, b in spans)
+    window = max(b for _, b in spans) - min(a for a, _ in spans)
+    figures = {"call mean": statistics.mean(took), "call p50": took[len(took) // 2],
+               "call p90": took[min(len(took) - 1, int(0.9 * len(took)))],
+               "in flight": sum(b - a for a, b in spans) / window if window > 0 else 1.0}
+    late = [label.split()[2:] for _, _, label in ours if label.startswith("loop late ")]
+    if late:
+        _n, mean, _p50, p90, p99, _top = map(float, late[-1])
+        figures |= {"loop late mean": mean, "loop late p90": p90, "loop late p99": p99}
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=1000)
@@ -146,6 +177,7 @@ def main() -> None:
                 Client(stack.dev["api_url"], stack.dev["api_key"], timeout=120) as client:
             model = model_for(stack.model_url, keyed=False)
             runs: list[dict[str, float | None]] = []
+            figures: list[dict[str, float] | None] = []
             for n in range(2 + args.runs):
                 launched = time.time()
                 run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency)["id"]
@@ -154,14 +186,17 @@ def main() -> None:
                 assert final["status"] == "ok", final
                 hist = asyncio.run(_closed_history(stack.dev["temporal_address"], run_id))
                 if n >= 2:  # the first two warm the worker up
+                    marks = read_marks(marks_file)
                     runs.append(milestones(
                         launched=launched, answered=answered, events=_all_events(client, run_id), hist=hist,
-                        marks=read_marks(marks_file), concurrency=min(args.concurrency, args.tasks),
+                        marks=marks, concurrency=min(args.concurrency, args.tasks),
                         api_pid=stack.pids["api"]) | {"launch POST": launched})
+                    figures.append(call_figures(marks, launched=launched, answered=answered))
         _print(runs, args)
+        _print_calls([f for f in figures if f is not None], args)
         if args.dump:
             for at, pid, label in read_marks(marks_file):
-                if launched <= at <= answered + 0.5 and not label.startswith("model call "):
+                if launched <= at <= answered + 0.5 and not label.startswith(("model call ", "sut call ")):
                     print(f"{1000 * (at - launched):8.1f}  {pid:>7}  {label}")
 
 
@@ -190,6 +225,18 @@ def _print(runs: list[dict[str, float | None]], args: argparse.Namespace) -> Non
             previous = lambda r, name=name: r[name]  # noqa: E731
         else:
             print(f"{'':36}{name}: not in these runs")
+
+
+def _print_calls(figures: list[dict[str, float]], args: argparse.Namespace) -> None:
+    if not figures:
+        return
+    med = {k: statistics.median(f[k] for f in figures) for k in figures[0] if all(k in f for f in figures)}
+    print(f"the model calls as the worker saw them (medians over the runs): each {med['call mean']:.1f} ms on average "
+          f"(p50 {med['call p50']:.1f}, p90 {med['call p90']:.1f}) against the model's 50 ms; "
+          f"{med['in flight']:.1f} of C={min(args.concurrency, args.tasks)} in flight on average")
+    if "loop late mean" in med:
+        print(f"the worker's event loop while the batch ran: a 1 ms timer fired {med['loop late mean']:.2f} ms late on "
+              f"average (p90 {med['loop late p90']:.2f}, p99 {med['loop late p99']:.2f})")
 
 
 if __name__ == "__main__":

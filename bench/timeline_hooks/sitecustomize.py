@@ -5,9 +5,11 @@ When it does, a few functions of the worker and the API are wrapped as their mod
 appends ``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 µs): the worker's Temporal activations,
 the sandboxed workflow instances it makes and its activity starts, the batch activity's preamble (hand-off, model
 proxy, call limit) and the Materialize batch, its sandbox's opening (snapshot, egress proxy, create, spawn), the scorer
-runtime's start and end, every model call a batch's scorer asks for, a sandbox's disposal, the warm pool's takes and
-refills, and the run view and narration the API reads for a long poll's answer. Nothing of the product is changed to
-take them; the marks cost what a write costs, so the timeline's own run is a little slower than an unmarked one.
+runtime's start and end, every model call a batch's scorer asks for and the SUT client's call it makes (its start and
+end), a sandbox's disposal, the warm pool's takes and refills, and the run view and narration the API reads for a long
+poll's answer; and a probe on the worker's event loop for as long as a batch runs (how late a 1 ms timer fires).
+Nothing of the product is changed to take them; the marks cost what a write costs (the probe a wake-up a
+millisecond), so the timeline's own run is a little slower than an unmarked one.
 """
 
 from __future__ import annotations
@@ -44,10 +46,45 @@ def _activity_label(args: tuple[Any, ...]) -> str:
 
 
 _CALLS = itertools.count(1)
+_SUT_CALLS = itertools.count(1)
 
 
 def _call_label(args: tuple[Any, ...]) -> str:
     return f"model call {next(_CALLS)}"
+
+
+def _sut_call_label(args: tuple[Any, ...]) -> str:
+    return f"sut call {next(_SUT_CALLS)}"  # numbered, so that its end pairs with its start
+
+
+def _with_loop_probe(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``run_batch`` with a probe beside it on the worker's event loop: a 1 ms sleep, again and again, each wake-up's
+    lateness kept; at the batch's end one mark ``loop late <n> <mean> <p50> <p90> <p99> <max>`` (ms). How late the
+    loop answers a timer is how late it reads a model's reply or a runner's line."""
+    import asyncio
+
+    @functools.wraps(fn)
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        late: list[float] = []
+
+        async def probe() -> None:
+            while True:
+                asked = time.perf_counter()
+                await asyncio.sleep(0.001)
+                late.append(time.perf_counter() - asked - 0.001)
+
+        prober = asyncio.get_running_loop().create_task(probe())
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            prober.cancel()
+            if late:
+                late.sort()
+                n = len(late)
+                ms = [1000 * sum(late) / n, *(1000 * late[min(n - 1, int(n * q))] for q in (0.5, 0.9, 0.99)),
+                      1000 * late[-1]]
+                mark(f"loop late {n} " + " ".join(f"{v:.3f}" for v in ms))
+    return wrapped
 
 
 # module -> (attribute path, label or a label made from the call's arguments, whether the end is marked too)
@@ -56,6 +93,7 @@ _WRAPPED: dict[str, Sequence[tuple[str, str | Callable[[tuple[Any, ...]], str], 
                                     ("_WorkflowWorker._create_workflow_instance", "workflow instance made", True)],
     "temporalio.worker._activity": [("_ActivityWorker._handle_start_activity_task", _activity_label, False)],
     "benchwright.runs.materialize": [("run_batch", "batch", True)],
+    "benchwright.llm.sut": [("OpenAICompatibleSut.complete", _sut_call_label, True)],
     "benchwright.runs.handoff": [("restore", "handoff restore", True)],
     "activities.attach": [("live_proxy", "live proxy", True)],
     "benchwright.security.quotas": [("model_call_limit", "call limit", True)],
@@ -106,6 +144,8 @@ def _wrap(fn: Callable[..., Any], label: str | Callable[[tuple[Any, ...]], str],
 
 
 def _instrument(module: ModuleType) -> None:
+    if module.__name__ == "benchwright.runs.materialize":
+        module.run_batch = _with_loop_probe(module.run_batch)  # type: ignore[attr-defined]
     for path, label, ends in _WRAPPED[module.__name__]:
         *owners, attr = path.split(".")
         owner: Any = module
