@@ -1,9 +1,9 @@
 """JSON text for the hot paths, by orjson where it gives what ``json.dumps`` would mean (issue 25).
 
-A Materialize trial encodes JSON several times in the worker: the model request's body, and its events' and projection
-rows' JSON columns in the store. ``json.dumps`` took ~7 % of the worker's time there in a 10,000-task run; orjson
-does the same work in a fifth of the time. (The scorer pipe's lines stay ``json``'s: a dataset row may hold a NaN,
-which a scorer must get as it was.)
+A Materialize trial encodes JSON several times: the model request's body (in the worker, and again in the credential
+proxy), and its events' and projection rows' JSON columns in the store. ``json.dumps`` took ~7 % of the worker's time
+there in a 10,000-task run; orjson does the same work in a fifth of the time. (The scorer pipe's lines stay
+``json``'s: a dataset row may hold a NaN, which a scorer must get as it was.)
 
 The text differs in form, never in meaning: no spaces after separators, characters beyond ASCII written as UTF-8
 instead of ``\\u`` escapes. What orjson refuses, ``json`` is asked instead, so the result (or the error) is the one

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchwright import fastjson
 from benchwright.llm import httpserver
 from benchwright.llm.httpclient import ConnectionShelf, HttpClientError, HttpConnectError, HttpPool
 from benchwright.llm.prices import Prices
@@ -267,7 +268,7 @@ class CredentialProxy:
 
     async def _openai(self, route: Route, request: dict[str, Any]) -> Answer:
         assert route.pool is not None
-        payload = json.dumps({**route.params, **request, "model": route.upstream_model}).encode()
+        payload = fastjson.dumps_bytes({**route.params, **request, "model": route.upstream_model})
         try:
             resp = await route.pool.post("/chat/completions", payload, timeout_s=UPSTREAM_TIMEOUT_S)
         except HttpConnectError as exc:
