@@ -5,15 +5,19 @@ proxy), and its events' and projection rows' JSON columns in the store. ``json.d
 there in a 10,000-task run; orjson does the same work in a fifth of the time. (The scorer pipe's lines stay
 ``json``'s: a dataset row may hold a NaN, which a scorer must get as it was.)
 
-The text differs in form, never in meaning: no spaces after separators, characters beyond ASCII written as UTF-8
-instead of ``\\u`` escapes. What orjson refuses, ``json`` is asked instead, so the result (or the error) is the one
-``json.dumps`` gives: integers wider than 64 bits, keys that are not strings, a string with a lone surrogate, and any
-type orjson would otherwise write its own way (dataclasses, datetimes, a ``float`` or other subclass: passed through
-to the fallback). In the store's columns one difference remains by choice: a NaN or an infinity is written as
-``null``, however the value is written (JSON has neither; ``json`` writes a bare ``NaN``, which Postgres refuses, so
-such an event failed there and was kept as NaN on SQLite; both stores now keep ``null``). The values on the hot
-path are checked finite before (``normalize_score``, a scorer's meta by ``to_jsonable_python(inf_nan_mode="null")``).
-A request body keeps a NaN as ``json`` writes it (``dumps_bytes``): a request asked with one is not sent as another."""
+The text differs in form, and in meaning only for a NaN in the store (below): no spaces after separators, characters
+beyond ASCII written as UTF-8 instead of ``\\u`` escapes. What orjson refuses, ``json`` is asked instead, so the
+result (or the error) is the one ``json.dumps`` gives: integers wider than 64 bits, keys that are not strings, a
+string with a lone surrogate, and any type orjson would otherwise write its own way (dataclasses, datetimes, a
+``float`` or other subclass: passed through to the fallback). Nothing else ``json`` writes is written differently;
+two things it refuses orjson writes (an ``Enum`` that is neither a ``str`` nor an ``int``, as its value; a ``UUID``,
+as its string), which never reach these paths: they carry what ``model_dump(mode="json")`` and JSON decoding give.
+
+In the store's columns one difference remains by choice: a NaN or an infinity is written as ``null``, however the
+value is written (JSON has neither; ``json`` writes a bare ``NaN``, which Postgres refuses, so such an event failed
+there and was kept as NaN on SQLite; both stores now keep ``null``). The values on the hot path are checked finite
+before (``normalize_score``, a scorer's meta by ``to_jsonable_python(inf_nan_mode="null")``). A request body keeps a
+NaN as ``json`` writes it (``dumps_bytes``): a request asked with one is not sent as another."""
 
 from __future__ import annotations
 
