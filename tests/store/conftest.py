@@ -8,6 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+
+from benchwright.schemas import LaunchRequest
+from benchwright.store.accounts import create_account
+from benchwright.store.db import make_engine, migrate
+from benchwright.store.runs import create_run
 
 POSTGRES_URL = os.environ.get("BENCHWRIGHT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -45,3 +51,14 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: 
 def postgres_url() -> Iterator[str]:
     """Postgres alone, for what only Postgres does (its ``COPY``, its connections)."""
     yield from _postgres_schema_url()
+
+
+@pytest.fixture
+def store_run(db_url: str) -> tuple[Engine, str]:
+    """A migrated store (each of ``db_url``'s) and the id of one run in it, of an account of its own."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    account, _ = create_account(engine, name="store-run")
+    run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                     driver="builtin", trials_config={})
+    return engine, run.id

@@ -9,15 +9,12 @@ import json
 import math
 from typing import Any
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from benchwright.events import MaterializeTaskResult
-from benchwright.schemas import LaunchRequest
-from benchwright.store.accounts import create_account
-from benchwright.store.db import make_engine, migrate
 from benchwright.store.events import NewEvent, append_events, event_key, read_events
 from benchwright.store.models import TrialResult
-from benchwright.store.runs import create_run
 
 REPLIES = [
     "<think>\nThe capital of France... Paris.\n</think>\n\n**Answer: A**",
@@ -32,12 +29,8 @@ def _read_back(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def test_json_columns_read_back_what_json_dumps_would_have_stored(db_url: str) -> None:
-    engine = make_engine(db_url)
-    migrate(engine)
-    account, _ = create_account(engine, name="json")
-    run_id = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
-                        driver="builtin", trials_config={}).id
+def test_json_columns_read_back_what_json_dumps_would_have_stored(store_run: tuple[Engine, str]) -> None:
+    engine, run_id = store_run
     results = [NewEvent.of(event_key(run_id, "m", i), MaterializeTaskResult(
         invocation=1, index=i, trial=0, score=1.0, outcome="pass", output=REPLIES[i % len(REPLIES)],
         meta=META)) for i in range(12)]

@@ -4,14 +4,12 @@ kept), and a rolled-back close leaves nothing."""
 
 from __future__ import annotations
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.registry.cache import Cell, record_cell_in, run_cell
-from benchwright.schemas import LaunchRequest
-from benchwright.store.accounts import create_account
-from benchwright.store.db import make_engine, migrate, session_scope
+from benchwright.store.db import session_scope
 from benchwright.store.models import PhaseCell
-from benchwright.store.runs import create_run
 
 
 def _cell(run_id: str, phase: str, n: int) -> Cell:
@@ -20,12 +18,8 @@ def _cell(run_id: str, phase: str, n: int) -> Cell:
                 source_run_id=None if n == 1 else "another-run")
 
 
-def test_a_cell_is_inserted_then_replaced_and_a_rollback_leaves_none(db_url: str) -> None:
-    engine = make_engine(db_url)
-    migrate(engine)
-    account, _ = create_account(engine, name="cells")
-    run_id = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
-                        driver="builtin", trials_config={}).id
+def test_a_cell_is_inserted_then_replaced_and_a_rollback_leaves_none(store_run: tuple[Engine, str]) -> None:
+    engine, run_id = store_run
     with session_scope(engine) as session:
         record_cell_in(session, _cell(run_id, "fetch", 1))
     assert run_cell(engine, run_id=run_id, phase="fetch") == _cell(run_id, "fetch", 1)
