@@ -91,7 +91,7 @@ def sequential(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput
                                 key=("materialize", inp.invocation, inp.start), restore=snapshot,
                                 internal_allowed=allowed_internal(proxy)) as box:
             await run_trials(spawn=box.spawn(scorer_env(proxy, box), scorer_limits(threads, ceilings)),
-                             items=items, sut=sut, threads=threads, on_record=on_record, limits=limits)
+                             items=items, sut=sut, threads=threads, on_record=on_record, limits=limits, reap=False)
 
     return execute
 
@@ -117,7 +117,7 @@ def fanout(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, su
                                           metadata={"task_index": index}) as box:
                 spawn = box.spawn(scorer_env(proxy, box), scorer_limits(len(trials), ceilings))
                 await run_trials(spawn=spawn, items=trials, sut=sut, threads=len(trials), on_record=on_record,
-                                 limits=limits)
+                                 limits=limits, reap=False)
 
         async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
             for index, trials in by_task.items():

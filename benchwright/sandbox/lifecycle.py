@@ -176,7 +176,10 @@ async def _dispose(engine: Engine, opened: OpenBackend | None, egress: EgressPro
     try:
         if opened is not None and info is not None:
             try:
-                lifetime = await opened.backend.kill(info.sandbox_id)
+                if isinstance(opened.backend, LocalBackend):  # its remains are removed after the sandbox's end
+                    lifetime = await opened.backend.kill(info.sandbox_id, remains="later")
+                else:
+                    lifetime = await opened.backend.kill(info.sandbox_id)
             except SandboxError:  # already gone (its init died): still close its ledger entry
                 lifetime = max(0.0, time.time() - info.created_at)
             await asyncio.to_thread(append_events, engine, run_id, [NewEvent.of(

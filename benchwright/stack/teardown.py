@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 
 from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies, sweep_ended_routes
 from benchwright.sandbox import LocalBackend, SandboxInfo
+from benchwright.sandbox.local import settle_kills
 from benchwright.settings import Settings
 from benchwright.stack.devstack import pid_alive
 from benchwright.stack.procreg import ProcEntry, ProcessRegistry, sweep_owned_tempdirs
@@ -142,6 +143,7 @@ async def release_worker(*, settings: Settings) -> list[str]:
     Returns the sandboxes killed (their activities were cancelled first, so normally none is left).
     """
     await asyncio.to_thread(stop_owned_proxies, ProcessRegistry(settings.data_dir))
+    await settle_kills()  # the ended sandboxes' remains, before the sweep below would remove them a second time
     me = os.getpid()
     return await _reap_sandboxes(settings.sandboxes_dir(), lambda info: _owner(info) == me)
 

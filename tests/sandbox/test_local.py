@@ -733,15 +733,21 @@ async def test_damaged_snapshot_is_refused(backend: LocalBackend) -> None:
 # ------------------------------------------------------------------------------------------------ kill and reap ---
 
 
-async def test_kill_removes_processes_and_directory(backend: LocalBackend) -> None:
-    info = await _create(backend)
-    uid = info.metadata["sandbox_uid"]
+async def spawn_with_a_child(backend: LocalBackend, info: SandboxInfo) -> SandboxProcess:
+    """A command in the sandbox that started a child in a session of its own, both running when this returns."""
     proc = await backend.spawn(info.sandbox_id, [PY, "-c", "import subprocess, time\n"
                                                  "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
                                                  "print('up', flush=True); time.sleep(300)"], env=ENV, limits=FAST)
     assert proc.stdout is not None
     assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
-    assert len(_pids_of_uid(uid)) >= 2
+    assert len(_pids_of_uid(info.metadata["sandbox_uid"])) >= 2
+    return proc
+
+
+async def test_kill_removes_processes_and_directory(backend: LocalBackend) -> None:
+    info = await _create(backend)
+    uid = info.metadata["sandbox_uid"]
+    proc = await spawn_with_a_child(backend, info)
     meta = json.loads((Path(info.root).parent / "meta.json").read_text())  # type: ignore[arg-type]
     lifetime = await backend.kill(info.sandbox_id)
     assert lifetime > 0
@@ -768,8 +774,10 @@ async def main():
     proc = await b.spawn(info.sandbox_id, [sys.executable, "-c", sleeper], env={"PATH": "/usr/bin:/bin"},
                          limits=ExecLimits())
     await proc.stdout.readline()
+    if sys.argv[2:] == ["--kill-later"]:  # killed, its remains left for later (tests/sandbox/test_kill_later.py)
+        await b.kill(info.sandbox_id, remains="later")
     print(info.sandbox_id, info.metadata["sandbox_uid"], flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)  # the worker crashes with its sandbox still running
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker crashes with its sandbox still running (or its remains)
 
 asyncio.run(main())
 """

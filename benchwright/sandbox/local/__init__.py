@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
-from benchwright.sandbox.local.backend import EGRESS_PORT, ROOT_LINKS_KEY, LocalBackend
+from benchwright.sandbox.local.backend import EGRESS_PORT, ROOT_LINKS_KEY, LocalBackend, settle_kills
 from benchwright.sandbox.local.process import LocalProcess
 from benchwright.sandbox.local.util import WORK_INSIDE
 
-__all__ = ["EGRESS_PORT", "ROOT_LINKS_KEY", "WORK_INSIDE", "LocalBackend", "LocalProcess"]
+__all__ = ["EGRESS_PORT", "ROOT_LINKS_KEY", "WORK_INSIDE", "LocalBackend", "LocalProcess", "settle_kills"]
