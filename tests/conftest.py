@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.main import create_app
+from benchwright.sandbox.local import settle_kills
 from benchwright.security.crypto import ensure_key_file, load_keyring
 from benchwright.security.payload_codec import data_converter
 from benchwright.settings import Settings
@@ -155,6 +156,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, dev_models: DevModels)
         finally:
             server.should_exit = True
             await task
+    await settle_kills()  # the batches' sandboxes' remains, removed in the background (benchwright.sandbox.local)
     _assert_cost_totals_match_events(engine)
     _assert_fingerprints_recompute(engine)
     await env.shutdown()
