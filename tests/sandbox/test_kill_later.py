@@ -8,6 +8,7 @@ reaped; and when the worker dies before that, the next worker's reap finishes th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -129,3 +130,22 @@ async def test_a_batch_runtime_left_for_its_sandbox_to_reap(backend: LocalBacken
     await settle_kills()
     assert runtime.returncode is not None and runtime.returncode < 0
     assert _pids_of_uid(info.metadata["sandbox_uid"]) == []
+
+
+async def test_settling_waits_for_this_loops_removals_only(backend: LocalBackend) -> None:
+    """A kill made on another event loop, closed since without finishing its tasks, does not hold up (or break)
+    ``settle_kills`` on this one; what that loop left undone, the reap removes."""
+    info = await _create(backend)
+
+    def kill_on_another_loop() -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(LocalBackend(backend.root_dir).kill(info.sandbox_id, remains="later"))
+        finally:
+            loop.close()  # its removal task never ran to its end (asyncio logs it as destroyed while pending)
+
+    await asyncio.to_thread(kill_on_another_loop)
+    await asyncio.wait_for(settle_kills(), 10)
+    assert info.sandbox_id not in {i.sandbox_id for i in await backend.list_alive()}
+    await backend.reap(lambda i: i.sandbox_id == info.sandbox_id)
+    assert not (backend.root_dir / "sandboxes" / info.sandbox_id).exists()

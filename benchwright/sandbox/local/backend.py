@@ -155,9 +155,13 @@ def _ended(task: asyncio.Task[None]) -> None:
 
 
 async def settle_kills() -> None:
-    """Wait until the remains of every sandbox this process killed with ``remains="later"`` are removed."""
-    while _ENDING:
-        await asyncio.gather(*list(_ENDING), return_exceptions=True)
+    """Wait until the remains of every sandbox killed with ``remains="later"`` on this event loop are removed.
+    (Another loop's removals are its own; one that closed before they ended left them to the next reap.)"""
+    loop = asyncio.get_running_loop()
+    while mine := [task for task in _ENDING if task.get_loop() is loop and not task.done()]:
+        await asyncio.gather(*mine, return_exceptions=True)
+    for task in [task for task in _ENDING if task.get_loop().is_closed()]:
+        _ENDING.discard(task)
 
 HELPER = Path(__file__).with_name("_nsexec.py")
 EGRESS_PORT = 3128
