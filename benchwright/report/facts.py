@@ -102,14 +102,18 @@ def _first_line(text: str) -> str:
     return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 1] + "…"
 
 
-def _top_errors(session: Session, run_id: str, invocation: int, limit: int) -> list[tuple[str, int]]:
+def _top_errors(session: Session, run_id: str, invocation: int | None, limit: int) -> list[tuple[str, int]]:
+    """The commonest errors of ``invocation``'s trials (None: the latest invocation, as ``_latest_invocation`` reads
+    it, in the same statement: a round trip fewer on Postgres)."""
+    which = invocation if invocation is not None else (
+        select(func.coalesce(func.max(TaskRow.invocation), 1)).where(TaskRow.run_id == run_id).scalar_subquery())
     counts: Counter[str] = Counter()
     # The errored trials through the partial index ix_trial_results_errored, whose condition the query names as a
     # literal (a bound parameter would leave a prepared statement's generic plan on Postgres unable to use it): not
     # every trial of the run.
     for error, n in session.execute(
             select(TrialResult.error, func.count()).where(
-                TrialResult.run_id == run_id, TrialResult.invocation == invocation,
+                TrialResult.run_id == run_id, TrialResult.invocation == which,
                 col(TrialResult.outcome) == literal_column("'err'"))
             .group_by(TrialResult.error)).all():
         counts[_first_line(error or "")] += int(n)
@@ -147,22 +151,33 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
         return _facts(session, run, view)
 
 
-def _facts(session: Session, run: Run, view: RunView) -> NarrationFacts:
-    invocation = _latest_invocation(session, run.id)
-    # The halts in order and the last failed phase in one read (each statement is a round trip on Postgres, and a
-    # long poll's terminal answer waits for these). Sorted here: an ORDER BY seq had SQLite walk the run's whole log
-    # by seq instead of probing ix_events_run_type for the two types.
-    halts: list[str] = []
-    failed: Any = None
-    for _seq, kind, data in sorted(session.execute(sa_select(col(EventRow.seq), col(EventRow.type), col(EventRow.data))
-                                                   .where(col(EventRow.run_id) == run.id, col(EventRow.type).in_(
-                                                       (RunHalted.type_name(), PhaseFailed.type_name())))).all(),
-                                   key=lambda row: row[0]):
-        if kind == RunHalted.type_name():
-            halts.append(str(data.get("halt_reason", "")))
-        else:
-            failed = data
-    top = _top_errors(session, run.id, invocation, 3)
+class _Marks:
+    """The events a narration starts from, in one read: the newest narration recorded, the halts in order and the
+    last failed phase."""
+
+    _TYPES = (RunNarrated.type_name(), RunHalted.type_name(), PhaseFailed.type_name())
+
+    def __init__(self, session: Session, run_id: str) -> None:
+        self.narrated: RunNarrated | None = None
+        self.halts: list[str] = []
+        self.failed: Any = None
+        # Each statement is a round trip on Postgres, and a long poll's terminal answer waits for these. Sorted here:
+        # an ORDER BY seq had SQLite walk the run's whole log by seq instead of probing ix_events_run_type.
+        rows = session.execute(sa_select(col(EventRow.seq), col(EventRow.type), col(EventRow.data)).where(
+            col(EventRow.run_id) == run_id, col(EventRow.type).in_(self._TYPES))).all()
+        for _seq, kind, data in sorted(rows, key=lambda row: row[0]):
+            if kind == RunHalted.type_name():
+                self.halts.append(str(data.get("halt_reason", "")))
+            elif kind == PhaseFailed.type_name():
+                self.failed = data
+            elif isinstance(data, dict):
+                self.narrated = RunNarrated.model_validate(data)
+
+
+def _facts(session: Session, run: Run, view: RunView, marks: _Marks | None = None) -> NarrationFacts:
+    marks = marks or _Marks(session, run.id)
+    halts, failed = marks.halts, marks.failed
+    top = _top_errors(session, run.id, None, 3)
     found = _comparison(session, run)
     comparison = None
     if found is not None:
@@ -203,13 +218,13 @@ def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:
     being written, or the run ended before narration existed) the builtin text computed now; None while running.
     One read transaction for all of it: the long poll's terminal answer waits for this."""
     with Session(reader(engine)) as session:
-        recorded = _recorded(session, run.id)
-        if recorded is not None:
-            return recorded.text
+        marks = _Marks(session, run.id)
+        if marks.narrated is not None:
+            return marks.narrated.text
         if run.finished_at is None:
             return None
         try:
-            return builtin_narration(_facts(session, run, view))
+            return builtin_narration(_facts(session, run, view, marks))
         except Exception:  # noqa: BLE001 - a narration never costs the caller the run view
             _log.exception("run %s: the builtin narration could not be computed", run.id)
             return None

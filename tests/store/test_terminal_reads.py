@@ -20,17 +20,19 @@ from benchwright.events import (
     MaterializeTaskResult,
     PhaseFailed,
     PhaseStarted,
+    RunHalted,
     RunNarrated,
 )
 from benchwright.fingerprint import is_artifact
 from benchwright.registry.shape import run_events
-from benchwright.report.facts import narration_facts, recorded_narration
+from benchwright.report.facts import narration_facts, recorded_narration, run_narration
+from benchwright.report.narration import builtin_narration
 from benchwright.schemas import LaunchRequest
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.events import NewEvent, append_events, event_key, read_events
 from benchwright.store.models import Run
-from benchwright.store.runs import create_run, get_run, run_view
+from benchwright.store.runs import create_run, finish_run, get_run, run_view
 
 
 def _result(run_id: str, index: int) -> NewEvent:
@@ -146,3 +148,45 @@ def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phas
         assert facts.comparison.pass_rate_ci == shown.pass_rate_ci and shown.pass_rate_ci is not None
     finally:
         engine.dispose()
+
+
+def _trial(run_id: str, invocation: int, index: int, error: str | None) -> NewEvent:
+    return NewEvent.of(event_key(run_id, "m", invocation, index, 0, "result"), MaterializeTaskResult(
+        invocation=invocation, index=index, trial=0, score=None if error else 1.0, outcome="err" if error else "pass",
+        output="", meta={}, error=error, usage={}, cost_usd=0.0, input="q", duration_ms=50))
+
+
+def test_a_terminal_narration_is_three_statements_and_names_the_latest_sweeps_errors(
+        store_run: tuple[Any, str]) -> None:
+    """The long poll's terminal answer waits for the narration's reads, each a round trip on Postgres: the events it
+    starts from (the recorded narration, the halts, the failed phase) in one, the latest sweep's errors in one (its
+    invocation read in the same statement), the fork in one; a run of no benchmark compares with nothing."""
+    engine, run_id = store_run
+    append_events(engine, run_id, [
+        _trial(run_id, 1, 0, "TimeoutError: the first sweep's"), _trial(run_id, 1, 1, None),
+        *[_trial(run_id, 2, i, "ValueError: the second sweep's") for i in range(3)], _trial(run_id, 2, 3, None),
+        *[NewEvent.of(event_key(run_id, "agg", 2, i), MaterializeTaskAggregated(
+            invocation=2, index=i, score=None if i < 3 else 1.0, outcome="err" if i < 3 else "pass",
+            trial_scores=[])) for i in range(4)],
+        NewEvent.of(event_key(run_id, "halted"), RunHalted(halt_reason="limit_exceeded:run.cost")),
+    ])
+    finish_run(engine, run_id=run_id, status="ok")
+    run = get_run(engine, run_id=run_id)
+    view = run_view(engine, run)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    narration = run_narration(engine, run, view)
+    event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == 3, statements
+    facts = narration_facts(engine, run, view)
+    assert facts.top_errors == [("ValueError: the second sweep's", 3)]
+    assert facts.halts == ["limit_exceeded:run.cost"]
+    assert narration is not None and narration == builtin_narration(facts)
+
+    append_events(engine, run_id, [NewEvent.of(event_key(run_id, "narrated"), RunNarrated(
+        text="Recorded.", narrator="builtin"))])
+    assert run_narration(engine, run, view) == "Recorded."  # the recorded one, from the same read
