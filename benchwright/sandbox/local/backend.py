@@ -102,7 +102,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from benchwright.sandbox.base import (
     ROLES,
@@ -142,26 +142,6 @@ from benchwright.sandbox.local.warm import (
 )
 
 log = logging.getLogger(__name__)
-
-_ENDING: set[asyncio.Task[None]] = set()
-"""Sandboxes killed with ``remains="later"`` whose remains are still being removed (any ``LocalBackend`` of this
-process)."""
-
-
-def _ended(task: asyncio.Task[None]) -> None:
-    _ENDING.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("removing a killed sandbox's remains failed", exc_info=task.exception())
-
-
-async def settle_kills() -> None:
-    """Wait until the remains of every sandbox killed with ``remains="later"`` on this event loop are removed.
-    (Another loop's removals are its own; one that closed before they ended left them to the next reap.)"""
-    loop = asyncio.get_running_loop()
-    while mine := [task for task in _ENDING if task.get_loop() is loop and not task.done()]:
-        await asyncio.gather(*mine, return_exceptions=True)
-    for task in [task for task in _ENDING if task.get_loop().is_closed()]:
-        _ENDING.discard(task)
 
 HELPER = Path(__file__).with_name("_nsexec.py")
 EGRESS_PORT = 3128
@@ -220,11 +200,33 @@ class _Meta:
     gid: int | None
     cgroups: list[str]
     state: str = "creating"
+    """``creating``, ``ready``, or ``ended`` (killed, its remains not yet removed: ``kill(..., remains="later")``)."""
     owner_pid: int = 0
     init_pid: int | None = None
     init_start: int | None = None
     supervisor_pid: int | None = None
     supervisor_start: int | None = None
+
+
+_ENDING: set[asyncio.Task[None]] = set()
+"""Sandboxes killed with ``remains="later"`` whose remains are still being removed (any ``LocalBackend`` of this
+process)."""
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    _ENDING.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("removing a killed sandbox's remains failed", exc_info=task.exception())
+
+
+async def settle_kills() -> None:
+    """Wait until the remains of every sandbox killed with ``remains="later"`` on this event loop are removed.
+    (Another loop's removals are its own; one that closed before they ended left them to the next reap.)"""
+    loop = asyncio.get_running_loop()
+    while mine := [task for task in _ENDING if task.get_loop() is loop and not task.done()]:
+        await asyncio.gather(*mine, return_exceptions=True)
+    for task in [task for task in _ENDING if task.get_loop().is_closed()]:
+        _ENDING.discard(task)
 
 
 class LocalBackend:
@@ -896,7 +898,7 @@ class LocalBackend:
 
     # -- kill / list / reap -------------------------------------------------------------------------------------
 
-    async def kill(self, sandbox_id: str, *, remains: str = "wait") -> float:
+    async def kill(self, sandbox_id: str, *, remains: Literal["wait", "later"] = "wait") -> float:
         """Kill every process of the sandbox and remove its directory; returns its lifetime in seconds.
 
         ``remains="later"`` (a namespaced sandbox): return once its init and supervisor are sent SIGKILL (the
