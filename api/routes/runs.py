@@ -99,7 +99,7 @@ async def get_one(run_id: RunId, account: AccountDep, state: StateDep,
     """One run: status, halt fields, display_status, phase, cost and the task summary."""
     def view_of(run: Run) -> RunView:
         # A terminal view is narrated in the same thread hop, from the same row (the long poll's answer waits for it).
-        view = run_view(state.engine, run)
+        view = run_view(state.engine, run, fresh=True)  # the row was read in this same thread hop
         if view.terminal:
             view.narration = run_narration(state.engine, run, view)
         return view

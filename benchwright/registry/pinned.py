@@ -67,21 +67,23 @@ def fetch_pinned(engine: Engine, blobs: BlobStore, *, source: str, dest_dir: Pat
     return dest, snap.tasks_sha256, dest.stat().st_size
 
 
-def leaderboard_note(session: Session, run: Run) -> str | None:
+def leaderboard_note(session: Session, run: Run, *, fresh: bool = False) -> str | None:
     """Why ``run`` will not appear on a leaderboard, in words a person can act on; None when it will (a public run
-    on a public benchmark, once it finishes ok). Leaderboards list the public ok runs of public benchmarks only."""
-    fresh = session.get(Run, run.id) or run  # a pin is set after the row is made: read what is stored now
-    bench = benchmark_of_run(session, fresh)
+    on a public benchmark, once it finishes ok). Leaderboards list the public ok runs of public benchmarks only.
+    ``fresh``: ``run`` was read from the store just now (the API's reads), so its pin is not read again."""
+    # A pin is set after the row is made: unless just read, read what is stored now.
+    stored = run if fresh else session.get(Run, run.id) or run
+    bench = benchmark_of_run(session, stored)
     if bench is None:
         return ("it is on no benchmark (a dataset or prompt launch): file it with 'benchwright registry publish "
-                f"{fresh.id} --benchmark B --subset S --visibility public', or launch with --benchmark/--subset")
+                f"{stored.id} --benchmark B --subset S --visibility public', or launch with --benchmark/--subset")
     if bench.visibility != "public":
         return (f"its benchmark '{bench.name}' ({bench.id}) is private, and private benchmarks have no leaderboard "
                 f"(make it public: PATCH /v1/registry/benchmarks/{bench.id} {{\"visibility\": \"public\"}})")
-    if fresh.visibility != "public":
-        return (f"the run is {fresh.visibility}: leaderboards list public runs only (launch with --visibility "
+    if stored.visibility != "public":
+        return (f"the run is {stored.visibility}: leaderboards list public runs only (launch with --visibility "
                 "public)")
-    if fresh.finished_at is not None and (fresh.status != "ok" or fresh.halted):
+    if stored.finished_at is not None and (stored.status != "ok" or stored.halted):
         return "it did not finish ok (leaderboards list runs that did)"
     return None
 

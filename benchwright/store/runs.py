@@ -112,8 +112,9 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
     return run
 
 
-def run_view(engine: Engine, run: Run) -> RunView:
-    """The API's view of a run: stored fields, folded display status, cost and task summary."""
+def run_view(engine: Engine, run: Run, *, fresh: bool = False) -> RunView:
+    """The API's view of a run: stored fields, folded display status, cost and task summary. ``fresh``: ``run`` was
+    read from the store just now (the API's reads of one run), so what may have changed since is not read again."""
     with Session(reader(engine)) as session:
         invocation = _latest_invocation(session, run.id)
         counts, no_answer = outcome_counts(session, run.id, invocation)
@@ -124,7 +125,7 @@ def run_view(engine: Engine, run: Run) -> RunView:
             if run.finished_at is not None else None
         from benchwright.registry.pinned import leaderboard_note
 
-        off_leaderboard = leaderboard_note(session, run)
+        off_leaderboard = leaderboard_note(session, run, fresh=fresh)
     passed, failed, errored = counts.get("pass", 0), counts.get("fail", 0), counts.get("err", 0)
     se, ci = pass_rate_interval(passed=passed, failed=failed)
     settled = passed + failed + errored

@@ -190,3 +190,26 @@ def test_a_terminal_narration_is_three_statements_and_names_the_latest_sweeps_er
     append_events(engine, run_id, [NewEvent.of(event_key(run_id, "narrated"), RunNarrated(
         text="Recorded.", narrator="builtin"))])
     assert run_narration(engine, run, view) == "Recorded."  # the recorded one, from the same read
+
+
+def test_the_apis_view_of_a_row_it_just_read_does_not_read_the_row_again(store_run: tuple[Any, str]) -> None:
+    """``run_view(..., fresh=True)`` (the API's GET, which reads the row in the same thread hop) gives the same view
+    with one statement fewer: the leaderboard note takes the run's pin from the row it was given."""
+    engine, run_id = store_run
+    finish_run(engine, run_id=run_id, status="ok")
+    run = get_run(engine, run_id=run_id)
+    run_view(engine, run)  # pass@k's intervals cached, as the first terminal read leaves them
+    counted: dict[bool, tuple[int, Any]] = {}
+    for fresh in (False, True):
+        statements: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            statements.append(statement)  # noqa: B023 - listened to and removed within this iteration
+
+        event.listen(engine, "before_cursor_execute", count)
+        view = run_view(engine, run, fresh=fresh)
+        event.remove(engine, "before_cursor_execute", count)
+        counted[fresh] = (len(statements), view)
+    assert counted[True][0] == counted[False][0] - 1, counted
+    assert counted[True][1] == counted[False][1]
+    assert counted[True][1].off_leaderboard is not None and "on no benchmark" in counted[True][1].off_leaderboard
