@@ -203,14 +203,7 @@ def _facts(session: Session, run: Run, view: RunView, marks: _Marks | None = Non
 def recorded_narration(engine: Engine, run_id: str) -> RunNarrated | None:
     """The run's recorded narration (its newest RunNarrated), if any."""
     with Session(reader(engine)) as session:
-        return _recorded(session, run_id)
-
-
-def _recorded(session: Session, run_id: str) -> RunNarrated | None:
-    data = session.exec(select(EventRow.data).where(
-        col(EventRow.run_id) == run_id, col(EventRow.type) == RunNarrated.type_name())
-        .order_by(col(EventRow.seq).desc()).limit(1)).first()
-    return RunNarrated.model_validate(data) if isinstance(data, dict) else None
+        return _Marks(session, run_id).narrated
 
 
 def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:

@@ -40,8 +40,10 @@ __all__ = ["backend"]  # the fixture, shared with test_local
 
 
 def _init_gone(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().split(") ")[1][0] in "ZX"
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"  # reaped, or a zombie
+    except FileNotFoundError:
+        return True
 
 
 async def test_a_sandbox_killed_with_its_remains_for_later_is_over_at_once_and_cleaned_up_after(
