@@ -101,6 +101,10 @@ async def test_an_ended_runs_key_is_refused_at_every_workers_proxy(stack: Stack,
         took_b = await _refused_within(handle_b, REFUSED_WITHIN_S)
         print(f"key refused after the terminal event: worker A {took_a:.2f} s, worker B {took_b:.2f} s "
               f"(sweep every {settings_b.proxy_route_sweep_s} s)")
+        # The sweep refuses the key first, then removes the handle file (stop_model_proxy): the same deadline.
+        gone_by = time.monotonic() + REFUSED_WITHIN_S
+        while load_handle(settings_b.runs_dir() / run_id) is not None and time.monotonic() < gone_by:
+            await asyncio.sleep(0.05)
         assert load_handle(settings_b.runs_dir() / run_id) is None, "B's handle went with its route"
         assert proc_starttime(handle_b.pid) is not None, "the sweep revokes routes; B's proxy lingers for the next run"
 
