@@ -350,7 +350,7 @@ class OpenAICompatibleSut:
 
     def _reply(self, raw: bytes, reported_cost: str | None = None) -> SutReply:
         try:
-            data = json.loads(raw)
+            data = fastjson.loads(raw)
             message = data["choices"][0]["message"]
             text = message.get("content") or ""
             tool_calls = message.get("tool_calls") or None

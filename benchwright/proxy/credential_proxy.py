@@ -212,7 +212,7 @@ class CredentialProxy:
         if method != b"POST":
             return _wire(error_answer(405, f"{shown} is not allowed", code="method_not_allowed"))
         try:
-            request = json.loads(body)
+            request = fastjson.loads(body)
         except (ValueError, RecursionError):
             return _wire(error_answer(400, "the request body is not JSON", code="invalid_json"))
         if not isinstance(request, dict):
@@ -284,7 +284,7 @@ class CredentialProxy:
         if resp.status < 400:
             streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
             try:
-                usage = _stream_usage(resp.body) if streamed else json.loads(resp.body).get("usage")
+                usage = _stream_usage(resp.body) if streamed else fastjson.loads(resp.body).get("usage")
             except (ValueError, AttributeError):
                 usage = None
             cost = route.price(usage)
