@@ -144,9 +144,14 @@ def _cpu_now(pids: dict, proxy_dir: Path | None) -> dict[str, float]:
     return cpu
 
 
+def trials_body(k: int) -> dict:
+    """The launch's fields for ``k`` trials a task (none for one)."""
+    return {"trials": {"plan": {"k": k}, "aggregator": {"name": "any_pass"}}} if k > 1 else {}
+
+
 def run_once(client: Client, dev: dict, dataset: Path, model: dict, *, k: int, c: int, pids: dict,
              proxy_dir: Path | None = None) -> dict:
-    body = {"trials": {"plan": {"k": k}, "aggregator": {"name": "any_pass"}}} if k > 1 else {}
+    body = trials_body(k)
     cpu0 = _cpu_now(pids, proxy_dir)
     t0 = time.perf_counter()
     launched_at = time.time()

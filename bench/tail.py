@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchstack import running_stack, write_dataset
 from hops import history
-from materialize import _all_events, model_for
+from materialize import _all_events, model_for, trials_body
 from temporalio.api.enums.v1 import EventType
 
 from benchwright.client import Client
@@ -63,8 +63,7 @@ def _measure(work: Path, args: argparse.Namespace) -> None:
         model = model_for(stack.model_url, keyed=False)
         for _ in range(2):  # the worker's first runs pay imports
             client.wait(client.launch(dataset=str(one), model=model, concurrency=1)["id"])
-        body = {"trials": {"plan": {"k": args.trials}, "aggregator": {"name": "any_pass"}}} if args.trials > 1 else {}
-        run = client.launch(dataset=str(dataset), model=model, concurrency=128, **body)
+        run = client.launch(dataset=str(dataset), model=model, concurrency=128, **trials_body(args.trials))
         client.wait(run["id"])
         answered = time.time()
         print(f"run {run['id']} ({args.tasks} x {args.trials}, C=128) in {work}")

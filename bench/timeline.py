@@ -12,6 +12,7 @@ included, and how many were in flight) and how late the worker's event loop was 
 
     python bench/timeline.py                                  # 1,000 tasks at C=128
     python bench/timeline.py --tasks 1 --concurrency 1        # one task: the fixed pipeline
+    python bench/timeline.py --tasks 10000 --trials 5 --runs 1   # a 10,000 x 5 run (its end: bench/tail.py too)
     python bench/timeline.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --dump   # and every time mark of the last run
     cd <other checkout> && PYTHONPATH=$PWD python bench/timeline.py    # the same for that checkout
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchstack import postgres_store, running_stack, write_dataset
 from hops import history
-from materialize import _all_events, model_for
+from materialize import _all_events, model_for, trials_body
 from tail import _at
 from temporalio.api.enums.v1 import EventType
 
@@ -161,6 +162,7 @@ def call_figures(marks: list[Mark], *, launched: float, answered: float) -> dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--trials", type=int, default=1, help="trials per task (k; any_pass as the aggregator)")
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
@@ -180,7 +182,8 @@ def main() -> None:
             figures: list[dict[str, float] | None] = []
             for n in range(2 + args.runs):
                 launched = time.time()
-                run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency)["id"]
+                run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency,
+                                       **trials_body(args.trials))["id"]
                 final = client.wait(run_id)
                 answered = time.time()
                 assert final["status"] == "ok", final
@@ -211,7 +214,8 @@ async def _closed_history(address: str, run_id: str) -> list:
 
 
 def _print(runs: list[dict[str, float | None]], args: argparse.Namespace) -> None:
-    print(f"{len(runs)} runs of {args.tasks} tasks at C={args.concurrency} (50 ms model); ms after the launch POST: "
+    print(f"{len(runs)} runs of {args.tasks} tasks x {args.trials} trials at C={args.concurrency} (50 ms model); "
+          "ms after the launch POST: "
           "median [fastest, slowest], then the step from the milestone above (medians of the per-run steps)")
     names = [k for k in runs[0] if k != "launch POST"]
     previous: Callable[[dict[str, float | None]], float | None] = lambda r: r["launch POST"]  # noqa: E731

@@ -12,6 +12,7 @@ from alembic.config import Config
 from sqlalchemy import select, update
 from sqlmodel import Session, col
 
+from benchwright.comparison.stats import bootstrap_mean
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
 from benchwright.schemas import LaunchRequest
 from benchwright.scoring.aggregators import AggregatorConfig, TrialOutcome, aggregate, pass_at_k
@@ -121,4 +122,37 @@ def test_pass_at_k_of_a_finished_run_comes_from_the_counts(db_url: str) -> None:
         "pass@1": sum(pass_at_k(n, c, 1) for n, c in EXPECTED if n >= 1) / sum(1 for n, _ in EXPECTED if n >= 1),
         f"pass@{k}": sum(pass_at_k(n, c, k) for n, c in qualifying) / len(qualifying)}
     assert set(got.pass_at_k_ci) == set(got.pass_at_k)
+    engine.dispose()
+
+
+def test_the_mean_score_is_bootstrapped_over_the_scored_tasks_in_task_order(db_url: str) -> None:
+    """k > 1: the mean task score's bootstrap takes the scored tasks' scores (an ``err`` task has none) in task order,
+    read in the same pass as the counts; k = 1: the same, once a score is neither 0 nor 1 (else none)."""
+    run_id = _run(db_url)
+    engine = make_engine(db_url)
+    append_events(engine, run_id, [e for i, t in enumerate(TASKS) for e in _events(run_id, i, t)])
+
+    def scored() -> list[float]:
+        rows = session.execute(select(TaskRow.outcome, TaskRow.score).where(col(TaskRow.run_id) == run_id)
+                               .order_by(col(TaskRow.index))).all()
+        return [float(score) for outcome, score in rows if outcome != "err" and score is not None]
+
+    def mean_score(k: int) -> tuple[float, float, tuple[float, float]] | None:
+        got = terminal_intervals(session, run_id=run_id, invocation=1, finished_at=datetime.now(UTC), k=k).mean_score
+        return None if got is None else (got.value, got.se, got.ci)
+
+    def bootstrapped(values: list[float]) -> tuple[float, float, tuple[float, float]]:
+        expected = bootstrap_mean(values=values)
+        assert expected is not None
+        return expected.value, expected.se, (expected.interval.low, expected.interval.high)
+
+    with Session(engine) as session:
+        assert scored() == [1.0, 1.0, 0.0, 1.0]  # the fourth task errored in every trial: no score
+        assert mean_score(3) == bootstrapped(scored())
+        assert mean_score(1) is None  # pass/fail: its interval is Wilson's
+        session.execute(update(TaskRow).where(col(TaskRow.run_id) == run_id, col(TaskRow.index) == 1)
+                        .values(score=0.25))
+        session.commit()
+        assert scored() == [1.0, 0.25, 0.0, 1.0]
+        assert mean_score(1) == bootstrapped(scored()) == mean_score(3)
     engine.dispose()
