@@ -8,6 +8,7 @@ what Materialize streams from in batches. Which columns mean what is the Driver'
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchwright import fastjson
 from benchwright.data.dataset_access import DatasetAccess, open_source
 from benchwright.errors import DatasetError
 
@@ -104,15 +106,15 @@ def iter_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
     """
     if fmt == "jsonl":
         with path.open("rb") as f:
-            for lineno, line in enumerate(_decoded_lines(f), 1):
-                if line.strip():
-                    try:
-                        item = json.loads(line)
-                    except json.JSONDecodeError:
-                        item = _loads(line, f"line {lineno}")  # raises, naming the line
-                    if type(item) is not dict:
-                        item = _as_object(item, f"line {lineno}")
-                    yield item
+            for lineno, raw in enumerate(f, 1):
+                # By orjson where it reads what json reads (benchwright.fastjson: ~1 µs a row instead of ~3); any
+                # other line (blank, not UTF-8, not JSON, a NaN) as before, by _jsonl_line.
+                item = fastjson.loads(raw, functools.partial(_jsonl_line, lineno=lineno))
+                if item is _BLANK:
+                    continue
+                if type(item) is not dict:
+                    item = _as_object(item, f"line {lineno}")
+                yield item
     elif fmt == "json":
         data = _loads(_decode(path.read_bytes(), "the file"), "the file")
         if not isinstance(data, list):
@@ -124,6 +126,24 @@ def iter_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
             yield from csv.DictReader(_decoded_lines(f))
     else:
         raise DatasetError(f"unknown dataset format {fmt!r}")
+
+
+_BLANK = object()
+
+
+def _jsonl_line(raw: bytes, lineno: int) -> Any:
+    """A JSONL line's value by ``json``, ``_BLANK`` for a line of whitespace.
+
+    Raises:
+        DatasetError: the line is not UTF-8 or not JSON, naming it.
+    """
+    line = _decode(raw, f"line {lineno}")
+    if not line.strip():
+        return _BLANK
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return _loads(line, f"line {lineno}")  # raises, naming the line
 
 
 def _decoded_lines(raw: Iterable[bytes]) -> Iterator[str]:
@@ -195,10 +215,11 @@ def analyze_dataset(*, source: Path, fmt: str, tasks_path: Path) -> Analysis:
 
 
 def iter_task_rows(tasks_path: Path) -> Iterator[dict[str, Any]]:
-    """Every row of a normalized tasks.jsonl, in task order."""
-    with tasks_path.open("r", encoding="utf-8") as f:
+    """Every row of a normalized tasks.jsonl, in task order (read as ``json`` reads it, by orjson where that is the
+    same: ``benchwright.fastjson``)."""
+    with tasks_path.open("rb") as f:
         for line in f:
-            yield json.loads(line)
+            yield fastjson.loads(line)
 
 
 def keep_rows(tasks_path: Path, indices: list[int]) -> None:
@@ -220,10 +241,10 @@ def keep_rows(tasks_path: Path, indices: list[int]) -> None:
 def read_task_rows(tasks_path: Path, start: int, stop: int) -> list[dict[str, Any]]:
     """Rows ``start <= index < stop`` of a normalized tasks.jsonl."""
     out: list[dict[str, Any]] = []
-    with tasks_path.open("r", encoding="utf-8") as f:
+    with tasks_path.open("rb") as f:
         for index, line in enumerate(f):
             if index >= stop:
                 break
             if index >= start:
-                out.append(json.loads(line))
+                out.append(fastjson.loads(line))
     return out

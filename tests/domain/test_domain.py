@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from benchwright.data.dataset_access import DatasetAccess, LocalPathRules
-from benchwright.data.datasets import analyze_dataset, detect_format, fetch_dataset, iter_rows
+from benchwright.data.datasets import analyze_dataset, detect_format, fetch_dataset, iter_rows, read_task_rows
 from benchwright.errors import DatasetError, InvalidInput
 from benchwright.runs.launch import resolve_launch, resolve_trials
 from benchwright.runs.pipeline import QUICK_PHASES, batch_bounds, local_attempt, plan_batches, plan_phases
@@ -167,6 +168,29 @@ def test_the_normalized_tasks_are_each_row_as_json_dumps_writes_it(tmp_path: Pat
                                                       for r in rows)
     assert (analysis.rows, analysis.columns) == (5, ["Split", "q", "n", "x", "SPLIT", "split"])
     assert analysis.splits == {"test": 1, "train": 1}  # {"SPLIT": 3} is no split; "train" is its row's first
+
+
+def test_a_jsonl_dataset_reads_as_json_reads_it(tmp_path: Path) -> None:
+    """Rows are read by orjson where it reads what ``json`` reads (``benchwright.fastjson``): an integer wider than 64
+    bits, a NaN and an infinity keep ``json``'s values, a line of Unicode whitespace is skipped, and so are the task
+    rows read back; a line that is not UTF-8, a BOM and a lone surrogate fail as before, naming the line."""
+    src = tmp_path / "d.jsonl"
+    src.write_bytes(b'{"q": "a", "n": 123456789012345678901234567890, "x": NaN, "y": -Infinity}\n'
+                    + "\u00a0\u2003\n".encode() + b'{"q": "\xc3\xa9", "n": -9223372036854775809}\n')
+    rows = list(iter_rows(src, "jsonl"))
+    assert [r["n"] for r in rows] == [123456789012345678901234567890, -9223372036854775809]
+    assert all(type(r["n"]) is int for r in rows) and math.isnan(rows[0]["x"]) and rows[0]["y"] == -math.inf
+    assert rows[1]["q"] == "é"
+    out = tmp_path / "tasks.jsonl"
+    analyze_dataset(source=src, fmt="jsonl", tasks_path=out)
+    back = read_task_rows(out, 0, 2)
+    assert [r["n"] for r in back] == [r["n"] for r in rows] and math.isnan(back[0]["x"])
+    for raw, message in ((b'{"q": "a"}\n{"q": "\xff"}\n', "line 2 is not UTF-8"),
+                         (b'\xef\xbb\xbf{"q": "a"}\n', "line 1 is not valid JSON"),
+                         (b'{"q": "a"}\n{"q": "\\ud800"}\n', "row 2 holds text that is not valid Unicode")):
+        src.write_bytes(raw)
+        with pytest.raises(DatasetError, match=message):
+            analyze_dataset(source=src, fmt="jsonl", tasks_path=out)
 
 
 def test_dataset_errors_name_the_problem(tmp_path: Path) -> None:
