@@ -37,26 +37,24 @@ from benchwright.proxy.model_proxy import (
     start_model_proxy,
     stop_model_proxy,
 )
+from benchwright.proxy.policy import HostPolicy
 from benchwright.proxy.revocation import proxy_sandbox_id, revoke_route
 from benchwright.runs.pipeline import FinishInput, PhaseInput, PhaseResult
 from benchwright.schemas import ModelSpec
 from benchwright.stack.procreg import ProcessRegistry
-from benchwright.store.accounts import get_account
 from benchwright.store.events import append_events
-from benchwright.store.policy import get_policy, record_blocked, secret_value
-from benchwright.store.runs import get_run
+from benchwright.store.models import Account
+from benchwright.store.policy import record_blocked, run_access, secret_value
 
 
-def _checked_address(deps: Deps, *, run_id: str, account_id: str, api_base: str) -> str | None:
+def _checked_address(deps: Deps, *, run_id: str, account: Account, policy: HostPolicy, api_base: str) -> str | None:
     """The address the run's calls to ``api_base`` go to, after the account's host policy and the internal-address
     refusal (``benchwright.llm.model_access``); a refused host lands in the blocked-host log."""
     settings = deps.settings
-    account = get_account(deps.engine, account_id=account_id)
-    access = ModelAccess(policy=get_policy(deps.engine, account_id=account_id),
-                         internal_allowed=parse_endpoints(settings.model_internal_allowed),
+    access = ModelAccess(policy=policy, internal_allowed=parse_endpoints(settings.model_internal_allowed),
                          trusted_local=settings.allow_local_paths and account.local_paths)
     return check_api_base(api_base, access, on_refused=lambda host: record_blocked(
-        deps.engine, run_id=run_id, account_id=account_id, host=host))
+        deps.engine, run_id=run_id, account_id=account.id, host=host))
 
 
 async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
@@ -64,12 +62,12 @@ async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHand
     the same thread call)."""
 
     def register() -> ProxyHandle:
-        run = get_run(deps.engine, run_id=run_id)
-        address = _checked_address(deps, run_id=run_id, account_id=run.account_id, api_base=spec.api_base) \
+        account, policy = run_access(deps.engine, run_id=run_id)
+        address = _checked_address(deps, run_id=run_id, account=account, policy=policy, api_base=spec.api_base) \
             if spec.api_base else None
         value = None
         if spec.secret is not None:
-            value = secret_value(deps.engine, account_id=run.account_id, name=spec.secret)
+            value = secret_value(deps.engine, account_id=account.id, name=spec.secret)
         return start_model_proxy(run_dir=deps.run_dir(run_id), spec=spec, secret_value=value,
                                  registry=ProcessRegistry(deps.settings.data_dir),
                                  linger_s=deps.settings.proxy_linger_s, connect_address=address)

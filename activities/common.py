@@ -124,8 +124,8 @@ class PhaseScope:
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
     """The activity's heartbeat: ``scope.heartbeat.send(details)`` for details the phase wants shown."""
     files: dict[str, str] = field(default_factory=dict)
-    """The run's work files as recorded when the phase opened (path -> blob id, ``handoff.latest_files``), read in
-    its opening transaction: what the work directory was restored to."""
+    """The run's work files as recorded when the phase opened (path -> blob id, ``handoff.latest_files``), read as it
+    opened (``handoff.append_reading_files``): what the work directory was restored to."""
     writes: list[Callable[[Session], None]] = field(default_factory=list)
     """The phase's own rows (its cache cell), written in its closing transaction (``on_close``)."""
 

@@ -35,9 +35,7 @@ from benchwright.registry.pinned import fetch_pinned
 from benchwright.runs.phase_cache import PhaseCache
 from benchwright.runs.pipeline import PhaseInput, PhaseResult
 from benchwright.sandbox.lifecycle import snapshot_files
-from benchwright.store.accounts import get_account
-from benchwright.store.policy import get_policy, record_blocked
-from benchwright.store.runs import get_run
+from benchwright.store.policy import record_blocked, run_access
 
 
 def fetch_input_hash(source: str) -> str:
@@ -52,9 +50,9 @@ class FetchActivities:
     def _access(self, run_id: str) -> tuple[str, DatasetAccess]:
         """The run's account, and what its run may fetch, read fresh from the store (policies change between runs)."""
         settings = self.deps.settings
-        account = get_account(self.deps.engine, account_id=get_run(self.deps.engine, run_id=run_id).account_id)
+        account, policy = run_access(self.deps.engine, run_id=run_id)
         return account.id, DatasetAccess(
-            policy=get_policy(self.deps.engine, account_id=account.id),
+            policy=policy,
             internal_allowed=parse_endpoints(settings.egress_internal_allowed),
             local=LocalPathRules.from_settings(settings, account_local_paths=account.local_paths),
             total_timeout_s=settings.dataset_fetch_timeout_s)

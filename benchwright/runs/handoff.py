@@ -10,7 +10,7 @@ SnapshotCreated. The work directory is only a *cache* on the worker that holds t
   (path -> blob id) that lands in the same transaction as PhaseCompleted;
 * when a phase invocation (or a Materialize batch) starts, :func:`restore` reads the run's newest
   ``WorkFilesRecorded`` from the store and fetches every file the local directory lacks or holds different bytes of.
-  A phase reads that event in its opening transaction (:func:`append_reading_files`) and goes by it at its end too.
+  A phase reads that event as it opens (:func:`append_reading_files`) and goes by it at its end too.
 
 So a worker with an empty disk picks up any phase of any run, given the store and the blob store. A file's digest
 is computed once and remembered while it is unchanged (``benchwright.data.digests``), so an unchanged publish and an
@@ -34,7 +34,7 @@ from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_in_session
+from benchwright.store.events import NewEvent, append_events, append_in_session
 from benchwright.store.models import EventRow, table_of
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
@@ -70,12 +70,20 @@ def _latest_files(conn: Connection, run_id: str) -> dict[str, str]:
 
 
 def append_reading_files(engine: Engine, run_id: str, events: list[NewEvent]) -> dict[str, str]:
-    """Append ``events`` and read the run's work files as ``latest_files`` does, in one transaction: a phase's
-    opening (``activities.common``), whose restore and publish both go by the files it read.
+    """Append ``events``, then read the run's work files as ``latest_files`` does: a phase's opening
+    (``activities.common``), whose restore and publish both go by the files it read.
+
+    On SQLite in one transaction. On Postgres the append is one call in autocommit (``append_events``: its own
+    transaction) and the read a statement after it: two round trips instead of four (BEGIN, the call, the read,
+    COMMIT), ~0.4 ms each on every phase's opening. The read still follows the append; the files it sees are what
+    the phase before recorded, as only the run's current phase records any.
 
     Raises:
         NotFound: the run does not exist.
     """
+    if engine.dialect.name == "postgresql":
+        append_events(engine, run_id, events)
+        return latest_files(engine, run_id)
     with session_scope(engine) as session:
         append_in_session(session, run_id, events)
         return _latest_files(session.connection(), run_id)

@@ -10,13 +10,22 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from benchwright.errors import InvalidInput, NotFound
 from benchwright.proxy.policy import HostPolicy, HostRule
 from benchwright.security.crypto import KEY_ENV, KEY_FILE_ENV, DeploymentKeyError, Keyring, bind, keyring_of
 from benchwright.store.db import reader, session_scope
-from benchwright.store.models import AccountSettings, BlockedHost, HostPolicyRow, HostRuleRow, Secret, utcnow
+from benchwright.store.models import (
+    Account,
+    AccountSettings,
+    BlockedHost,
+    HostPolicyRow,
+    HostRuleRow,
+    Run,
+    Secret,
+    utcnow,
+)
 
 
 def get_policy(engine: Engine, *, account_id: str) -> HostPolicy:
@@ -27,6 +36,29 @@ def get_policy(engine: Engine, *, account_id: str) -> HostPolicy:
                                 .order_by(HostRuleRow.created_at)).scalars().all()
     return HostPolicy(default=row.default_mode if row else "allow",
                       rules=[HostRule(pattern=r.pattern, action=r.action) for r in rules])
+
+
+def run_access(engine: Engine, *, run_id: str) -> tuple[Account, HostPolicy]:
+    """The run's account and that account's host policy, as ``get_account`` of the run's ``account_id`` and
+    ``get_policy`` give them, in one statement: what a run's Fetch and Attach check the places they reach against,
+    read fresh (policies change between runs). One round trip on Postgres instead of four (the run, the account, the
+    policy's mode, its rules).
+
+    Raises:
+        NotFound: no such run (or its account is gone).
+    """
+    with Session(reader(engine)) as session:
+        rows = session.execute(
+            select(Account, HostPolicyRow.default_mode, HostRuleRow.pattern, HostRuleRow.action)
+            .select_from(Run).join(Account, col(Account.id) == Run.account_id)
+            .outerjoin(HostPolicyRow, col(HostPolicyRow.account_id) == Account.id)
+            .outerjoin(HostRuleRow, col(HostRuleRow.account_id) == Account.id)
+            .where(Run.id == run_id).order_by(col(HostRuleRow.created_at))).all()
+    if not rows:
+        raise NotFound(f"run {run_id} not found")
+    account, mode = rows[0][0], rows[0][1]
+    return account, HostPolicy(default=mode or "allow", rules=[
+        HostRule(pattern=pattern, action=action) for _, _, pattern, action in rows if pattern is not None])
 
 
 def set_default_mode(engine: Engine, *, account_id: str, mode: str) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from benchwright.schemas import LaunchRequest
@@ -62,3 +65,29 @@ def store_run(db_url: str) -> tuple[Engine, str]:
     run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
                      driver="builtin", trials_config={})
     return engine, run.id
+
+
+@contextmanager
+def round_trips(engine: Engine) -> Iterator[list[int]]:
+    """How many round trips to Postgres the block makes on ``engine``'s pooled connections: libpq's trace of each
+    connection checked out meanwhile, counted by the server's ReadyForQuery messages (one ends every exchange: a
+    simple query, BEGIN and COMMIT included, or an extended query's Sync). The count is in the list after the block.
+    """
+    counted: list[int] = []
+    with tempfile.TemporaryFile() as trace:
+        def on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+            dbapi_conn.pgconn.trace(trace.fileno())
+
+        def on_checkin(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.pgconn.untrace()
+
+        event.listen(engine.pool, "checkout", on_checkout)
+        event.listen(engine.pool, "checkin", on_checkin)
+        try:
+            yield counted
+        finally:
+            event.remove(engine.pool, "checkout", on_checkout)
+            event.remove(engine.pool, "checkin", on_checkin)
+        trace.seek(0)
+        counted.append(sum(1 for line in trace.read().decode(errors="replace").splitlines()
+                           if line.split("\t")[1:4:2] == ["B", "ReadyForQuery"]))

@@ -4,6 +4,9 @@ kept), and a rolled-back close leaves nothing."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -38,4 +41,24 @@ def test_a_cell_is_inserted_then_replaced_and_a_rollback_leaves_none(store_run: 
         record_cell_in(session, _cell(run_id, "setup", 4))
         session.rollback()
     assert run_cell(engine, run_id=run_id, phase="setup") is None
+    engine.dispose()
+
+
+def test_a_cells_write_is_one_statement_whether_new_or_replacing(store_run: tuple[Engine, str]) -> None:
+    """An upsert, not a read and then a write: a round trip fewer at each cached phase's close on Postgres."""
+    engine, run_id = store_run
+    for n in (1, 2):
+        statements: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            statements.append(statement)  # noqa: B023 - listened to and removed within this iteration
+
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            with session_scope(engine) as session:  # its commit included (where the ORM would flush a new row)
+                record_cell_in(session, _cell(run_id, "fetch", n))
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        assert len(statements) == 1, statements
+        assert run_cell(engine, run_id=run_id, phase="fetch") == _cell(run_id, "fetch", n)
     engine.dispose()
