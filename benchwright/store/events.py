@@ -467,8 +467,8 @@ def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], t
 
 
 def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 1000) -> list[EventRow]:
-    """Events with seq > ``after`` in seq order, at most ``limit``."""
-    with Session(engine) as session:
+    """Events with seq > ``after`` in seq order, at most ``limit`` (one statement: through ``reader``)."""
+    with Session(reader(engine)) as session:
         return list(
             session.execute(
                 select(EventRow).where(EventRow.run_id == run_id, EventRow.seq > after)
@@ -479,7 +479,7 @@ def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 10
 
 def terminal_seq(engine: Engine, run_id: str) -> int | None:
     """The seq of the run's terminal event (PipelineFinished), or None while the run has not finished."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         return session.execute(
             select(col(EventRow.seq)).where(col(EventRow.run_id) == run_id, col(EventRow.type) == TERMINAL_EVENT)
             .order_by(col(EventRow.seq)).limit(1)

@@ -331,7 +331,8 @@ def reencrypt_secrets(engine: Engine, *, only_plaintext: bool = False) -> int:
 
 
 def saved_compute(engine: Engine, *, account_id: str) -> str | None:
-    with Session(engine) as session:
+    """The compute provider the account saved (``PUT /v1/settings/compute``), read at every launch."""
+    with Session(reader(engine)) as session:
         row = session.get(AccountSettings, account_id)
     return row.compute if row else None
 

@@ -59,3 +59,29 @@ def test_the_reader_is_made_once_per_engine_and_freed_with_it(db_url: str) -> No
     del engine
     gc.collect()
     assert gone() is None, "the engine outlived its last reference"
+
+
+def test_the_reads_on_every_launch_and_every_log_page_are_one_round_trip_each(postgres_url: str) -> None:
+    """A launch reads the account's saved compute, the API's log pages read the events and the terminal seq: each
+    one statement, so through the reader (one round trip each, not BEGIN, the read and ROLLBACK)."""
+    from benchwright.events import PhaseStarted
+    from benchwright.store.events import NewEvent, append_events, event_key, read_events, terminal_seq
+    from benchwright.store.policy import save_compute, saved_compute
+    from tests.store.conftest import round_trips
+
+    engine = make_engine(postgres_url)
+    migrate(engine)
+    try:
+        account, _ = create_account(engine, name="one-trip")
+        run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/dev"),
+                         driver="builtin", trials_config={})
+        save_compute(engine, account_id=account.id, compute="local")
+        append_events(engine, run.id, [NewEvent.of(event_key(run.id, "p"), PhaseStarted(phase="fetch"))])
+        for read, expected in ((lambda: saved_compute(engine, account_id=account.id), "local"),
+                               (lambda: [e.type for e in read_events(engine, run.id)], ["RunLaunched", "PhaseStarted"]),
+                               (lambda: terminal_seq(engine, run.id), None)):
+            with round_trips(engine) as trips:
+                assert read() == expected
+            assert trips == [1]
+    finally:
+        engine.dispose()
