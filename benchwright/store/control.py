@@ -13,7 +13,7 @@ from benchwright.events import PipelineFinished, RunHalted, RunResumed
 from benchwright.registry.shape import stamp_terminal
 from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_in_session, event_key, lock_run
+from benchwright.store.events import NewEvent, append_events, append_in_session, event_key, lock_run
 from benchwright.store.models import Account, Run, table_of, utcnow
 from benchwright.store.settled import notify_settled
 
@@ -54,9 +54,20 @@ def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *,
     The check "between phases" (§9) costs the close one read instead of a read and a transaction of its own, and a
     cost among the closing events counts.
 
+    On Postgres a close with events and no writes of its own (every phase but the cached ones) is the append's call
+    alone in autocommit (``append_events``), then the read, and the halt (rare) in a transaction of its own: two
+    round trips instead of four (BEGIN, the call, the read, COMMIT). The read still follows the close's events, and a
+    close retried after a crash between the two reads again and halts then.
+
     Raises:
         NotFound: the run does not exist.
     """
+    if engine.dialect.name == "postgresql" and events and not writes:
+        append_events(engine, run_id, events)
+        if budget_key is None:
+            return None
+        reason = budget_halt_reason(engine, run_id=run_id, run_cost_usd=run_cost_usd)
+        return reason if reason and halt_run(engine, run_id=run_id, reason=reason, key=budget_key) else None
     with session_scope(engine) as session:
         append_in_session(session, run_id, events)
         for write in writes:
