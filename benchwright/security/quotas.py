@@ -572,7 +572,15 @@ def running_accounts(engine: Engine) -> set[str]:
 
 
 def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[str, int]:
-    """The run's account and its ``model_calls`` quota (read once per batch by the worker)."""
+    """The run's account and its ``model_calls`` quota as ``quotas_for`` gives it (read once per batch by the worker,
+    in one statement: the run's row and the account's override together).
+
+    Raises:
+        NoResultFound: no such run.
+    """
     with Session(reader(engine)) as session:
-        account_id = session.execute(select(col(Run.account_id)).where(col(Run.id) == run_id)).scalar_one()
-    return account_id, quotas_for(engine, settings, account_id=account_id).model_calls
+        account_id, override = session.execute(
+            select(col(Run.account_id), col(AccountQuota.model_calls)).select_from(Run)
+            .outerjoin(AccountQuota, col(AccountQuota.account_id) == Run.account_id)
+            .where(col(Run.id) == run_id)).one()
+    return account_id, override if override is not None else defaults(settings).model_calls
