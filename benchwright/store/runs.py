@@ -116,8 +116,7 @@ def run_view(engine: Engine, run: Run, *, fresh: bool = False) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary. ``fresh``: ``run`` was
     read from the store just now (the API's reads of one run), so what may have changed since is not read again."""
     with Session(reader(engine)) as session:
-        invocation = _latest_invocation(session, run.id)
-        counts, no_answer = outcome_counts(session, run.id, invocation)
+        counts, no_answer, invocation = _latest_counts(session, run.id)
         # pass@k reads every trial row and the bootstrap every task row: once the run is over, not on every poll of
         # a live run, and then cached (benchwright/store/intervals.py)
         boot = terminal_intervals(session, run_id=run.id, invocation=invocation,
@@ -162,19 +161,31 @@ def run_view(engine: Engine, run: Run, *, fresh: bool = False) -> RunView:
 def outcome_counts(session: Session, run_id: str, invocation: int | None = None) -> tuple[dict[str, int], int]:
     """The run's tasks by outcome (``pass``/``fail``/``err``) in ``invocation`` (its latest when None), and how many
     failed for giving no answer: what a run's task summary is made of."""
-    # The latest invocation as a subquery: one statement (a round trip on Postgres), not two.
-    which = invocation if invocation is not None else (
-        select(func.max(TaskRow.invocation)).where(TaskRow.run_id == run_id).scalar_subquery())
+    counts, no_answer, _ = _latest_counts(session, run_id) if invocation is None else _counts_in(session, run_id,
+                                                                                                 invocation)
+    return counts, no_answer
+
+
+def _latest_counts(session: Session, run_id: str) -> tuple[dict[str, int], int, int]:
+    """``outcome_counts`` of the run's latest invocation, and that invocation (1 before any task row, as
+    ``_latest_invocation`` says): one statement (a round trip on Postgres), the latest invocation a subquery."""
+    return _counts_in(session, run_id, select(func.max(TaskRow.invocation)).where(TaskRow.run_id == run_id)
+                      .scalar_subquery())
+
+
+def _counts_in(session: Session, run_id: str, which: Any) -> tuple[dict[str, int], int, int]:
     counts: dict[str, int] = {}
     no_answer = 0
-    for outcome, unanswered, n in session.execute(
-        select(TaskRow.outcome, TaskRow.no_answer, func.count()).where(
+    invocation = which if isinstance(which, int) else 1  # no rows: the latest is the first
+    for row_invocation, outcome, unanswered, n in session.execute(
+        select(TaskRow.invocation, TaskRow.outcome, TaskRow.no_answer, func.count()).where(
             TaskRow.run_id == run_id, TaskRow.invocation == which)
-        .group_by(TaskRow.outcome, TaskRow.no_answer)
+        .group_by(TaskRow.invocation, TaskRow.outcome, TaskRow.no_answer)
     ).all():
+        invocation = int(row_invocation)
         counts[outcome] = counts.get(outcome, 0) + n
         no_answer += n if unanswered and outcome == "fail" else 0
-    return counts, no_answer
+    return counts, no_answer, invocation
 
 
 def _trials_k(run: Run) -> int:

@@ -213,3 +213,39 @@ def test_the_apis_view_of_a_row_it_just_read_does_not_read_the_row_again(store_r
     assert counted[True][0] == counted[False][0] - 1, counted
     assert counted[True][1] == counted[False][1]
     assert counted[True][1].off_leaderboard is not None and "on no benchmark" in counted[True][1].off_leaderboard
+
+
+def test_a_views_task_summary_is_one_statement_of_the_latest_sweep(store_run: tuple[Any, str]) -> None:
+    """A run's view (every long poll's answer, every report) counts the latest sweep's tasks and learns which sweep
+    that is in one statement (the latest invocation a subquery): a sweep's counts are its own, and a run with no task
+    row yet is at its first."""
+    engine, run_id = store_run
+    run = get_run(engine, run_id=run_id)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    def view() -> Any:
+        statements.clear()
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            return run_view(engine, run, fresh=True)
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+
+    assert view().tasks.summary.passed == 0 and len(statements) == 1, statements
+    append_events(engine, run_id, [
+        _trial(run_id, 1, 0, "TimeoutError: first"), _trial(run_id, 1, 1, None),
+        *[NewEvent.of(event_key(run_id, "agg", 1, i), MaterializeTaskAggregated(
+            invocation=1, index=i, score=None if i == 0 else 1.0, outcome="err" if i == 0 else "pass",
+            trial_scores=[])) for i in range(2)]])
+    summary = view().tasks.summary
+    assert (summary.passed, summary.errored, len(statements)) == (1, 1, 1)
+    append_events(engine, run_id, [
+        *[_trial(run_id, 2, i, None) for i in range(3)],
+        *[NewEvent.of(event_key(run_id, "agg", 2, i), MaterializeTaskAggregated(
+            invocation=2, index=i, score=1.0, outcome="pass", trial_scores=[])) for i in range(3)]])
+    summary = view().tasks.summary
+    assert (summary.passed, summary.errored, len(statements)) == (3, 0, 1)
+    engine.dispose()
