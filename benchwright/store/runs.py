@@ -90,13 +90,16 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
         append_in_session(session, run_id, list(before))
         wrote = append_in_session(session, run_id, [finished])
         if wrote:
-            run = session.get(Run, run_id)
-            assert run is not None
-            run.status = status
-            run.error = error[:4000] if error else None
-            run.finished_at = utcnow()
-            stamp_terminal(session, run)
-            notify_settled(session, run_id)  # the long polls waiting for it, once this commits (Postgres)
+            # The row's changes go in one UPDATE as it commits, not one before each read in between (autoflush): two
+            # round trips fewer on Postgres on the way to the long poll's answer.
+            with session.no_autoflush:
+                run = session.get(Run, run_id)
+                assert run is not None
+                run.status = status
+                run.error = error[:4000] if error else None
+                run.finished_at = utcnow()
+                stamp_terminal(session, run)
+                notify_settled(session, run_id)  # the long polls waiting for it, once this commits (Postgres)
 
 
 def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Run:

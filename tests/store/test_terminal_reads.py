@@ -249,3 +249,32 @@ def test_a_views_task_summary_is_one_statement_of_the_latest_sweep(store_run: tu
     summary = view().tasks.summary
     assert (summary.passed, summary.errored, len(statements)) == (3, 0, 1)
     engine.dispose()
+
+
+def test_a_runs_end_updates_its_row_once(store_run: tuple[Any, str]) -> None:
+    """``finish_run`` sets the status, the end time, the fingerprint and its family in one UPDATE as it commits (not
+    one before each of the reads it makes in between): round trips on the way to the long poll's answer."""
+    engine, run_id = store_run
+    append_events(engine, run_id, [
+        NewEvent.of(event_key(run_id, "fetch"), FetchArtifact(source="x.jsonl", sha256="a" * 64, bytes=3,
+                                                             format="jsonl", file="x.jsonl")),
+        _trial(run_id, 1, 0, None)])
+    updates: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("UPDATE runs SET") and "next_seq" not in statement:
+            updates.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        finish_run(engine, run_id=run_id, status="ok")
+        finish_run(engine, run_id=run_id, status="error", error="a retry")  # the run had ended: nothing changes
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(updates) == 1, updates
+    for column in ("status", "finished_at", "fingerprint"):
+        assert column in updates[0]
+    run = get_run(engine, run_id=run_id)
+    assert (run.status, run.error, run.finished_at is not None, run.fingerprint is not None) == ("ok", None, True, True)
+    assert [e.type for e in read_events(engine, run_id)].count("PipelineFinished") == 1
+    engine.dispose()
