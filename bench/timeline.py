@@ -14,6 +14,7 @@ included, and how many were in flight) and how late the worker's event loop was 
     python bench/timeline.py --tasks 1 --concurrency 1        # one task: the fixed pipeline
     python bench/timeline.py --tasks 10000 --trials 5 --runs 1   # a 10,000 x 5 run (its end: bench/tail.py too)
     python bench/timeline.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python bench/timeline.py --tasks 1 --concurrency 1 --runs 10 --postgres URL --round-trips   # and Postgres's trips
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --dump   # and every time mark of the last run
     cd <other checkout> && PYTHONPATH=$PWD python bench/timeline.py    # the same for that checkout
 
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -167,11 +168,19 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
     ap.add_argument("--dump", action="store_true", help="also print every time mark of the last run, in order")
+    ap.add_argument("--round-trips", action="store_true",
+                    help="with --postgres: count each run's round trips to Postgres, launch to answer, per process")
     args = ap.parse_args()
+    if args.round_trips and not args.postgres:
+        ap.error("--round-trips counts round trips to Postgres: give --postgres URL too")
     with postgres_store(args.postgres), tempfile.TemporaryDirectory(prefix="bw-timeline-") as tmp:
         work = Path(tmp)
         marks_file = work / "marks.txt"
         os.environ["BENCHWRIGHT_BENCH_MARKS"] = str(marks_file)
+        traces = work / "pgtrace"
+        if args.round_trips:
+            traces.mkdir()
+            os.environ["BENCHWRIGHT_BENCH_PGTRACE"] = str(traces)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
         dataset = work / "tasks.jsonl"
         write_dataset(dataset, args.tasks)
@@ -179,6 +188,8 @@ def main() -> None:
                 Client(stack.dev["api_url"], stack.dev["api_key"], timeout=120) as client:
             model = model_for(stack.model_url, keyed=False)
             runs: list[dict[str, float | None]] = []
+            windows: list[tuple[float, float]] = []
+            pids = stack.pids
             figures: list[dict[str, float] | None] = []
             for n in range(2 + args.runs):
                 launched = time.time()
@@ -195,12 +206,43 @@ def main() -> None:
                         marks=marks, concurrency=min(args.concurrency, args.tasks),
                         api_pid=stack.pids["api"]) | {"launch POST": launched})
                     figures.append(call_figures(marks, launched=launched, answered=answered))
+                    windows.append((launched, answered))
         _print(runs, args)
         _print_calls([f for f in figures if f is not None], args)
+        if args.round_trips:  # read once the stack has stopped: each process's traces are flushed as it exits
+            _print_round_trips(round_trips(traces, windows, pids))
         if args.dump:
             for at, pid, label in read_marks(marks_file):
                 if launched <= at <= answered + 0.5 and not label.startswith(("model call ", "sut call ")):
                     print(f"{1000 * (at - launched):8.1f}  {pid:>7}  {label}")
+
+
+def round_trips(traces: Path, windows: list[tuple[float, float]], pids: dict[str, int]) -> list[dict[str, int]]:
+    """Each run's round trips to Postgres between its launch POST and its answer, by process (``api``, ``worker``,
+    ``other``), from libpq's traces (``BENCHWRIGHT_BENCH_PGTRACE``): one ReadyForQuery from the server ends every
+    exchange, a simple query's (BEGIN and COMMIT included) or an extended query's Sync."""
+    names = {pids["api"]: "api", pids["worker"]: "worker"}
+    counts = [{"api": 0, "worker": 0, "other": 0} for _ in windows]
+    for path in traces.glob("*.trace"):
+        who = names.get(int(path.name.split("-", 1)[0]), "other")
+        for line in path.read_text(errors="replace").splitlines():
+            fields = line.split("\t")
+            if fields[1:4:2] != ["B", "ReadyForQuery"]:
+                continue
+            at = datetime.strptime(fields[0], "%Y-%m-%d %H:%M:%S.%f").astimezone().timestamp()  # in local time
+            for n, (start, end) in enumerate(windows):
+                if start <= at <= end:
+                    counts[n][who] += 1
+    return counts
+
+
+def _print_round_trips(counts: list[dict[str, int]]) -> None:
+    if not counts:
+        return
+    med = {who: statistics.median(c[who] for c in counts) for who in counts[0]}
+    print(f"round trips to Postgres per run, launch POST to answer (medians over the runs): worker {med['worker']:g}, "
+          f"API {med['api']:g}, other processes {med['other']:g}; all runs: "
+          + ", ".join(str(sum(c.values())) for c in counts))
 
 
 async def _closed_history(address: str, run_id: str) -> list:

@@ -9,7 +9,8 @@ runtime's start and end, every model call a batch's scorer asks for and the SUT 
 end), a sandbox's disposal, the warm pool's takes and refills, and the run view and narration the API reads for a long
 poll's answer; and a probe on the worker's event loop for as long as a batch runs (how late a 1 ms timer fires).
 Nothing of the product is changed to take them; the marks cost what a write costs (the probe a wake-up a
-millisecond), so the timeline's own run is a little slower than an unmarked one.
+millisecond), so the timeline's own run is a little slower than an unmarked one. With ``BENCHWRIGHT_BENCH_PGTRACE``
+naming a directory, every Postgres connection a process opens also writes libpq's trace of its messages there.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from typing import Any
 
 _PATH = os.environ.get("BENCHWRIGHT_BENCH_MARKS")
 _OUT: Any = None
+_PGTRACE = os.environ.get("BENCHWRIGHT_BENCH_PGTRACE")
+"""A directory: every Postgres connection the process opens writes libpq's trace of its messages to a file there
+(``bench/timeline.py --round-trips`` counts the server's ReadyForQuery messages in it, one per round trip)."""
+_TRACES = itertools.count(1)
 
 
 def mark(label: str) -> None:
@@ -143,7 +148,25 @@ def _wrap(fn: Callable[..., Any], label: str | Callable[[tuple[Any, ...]], str],
     return wrapped
 
 
+def _traced_connections(psycopg: ModuleType) -> None:
+    """``psycopg.connect`` (SQLAlchemy's way in) tracing each connection it opens into ``_PGTRACE``."""
+    connect = psycopg.Connection.connect.__func__
+
+    def traced(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = connect(cls, *args, **kwargs)
+        conn._bench_trace = open(  # noqa: SIM115 - held for the connection's life
+            os.path.join(_PGTRACE or os.devnull, f"{os.getpid()}-{next(_TRACES)}.trace"), "ab")
+        conn.pgconn.trace(conn._bench_trace.fileno())
+        return conn
+
+    psycopg.Connection.connect = classmethod(traced)
+    psycopg.connect = psycopg.Connection.connect
+
+
 def _instrument(module: ModuleType) -> None:
+    if module.__name__ == "psycopg":
+        _traced_connections(module)
+        return
     if module.__name__ == "benchwright.runs.materialize":
         module.run_batch = _with_loop_probe(module.run_batch)  # type: ignore[attr-defined]
     for path, label, ends in _WRAPPED[module.__name__]:
@@ -177,5 +200,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if _PATH:
+if _PGTRACE:
+    _WRAPPED["psycopg"] = []
+if _PATH or _PGTRACE:
     sys.meta_path.insert(0, _Finder())
