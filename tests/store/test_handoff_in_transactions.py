@@ -1,6 +1,6 @@
 """A phase's opening appends its events and then reads the run's work files, and its restore and publish go by them
-(``benchwright.runs.handoff.append_reading_files``), on SQLite and Postgres: there in two round trips (the append's
-call alone in autocommit, then the read), not four."""
+(``benchwright.runs.handoff.append_reading_files``), on SQLite and Postgres; on Postgres in two round trips (the
+append's call alone in autocommit, then the read), not four."""
 
 from __future__ import annotations
 
