@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +142,15 @@ async def test_settling_waits_for_this_loops_removals_only(backend: LocalBackend
 
     def kill_on_another_loop() -> None:
         loop = asyncio.new_event_loop()
+        threads = ThreadPoolExecutor()
+        loop.set_default_executor(threads)
         try:
             loop.run_until_complete(LocalBackend(backend.root_dir).kill(info.sandbox_id, remains="later"))
         finally:
             loop.close()  # its removal task never ran to its end (asyncio logs it as destroyed while pending)
+            # What that task had already handed a thread (removing the directory) may still be under way: a dead
+            # worker's would not be, so wait for it rather than race the reap below (CI saw it half-removed).
+            threads.shutdown(wait=True)
 
     await asyncio.to_thread(kill_on_another_loop)
     await asyncio.wait_for(settle_kills(), 10)
