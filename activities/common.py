@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
@@ -35,6 +34,7 @@ from benchwright.events import (
     PhaseRestartRequested,
     PhaseStarted,
 )
+from benchwright.registry.cache import Cell
 from benchwright.runs import handoff
 from benchwright.runs.pipeline import NOT_CACHED_ERROR, PhaseControl, PhaseInput
 from benchwright.sandbox.factory import blob_store
@@ -126,17 +126,17 @@ class PhaseScope:
     files: dict[str, str] = field(default_factory=dict)
     """The run's work files as recorded when the phase opened (path -> blob id, ``handoff.latest_files``), read as it
     opened (``handoff.append_reading_files``): what the work directory was restored to."""
-    writes: list[Callable[[Session], None]] = field(default_factory=list)
-    """The phase's own rows (its cache cell), written in its closing transaction (``on_close``)."""
+    cell: Cell | None = None
+    """The phase's cache cell, written with its closing events (``keep_cell``)."""
 
     def emit(self, what: str, event: Event) -> None:
         """Queue an event to land with PhaseCompleted (artifacts, driver narration, a snapshot taken without a
         sandbox)."""
         self.artifacts.append((what, event))
 
-    def on_close(self, write: Callable[[Session], None]) -> None:
-        """Make ``write`` in the phase's closing transaction, after its events (none if the phase fails)."""
-        self.writes.append(write)
+    def keep_cell(self, cell: Cell) -> None:
+        """Write ``cell`` with the phase's closing events (nothing if the phase fails); a later call replaces it."""
+        self.cell = cell
 
 
 def failure(exc: BaseException) -> ApplicationError:
@@ -212,7 +212,7 @@ async def _bracket(deps: Deps, inp: PhaseInput, heartbeat: Heartbeat) -> AsyncIt
     # "The pipeline polls that flag between phases" (§9): a crossed ceiling halts before the next phase, checked in
     # the closing transaction (unless the phase asks for something else already).
     budget_key = f"{inp.phase}-{inp.invocation}-budget" if scope.control is None else None
-    if reason := await in_thread(append_closing, deps.engine, inp.run_id, closing, writes=scope.writes,
+    if reason := await in_thread(append_closing, deps.engine, inp.run_id, closing, cell=scope.cell,
                                  run_cost_usd=inp.run_cost_usd, budget_key=budget_key):
         scope.control = PhaseControl(kind="halt", reason=reason)
     await maybe_stall_local(deps, inp.launch.metadata, inp.phase)

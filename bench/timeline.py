@@ -16,6 +16,7 @@ included, and how many were in flight) and how late the worker's event loop was 
     python bench/timeline.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 10 --postgres URL --round-trips   # and Postgres's trips
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --dump   # and every time mark of the last run
+    python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --postgres URL --statements  # the last run's trips
     cd <other checkout> && PYTHONPATH=$PWD python bench/timeline.py    # the same for that checkout
 
 Sources: the run's log (each event's commit time), the workflow's history (Temporal's own times) and the marks (the
@@ -31,11 +32,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -170,9 +172,12 @@ def main() -> None:
     ap.add_argument("--dump", action="store_true", help="also print every time mark of the last run, in order")
     ap.add_argument("--round-trips", action="store_true",
                     help="with --postgres: count each run's round trips to Postgres, launch to answer, per process")
+    ap.add_argument("--statements", action="store_true",
+                    help="with --postgres: also list the last run's round trips, each with what the client sent")
     args = ap.parse_args()
+    args.round_trips = args.round_trips or args.statements
     if args.round_trips and not args.postgres:
-        ap.error("--round-trips counts round trips to Postgres: give --postgres URL too")
+        ap.error("--round-trips and --statements count round trips to Postgres: give --postgres URL too")
     with postgres_store(args.postgres), tempfile.TemporaryDirectory(prefix="bw-timeline-") as tmp:
         work = Path(tmp)
         marks_file = work / "marks.txt"
@@ -211,6 +216,8 @@ def main() -> None:
         _print_calls([f for f in figures if f is not None], args)
         if args.round_trips:  # read once the stack has stopped: each process's traces are flushed as it exits
             _print_round_trips(round_trips(traces, windows, pids))
+        if args.statements and windows:
+            _print_statements(exchanges(traces, windows[-1], pids), windows[-1][0])
         if args.dump:
             for at, pid, label in read_marks(marks_file):
                 if launched <= at <= answered + 0.5 and not label.startswith(("model call ", "sut call ")):
@@ -234,6 +241,66 @@ def round_trips(traces: Path, windows: list[tuple[float, float]], pids: dict[str
                 if start <= at <= end:
                     counts[n][who] += 1
     return counts
+
+
+_TRACE_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\t([FB])\t\d+\t(\w+)\t?(.*)$")
+
+
+def exchanges(traces: Path, window: tuple[float, float], pids: dict[str, int]) -> list[tuple[float, str, str]]:
+    """Every round trip of ``window`` as ``(the server's answer's time, process, what the client sent)``, from the
+    traces of ``BENCHWRIGHT_BENCH_PGTRACE`` (one file per connection)."""
+    names = {pids["api"]: "api", pids["worker"]: "worker"}
+    out: list[tuple[float, str, str]] = []
+    for path in traces.glob("*.trace"):
+        who = names.get(int(path.name.split("-", 1)[0]), "other")
+        for stamp, sent in _trips(path.read_text(errors="replace")):
+            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").astimezone().timestamp()  # in local time
+            if window[0] <= at <= window[1]:
+                out.append((at, who, " | ".join(" ".join(text.split()) for text in sent) or "?"))
+    return sorted(out)
+
+
+def _trips(trace: str) -> Iterator[tuple[str, list[str]]]:
+    """One connection's round trips in libpq's trace: each ReadyForQuery's time and the statements the client sent
+    before it (a simple query's text; an extended query's, a prepared one's by the text it was prepared from)."""
+    prepared: dict[str, str] = {}
+    sent: list[str] = []
+    message: list[str] = []  # the frontend message being read: its kind, then its text's lines
+    for line in [*trace.splitlines(), ""]:
+        m = _TRACE_LINE.match(line)
+        if m is None and line and message:
+            message.append(line)
+            continue
+        if message:  # a frontend message ended
+            kind, text = message[0], "\n".join(message[1:]).strip()
+            if kind == "Query":
+                sent.append(text.strip('"'))
+            elif kind == "Parse":
+                name, _, rest = text.partition(" ")
+                statement = rest.rsplit('"', 1)[0].lstrip('"')
+                if name.strip('"'):
+                    prepared[name.strip('"')] = statement
+                sent.append(statement)
+            elif kind == "Bind":
+                parts = text.split(" ")
+                name = parts[1].strip('"') if len(parts) > 1 else ""
+                if name in prepared and (not sent or sent[-1] != prepared[name]):
+                    sent.append(prepared[name])
+            message = []
+        if m is None:
+            continue
+        stamp, side, kind, rest = m.groups()
+        if side == "F":
+            message = [kind, rest]
+        elif kind == "ReadyForQuery":
+            yield stamp, sent
+            sent = []
+
+
+def _print_statements(trips: list[tuple[float, str, str]], launched: float) -> None:
+    print(f"the last run's {len(trips)} round trips to Postgres (ms after its launch POST, process, what was sent):")
+    for at, who, text in trips:
+        print(f"{1000 * (at - launched):8.1f}  {who:>6}  {text[:150]}")
 
 
 def _print_round_trips(counts: list[dict[str, int]]) -> None:

@@ -51,6 +51,13 @@ def _cell(row: PhaseCell) -> Cell:
                 source_run_id=row.source_run_id)
 
 
+def cell_row(cell: Cell) -> dict[str, Any]:
+    """The cell's ``phase_fingerprints`` columns but its run's id and its time."""
+    return {"phase": cell.phase, "input_hash": cell.input_hash, "artifacts": cell.artifacts,
+            "snapshot_id": cell.snapshot_id, "files": cell.files, "result": cell.result,
+            "source_run_id": cell.source_run_id}
+
+
 def record_cell_in(session: Session, cell: Cell) -> None:
     """Upsert the run's cell for the phase (a restarted phase's later invocation replaces it; its ``created_at``
     stays the first's), inside the caller's transaction: a phase's close, which lands the cell with the events it

@@ -17,19 +17,16 @@ scope is the ``PhaseOutput`` here: where the cache queues events and shows a hit
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from benchwright.data.digests import file_digests
 from benchwright.events import EVENT_TYPES, Event, FetchArtifact, PhaseCacheHit, SnapshotCreated
 from benchwright.fingerprint import is_artifact, sha256_hex
 from benchwright.registry.blobs import BlobStore
-from benchwright.registry.cache import Cell, find_public_cell, record_cell_in, run_cell
+from benchwright.registry.cache import Cell, find_public_cell, run_cell
 from benchwright.runs.pipeline import PhaseInput
 from benchwright.sandbox.lifecycle import SNAPSHOT_PHASES, SNAPSHOTS, record_snapshot, snapshot_of
 from benchwright.settings import Settings
@@ -43,8 +40,8 @@ class Beat(Protocol):
 
 
 class PhaseOutput(Protocol):
-    """What a phase invocation's bracket gives the cache: its queued events, its heartbeat, and writes that land in
-    its closing transaction."""
+    """What a phase invocation's bracket gives the cache: its queued events, its heartbeat, and the cell it writes with
+    its closing events."""
 
     @property
     def artifacts(self) -> list[tuple[str, Event]]: ...
@@ -54,7 +51,7 @@ class PhaseOutput(Protocol):
 
     def emit(self, what: str, event: Event) -> None: ...
 
-    def on_close(self, write: Callable[[Session], None]) -> None: ...
+    def keep_cell(self, cell: Cell) -> None: ...
 
 
 def _listing(workdir: Path) -> Listing:
@@ -128,9 +125,9 @@ class PhaseCache:
                                               input_hash=cell.input_hash, snapshot_id=cell.snapshot_id))
         for i, artifact in enumerate(cell.artifacts):
             scope.emit(f"artifact-{i}", EVENT_TYPES[artifact["type"]].model_validate(artifact["data"]))
-        scope.on_close(partial(record_cell_in, cell=Cell(
+        scope.keep_cell(Cell(
             run_id=self.inp.run_id, phase=cell.phase, input_hash=cell.input_hash, artifacts=cell.artifacts,
-            snapshot_id=cell.snapshot_id, files=cell.files, result=cell.result, source_run_id=cell.origin_run_id)))
+            snapshot_id=cell.snapshot_id, files=cell.files, result=cell.result, source_run_id=cell.origin_run_id))
         return cell.result.get("tasks"), {**cell.result.get("detail", {}), "cache_hit": hit}
 
     def begin(self) -> None:
@@ -153,6 +150,6 @@ class PhaseCache:
         snapshot_id = queued[-1] if queued else (
             await in_thread(snapshot_of, self.engine, self.inp.run_id, self.inp.phase)
             if self.inp.phase in SNAPSHOT_PHASES else None)
-        scope.on_close(partial(record_cell_in, cell=Cell(
+        scope.keep_cell(Cell(
             run_id=self.inp.run_id, phase=self.inp.phase, input_hash=self.input_hash, artifacts=artifacts,
-            snapshot_id=snapshot_id, files=files, result={"tasks": tasks, "detail": detail or {}})))
+            snapshot_id=snapshot_id, files=files, result={"tasks": tasks, "detail": detail or {}}))

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, col
 
 from benchwright.events import PipelineFinished, RunHalted, RunResumed
+from benchwright.registry.cache import Cell, cell_row, record_cell_in
 from benchwright.registry.shape import stamp_terminal
 from benchwright.runs.halts import HaltKind, HaltReason, limit_exceeded
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_events, append_in_session, event_key, lock_run
+from benchwright.store.events import (
+    NewEvent,
+    append_events,
+    append_in_session,
+    append_with_cell,
+    appends_in_one_call,
+    event_key,
+    lock_run,
+)
 from benchwright.store.models import Account, Run, table_of, utcnow
 from benchwright.store.settled import notify_settled
 
@@ -44,34 +52,44 @@ def _halt_in_session(session: Session, *, run_id: str, reason: str, key: str | N
     return True
 
 
-def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *,
-                   writes: Sequence[Callable[[Session], None]] = (), run_cost_usd: float | None = None,
-                   budget_key: str | None = None) -> str | None:
-    """A phase's close in one transaction: append ``events``, make the phase's own ``writes`` (its cache cell) and,
-    with ``budget_key``, halt the run if it has now crossed its cost ceiling or its account's balance
-    (``budget_halt_reason``; the halt keyed by ``budget_key``). Returns the reason when this call halted the run.
+def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *, cell: Cell | None = None,
+                   run_cost_usd: float | None = None, budget_key: str | None = None) -> str | None:
+    """A phase's close in one transaction: append ``events``, write the phase's cache ``cell`` (the cell lands with
+    the events it names) and, with ``budget_key``, halt the run if it has now crossed its cost ceiling or its
+    account's balance (``budget_halt_reason``; the halt keyed by ``budget_key``). Returns the reason when this call
+    halted the run.
 
     The check "between phases" (§9) costs the close one read instead of a read and a transaction of its own, and a
     cost among the closing events counts.
 
-    On Postgres a close with events and no writes of its own (every phase but the cached ones) is the append's call
-    alone in autocommit (``append_events``), then the read, and the halt (rare) in a transaction of its own: two
-    round trips instead of four (BEGIN, the call, the read, COMMIT). The read still follows the close's events, and a
-    close retried after a crash between the two reads again and halts then.
+    On Postgres a close with events is one round trip in autocommit and the halt (rare) a transaction of its own: a
+    cached phase's close one call of ``bw_close_phase`` (``append_with_cell``: the append, the cell and the spend's
+    read; five round trips before, BEGIN, the call, the cell, the read, COMMIT), any other phase's the append's call
+    (``append_events``) and then the read (four before). The read still follows the close's events, and a close
+    retried after a crash before the halt reads again and halts then.
 
     Raises:
         NotFound: the run does not exist.
+        ValueError: ``cell`` is another run's.
     """
-    if engine.dialect.name == "postgresql" and events and not writes:
-        append_events(engine, run_id, events)
-        if budget_key is None:
-            return None
-        reason = budget_halt_reason(engine, run_id=run_id, run_cost_usd=run_cost_usd)
+    if cell is not None and cell.run_id != run_id:
+        raise ValueError(f"run {run_id}'s close was given run {cell.run_id}'s cell")
+    if engine.dialect.name == "postgresql" and events and appends_in_one_call(events):
+        if cell is not None:
+            spend = append_with_cell(engine, run_id, events, cell_row(cell))
+            if budget_key is None:
+                return None
+            reason = _reason_of(*spend, run_cost_usd=run_cost_usd)
+        else:
+            append_events(engine, run_id, events)
+            if budget_key is None:
+                return None
+            reason = budget_halt_reason(engine, run_id=run_id, run_cost_usd=run_cost_usd)
         return reason if reason and halt_run(engine, run_id=run_id, reason=reason, key=budget_key) else None
     with session_scope(engine) as session:
         append_in_session(session, run_id, events)
-        for write in writes:
-            write(session)
+        if cell is not None:
+            record_cell_in(session, cell)
         if budget_key is None:
             return None
         reason = _spend_reason(session.connection(), run_id=run_id, run_cost_usd=run_cost_usd)
@@ -108,6 +126,12 @@ def budget_halt_reason(engine: Engine, *, run_id: str, run_cost_usd: float | Non
 
 def _spend_reason(conn: Connection, *, run_id: str, run_cost_usd: float | None) -> str | None:
     incurred, billed, balance = conn.execute(_SPEND, {"run_id_": run_id}).one()
+    return _reason_of(incurred, billed, balance, run_cost_usd=run_cost_usd)
+
+
+def _reason_of(incurred: float, billed: float, balance: float, *, run_cost_usd: float | None) -> str | None:
+    """The halt a run's spend calls for (``budget_halt_reason``), from its incurred and billed cost and its
+    account's balance."""
     if run_cost_usd is not None and incurred > run_cost_usd:
         return limit_exceeded("run.cost")
     if billed > 0 and balance <= 0:

@@ -74,6 +74,13 @@ _ONE_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total FROM bw_append_
 """A small append on Postgres (``_append_in_one_call``): the function of migration 0017, its values as psycopg
 binds them."""
 _ONE_CALL_PROCS: dict[str, tuple[Any, Any]] = {}
+_CLOSE_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total, o_incurred, o_billed, o_balance FROM "
+               "bw_close_phase(%(run_id)s::text, %(keys)s::text[], %(types)s::text[], %(data)s::json[], "
+               "%(phases)s::text[], %(counts)s::integer[], %(at)s::timestamp, %(phase)s::text, %(input_hash)s::text, "
+               "%(artifacts)s::json, %(snapshot_id)s::text, %(files)s::json, %(result)s::json, "
+               "%(source_run_id)s::text)")
+"""A cached phase's close on Postgres (``append_with_cell``): the function of migration 0019."""
+_CELL_JSON = ("artifacts", "files", "result")
 
 
 def _insert_rows(session: Session, table: Table, rows: list[dict[str, Any]],
@@ -292,23 +299,62 @@ def _call_append(conn: Connection, run_id: str, events: list[NewEvent]) -> tuple
         NotFound: the run does not exist.
         DBAPIError: the driver failed (``_on_driver``).
     """
-    procs = _ONE_CALL_PROCS.get(conn.dialect.name)
-    if procs is None:
-        procs = _ONE_CALL_PROCS[conn.dialect.name] = (_EVENTS.c.data.type._cached_bind_processor(conn.dialect),
-                                                      _EVENTS.c.created_at.type._cached_bind_processor(conn.dialect))
-    data_proc, at_proc = procs
-    projected = [_projected(e) for e in events]
-    now = utcnow()
-    rows = _on_driver(conn, _ONE_CALL, {
-        "run_id": run_id, "keys": [e.key for e in events], "types": [e.type for e in events],
-        "data": [data_proc(e.data) if data_proc else e.data for e in events],
-        "phases": [values.get("phase") for values in projected],
-        "counts": [values.get("tasks_total") for values in projected],
-        "at": at_proc(now) if at_proc else now}, fetch=True)
+    rows = _on_driver(conn, _ONE_CALL, _call_params(conn, run_id, events), fetch=True)
     fresh, next_seq, phase, tasks_total = rows[0]
     if fresh is None:
         raise NotFound(f"run {run_id} not found")
     return int(fresh), int(next_seq), phase, tasks_total
+
+
+def _call_params(conn: Connection, run_id: str, events: list[NewEvent]) -> dict[str, Any]:
+    """``bw_append_events``'s arguments for ``events``, each value as the column's bind processor makes it."""
+    data_proc, at_proc = _procs(conn)
+    projected = [_projected(e) for e in events]
+    now = utcnow()
+    return {"run_id": run_id, "keys": [e.key for e in events], "types": [e.type for e in events],
+            "data": [data_proc(e.data) if data_proc else e.data for e in events],
+            "phases": [values.get("phase") for values in projected],
+            "counts": [values.get("tasks_total") for values in projected],
+            "at": at_proc(now) if at_proc else now}
+
+
+def _procs(conn: Connection) -> tuple[Any, Any]:
+    """The bind processors of a JSON column and a timestamp column on ``conn``'s dialect (None: the value as is)."""
+    procs = _ONE_CALL_PROCS.get(conn.dialect.name)
+    if procs is None:
+        procs = _ONE_CALL_PROCS[conn.dialect.name] = (_EVENTS.c.data.type._cached_bind_processor(conn.dialect),
+                                                      _EVENTS.c.created_at.type._cached_bind_processor(conn.dialect))
+    return procs
+
+
+def appends_in_one_call(events: list[NewEvent]) -> bool:
+    """Whether Postgres appends ``events`` by one call of its function (none of them projects rows)."""
+    return not any(e.type in _ROW_PROJECTED for e in events)
+
+
+def append_with_cell(engine: Engine, run_id: str, events: list[NewEvent], cell: dict[str, Any]
+                     ) -> tuple[float, float, float]:
+    """On Postgres, a cached phase's close in one call (``bw_close_phase``, migration 0019) in autocommit: append
+    ``events`` (``appends_in_one_call``), upsert the phase's cache cell (``cell``: the ``phase_fingerprints`` row's
+    ``phase``, ``input_hash``, ``artifacts``, ``snapshot_id``, ``files``, ``result`` and ``source_run_id``, as
+    ``benchwright.registry.cache.record_cell_in`` writes it) and read the run's spend after them, one transaction and
+    one round trip. Returns the run's ``cost_incurred``, ``cost_billed`` and its account's ``balance_usd``.
+
+    Raises:
+        NotFound: the run does not exist (nothing is written).
+        DBAPIError: the driver failed (``_on_driver``).
+    """
+    with reader(engine).connect() as conn:
+        data_proc, _ = _procs(conn)
+        stored = [_storable_on_postgres(e) for e in events]
+        params = _call_params(conn, run_id, stored) | {
+            key: (data_proc(value) if data_proc else value) if key in _CELL_JSON else value
+            for key, value in cell.items()}
+        rows = _on_driver(conn, _CLOSE_CALL, params, fetch=True)
+    fresh, *_, incurred, billed, balance = rows[0]
+    if fresh is None:
+        raise NotFound(f"run {run_id} not found")
+    return float(incurred), float(billed), float(balance)
 
 
 _NUL, _REPLACEMENT = "\x00", "\ufffd"
