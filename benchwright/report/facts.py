@@ -10,9 +10,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func, literal_column
+from sqlalchemy import func, literal, literal_column, union_all
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from benchwright.data.blobs import BlobStore
@@ -42,7 +43,7 @@ from benchwright.store.db import reader
 from benchwright.store.intervals import pass_rate_interval
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult
 from benchwright.store.results import breakdown
-from benchwright.store.runs import outcome_counts, run_view
+from benchwright.store.runs import run_view
 
 __all__ = ["Decision", "ReportFacts", "TaskFact", "narration_facts", "recorded_narration", "report_facts",
            "report_files", "run_narration"]
@@ -120,28 +121,52 @@ def _top_errors(session: Session, run_id: str, invocation: int | None, limit: in
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
-def _comparison(session: Session, run: Run) -> tuple[Run, Relation] | None:
-    """The run's parent (fork/replay), else the previous terminal run of its shape in the same account."""
-    fork = session.get(RunFork, run.id)
-    other: Run | None = None
-    relation: Relation = "previous"
-    if fork is not None:
-        other, relation = session.get(Run, fork.parent_run_id), "replay" if fork.kind == "replay" else "fork"
-    elif run.benchmark_id and run.subset_id and run.impl_id:
-        other = session.exec(select(Run).where(
-            col(Run.account_id) == run.account_id, col(Run.id) != run.id, col(Run.benchmark_id) == run.benchmark_id,
-            col(Run.subset_id) == run.subset_id, col(Run.impl_id) == run.impl_id,
-            col(Run.finished_at).is_not(None), col(Run.created_at) < run.created_at)
-            .order_by(col(Run.created_at).desc()).limit(1)).first()
+def _comparison(session: Session, run: Run) -> Comparison | None:
+    """The run's parent (fork/replay), else the previous terminal run of its shape in the same account, with its
+    latest invocation's passed and failed tasks (its counts alone, not its whole view): one statement, a round trip on
+    Postgres where the fork's row, the previous run and its counts were three."""
+    parent = (sa_select(*_compared(Run), col(RunFork.kind)).join(RunFork, col(RunFork.parent_run_id) == col(Run.id))
+              .where(col(RunFork.run_id) == run.id))
+    earlier = aliased(Run)
+    same: list[Any] = []
+    if run.benchmark_id and run.subset_id and run.impl_id:
+        same = [col(earlier.benchmark_id) == run.benchmark_id, col(earlier.subset_id) == run.subset_id,
+                col(earlier.impl_id) == run.impl_id]
     elif run.subset_fingerprint and run.impl_fingerprint:
-        other = session.exec(select(Run).where(
-            col(Run.account_id) == run.account_id, col(Run.id) != run.id,
-            col(Run.subset_fingerprint) == run.subset_fingerprint, col(Run.impl_fingerprint) == run.impl_fingerprint,
-            col(Run.finished_at).is_not(None), col(Run.created_at) < run.created_at)
-            .order_by(col(Run.created_at).desc()).limit(1)).first()
-    if other is None:
+        same = [col(earlier.subset_fingerprint) == run.subset_fingerprint,
+                col(earlier.impl_fingerprint) == run.impl_fingerprint]
+    query: Any = parent
+    if same:
+        previous_id = (sa_select(col(earlier.id)).where(
+            col(earlier.account_id) == run.account_id, col(earlier.id) != run.id, *same,
+            col(earlier.finished_at).is_not(None), col(earlier.created_at) < run.created_at)
+            .order_by(col(earlier.created_at).desc()).limit(1).scalar_subquery())
+        forked = sa_select(col(RunFork.run_id)).where(col(RunFork.run_id) == run.id).exists()
+        previous = sa_select(*_compared(Run), literal("previous")).where(col(Run.id) == previous_id, ~forked)
+        query = union_all(parent, previous)
+    found = session.execute(query).first()
+    if found is None:
         return None
-    return other, relation
+    other_id, model, passed, failed, kind = found
+    relation: Relation = "previous" if kind == "previous" else "replay" if kind == "replay" else "fork"
+    scored = passed + failed
+    return Comparison(run_id=other_id, relation=relation, model=str((model or {}).get("identifier", "")),
+                      passed=passed, failed=failed, pass_rate=passed / scored if scored else None,
+                      pass_rate_ci=pass_rate_interval(passed=passed, failed=failed)[1])
+
+
+def _compared(runs: Any) -> tuple[Any, ...]:
+    """A compared run's id, model and its latest invocation's passed and failed tasks, as ``outcome_counts`` counts
+    them (subqueries correlated to ``runs``)."""
+    rows = aliased(TaskRow)
+    latest = sa_select(func.max(col(rows.invocation))).where(col(rows.run_id) == runs.id).scalar_subquery()
+
+    def counted(outcome: str) -> Any:
+        return sa_select(func.count()).select_from(TaskRow).where(
+            col(TaskRow.run_id) == runs.id, col(TaskRow.invocation) == latest,
+            col(TaskRow.outcome) == outcome).scalar_subquery()
+
+    return col(runs.id), col(runs.model), counted("pass"), counted("fail")
 
 
 def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> NarrationFacts:
@@ -178,18 +203,7 @@ def _facts(session: Session, run: Run, view: RunView, marks: _Marks | None = Non
     marks = marks or _Marks(session, run.id)
     halts, failed = marks.halts, marks.failed
     top = _top_errors(session, run.id, None, 3)
-    found = _comparison(session, run)
-    comparison = None
-    if found is not None:
-        # Its counts alone, not its whole view (intervals, leaderboard note).
-        other, relation = found
-        counts, _ = outcome_counts(session, other.id)
-        its_passed, its_failed = counts.get("pass", 0), counts.get("fail", 0)
-        scored = its_passed + its_failed
-        comparison = Comparison(
-            run_id=other.id, relation=relation, model=str(other.model.get("identifier", "")),
-            passed=its_passed, failed=its_failed, pass_rate=its_passed / scored if scored else None,
-            pass_rate_ci=pass_rate_interval(passed=its_passed, failed=its_failed)[1])
+    comparison = _comparison(session, run)
     duration = None
     if run.finished_at is not None:
         duration = max((run.finished_at - run.created_at).total_seconds(), 0.0)

@@ -27,7 +27,7 @@ from benchwright.fingerprint import is_artifact
 from benchwright.registry.shape import run_events
 from benchwright.report.facts import narration_facts, recorded_narration, run_narration
 from benchwright.report.narration import builtin_narration
-from benchwright.schemas import LaunchRequest
+from benchwright.schemas import ForkOrigin, LaunchRequest
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.events import NewEvent, append_events, event_key, read_events
@@ -115,8 +115,10 @@ def test_a_runs_artifacts_and_narration_are_read_by_type_not_by_scanning_its_log
 
 
 def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phase(db_url: str) -> None:
-    """The narration's comparison reads the earlier run of the same shape by its task counts alone, and gives the
-    numbers its own view shows; the facts of the run itself (its failed phase) are unchanged by it."""
+    """The narration's comparison reads the earlier run of the same shape by its task counts alone (its latest
+    sweep's), and gives the numbers its own view shows, in one statement with the fork's row (a fork or a replay
+    compares with its parent whatever ran before it); the facts of the run itself (its failed phase) are unchanged by
+    it."""
     engine = make_engine(db_url)
     migrate(engine)
     try:
@@ -124,9 +126,10 @@ def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phas
         earlier, later = (create_run(engine, account_id=account.id, driver="builtin", trials_config={},
                                      launch=LaunchRequest(dataset="x.jsonl", model="openai/dev")) for _ in range(2))
         outcomes = ["pass"] * 7 + ["fail"] * 3 + ["err"] * 2
-        append_events(engine, earlier.id, [NewEvent.of(event_key(earlier.id, "agg", i), MaterializeTaskAggregated(
-            invocation=1, index=i, score={"pass": 1.0, "fail": 0.0}.get(o), outcome=o, trial_scores=[]))
-            for i, o in enumerate(outcomes)])
+        append_events(engine, earlier.id, [NewEvent.of(event_key(earlier.id, "agg", sweep, i),
+                                                       MaterializeTaskAggregated(
+            invocation=sweep, index=i, score={"pass": 1.0, "fail": 0.0}.get(o), outcome=o, trial_scores=[]))
+            for sweep in (1, 2) for i, o in enumerate(outcomes if sweep == 2 else ["fail"] * 12)])
         append_events(engine, later.id, [NewEvent.of(event_key(later.id, "fetch", "failed"), PhaseFailed(
             phase="fetch", error_type="InvalidInput", detail="no such file", stack_trace=""))])
         now = datetime.now(UTC)
@@ -138,7 +141,16 @@ def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phas
                 row.created_at, row.finished_at = at, at
                 session.add(row)
             session.commit()
-        facts = narration_facts(engine, get_run(engine, run_id=later.id))
+        run = get_run(engine, run_id=later.id)
+        statements: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            statements.append(statement)
+
+        event.listen(engine, "before_cursor_execute", count)
+        facts = narration_facts(engine, run, run_view(engine, run))
+        event.remove(engine, "before_cursor_execute", count)
+        assert len([s for s in statements if "run_forks" in s]) == 1, statements  # fork, previous and counts: one
         assert facts.failed_phase == "fetch"
         shown = run_view(engine, get_run(engine, run_id=earlier.id)).tasks.summary
         assert facts.comparison is not None and facts.comparison.run_id == earlier.id
@@ -146,6 +158,23 @@ def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phas
         assert (facts.comparison.passed, facts.comparison.failed) == (shown.passed, shown.failed) == (7, 3)
         assert facts.comparison.pass_rate == shown.pass_rate == 0.7
         assert facts.comparison.pass_rate_ci == shown.pass_rate_ci and shown.pass_rate_ci is not None
+
+        for kind, parent in (("replay", earlier), ("fork", later)):
+            child = create_run(engine, account_id=account.id, driver="builtin", trials_config={},
+                               launch=LaunchRequest(dataset="x.jsonl", model="openai/dev"),
+                               fork=ForkOrigin(parent_run_id=parent.id, rewind_to="atomize", kind=kind))
+            with Session(engine) as session:  # the same shape, and later than both
+                row = session.get(Run, child.id)
+                assert row is not None
+                row.subset_fingerprint, row.impl_fingerprint = "s" * 64, "i" * 64
+                row.finished_at = datetime.now(UTC) + timedelta(seconds=1)
+                session.add(row)
+                session.commit()
+            compared = narration_facts(engine, get_run(engine, run_id=child.id)).comparison
+            assert compared is not None and (compared.run_id, compared.relation) == (parent.id, kind)
+            assert (compared.passed, compared.failed) == ((7, 3) if parent is earlier else (0, 0))
+            assert compared.pass_rate == (0.7 if parent is earlier else None)
+            assert compared.model == "openai/dev"
     finally:
         engine.dispose()
 
