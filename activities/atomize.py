@@ -82,11 +82,12 @@ class AtomizeActivities:
                 if decision is None:
                     raise no_decision("atomize")
                 source, origin, note = decision.source, decision.origin, decision.note
-            key = await self._check_key(inp.run_id, before, source)
+            key, backend = await self._check_key(inp.run_id, before, source)
             if bench.box is None and key is not None and self.load_checks.passed(key):
                 # Loaded on this filesystem before: the snapshot from files, as the sandbox would have left it.
                 await snapshot_files(engine=engine, settings=settings, files=runtime_files(source), run_id=inp.run_id,
-                                     phase="atomize", invocation=inp.invocation, base=before, emit=scope.emit)
+                                     phase="atomize", invocation=inp.invocation, base=before, emit=scope.emit,
+                                     backend=backend)
             else:
                 error = await bench.check(source)
                 if error is not None:
@@ -102,11 +103,13 @@ class AtomizeActivities:
                                                    source=origin))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
 
-    async def _check_key(self, run_id: str, before: str | None, source: str) -> str | None:
-        """The load check's key (``benchwright.scoring.load_checks``) on the local backend; None elsewhere (a remote
-        backend's image or template is part of what a check depends on: checked every time)."""
+    async def _check_key(self, run_id: str, before: str | None, source: str) -> tuple[str | None, str]:
+        """The load check's key (``benchwright.scoring.load_checks``) on the local backend, None elsewhere (a remote
+        backend's image or template is part of what a check depends on: checked every time); and the run's backend
+        (``run_backend``), read with it."""
         run = await in_thread(get_run, self.deps.engine, run_id=run_id)
-        if (run.backend or "local") != "local":
-            return None
-        return load_check_key(account_id=run.account_id, backend="local", python=sys.executable,
-                              base_snapshot=before, runner_sha256=RUNNER_SHA256, impl_sha256=impl_sha256(source))
+        backend = run.backend or "local"
+        if backend != "local":
+            return None, backend
+        return load_check_key(account_id=run.account_id, backend="local", python=sys.executable, base_snapshot=before,
+                              runner_sha256=RUNNER_SHA256, impl_sha256=impl_sha256(source)), backend

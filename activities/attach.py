@@ -62,7 +62,7 @@ async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHand
     the same thread call)."""
 
     def register() -> ProxyHandle:
-        account, policy = run_access(deps.engine, run_id=run_id)
+        account, policy, _ = run_access(deps.engine, run_id=run_id)
         address = _checked_address(deps, run_id=run_id, account=account, policy=policy, api_base=spec.api_base) \
             if spec.api_base else None
         value = None

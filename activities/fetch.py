@@ -47,15 +47,16 @@ class FetchActivities:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
-    def _access(self, run_id: str) -> tuple[str, DatasetAccess]:
-        """The run's account, and what its run may fetch, read fresh from the store (policies change between runs)."""
+    def _access(self, run_id: str) -> tuple[str, DatasetAccess, str]:
+        """The run's account, what its run may fetch, read fresh from the store (policies change between runs), and
+        its backend."""
         settings = self.deps.settings
-        account, policy = run_access(self.deps.engine, run_id=run_id)
+        account, policy, backend = run_access(self.deps.engine, run_id=run_id)
         return account.id, DatasetAccess(
             policy=policy,
             internal_allowed=parse_endpoints(settings.egress_internal_allowed),
             local=LocalPathRules.from_settings(settings, account_local_paths=account.local_paths),
-            total_timeout_s=settings.dataset_fetch_timeout_s)
+            total_timeout_s=settings.dataset_fetch_timeout_s), backend
 
     @activity.defn(name="fetch")
     async def fetch(self, inp: PhaseInput) -> PhaseResult:
@@ -67,7 +68,7 @@ class FetchActivities:
             raise not_cached(inp)
         async with phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
-            account_id, access = await in_thread(self._access, inp.run_id)
+            account_id, access, backend = await in_thread(self._access, inp.run_id)
 
             def on_refused(host: str) -> None:  # runs in fetch_dataset's thread
                 record_blocked(self.deps.engine, run_id=inp.run_id, account_id=account_id, host=host)
@@ -88,7 +89,8 @@ class FetchActivities:
                                               on_refused=on_refused)
                 await snapshot_files(engine=self.deps.engine, settings=self.deps.settings,
                                      files={fetched.path.name: await in_thread(fetched.path.read_bytes)},
-                                     run_id=inp.run_id, phase="fetch", invocation=inp.invocation, emit=scope.emit)
+                                     run_id=inp.run_id, phase="fetch", invocation=inp.invocation, emit=scope.emit,
+                                     backend=backend)
                 scope.emit("artifact", FetchArtifact(source=source, sha256=fetched.sha256, bytes=fetched.bytes,
                                                      format=fetched.format, file=fetched.path.name))
                 detail = {"bytes": fetched.bytes}

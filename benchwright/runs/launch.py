@@ -211,8 +211,7 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
     from benchwright.registry.blobs import BlobStore
     from benchwright.registry.pinned import resolve_pin
     from benchwright.sandbox.compute import materialize_mode
-    from benchwright.security.quotas import check_launch
-    from benchwright.store.accounts import get_account
+    from benchwright.security.quotas import check_launch, standing
 
     existing = _own_run(engine, run_id, account.id) if run_id is not None else None
     body = fork.launch if fork is not None else launch
@@ -226,11 +225,11 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
     resolved = admit_launch(settings, engine, account=account, launch=body,
                             subset_default_trials=pin.default_trials if pin else None)
     if existing is None:
-        current = get_account(engine, account_id=account.id)
-        if current.balance_usd <= 0:
-            raise PaymentRequired(f"the account's balance is exhausted (${current.balance_usd:.2f}); {exhausted_hint}")
+        now = standing(engine, settings, account_id=account.id)  # balance, quotas and usage in one read
+        if now.balance_usd <= 0:
+            raise PaymentRequired(f"the account's balance is exhausted (${now.balance_usd:.2f}); {exhausted_hint}")
         if check_quota:
-            check_launch(engine, settings, account_id=account.id)  # 429 quota_exceeded
+            check_launch(engine, settings, account_id=account.id, now=now)  # 429 quota_exceeded
     mode = materialize_mode(backend=resolved.backend, local_mode=settings.local_materialize_mode,
                             harness_bridge=bridged, product_sandbox_snapshot=body.recipe is not None)
     inp = RunInput(run_id=run_id or str(uuid.uuid4()), account_id=account.id, launch=body, driver=resolved.driver,

@@ -269,12 +269,15 @@ async def take_snapshot(*, engine: Engine, settings: Settings, box: Sandbox, run
 
 
 async def snapshot_files(*, engine: Engine, settings: Settings, files: dict[str, bytes], run_id: str, phase: str,
-                         invocation: int, base: str | None = None, emit: Emit | None = None) -> str:
+                         invocation: int, base: str | None = None, emit: Emit | None = None,
+                         backend: str | None = None) -> str:
     """A work-sandbox snapshot holding ``base``'s files (none if not given) and ``files`` on the run's backend, made
     without a sandbox (for a phase that only puts files in place and runs nothing), recorded like
     ``take_snapshot``'s: the snapshot a sandbox restored from ``base`` would give after ``put_file`` of each. With
-    ``emit``, recorded with the phase's close (``record_snapshot``)."""
-    backend = await asyncio.to_thread(run_backend, engine, run_id)
+    ``emit``, recorded with the phase's close (``record_snapshot``). ``backend``: the run's (``run_backend``), when
+    the caller read its run already."""
+    if backend is None:
+        backend = await asyncio.to_thread(run_backend, engine, run_id)
     opened = open_backend(settings, backend=backend)
     try:
         if base is not None:

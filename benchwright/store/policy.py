@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -38,27 +39,37 @@ def get_policy(engine: Engine, *, account_id: str) -> HostPolicy:
                       rules=[HostRule(pattern=r.pattern, action=r.action) for r in rules])
 
 
-def run_access(engine: Engine, *, run_id: str) -> tuple[Account, HostPolicy]:
+class RunAccess(NamedTuple):
+    """What a run may reach and where its sandboxes run (``run_access``)."""
+
+    account: Account
+    policy: HostPolicy
+    backend: str
+    """The backend the run's launch resolved (``benchwright.sandbox.lifecycle.run_backend``)."""
+
+
+def run_access(engine: Engine, *, run_id: str) -> RunAccess:
     """The run's account and that account's host policy, as ``get_account`` of the run's ``account_id`` and
-    ``get_policy`` give them, in one statement: what a run's Fetch and Attach check the places they reach against,
-    read fresh (policies change between runs). One round trip on Postgres instead of four (the run, the account, the
-    policy's mode, its rules).
+    ``get_policy`` give them, and the run's backend, in one statement: what a run's Fetch and Attach check the places
+    they reach against, read fresh (policies change between runs), and where Fetch's snapshot is made. One round trip
+    on Postgres instead of five (the run, the account, the policy's mode, its rules, the run again for its backend).
 
     Raises:
         NotFound: no such run (or its account is gone).
     """
     with Session(reader(engine)) as session:
         rows = session.execute(
-            select(Account, HostPolicyRow.default_mode, HostRuleRow.pattern, HostRuleRow.action)
+            select(Account, HostPolicyRow.default_mode, HostRuleRow.pattern, HostRuleRow.action, Run.backend)
             .select_from(Run).join(Account, col(Account.id) == Run.account_id)
             .outerjoin(HostPolicyRow, col(HostPolicyRow.account_id) == Account.id)
             .outerjoin(HostRuleRow, col(HostRuleRow.account_id) == Account.id)
             .where(Run.id == run_id).order_by(col(HostRuleRow.created_at))).all()
     if not rows:
         raise NotFound(f"run {run_id} not found")
-    account, mode = rows[0][0], rows[0][1]
-    return account, HostPolicy(default=mode or "allow", rules=[
-        HostRule(pattern=pattern, action=action) for _, _, pattern, action in rows if pattern is not None])
+    account, mode, backend = rows[0][0], rows[0][1], rows[0][4]
+    return RunAccess(account, HostPolicy(default=mode or "allow", rules=[
+        HostRule(pattern=pattern, action=action) for _, _, pattern, action, _ in rows if pattern is not None]),
+        backend or "local")
 
 
 def set_default_mode(engine: Engine, *, account_id: str, mode: str) -> None:

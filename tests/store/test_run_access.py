@@ -11,6 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from benchwright.errors import NotFound
+from benchwright.sandbox.lifecycle import run_backend
 from benchwright.store.accounts import get_account
 from benchwright.store.policy import get_policy, replace_policy, run_access, set_default_mode, upsert_rule
 from benchwright.store.runs import get_run
@@ -18,6 +19,7 @@ from tests.store.conftest import round_trips
 
 
 def _read_once(engine: Engine, run_id: str) -> tuple[Any, Any, int]:
+    """``run_access``'s account and policy, and how many statements it took (its backend checked on the way)."""
     statements: list[str] = []
 
     def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -27,12 +29,13 @@ def _read_once(engine: Engine, run_id: str) -> tuple[Any, Any, int]:
     try:
         if engine.dialect.name == "postgresql":
             with round_trips(engine) as trips:
-                account, policy = run_access(engine, run_id=run_id)
+                account, policy, backend = run_access(engine, run_id=run_id)
             assert trips == [1]
         else:
-            account, policy = run_access(engine, run_id=run_id)
+            account, policy, backend = run_access(engine, run_id=run_id)
     finally:
         event.remove(engine, "before_cursor_execute", count)
+    assert backend == run_backend(engine, run_id)
     return account, policy, len(statements)
 
 
