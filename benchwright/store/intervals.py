@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, case, func, select
+from sqlalchemy import ColumnElement, Row, and_, bindparam, case, func, literal_column, select
 from sqlmodel import Session, col
 
 from benchwright.comparison.stats import Estimate, bootstrap_mean, proportion_se, wilson_interval
@@ -104,10 +104,18 @@ def _trial_counts_from_trials(session: Session, run_id: str, invocation: int) ->
     return [(int(n or 0), int(c or 0)) for n, c in rows]
 
 
+def graded_rows() -> ColumnElement[bool]:
+    """A task row scored with something other than 0 and 1 (its run's mean score is then bootstrapped). Its values
+    are literals: a bound parameter would leave a prepared statement's generic plan to guess them on Postgres."""
+    return and_(col(TaskRow.outcome) != literal_column("'err'"), col(TaskRow.score).is_not(None),
+                col(TaskRow.score).not_in((literal_column("0.0"), literal_column("1.0"))))
+
+
 def terminal_intervals(session: Session, *, run_id: str, invocation: int, finished_at: datetime,
-                       k: int) -> TerminalIntervals:
+                       k: int, graded: bool | None = None) -> TerminalIntervals:
     """pass@k (k > 1) and the bootstrap intervals of a finished run: the mean task score (for k > 1 or scores other
-    than 0/1) and each pass@k in the summary."""
+    than 0/1) and each pass@k in the summary. ``graded``: whether a task of ``invocation`` has a score other than 0
+    and 1 (``graded_rows``), when the caller read it already (``run_view``, with the run's counts)."""
     key = (run_id, finished_at, invocation)
     with _lock:
         if key in _cache:
@@ -116,10 +124,9 @@ def terminal_intervals(session: Session, *, run_id: str, invocation: int, finish
     # A pass/fail run (k = 1, scores 0 and 1) has its interval already (Wilson); an index-only probe in SQL says so
     # without moving its rows into Python (the run list reads up to 200 runs). With k > 1 the mean score is
     # bootstrapped whatever the scores.
-    graded = k > 1 or session.execute(
+    graded = k > 1 or (graded if graded is not None else session.execute(
         select(col(TaskRow.index)).where(col(TaskRow.run_id) == run_id, col(TaskRow.invocation) == invocation,
-                                         col(TaskRow.outcome) != "err", col(TaskRow.score).is_not(None),
-                                         col(TaskRow.score).not_in((0.0, 1.0))).limit(1)).first() is not None
+                                         graded_rows()).limit(1)).first() is not None)
     rows = _task_rows(session, run_id, invocation) if graded else []  # counts and scores in one read
     per_task = _counts(session, run_id, invocation, rows) if k > 1 else []
     scores = _scores(rows)

@@ -6,9 +6,9 @@ import re
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import set_committed_value
@@ -39,7 +39,7 @@ from benchwright.schemas import (
 from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.store.db import reader, session_scope
 from benchwright.store.events import NewEvent, append_in_session, event_key, without_nul
-from benchwright.store.intervals import pass_rate_interval, terminal_intervals
+from benchwright.store.intervals import graded_rows, pass_rate_interval, terminal_intervals
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, utcnow
 from benchwright.store.settled import notify_settled
 
@@ -119,11 +119,12 @@ def run_view(engine: Engine, run: Run, *, fresh: bool = False) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary. ``fresh``: ``run`` was
     read from the store just now (the API's reads of one run), so what may have changed since is not read again."""
     with Session(reader(engine)) as session:
-        counts, no_answer, invocation = _latest_counts(session, run.id)
+        finished = run.finished_at is not None
+        counts, no_answer, invocation, graded = _latest_counts(session, run.id, graded=finished)
         # pass@k reads every trial row and the bootstrap every task row: once the run is over, not on every poll of
         # a live run, and then cached (benchwright/store/intervals.py)
         boot = terminal_intervals(session, run_id=run.id, invocation=invocation,
-                                  finished_at=run.finished_at, k=_trials_k(run)) \
+                                  finished_at=run.finished_at, k=_trials_k(run), graded=graded) \
             if run.finished_at is not None else None
         from benchwright.registry.pinned import leaderboard_note
 
@@ -164,31 +165,47 @@ def run_view(engine: Engine, run: Run, *, fresh: bool = False) -> RunView:
 def outcome_counts(session: Session, run_id: str, invocation: int | None = None) -> tuple[dict[str, int], int]:
     """The run's tasks by outcome (``pass``/``fail``/``err``) in ``invocation`` (its latest when None), and how many
     failed for giving no answer: what a run's task summary is made of."""
-    counts, no_answer, _ = _latest_counts(session, run_id) if invocation is None else _counts_in(session, run_id,
-                                                                                                 invocation)
+    counts, no_answer, _, _ = _latest_counts(session, run_id) if invocation is None else _counts_in(
+        session, run_id, invocation)
     return counts, no_answer
 
 
-def _latest_counts(session: Session, run_id: str) -> tuple[dict[str, int], int, int]:
+class _Counts(NamedTuple):
+    counts: dict[str, int]
+    """Tasks by outcome."""
+    no_answer: int
+    """Failed tasks that gave no answer."""
+    invocation: int
+    graded: bool | None
+    """Whether a settled task has a score other than 0 and 1 (``intervals.graded``); None when not asked."""
+
+
+def _latest_counts(session: Session, run_id: str, *, graded: bool = False) -> _Counts:
     """``outcome_counts`` of the run's latest invocation, and that invocation (1 before any task row, as
     ``_latest_invocation`` says): one statement (a round trip on Postgres), the latest invocation a subquery."""
     return _counts_in(session, run_id, select(func.max(TaskRow.invocation)).where(TaskRow.run_id == run_id)
-                      .scalar_subquery())
+                      .scalar_subquery(), graded=graded)
 
 
-def _counts_in(session: Session, run_id: str, which: Any) -> tuple[dict[str, int], int, int]:
+def _counts_in(session: Session, run_id: str, which: Any, *, graded: bool = False) -> _Counts:
+    """The task rows of invocation ``which`` (a number or a subquery) by outcome; with ``graded``, whether any of
+    them is graded too, in the same statement (a finished run's intervals need to know: a read fewer)."""
     counts: dict[str, int] = {}
     no_answer = 0
+    any_graded = False
     invocation = which if isinstance(which, int) else 1  # no rows: the latest is the first
-    for row_invocation, outcome, unanswered, n in session.execute(
-        select(TaskRow.invocation, TaskRow.outcome, TaskRow.no_answer, func.count()).where(
-            TaskRow.run_id == run_id, TaskRow.invocation == which)
+    columns = [TaskRow.invocation, TaskRow.outcome, TaskRow.no_answer, func.count()]
+    if graded:
+        columns.append(func.max(case((graded_rows(), 1), else_=0)))
+    for row_invocation, outcome, unanswered, n, *more in session.execute(
+        select(*columns).where(TaskRow.run_id == run_id, TaskRow.invocation == which)
         .group_by(TaskRow.invocation, TaskRow.outcome, TaskRow.no_answer)
     ).all():
         invocation = int(row_invocation)
         counts[outcome] = counts.get(outcome, 0) + n
         no_answer += n if unanswered and outcome == "fail" else 0
-    return counts, no_answer, invocation
+        any_graded = any_graded or bool(more and more[0])
+    return _Counts(counts, no_answer, invocation, any_graded if graded else None)
 
 
 def _trials_k(run: Run) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import event, text
 from sqlmodel import Session
 
@@ -28,9 +29,11 @@ from benchwright.registry.shape import run_events
 from benchwright.report.facts import narration_facts, recorded_narration, run_narration
 from benchwright.report.narration import builtin_narration
 from benchwright.schemas import ForkOrigin, LaunchRequest
+from benchwright.store import intervals
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
 from benchwright.store.events import NewEvent, append_events, event_key, read_events
+from benchwright.store.intervals import terminal_intervals
 from benchwright.store.models import Run
 from benchwright.store.runs import create_run, finish_run, get_run, run_view
 
@@ -277,6 +280,38 @@ def test_a_views_task_summary_is_one_statement_of_the_latest_sweep(store_run: tu
             invocation=2, index=i, score=1.0, outcome="pass", trial_scores=[])) for i in range(3)]])
     summary = view().tasks.summary
     assert (summary.passed, summary.errored, len(statements)) == (3, 0, 1)
+    engine.dispose()
+
+
+@pytest.mark.parametrize(("scores", "reads"), [((1.0, 0.0, 1.0), 1), ((1.0, 0.5, 0.25), 2)])
+def test_a_finished_runs_first_view_learns_whether_it_is_graded_with_its_counts(
+        store_run: tuple[Any, str], scores: tuple[float, ...], reads: int) -> None:
+    """The first view of a finished run (the long poll's answer; its intervals not cached yet) learns whether a task
+    was scored other than 0 and 1 in its counts' statement: a pass/fail run is then one read, a graded one reads its
+    task rows for the mean score's bootstrap too; the same intervals as ``terminal_intervals`` probing alone."""
+    engine, run_id = store_run
+    append_events(engine, run_id, [NewEvent.of(event_key(run_id, "agg", 1, i), MaterializeTaskAggregated(
+        invocation=1, index=i, score=score, outcome="pass" if score >= 0.5 else "fail", trial_scores=[score]))
+        for i, score in enumerate(scores)])
+    finish_run(engine, run_id=run_id, status="ok")
+    run = get_run(engine, run_id=run_id)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        summary = run_view(engine, run, fresh=True).tasks.summary
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == reads, statements
+    assert (summary.mean_score is not None) == (reads == 2)
+    with intervals._lock:
+        intervals._cache.clear()
+    with Session(engine) as session:
+        probed = terminal_intervals(session, run_id=run_id, invocation=1, finished_at=run.finished_at, k=1)
+    assert summary.mean_score == probed.mean_score and summary.pass_at_k == probed.pass_at_k == {}
     engine.dispose()
 
 
