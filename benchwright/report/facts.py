@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func, literal, literal_column, union_all
+from sqlalchemy import func, literal, literal_column, null, union_all
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
@@ -106,17 +107,26 @@ def _first_line(text: str) -> str:
 def _top_errors(session: Session, run_id: str, invocation: int | None, limit: int) -> list[tuple[str, int]]:
     """The commonest errors of ``invocation``'s trials (None: the latest invocation, as ``_latest_invocation`` reads
     it, in the same statement: a round trip fewer on Postgres)."""
+    return _ranked(session.execute(_errors(run_id, invocation)).all(), limit)
+
+
+def _errors(run_id: str, invocation: int | None) -> Any:
+    """``_top_errors``' statement: the errored trials of ``invocation`` (None: the latest) by error."""
     which = invocation if invocation is not None else (
         select(func.coalesce(func.max(TaskRow.invocation), 1)).where(TaskRow.run_id == run_id).scalar_subquery())
-    counts: Counter[str] = Counter()
     # The errored trials through the partial index ix_trial_results_errored, whose condition the query names as a
     # literal (a bound parameter would leave a prepared statement's generic plan on Postgres unable to use it): not
     # every trial of the run.
-    for error, n in session.execute(
-            select(TrialResult.error, func.count()).where(
-                TrialResult.run_id == run_id, TrialResult.invocation == which,
-                col(TrialResult.outcome) == literal_column("'err'"))
-            .group_by(TrialResult.error)).all():
+    return (sa_select(col(TrialResult.error), func.count())
+            .where(col(TrialResult.run_id) == run_id, col(TrialResult.invocation) == which,
+                   col(TrialResult.outcome) == literal_column("'err'"))
+            .group_by(col(TrialResult.error)))
+
+
+def _ranked(errors: Iterable[tuple[str | None, int]], limit: int) -> list[tuple[str, int]]:
+    """The ``limit`` commonest of ``errors`` (an error and its count), each by its first line."""
+    counts: Counter[str] = Counter()
+    for error, n in errors:
         counts[_first_line(error or "")] += int(n)
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
@@ -178,19 +188,27 @@ def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> Na
 
 class _Marks:
     """The events a narration starts from, in one read: the newest narration recorded, the halts in order and the
-    last failed phase."""
+    last failed phase; with ``errors``, the latest sweep's commonest errors too (``_top_errors``), in the same
+    statement."""
 
     _TYPES = (RunNarrated.type_name(), RunHalted.type_name(), PhaseFailed.type_name())
+    TOP = 3
+    """How many of the commonest errors a narration names."""
 
-    def __init__(self, session: Session, run_id: str) -> None:
+    def __init__(self, session: Session, run_id: str, *, errors: bool = False) -> None:
         self.narrated: RunNarrated | None = None
         self.halts: list[str] = []
         self.failed: Any = None
-        # Each statement is a round trip on Postgres, and a long poll's terminal answer waits for these. Sorted here:
-        # an ORDER BY seq had SQLite walk the run's whole log by seq instead of probing ix_events_run_type.
-        rows = session.execute(sa_select(col(EventRow.seq), col(EventRow.type), col(EventRow.data)).where(
-            col(EventRow.run_id) == run_id, col(EventRow.type).in_(self._TYPES))).all()
-        for _seq, kind, data in sorted(rows, key=lambda row: row[0]):
+        self.top_errors: list[tuple[str, int]] = []
+        # Each statement is a round trip on Postgres, and a long poll's terminal answer waits for these: the errors
+        # come in the same statement, as rows with no seq. Sorted here: an ORDER BY seq had SQLite walk the run's
+        # whole log by seq instead of probing ix_events_run_type.
+        marks = sa_select(col(EventRow.seq), col(EventRow.type), col(EventRow.data), null(), null()).where(
+            col(EventRow.run_id) == run_id, col(EventRow.type).in_(self._TYPES))
+        failing = _errors(run_id, None).with_only_columns(null(), null(), null(), col(TrialResult.error), func.count())
+        rows = session.execute(union_all(marks, failing) if errors else marks).all()
+        self.top_errors = _ranked(((error, n) for seq, _, _, error, n in rows if seq is None), self.TOP)
+        for _seq, kind, data, _, _ in sorted((row for row in rows if row[0] is not None), key=lambda row: row[0]):
             if kind == RunHalted.type_name():
                 self.halts.append(str(data.get("halt_reason", "")))
             elif kind == PhaseFailed.type_name():
@@ -200,9 +218,8 @@ class _Marks:
 
 
 def _facts(session: Session, run: Run, view: RunView, marks: _Marks | None = None) -> NarrationFacts:
-    marks = marks or _Marks(session, run.id)
-    halts, failed = marks.halts, marks.failed
-    top = _top_errors(session, run.id, None, 3)
+    marks = marks or _Marks(session, run.id, errors=True)
+    halts, failed, top = marks.halts, marks.failed, marks.top_errors
     comparison = _comparison(session, run)
     duration = None
     if run.finished_at is not None:
@@ -225,7 +242,7 @@ def run_narration(engine: Engine, run: Run, view: RunView) -> str | None:
     being written, or the run ended before narration existed) the builtin text computed now; None while running.
     One read transaction for all of it: the long poll's terminal answer waits for this."""
     with Session(reader(engine)) as session:
-        marks = _Marks(session, run.id)
+        marks = _Marks(session, run.id, errors=run.finished_at is not None)
         if marks.narrated is not None:
             return marks.narrated.text
         if run.finished_at is None:

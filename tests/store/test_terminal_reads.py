@@ -188,11 +188,11 @@ def _trial(run_id: str, invocation: int, index: int, error: str | None) -> NewEv
         output="", meta={}, error=error, usage={}, cost_usd=0.0, input="q", duration_ms=50))
 
 
-def test_a_terminal_narration_is_three_statements_and_names_the_latest_sweeps_errors(
+def test_a_terminal_narration_is_two_statements_and_names_the_latest_sweeps_errors(
         store_run: tuple[Any, str]) -> None:
     """The long poll's terminal answer waits for the narration's reads, each a round trip on Postgres: the events it
-    starts from (the recorded narration, the halts, the failed phase) in one, the latest sweep's errors in one (its
-    invocation read in the same statement), the fork in one; a run of no benchmark compares with nothing."""
+    starts from (the recorded narration, the halts, the failed phase) and the latest sweep's errors (its invocation
+    read in the same statement) in one, the fork in one; a run of no benchmark compares with nothing."""
     engine, run_id = store_run
     append_events(engine, run_id, [
         _trial(run_id, 1, 0, "TimeoutError: the first sweep's"), _trial(run_id, 1, 1, None),
@@ -213,7 +213,7 @@ def test_a_terminal_narration_is_three_statements_and_names_the_latest_sweeps_er
     event.listen(engine, "before_cursor_execute", count)
     narration = run_narration(engine, run, view)
     event.remove(engine, "before_cursor_execute", count)
-    assert len(statements) == 3, statements
+    assert len(statements) == 2, statements
     facts = narration_facts(engine, run, view)
     assert facts.top_errors == [("ValueError: the second sweep's", 3)]
     assert facts.halts == ["limit_exceeded:run.cost"]
