@@ -11,10 +11,9 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func, literal, literal_column, null, union_all
+from sqlalchemy import bindparam, func, literal_column, null, union_all
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from benchwright.data.blobs import BlobStore
@@ -42,7 +41,7 @@ from benchwright.report.narration import MAX_REASON_CHARS, Comparison, Narration
 from benchwright.schemas import BreakdownView, RunView
 from benchwright.store.db import reader
 from benchwright.store.intervals import pass_rate_interval
-from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult
+from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, table_of
 from benchwright.store.results import breakdown
 from benchwright.store.runs import run_view
 
@@ -104,23 +103,31 @@ def _first_line(text: str) -> str:
     return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 1] + "…"
 
 
-def _top_errors(session: Session, run_id: str, invocation: int | None, limit: int) -> list[tuple[str, int]]:
-    """The commonest errors of ``invocation``'s trials (None: the latest invocation, as ``_latest_invocation`` reads
-    it, in the same statement: a round trip fewer on Postgres)."""
-    return _ranked(session.execute(_errors(run_id, invocation)).all(), limit)
+# The narration's reads, built once as Core statements: a long poll's terminal answer waits for them, and building
+# them through the ORM each time (aliased entities, correlated subqueries) cost 3 ms of CPU a narration on SQLite and
+# 8 on Postgres, more than the statements they replaced.
+_RUNS, _FORKS, _TASK_ROWS = table_of(Run), table_of(RunFork), table_of(TaskRow)
+_EVENTS, _TRIALS = table_of(EventRow), table_of(TrialResult)
 
 
-def _errors(run_id: str, invocation: int | None) -> Any:
-    """``_top_errors``' statement: the errored trials of ``invocation`` (None: the latest) by error."""
-    which = invocation if invocation is not None else (
-        select(func.coalesce(func.max(TaskRow.invocation), 1)).where(TaskRow.run_id == run_id).scalar_subquery())
-    # The errored trials through the partial index ix_trial_results_errored, whose condition the query names as a
-    # literal (a bound parameter would leave a prepared statement's generic plan on Postgres unable to use it): not
-    # every trial of the run.
-    return (sa_select(col(TrialResult.error), func.count())
-            .where(col(TrialResult.run_id) == run_id, col(TrialResult.invocation) == which,
-                   col(TrialResult.outcome) == literal_column("'err'"))
-            .group_by(col(TrialResult.error)))
+def _errors_in(invocation: Any) -> Any:
+    """The errored trials of ``invocation`` (a value or a subquery) of run ``run_id_`` by error, through the partial
+    index ix_trial_results_errored, whose condition the query names as a literal (a bound parameter would leave a
+    prepared statement's generic plan on Postgres unable to use it): not every trial of the run."""
+    return (sa_select(_TRIALS.c.error, func.count())
+            .where(_TRIALS.c.run_id == bindparam("run_id_"), _TRIALS.c.invocation == invocation,
+                   _TRIALS.c.outcome == literal_column("'err'"))
+            .group_by(_TRIALS.c.error))
+
+
+_ERRORS = _errors_in(bindparam("invocation_"))
+_LATEST_ERRORS = _errors_in(sa_select(func.coalesce(func.max(_TASK_ROWS.c.invocation), 1))
+                            .where(_TASK_ROWS.c.run_id == bindparam("run_id_")).scalar_subquery())
+
+
+def _top_errors(session: Session, run_id: str, invocation: int, limit: int) -> list[tuple[str, int]]:
+    """The commonest errors of ``invocation``'s trials."""
+    return _ranked(session.execute(_ERRORS, {"run_id_": run_id, "invocation_": invocation}).all(), limit)
 
 
 def _ranked(errors: Iterable[tuple[str | None, int]], limit: int) -> list[tuple[str, int]]:
@@ -131,30 +138,54 @@ def _ranked(errors: Iterable[tuple[str | None, int]], limit: int) -> list[tuple[
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
+def _compared(runs: Any) -> tuple[Any, ...]:
+    """A compared run's id, model and its latest invocation's passed and failed tasks, as ``outcome_counts`` counts
+    them (subqueries correlated to ``runs``)."""
+    rows = _TASK_ROWS.alias("latest_rows")
+    latest = sa_select(func.max(rows.c.invocation)).where(rows.c.run_id == runs.c.id).scalar_subquery()
+
+    def counted(outcome: str) -> Any:
+        return sa_select(func.count()).select_from(_TASK_ROWS).where(
+            _TASK_ROWS.c.run_id == runs.c.id, _TASK_ROWS.c.invocation == latest,
+            _TASK_ROWS.c.outcome == literal_column(f"'{outcome}'")).scalar_subquery()
+
+    return runs.c.id, runs.c.model, counted("pass"), counted("fail")
+
+
+_PARENT = (sa_select(*_compared(_RUNS), _FORKS.c.kind).join(_FORKS, _FORKS.c.parent_run_id == _RUNS.c.id)
+           .where(_FORKS.c.run_id == bindparam("run_id_")))
+"""A fork's or a replay's parent (none for another run)."""
+
+
+def _parent_else_previous(same: tuple[str, ...]) -> Any:
+    """``_PARENT``, else the newest earlier terminal run of the account whose ``same`` columns are the run's."""
+    earlier = _RUNS.alias("earlier")
+    previous_id = (sa_select(earlier.c.id).where(
+        earlier.c.account_id == bindparam("account_id_"), earlier.c.id != bindparam("run_id_"),
+        *(earlier.c[name] == bindparam(f"{name}_") for name in same),
+        earlier.c.finished_at.is_not(None), earlier.c.created_at < bindparam("created_at_"))
+        .order_by(earlier.c.created_at.desc()).limit(1).scalar_subquery())
+    forked = sa_select(_FORKS.c.run_id).where(_FORKS.c.run_id == bindparam("run_id_")).exists()
+    return union_all(_PARENT, sa_select(*_compared(_RUNS), literal_column("'previous'"))
+                     .where(_RUNS.c.id == previous_id, ~forked))
+
+
+_SHAPES = (("benchmark_id", "subset_id", "impl_id"), ("subset_fingerprint", "impl_fingerprint"))
+"""What makes an earlier run "of the same shape": its benchmark, subset and impl, else (a dataset run) its data's and
+scorer's fingerprints."""
+_BY_SHAPE = {same: _parent_else_previous(same) for same in _SHAPES}
+
+
 def _comparison(session: Session, run: Run) -> Comparison | None:
     """The run's parent (fork/replay), else the previous terminal run of its shape in the same account, with its
     latest invocation's passed and failed tasks (its counts alone, not its whole view): one statement, a round trip on
     Postgres where the fork's row, the previous run and its counts were three."""
-    parent = (sa_select(*_compared(Run), col(RunFork.kind)).join(RunFork, col(RunFork.parent_run_id) == col(Run.id))
-              .where(col(RunFork.run_id) == run.id))
-    earlier = aliased(Run)
-    same: list[Any] = []
-    if run.benchmark_id and run.subset_id and run.impl_id:
-        same = [col(earlier.benchmark_id) == run.benchmark_id, col(earlier.subset_id) == run.subset_id,
-                col(earlier.impl_id) == run.impl_id]
-    elif run.subset_fingerprint and run.impl_fingerprint:
-        same = [col(earlier.subset_fingerprint) == run.subset_fingerprint,
-                col(earlier.impl_fingerprint) == run.impl_fingerprint]
-    query: Any = parent
-    if same:
-        previous_id = (sa_select(col(earlier.id)).where(
-            col(earlier.account_id) == run.account_id, col(earlier.id) != run.id, *same,
-            col(earlier.finished_at).is_not(None), col(earlier.created_at) < run.created_at)
-            .order_by(col(earlier.created_at).desc()).limit(1).scalar_subquery())
-        forked = sa_select(col(RunFork.run_id)).where(col(RunFork.run_id) == run.id).exists()
-        previous = sa_select(*_compared(Run), literal("previous")).where(col(Run.id) == previous_id, ~forked)
-        query = union_all(parent, previous)
-    found = session.execute(query).first()
+    same = next((same for same in _SHAPES if all(getattr(run, name) for name in same)), None)
+    params: dict[str, Any] = {"run_id_": run.id}
+    if same is not None:
+        params |= {"account_id_": run.account_id, "created_at_": run.created_at,
+                   **{f"{name}_": getattr(run, name) for name in same}}
+    found = session.execute(_BY_SHAPE[same] if same is not None else _PARENT, params).first()
     if found is None:
         return None
     other_id, model, passed, failed, kind = found
@@ -163,20 +194,6 @@ def _comparison(session: Session, run: Run) -> Comparison | None:
     return Comparison(run_id=other_id, relation=relation, model=str((model or {}).get("identifier", "")),
                       passed=passed, failed=failed, pass_rate=passed / scored if scored else None,
                       pass_rate_ci=pass_rate_interval(passed=passed, failed=failed)[1])
-
-
-def _compared(runs: Any) -> tuple[Any, ...]:
-    """A compared run's id, model and its latest invocation's passed and failed tasks, as ``outcome_counts`` counts
-    them (subqueries correlated to ``runs``)."""
-    rows = aliased(TaskRow)
-    latest = sa_select(func.max(col(rows.invocation))).where(col(rows.run_id) == runs.id).scalar_subquery()
-
-    def counted(outcome: str) -> Any:
-        return sa_select(func.count()).select_from(TaskRow).where(
-            col(TaskRow.run_id) == runs.id, col(TaskRow.invocation) == latest,
-            col(TaskRow.outcome) == outcome).scalar_subquery()
-
-    return col(runs.id), col(runs.model), counted("pass"), counted("fail")
 
 
 def narration_facts(engine: Engine, run: Run, view: RunView | None = None) -> NarrationFacts:
@@ -191,7 +208,7 @@ class _Marks:
     last failed phase; with ``errors``, the latest sweep's commonest errors too (``_top_errors``), in the same
     statement."""
 
-    _TYPES = (RunNarrated.type_name(), RunHalted.type_name(), PhaseFailed.type_name())
+    TYPES = (RunNarrated.type_name(), RunHalted.type_name(), PhaseFailed.type_name())
     TOP = 3
     """How many of the commonest errors a narration names."""
 
@@ -203,10 +220,7 @@ class _Marks:
         # Each statement is a round trip on Postgres, and a long poll's terminal answer waits for these: the errors
         # come in the same statement, as rows with no seq. Sorted here: an ORDER BY seq had SQLite walk the run's
         # whole log by seq instead of probing ix_events_run_type.
-        marks = sa_select(col(EventRow.seq), col(EventRow.type), col(EventRow.data), null(), null()).where(
-            col(EventRow.run_id) == run_id, col(EventRow.type).in_(self._TYPES))
-        failing = _errors(run_id, None).with_only_columns(null(), null(), null(), col(TrialResult.error), func.count())
-        rows = session.execute(union_all(marks, failing) if errors else marks).all()
+        rows = session.execute(_MARKS_AND_ERRORS if errors else _MARKS, {"run_id_": run_id}).all()
         self.top_errors = _ranked(((error, n) for seq, _, _, error, n in rows if seq is None), self.TOP)
         for _seq, kind, data, _, _ in sorted((row for row in rows if row[0] is not None), key=lambda row: row[0]):
             if kind == RunHalted.type_name():
@@ -215,6 +229,13 @@ class _Marks:
                 self.failed = data
             elif isinstance(data, dict):
                 self.narrated = RunNarrated.model_validate(data)
+
+
+_MARKS = sa_select(_EVENTS.c.seq, _EVENTS.c.type, _EVENTS.c.data, null(), null()).where(
+    _EVENTS.c.run_id == bindparam("run_id_"), _EVENTS.c.type.in_(_Marks.TYPES))
+_MARKS_AND_ERRORS = union_all(_MARKS, _LATEST_ERRORS.with_only_columns(
+    null(), null(), null(), _TRIALS.c.error, func.count()))
+"""``_Marks``' read, and the same with the latest sweep's errors as rows with no seq."""
 
 
 def _facts(session: Session, run: Run, view: RunView, marks: _Marks | None = None) -> NarrationFacts:
