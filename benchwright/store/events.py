@@ -80,6 +80,10 @@ _CLOSE_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total, o_incurred, 
                "%(artifacts)s::json, %(snapshot_id)s::text, %(files)s::json, %(result)s::json, "
                "%(source_run_id)s::text)")
 """A cached phase's close on Postgres (``append_with_cell``): the function of migration 0019."""
+_ISOLATED_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total FROM bw_append_isolated(%(run_id)s::text, "
+                  "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
+                  "%(at)s::timestamp, %(isolation)s::text)")
+"""A small append on Postgres that records the run's isolation too (``append_events``): migration 0019's."""
 _CELL_JSON = ("artifacts", "files", "result")
 
 
@@ -183,11 +187,19 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
     """
     if not events and not run_updates:
         return 0
-    if engine.dialect.name == "postgresql" and not run_updates and not any(e.type in _ROW_PROJECTED for e in events):
+    if engine.dialect.name == "postgresql" and events and set(run_updates) <= {"isolation"} \
+            and appends_in_one_call(events):
         # The call alone, in autocommit: its own transaction, one round trip instead of three (BEGIN, the call,
-        # COMMIT), the lock held until it commits.
+        # COMMIT), the lock held until it commits; a run's first sandbox records the run's isolation in the same
+        # call (four before: the UPDATE too).
         with reader(engine).connect() as conn:
-            return _call_append(conn, run_id, [_storable_on_postgres(e) for e in events])[0]
+            stored = [_storable_on_postgres(e) for e in events]
+            if not run_updates:
+                return _call_append(conn, run_id, stored)[0]
+            rows = _on_driver(conn, _ISOLATED_CALL, _call_params(conn, run_id, stored) | run_updates, fetch=True)
+        if rows[0][0] is None:
+            raise NotFound(f"run {run_id} not found")
+        return int(rows[0][0])
     with session_scope(engine) as session:
         return append_in_session(session, run_id, events, **run_updates)
 

@@ -298,3 +298,36 @@ def test_postgres_appends_through_its_function(postgres_url: str) -> None:
     assert append_events(engine, run_id, event) == 1
     assert [e.seq for e in read_events(engine, run_id)] == [0, 1]
     engine.dispose()
+
+
+def test_a_runs_first_sandbox_records_its_isolation_with_its_event(db_url: str) -> None:
+    """A run's first sandbox appends its SandboxCreated with the run row's ``isolation`` (``append_events`` with
+    ``isolation=``): together, in one round trip on Postgres (``bw_append_isolated``, migration 0019; four before), as
+    one transaction on SQLite. A retried append lands no second event and writes the column again; a run that is not
+    there gets neither."""
+    from benchwright.errors import NotFound
+    from benchwright.events import SandboxCreated
+    from benchwright.store.runs import get_run
+    from tests.store.conftest import round_trips
+
+    run_id = _new_run(db_url)
+    engine = make_engine(db_url)
+    created = [NewEvent.of(event_key(run_id, "materialize", 1, "sandbox", "sb-1", "created"), SandboxCreated(
+        sandbox_id="sb-1", role="task", backend="local", instance_size="local-2cpu-1gb", isolation="namespaces",
+        metadata={"isolation": "namespaces"}))]
+    if engine.dialect.name == "postgresql":
+        with round_trips(engine) as trips:
+            assert append_events(engine, run_id, created, isolation="namespaces") == 1
+        assert trips == [1]
+    else:
+        assert append_events(engine, run_id, created, isolation="namespaces") == 1
+    run = get_run(engine, run_id=run_id)
+    assert (run.isolation, run.next_seq) == ("namespaces", 2)
+    with Session(engine) as session, session.begin():
+        session.execute(update(Run).where(Run.id == run_id).values(isolation=None))
+    assert append_events(engine, run_id, created, isolation="none") == 0  # a retry: the column, no event
+    assert (get_run(engine, run_id=run_id).isolation, [e.type for e in read_events(engine, run_id)]) == (
+        "none", ["RunLaunched", "SandboxCreated"])
+    with pytest.raises(NotFound):
+        append_events(engine, "no-such-run", created, isolation="namespaces")
+    engine.dispose()

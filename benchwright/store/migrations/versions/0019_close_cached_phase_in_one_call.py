@@ -2,7 +2,9 @@
 (``bw_append_events``, migration 0017), upserts the phase's cache cell and reads the run's spend, one transaction
 and one round trip where ``benchwright.store.control.append_closing`` sent five (BEGIN, the append's call, the cell's
 upsert, the spend's read, COMMIT). Fetch, Analyze and Setup close this way on every run, on the way to its first
-model call; the cell still lands with the events it names.
+model call; the cell still lands with the events it names. And ``bw_append_isolated``: a run's first sandbox's
+``SandboxCreated`` with the run row's ``isolation`` in one call (``benchwright.store.events.append_events`` with
+``isolation=``; four round trips before), on the way from a batch's start to its first model call.
 
 The cell's upsert is ``benchwright.registry.cache.record_cell_in``'s (a restarted phase's later invocation replaces
 the cell, its ``created_at`` stays the first's). A run that does not exist gets every OUT null and no cell, as the
@@ -50,12 +52,32 @@ $$
 """
 
 
+ISOLATED = """
+CREATE OR REPLACE FUNCTION bw_append_isolated(
+    p_run text, p_keys text[], p_types text[], p_data json[], p_phases text[], p_counts integer[], p_at timestamp,
+    p_isolation text,
+    OUT o_fresh integer, OUT o_next_seq integer, OUT o_phase text, OUT o_tasks_total integer)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  SELECT a.o_fresh, a.o_next_seq, a.o_phase, a.o_tasks_total INTO o_fresh, o_next_seq, o_phase, o_tasks_total
+    FROM bw_append_events(p_run, p_keys, p_types, p_data, p_phases, p_counts, p_at) AS a;
+  IF o_fresh IS NOT NULL THEN  -- the run exists: its row is locked already
+    UPDATE runs SET isolation = p_isolation WHERE runs.id = p_run;
+  END IF;
+END
+$$
+"""
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(CLOSE)
+        op.execute(ISOLATED)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS bw_close_phase(text, text[], text[], json[], text[], integer[], timestamp, "
                    "text, text, json, text, json, json, text)")
+        op.execute("DROP FUNCTION IF EXISTS bw_append_isolated(text, text[], text[], json[], text[], integer[], "
+                   "timestamp, text)")
