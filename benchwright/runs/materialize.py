@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic_core import to_jsonable_python
-from sqlalchemy import select
+from sqlalchemy import bindparam, null, select, union_all
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from benchwright.data.datasets import read_task_rows
 from benchwright.events import MaterializeTaskAggregated, MaterializeTaskResult
@@ -30,7 +29,7 @@ from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
 from benchwright.store.control import budget_halt_reason, halt_run
 from benchwright.store.db import outage_tolerant, reader
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.models import TaskRow, TrialResult
+from benchwright.store.models import TaskRow, TrialResult, table_of
 
 SCORER_THREAD_HEADROOM = 64
 FLUSH_EVERY = 200
@@ -109,21 +108,29 @@ class RunHalted(Exception):
         self.reason = reason
 
 
+_TRIALS, _TASK_ROWS = table_of(TrialResult), table_of(TaskRow)
+_RECORDED = union_all(
+    select(_TRIALS.c.index, _TRIALS.c.trial, _TRIALS.c.score, _TRIALS.c.meta, _TRIALS.c.error).where(
+        _TRIALS.c.run_id == bindparam("run_id_"), _TRIALS.c.invocation == bindparam("invocation_"),
+        _TRIALS.c.index >= bindparam("start_"), _TRIALS.c.index < bindparam("stop_")),
+    select(_TASK_ROWS.c.index, null(), null(), null(), null()).where(
+        _TASK_ROWS.c.run_id == bindparam("run_id_"), _TASK_ROWS.c.invocation == bindparam("invocation_"),
+        _TASK_ROWS.c.index >= bindparam("start_"), _TASK_ROWS.c.index < bindparam("stop_")))
+"""A batch's trials already recorded and its tasks already aggregated (as rows with no trial), in one statement
+built once: a round trip on Postgres as every batch starts, where they were two."""
+
+
 def _recorded(engine: Engine, inp: MaterializeBatchInput) -> tuple[dict[int, dict[int, TrialOutcome]], set[int]]:
     """Trials already recorded for this batch (by task) and the tasks already aggregated."""
-    with Session(reader(engine)) as session:  # each read its own snapshot, as in a READ COMMITTED transaction
-        trials = session.execute(
-            select(TrialResult).where(TrialResult.run_id == inp.run_id, TrialResult.invocation == inp.invocation,
-                                      TrialResult.index >= inp.start, TrialResult.index < inp.stop)
-        ).scalars()
-        by_task: dict[int, dict[int, TrialOutcome]] = {}
-        for t in trials:
-            by_task.setdefault(t.index, {})[t.trial] = TrialOutcome(trial=t.trial, score=t.score, meta=t.meta,
-                                                                     error=t.error)
-        aggregated = set(session.execute(
-            select(TaskRow.index).where(TaskRow.run_id == inp.run_id, TaskRow.invocation == inp.invocation,
-                                        TaskRow.index >= inp.start, TaskRow.index < inp.stop)
-        ).scalars())
+    by_task: dict[int, dict[int, TrialOutcome]] = {}
+    aggregated: set[int] = set()
+    with reader(engine).connect() as conn:
+        for index, trial, score, meta, error in conn.execute(_RECORDED, {
+                "run_id_": inp.run_id, "invocation_": inp.invocation, "start_": inp.start, "stop_": inp.stop}):
+            if trial is None:
+                aggregated.add(index)
+            else:
+                by_task.setdefault(index, {})[trial] = TrialOutcome(trial=trial, score=score, meta=meta, error=error)
     return by_task, aggregated
 
 
