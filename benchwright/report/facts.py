@@ -142,12 +142,15 @@ def _compared(runs: Any) -> tuple[Any, ...]:
     """A compared run's id, model and its latest invocation's passed and failed tasks, as ``outcome_counts`` counts
     them (subqueries correlated to ``runs``)."""
     rows = _TASK_ROWS.alias("latest_rows")
-    latest = sa_select(func.max(rows.c.invocation)).where(rows.c.run_id == runs.c.id).scalar_subquery()
+    # Correlated by name: nested two deep, the latest sweep's subquery would otherwise take ``runs`` into its own FROM
+    # (and read every run's latest sweep).
+    latest = (sa_select(func.max(rows.c.invocation)).where(rows.c.run_id == runs.c.id).correlate(runs)
+              .scalar_subquery())
 
     def counted(outcome: str) -> Any:
         return sa_select(func.count()).select_from(_TASK_ROWS).where(
             _TASK_ROWS.c.run_id == runs.c.id, _TASK_ROWS.c.invocation == latest,
-            _TASK_ROWS.c.outcome == literal_column(f"'{outcome}'")).scalar_subquery()
+            _TASK_ROWS.c.outcome == literal_column(f"'{outcome}'")).correlate(runs).scalar_subquery()
 
     return runs.c.id, runs.c.model, counted("pass"), counted("fail")
 

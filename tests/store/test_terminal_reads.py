@@ -133,6 +133,11 @@ def test_the_run_compared_with_is_summed_up_by_its_counts_beside_the_failed_phas
                                                        MaterializeTaskAggregated(
             invocation=sweep, index=i, score={"pass": 1.0, "fail": 0.0}.get(o), outcome=o, trial_scores=[]))
             for sweep in (1, 2) for i, o in enumerate(outcomes if sweep == 2 else ["fail"] * 12)])
+        # another run's later sweep: each run's latest sweep is its own
+        other = create_run(engine, account_id=account.id, driver="builtin", trials_config={},
+                           launch=LaunchRequest(dataset="y.jsonl", model="openai/other"))
+        append_events(engine, other.id, [NewEvent.of(event_key(other.id, "agg", 5, 0), MaterializeTaskAggregated(
+            invocation=5, index=0, score=1.0, outcome="pass", trial_scores=[]))])
         append_events(engine, later.id, [NewEvent.of(event_key(later.id, "fetch", "failed"), PhaseFailed(
             phase="fetch", error_type="InvalidInput", detail="no such file", stack_trace=""))])
         now = datetime.now(UTC)
