@@ -38,7 +38,7 @@ from benchwright.llm.httpclient import ConnectionShelf
 from benchwright.runs.placement import start_warm_sandboxes
 from benchwright.sandbox.local.warm import stop_warm_pool
 from benchwright.security.crypto import load_keyring
-from benchwright.security.quotas import FairShare, running_accounts
+from benchwright.security.fair_share import FairShare, running_accounts
 from benchwright.settings import Settings
 from benchwright.stack.procreg import ProcessRegistry
 from benchwright.stack.teardown import reap_worker_leftovers, release_worker, sweep_routes
@@ -150,7 +150,7 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         engine=engine,
         share=share,
         connections=connections,
-        interceptors=[FairShareInterceptor(share)],  # each account's share of this worker (benchwright.security.quotas)
+        interceptors=[FairShareInterceptor(share)],  # each account's share of this worker (security.fair_share)
         task_queue=task_queue or settings.task_queue,
         workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
         activities=activities,

@@ -1,4 +1,5 @@
-"""The adapter between Temporal's activities and the worker's fair share (``benchwright.security.quotas.FairShare``).
+"""The adapter between Temporal's activities and the worker's fair share
+(``benchwright.security.fair_share.FairShare``).
 
 Every activity of a run carries its account as Temporal's ``fairness_key``
 (``benchwright.security.quotas.fairness_key``, inherited from the run's workflow), so the worker knows whose work each
@@ -14,7 +15,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from benchwright.security.quotas import FairShare
+from benchwright.security.fair_share import FairShare
 
 PHASES = frozenset({"fork", "find", "fetch", "analyze", "setup", "attach", "atomize", "quick_phases", "report_run"})
 """The activities bounded by an account's phase share: the pipeline's work (sandboxes, datasets, scorer set-up; a
@@ -24,7 +25,7 @@ waits (an Operator waiting for its runs must not hold a slot its runs need)."""
 
 STARTS = frozenset({"materialize_batch"})
 """Activities whose start is bounded like a phase (a sandbox restored, a scorer runtime started), up to their first
-model call (``benchwright.security.quotas.Start``) or ``START_BOUND_S``, whichever is first."""
+model call (``benchwright.security.fair_share.Start``) or ``START_BOUND_S``, whichever is first."""
 
 START_BOUND_S = 5.0
 

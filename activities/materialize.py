@@ -38,7 +38,8 @@ from benchwright.runs.pipeline import (
 )
 from benchwright.runs.placement import run_placed_batch
 from benchwright.scoring.host import ScorerLoadError
-from benchwright.security.quotas import FairShare, GatedSut, model_call_limit
+from benchwright.security.fair_share import FairShare, GatedSut
+from benchwright.security.quotas import model_call_limit
 from benchwright.store.control import halt_run, halted_reasons
 from benchwright.store.events import NewEvent, append_events, event_key
 
@@ -51,7 +52,7 @@ HALT_POLL_S = 0.2
 class HaltWatch:
     """The halted flag of every batch this worker runs, polled in one read per ``HALT_POLL_S`` (one read per batch
     per interval was a worker's largest store load beside twenty batches, and held its event loop up for every other
-    account's work: ``benchwright.security.quotas``)."""
+    account's work: ``benchwright.security.fair_share``)."""
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps

@@ -245,11 +245,11 @@ class Settings(BaseSettings):
     """While several accounts have work on a worker, the pipeline phases (fetch, analyze, setup, attach, atomize,
     ...) it runs at once are shared out: each account runs at most ``fair_phase_slots // accounts`` (at least one),
     the rest of its phases wait for its own. Alone, an account is not bounded
-    (``benchwright.security.quotas.FairShare``)."""
+    (``benchwright.security.fair_share.FairShare``)."""
     fair_lag_target_ms: float = Field(default=50.0, gt=0, le=10_000)
     """While several accounts have work on a worker and its event loop answers later than this, the account that has
     used the worker most lately has its model calls in flight cut back (and let grow again while the loop answers
-    within half of it); ``benchwright.security.quotas.FairShare``."""
+    within half of it); ``benchwright.security.fair_share.FairShare``."""
     worker_max_activities: int = Field(default=64, ge=1, le=4096)
     """Activities one worker process runs at once (Temporal's ``max_concurrent_activities``)."""
     worker_eager_activities: bool = False

@@ -1,4 +1,4 @@
-"""The worker's fair share between accounts (``benchwright.security.quotas.FairShare``), driven step by step: a fake
+"""The worker's fair share between accounts (``benchwright.security.fair_share.FairShare``), driven step by step: a fake
 clock, the event loop's lateness handed in, calls released one at a time. No sleeps, no timings."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from benchwright.security.quotas import FairShare
+from benchwright.security.fair_share import FairShare
 
 
 class Clock:

@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 
 from activities.fair_share import FairShareInterceptor
-from benchwright.security.quotas import FairShare
+from benchwright.security.fair_share import FairShare
 from tests.domain.test_fair_share_domain import Clock, settle
 
 

@@ -1,6 +1,6 @@
 """A partial index on the runs running, by account: every worker's fair share reads which accounts have runs running
-ten times a second (issue 23, ``benchwright.security.quotas.running_accounts``); without it each read scans every run
-ever made.
+ten times a second (issue 23, ``benchwright.security.fair_share.running_accounts``); without it each read scans every
+run ever made.
 
 Revision ID: 0015
 Revises: 0014
