@@ -49,6 +49,8 @@ def main() -> None:
     dataset, one = work / "tasks.jsonl", work / "one.jsonl"
     write_dataset(dataset, args.tasks)
     write_dataset(one, 1)
+    for store in ("sqlite", "postgres"):
+        (work / store).mkdir()
     with ExitStack() as stacks:
         # The SQLite stack starts before the Postgres schema is named: its processes read the store's URL as they
         # start (postgres_store sets it for the ones started inside it).

@@ -34,7 +34,7 @@ from benchwright.data.digests import file_digests
 from benchwright.errors import InvalidInput
 from benchwright.events import WorkFilesRecorded
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_events, append_in_session
+from benchwright.store.events import NewEvent, append_in_session, append_reading, appends_in_one_call
 from benchwright.store.models import EventRow, table_of
 
 NOT_HANDED_OFF = frozenset({"proxy.json"})
@@ -73,17 +73,15 @@ def append_reading_files(engine: Engine, run_id: str, events: list[NewEvent]) ->
     """Append ``events``, then read the run's work files as ``latest_files`` does: a phase's opening
     (``activities.common``), whose restore and publish both go by the files it read.
 
-    On SQLite in one transaction. On Postgres the append is one call in autocommit (``append_events``: its own
-    transaction) and the read a statement after it: two round trips instead of four (BEGIN, the call, the read,
-    COMMIT), ~0.4 ms each on every phase's opening. The read still follows the append; the files it sees are what
-    the phase before recorded, as only the run's current phase records any.
+    One transaction. On Postgres one call in autocommit (``append_reading``: the append and then the read): one
+    round trip instead of four (BEGIN, the call, the read, COMMIT), ~0.4 ms each on every phase's opening.
 
     Raises:
         NotFound: the run does not exist.
     """
-    if engine.dialect.name == "postgresql":
-        append_events(engine, run_id, events)
-        return latest_files(engine, run_id)
+    if engine.dialect.name == "postgresql" and appends_in_one_call(events):
+        data = append_reading(engine, run_id, events, WorkFilesRecorded.type_name())
+        return dict(data["files"]) if data is not None else {}
     with session_scope(engine) as session:
         append_in_session(session, run_id, events)
         return _latest_files(session.connection(), run_id)

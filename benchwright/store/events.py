@@ -84,6 +84,11 @@ _ISOLATED_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total FROM bw_ap
                   "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
                   "%(at)s::timestamp, %(isolation)s::text)")
 """A small append on Postgres that records the run's isolation too (``append_events``): migration 0019's."""
+_READING_CALL = ("SELECT o_fresh, o_read FROM bw_append_reading(%(run_id)s::text, %(keys)s::text[], "
+                 "%(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], %(at)s::timestamp, "
+                 "%(read)s::text)")
+"""A small append on Postgres and then a read of the run's newest event of a type (``append_reading``): migration
+0019's."""
 _CELL_JSON = ("artifacts", "files", "result")
 
 
@@ -337,6 +342,25 @@ def _procs(conn: Connection) -> tuple[Any, Any]:
         procs = _ONE_CALL_PROCS[conn.dialect.name] = (_EVENTS.c.data.type._cached_bind_processor(conn.dialect),
                                                       _EVENTS.c.created_at.type._cached_bind_processor(conn.dialect))
     return procs
+
+
+def append_reading(engine: Engine, run_id: str, events: list[NewEvent], read: str) -> dict[str, Any] | None:
+    """On Postgres, append ``events`` (``appends_in_one_call``) and then read the data of the run's newest event of
+    type ``read``, in one call (``bw_append_reading``, migration 0019) in autocommit: one transaction and one round
+    trip (a phase's opening and the work files it goes by: two before). None when the run has no such event.
+
+    Raises:
+        NotFound: the run does not exist (nothing is written).
+        DBAPIError: the driver failed (``_on_driver``).
+    """
+    with reader(engine).connect() as conn:
+        params = _call_params(conn, run_id, [_storable_on_postgres(e) for e in events]) | {"read": read}
+        rows = _on_driver(conn, _READING_CALL, params, fetch=True)
+    fresh, data = rows[0]
+    if fresh is None:
+        raise NotFound(f"run {run_id} not found")
+    found: dict[str, Any] | None = data  # decoded by the connection's JSON loader, as psycopg reads a json value
+    return found
 
 
 def appends_in_one_call(events: list[NewEvent]) -> bool:

@@ -1,13 +1,16 @@
 """A phase's opening appends its events and then reads the run's work files, and its restore and publish go by them
-(``benchwright.runs.handoff.append_reading_files``), on SQLite and Postgres; on Postgres in two round trips (the
-append's call alone in autocommit, then the read), not four."""
+(``benchwright.runs.handoff.append_reading_files``), on SQLite and Postgres; on Postgres in one round trip (one call
+of ``bw_append_reading``, migration 0019: the append and then the read), not four."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
+
 from benchwright.data.blobs import DirBlobStore
+from benchwright.errors import NotFound
 from benchwright.events import PhaseStarted
 from benchwright.runs import handoff
 from benchwright.schemas import LaunchRequest
@@ -39,13 +42,19 @@ async def test_a_phase_opening_reads_the_files_its_restore_and_publish_go_by(db_
     if engine.dialect.name == "postgresql":
         with round_trips(engine) as trips:
             files = handoff.append_reading_files(engine, run.id, opening)
-        assert trips == [2]
+        assert trips == [1]
     else:
         files = handoff.append_reading_files(engine, run.id, opening)
     assert files == fetched.files
     assert handoff.append_reading_files(engine, run.id, opening) == fetched.files  # a retried opening
     log = read_events(engine, run.id)
     assert [e.type for e in log].count("PhaseStarted") == 1 and log[-1].type == "PhaseStarted"
+    with pytest.raises(NotFound):
+        handoff.append_reading_files(engine, "no-such-run", opening)
+    bare = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                      driver="builtin", trials_config={})
+    assert handoff.append_reading_files(engine, bare.id, [NewEvent.of(event_key(bare.id, "fetch", 1, "started"),
+                                                                      PhaseStarted(phase="fetch"))]) == {}
 
     # Host B has nothing yet: the files read at the opening are what it fetches
     assert sorted(await handoff.restore(engine=engine, blobs=blobs, run_id=run.id, workdir=host_b,

@@ -2,9 +2,12 @@
 (``bw_append_events``, migration 0017), upserts the phase's cache cell and reads the run's spend, one transaction
 and one round trip where ``benchwright.store.control.append_closing`` sent five (BEGIN, the append's call, the cell's
 upsert, the spend's read, COMMIT). Fetch, Analyze and Setup close this way on every run, on the way to its first
-model call; the cell still lands with the events it names. And ``bw_append_isolated``: a run's first sandbox's
-``SandboxCreated`` with the run row's ``isolation`` in one call (``benchwright.store.events.append_events`` with
-``isolation=``; four round trips before), on the way from a batch's start to its first model call.
+model call; the cell still lands with the events it names. And two more of a phase's or a batch's steps in one
+call each: ``bw_append_isolated``, a run's first sandbox's ``SandboxCreated`` with the run row's ``isolation``
+(``benchwright.store.events.append_events`` with ``isolation=``; four round trips before), and ``bw_append_reading``,
+a phase's opening events and then its run's newest event of a type, the work files its restore goes by
+(``benchwright.runs.handoff.append_reading_files``; two round trips before, as the append and the read in their own
+transactions).
 
 The cell's upsert is ``benchwright.registry.cache.record_cell_in``'s (a restarted phase's later invocation replaces
 the cell, its ``created_at`` stays the first's). A run that does not exist gets every OUT null and no cell, as the
@@ -69,10 +72,28 @@ $$
 """
 
 
+READING = """
+CREATE OR REPLACE FUNCTION bw_append_reading(
+    p_run text, p_keys text[], p_types text[], p_data json[], p_phases text[], p_counts integer[], p_at timestamp,
+    p_read text, OUT o_fresh integer, OUT o_read json)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  SELECT a.o_fresh INTO o_fresh FROM bw_append_events(p_run, p_keys, p_types, p_data, p_phases, p_counts, p_at) AS a;
+  IF o_fresh IS NULL THEN
+    RETURN;  -- no such run
+  END IF;
+  SELECT events.data INTO o_read FROM events WHERE events.run_id = p_run AND events.type = p_read
+   ORDER BY events.seq DESC LIMIT 1;
+END
+$$
+"""
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(CLOSE)
         op.execute(ISOLATED)
+        op.execute(READING)
 
 
 def downgrade() -> None:
@@ -80,4 +101,6 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION IF EXISTS bw_close_phase(text, text[], text[], json[], text[], integer[], timestamp, "
                    "text, text, json, text, json, json, text)")
         op.execute("DROP FUNCTION IF EXISTS bw_append_isolated(text, text[], text[], json[], text[], integer[], "
+                   "timestamp, text)")
+        op.execute("DROP FUNCTION IF EXISTS bw_append_reading(text, text[], text[], json[], text[], integer[], "
                    "timestamp, text)")
