@@ -161,9 +161,12 @@ class MaterializeActivities:
     @activity.defn(name="materialize_batch")
     async def batch(self, inp: MaterializeBatchInput) -> MaterializeBatchResult:
         workdir = self.deps.workdir(inp.run_id)
-        if inp.opens_phase:  # before the batch's sandbox events and results; the same event from every batch
-            await in_thread(append_events, self.deps.engine, inp.run_id, [sweep_started(inp.run_id, inp.invocation)])
-        await handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id, workdir=workdir)
+        # The sweep's PhaseStarted before the batch's sandbox events and results (the same event from every batch),
+        # and the work files its restore goes by read with it.
+        files = await in_thread(handoff.append_reading_files, self.deps.engine, inp.run_id,
+                                [sweep_started(inp.run_id, inp.invocation)]) if inp.opens_phase else None
+        await handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id, workdir=workdir,
+                              files=files)
         last: dict[str, Any] = {}
 
         def progress(details: dict[str, Any]) -> None:
