@@ -87,14 +87,15 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
     error = without_nul(error) if error else None
     with session_scope(engine) as session:
         finished = NewEvent.of(event_key(run_id, "pipeline", "finished"), PipelineFinished(status=status, error=error))
-        append_in_session(session, run_id, list(before))
-        wrote = append_in_session(session, run_id, [finished])
-        if wrote:
-            # The row's changes go in one UPDATE as it commits, not one before each read in between (autoflush): two
-            # round trips fewer on Postgres on the way to the long poll's answer.
-            with session.no_autoflush:
-                run = session.get(Run, run_id)
-                assert run is not None
+        append_in_session(session, run_id, [*before, finished])  # one append: a round trip on Postgres
+        # The row's changes go in one UPDATE as it commits, not one before each read in between (autoflush): two
+        # round trips fewer on Postgres on the way to the long poll's answer.
+        with session.no_autoflush:
+            run = session.get(Run, run_id)  # under the row lock the append took
+            assert run is not None
+            # A run's PipelineFinished and its end time land together (here and in finish_halted): an end time
+            # means this PipelineFinished was in the log already (a retry), and the row is not written again.
+            if run.finished_at is None:
                 run.status = status
                 run.error = error[:4000] if error else None
                 run.finished_at = utcnow()

@@ -347,3 +347,23 @@ def test_a_runs_end_updates_its_row_once(store_run: tuple[Any, str]) -> None:
     assert (run.status, run.error, run.finished_at is not None, run.fingerprint is not None) == ("ok", None, True, True)
     assert [e.type for e in read_events(engine, run_id)].count("PipelineFinished") == 1
     engine.dispose()
+
+
+def test_a_run_torn_down_halted_is_not_ended_again_by_a_late_finish(store_run: tuple[Any, str]) -> None:
+    """A run closed by its teardown (``finish_halted``: PipelineFinished and its end time together) keeps its status
+    and end time when a late ``finish_run`` comes (a retried activity): its events land, the row is not written, and
+    PipelineFinished stays the one the teardown wrote."""
+    from benchwright.store.control import finish_halted, halt_run
+
+    engine, run_id = store_run
+    halt_run(engine, run_id=run_id, reason="operator_stop", key="stop")
+    finish_halted(engine, run_id=run_id)
+    ended = get_run(engine, run_id=run_id)
+    late = NewEvent.of(event_key(run_id, "late"), RunNarrated(text="late", narrator="builtin"))
+    finish_run(engine, run_id=run_id, status="error", error="a late finish", before=[late])
+    run = get_run(engine, run_id=run_id)
+    assert (run.status, run.error, run.finished_at, run.halted) == (ended.status, ended.error, ended.finished_at, True)
+    log = read_events(engine, run_id)
+    assert [e.type for e in log][-2:] == ["PipelineFinished", "RunNarrated"]
+    assert [e.type for e in log].count("PipelineFinished") == 1 and log[-2].data["halted"] is True
+    engine.dispose()
