@@ -103,9 +103,9 @@ def _first_line(text: str) -> str:
     return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 1] + "…"
 
 
-# The narration's reads, built once as Core statements: a long poll's terminal answer waits for them, and building
-# them through the ORM each time (aliased entities, correlated subqueries) cost 3 ms of CPU a narration on SQLite and
-# 8 on Postgres, more than the statements they replaced.
+# The narration's reads, built once as Core statements: a long poll's terminal answer waits for them, and built
+# through the ORM each time (aliased entities, correlated subqueries) the comparison alone cost ~3 ms of CPU on
+# SQLite, most of it in building it: more than the three statements it replaced.
 _RUNS, _FORKS, _TASK_ROWS = table_of(Run), table_of(RunFork), table_of(TaskRow)
 _EVENTS, _TRIALS = table_of(EventRow), table_of(TrialResult)
 
