@@ -2,11 +2,11 @@
 
 Starts two stacks at once, the same as ``bench/materialize.py``'s (``benchwright up`` and the dev model at ``L``):
 one on SQLite, one on a fresh schema of the ``--postgres`` database (dropped after). After a warm-up of each, every
-round runs one task and then each ``--concurrency`` configuration of ``--tasks`` tasks on SQLite and then on
-Postgres, run by run, so that this machine's drift (its windows minutes apart differ by 10-50 %) falls on both
-alike; the idle stack meanwhile costs the measured one a little CPU, the same each way. Prints per figure the
-medians on each store, the median of the rounds' ratios (Postgres / SQLite: each round's pair ran seconds apart)
-and that ratio against the goal (<= 1.10):
+round runs one task and then each ``--concurrency`` configuration of ``--tasks`` tasks on both stores, run by run
+(which store goes first alternates round by round), so that this machine's drift (its windows minutes apart differ
+by 10-50 %) falls on both alike; the idle stack meanwhile costs the measured one a little CPU, the same each way.
+Prints per figure the medians on each store, the median of the rounds' ratios (Postgres / SQLite: each round's pair
+ran seconds apart) and that ratio against the goal (<= 1.10):
 
     python bench/stores.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
     python bench/stores.py --postgres URL --tasks 1000 --concurrency 32 128 --repeat 7
@@ -45,13 +45,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="rounds (each store runs every figure once a round)")
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    work = Path(tempfile.mkdtemp(prefix="bw-stores-"))
-    dataset, one = work / "tasks.jsonl", work / "one.jsonl"
-    write_dataset(dataset, args.tasks)
-    write_dataset(one, 1)
-    for store in ("sqlite", "postgres"):
-        (work / store).mkdir()
     with ExitStack() as stacks:
+        work = Path(stacks.enter_context(tempfile.TemporaryDirectory(prefix="bw-stores-")))  # removed last
+        dataset, one = work / "tasks.jsonl", work / "one.jsonl"
+        write_dataset(dataset, args.tasks)
+        write_dataset(one, 1)
+        for store in ("sqlite", "postgres"):
+            (work / store).mkdir()
         # The SQLite stack starts before the Postgres schema is named: its processes read the store's URL as they
         # start (postgres_store sets it for the ones started inside it).
         started = {"sqlite": stacks.enter_context(running_stack(work / "sqlite", answers=dataset,
@@ -65,23 +65,26 @@ def main() -> None:
                                                                    for c in args.concurrency)]
         walls: dict[str, dict[str, list[float]]] = {store: {f: [] for f in figures} for store in started}
 
-        def round_of(record: bool) -> None:
-            for store, stack in started.items():
+        def round_of(n: int, record: bool) -> None:
+            # Each figure's pair in turn, the store that goes first alternating round by round: no store always runs
+            # right after the other.
+            order = list(started.items()) if n % 2 == 0 else list(reversed(started.items()))
+            for store, stack in order:
                 ran = run_once(clients[store], stack.dev, one, model_for(stack.model_url, keyed=False), k=1, c=1,
                                pids=stack.pids)
                 if record:
                     walls[store]["one task"].append(ran["wall_s"])
                     walls[store]["one task: first model request"].append(ran["first_call_s"])
             for c in args.concurrency:
-                for store, stack in started.items():
+                for store, stack in order:
                     ran = run_once(clients[store], stack.dev, dataset, model_for(stack.model_url, keyed=False), k=1,
                                    c=c, pids=stack.pids)
                     if record:
                         walls[store][f"{args.tasks} tasks, C={c}"].append(ran["wall_s"])
 
-        round_of(record=False)  # the warm-up: each worker's first runs pay imports and caches
-        for _ in range(args.repeat):
-            round_of(record=True)
+        round_of(0, record=False)  # the warm-up: each worker's first runs pay imports and caches
+        for n in range(args.repeat):
+            round_of(n, record=True)
     _report(walls, figures)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
