@@ -15,10 +15,10 @@ from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import literal_column, select
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from benchwright.security.quotas import MAX_QUOTA
+from benchwright.security.quotas import MAX_QUOTA, RUNNING
 from benchwright.store.db import reader
 from benchwright.store.models import Run, table_of
 
@@ -406,8 +406,7 @@ class GatedSut:
 
 
 _RUNS = table_of(Run)
-_RUNNING = (select(_RUNS.c.account_id).distinct()
-            .where(_RUNS.c.status == literal_column("'running'"), _RUNS.c.finished_at.is_(None)))
+_RUNNING = select(_RUNS.c.account_id).distinct().where(RUNNING)
 
 
 def running_accounts(engine: Engine) -> set[str]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, literal_column, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
@@ -136,13 +136,17 @@ class Usage:
     tasks: int
 
 
+_RUNS = table_of(Run)
+RUNNING = and_(_RUNS.c.status == literal_column("'running'"), _RUNS.c.finished_at.is_(None))
+"""A run still running: the condition of the partial index ``ix_runs_running_account`` (migration 0015), named as
+literals so that Postgres's generic plan of a prepared statement can use the index (a bound parameter would not)."""
+
+
 def usage(engine: Engine, *, account_id: str) -> Usage:
     """What the account holds now: its running runs and their tasks not yet scored (latest sweep of each run)."""
     with Session(reader(engine)) as session:  # each read its own snapshot, as in a READ COMMITTED transaction
         running = session.execute(
-            select(col(Run.id), col(Run.tasks_total)).where(col(Run.account_id) == account_id,
-                                                            col(Run.status) == "running",
-                                                            col(Run.finished_at).is_(None))).all()
+            select(_RUNS.c.id, _RUNS.c.tasks_total).where(_RUNS.c.account_id == account_id, RUNNING)).all()
         return _usage_of(session, [(run_id, total) for run_id, total in running])
 
 
@@ -177,16 +181,14 @@ def standing(engine: Engine, settings: Settings, *, account_id: str) -> Standing
     Raises:
         NotFound: no such account.
     """
-    quota = table_of(AccountQuota)
-    accounts, runs = table_of(Account), table_of(Run)
+    quota, accounts = table_of(AccountQuota), table_of(Account)
     with Session(reader(engine)) as session:
         rows = session.execute(
-            select(accounts.c.balance_usd, quota.c.account_id, *(quota.c[q] for q in QUOTAS), runs.c.id,
-                   runs.c.tasks_total)
+            select(accounts.c.balance_usd, quota.c.account_id, *(quota.c[q] for q in QUOTAS), _RUNS.c.id,
+                   _RUNS.c.tasks_total)
             .select_from(accounts)
             .outerjoin(quota, quota.c.account_id == accounts.c.id)
-            .outerjoin(runs, (runs.c.account_id == accounts.c.id) & (runs.c.status == "running")
-                       & runs.c.finished_at.is_(None))
+            .outerjoin(_RUNS, and_(_RUNS.c.account_id == accounts.c.id, RUNNING))
             .where(accounts.c.id == account_id)).all()
         if not rows:
             raise NotFound(f"no account with id {account_id!r}")
