@@ -246,25 +246,33 @@ def round_trips(traces: Path, windows: list[tuple[float, float]], pids: dict[str
 _TRACE_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\t([FB])\t\d+\t(\w+)\t?(.*)$")
 
 
-def exchanges(traces: Path, window: tuple[float, float], pids: dict[str, int]) -> list[tuple[float, str, str]]:
-    """Every round trip of ``window`` as ``(the server's answer's time, process, what the client sent)``, from the
+def exchanges(traces: Path, window: tuple[float, float],
+              pids: dict[str, int]) -> list[tuple[float, float, str, str]]:
+    """Every round trip of ``window`` as ``(the server's answer's time, how long after the client's first message of
+    it, process, what the client sent)``, from the
     traces of ``BENCHWRIGHT_BENCH_PGTRACE`` (one file per connection)."""
     names = {pids["api"]: "api", pids["worker"]: "worker"}
-    out: list[tuple[float, str, str]] = []
+    out: list[tuple[float, float, str, str]] = []
     for path in traces.glob("*.trace"):
         who = names.get(int(path.name.split("-", 1)[0]), "other")
-        for stamp, sent in _trips(path.read_text(errors="replace")):
-            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").astimezone().timestamp()  # in local time
+        for asked, stamp, sent in _trips(path.read_text(errors="replace")):
+            at = _local(stamp)
             if window[0] <= at <= window[1]:
-                out.append((at, who, " | ".join(" ".join(text.split()) for text in sent) or "?"))
+                out.append((at, at - _local(asked), who, " | ".join(" ".join(text.split()) for text in sent) or "?"))
     return sorted(out)
 
 
-def _trips(trace: str) -> Iterator[tuple[str, list[str]]]:
-    """One connection's round trips in libpq's trace: each ReadyForQuery's time and the statements the client sent
-    before it (a simple query's text; an extended query's, a prepared one's by the text it was prepared from)."""
+def _local(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").astimezone().timestamp()  # libpq writes local time
+
+
+def _trips(trace: str) -> Iterator[tuple[str, str, list[str]]]:
+    """One connection's round trips in libpq's trace: the time of the client's first message of each, its
+    ReadyForQuery's time and the statements the client sent before it (a simple query's text; an extended query's, a
+    prepared one's by the text it was prepared from)."""
     prepared: dict[str, str] = {}
     sent: list[str] = []
+    asked = ""
     message: list[str] = []  # the frontend message being read: its kind, then its text's lines
     for line in [*trace.splitlines(), ""]:
         m = _TRACE_LINE.match(line)
@@ -292,15 +300,18 @@ def _trips(trace: str) -> Iterator[tuple[str, list[str]]]:
         stamp, side, kind, rest = m.groups()
         if side == "F":
             message = [kind, rest]
+            asked = asked or stamp
         elif kind == "ReadyForQuery":
-            yield stamp, sent
-            sent = []
+            yield asked or stamp, stamp, sent
+            sent, asked = [], ""
 
 
-def _print_statements(trips: list[tuple[float, str, str]], launched: float) -> None:
-    print(f"the last run's {len(trips)} round trips to Postgres (ms after its launch POST, process, what was sent):")
-    for at, who, text in trips:
-        print(f"{1000 * (at - launched):8.1f}  {who:>6}  {text[:150]}")
+def _print_statements(trips: list[tuple[float, float, str, str]], launched: float) -> None:
+    print(f"the last run's {len(trips)} round trips to Postgres (ms after its launch POST, ms from the client's first "
+          f"message to the server's ReadyForQuery, process, what was sent):")
+    for at, took, who, text in trips:
+        print(f"{1000 * (at - launched):8.1f} {1000 * took:6.2f}  {who:>6}  {text[:150]}")
+    print(f"in all {1000 * sum(took for _, took, _, _ in trips):.1f} ms waiting for the server")
 
 
 def _print_round_trips(counts: list[dict[str, int]]) -> None:
