@@ -27,10 +27,11 @@ from benchwright.errors import Conflict
 from benchwright.events import ReportFile, RunNarrated
 from benchwright.report.facts import narration_facts, recorded_narration, report_facts
 from benchwright.report.html import render_html
-from benchwright.report.narration import NarratorConfig, narrate
+from benchwright.report.narration import NarrationFacts, NarratorConfig, narrate
 from benchwright.report.results_json import results_json
+from benchwright.schemas import RunView
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.runs import get_run
+from benchwright.store.runs import get_run, run_view
 
 __all__ = ["MEDIA_TYPES", "REPORT_HTML", "RESULTS_JSON", "ReportInput", "ReportResult", "write_run_report"]
 
@@ -61,21 +62,28 @@ async def write_run_report(*, engine: Engine, blobs: BlobStore, run_id: str,
     if run.finished_at is None:
         raise Conflict(f"run {run_id} has not finished; its report is written once it has", code="not_terminal")
     recorded = await asyncio.to_thread(recorded_narration, engine, run_id)
+    known: tuple[RunView, NarrationFacts] | None = None
     if recorded is None:
-        facts = await asyncio.to_thread(narration_facts, engine, run)
+        view = await asyncio.to_thread(run_view, engine, run)
+        facts = await asyncio.to_thread(narration_facts, engine, run, view)
         narration = await narrate(facts, narrator)
+        ours = RunNarrated(text=narration.text, narrator=narration.narrator, fallback=narration.fallback,
+                           compared_with=facts.comparison.run_id if facts.comparison else None)
         events = []
         if narration.usage is not None:
             events.append(NewEvent.of(event_key(run_id, "report", "narration", "usage"), narration.usage))
-        events.append(NewEvent.of(event_key(run_id, "report", "narration"), RunNarrated(
-            text=narration.text, narrator=narration.narrator, fallback=narration.fallback,
-            compared_with=facts.comparison.run_id if facts.comparison else None)))
-        await asyncio.to_thread(append_events, engine, run_id, events)
-        recorded = await asyncio.to_thread(recorded_narration, engine, run_id)  # the one that landed
-        assert recorded is not None
-    run = await asyncio.to_thread(get_run, engine, run_id=run_id)  # its cost now includes the narration
+        events.append(NewEvent.of(event_key(run_id, "report", "narration"), ours))
+        if await asyncio.to_thread(append_events, engine, run_id, events) == len(events):
+            recorded = ours
+        else:  # another attempt's narration landed first: the report says that one
+            recorded = await asyncio.to_thread(recorded_narration, engine, run_id)
+            assert recorded is not None
+        if recorded is ours and narration.usage is None:
+            known = (view, facts)  # a narration without usage changes nothing they say: not read again
+        else:
+            run = await asyncio.to_thread(get_run, engine, run_id=run_id)  # its cost now includes the narration
     facts_all = await asyncio.to_thread(report_facts, engine, blobs, run=run, narration=recorded.text,
-                                        narrator=recorded.narrator)
+                                        narrator=recorded.narrator, known=known)
     files = {REPORT_HTML: render_html(facts_all),
              RESULTS_JSON: (json.dumps(results_json(facts_all), indent=2, ensure_ascii=False) + "\n").encode()}
     written = []

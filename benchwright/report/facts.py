@@ -393,10 +393,14 @@ def _receipt(session: Session, run: Run, view: RunView) -> dict[str, Any]:
     }
 
 
-def report_facts(engine: Engine, blobs: BlobStore, *, run: Run, narration: str, narrator: str) -> ReportFacts:
-    """Everything the report shows, read once the run is over."""
-    view = run_view(engine, run)
-    facts = narration_facts(engine, run, view)
+def report_facts(engine: Engine, blobs: BlobStore, *, run: Run, narration: str, narrator: str,
+                 known: tuple[RunView, NarrationFacts] | None = None) -> ReportFacts:
+    """Everything the report shows, read once the run is over. ``known``: the run's view and narration facts, read
+    for ``run`` as it is (its narration's writer read them and changed nothing they say), not read again."""
+    if known is None:
+        view = run_view(engine, run)
+        known = view, narration_facts(engine, run, view)
+    view, facts = known
     try:
         grouped: BreakdownView | None = breakdown(engine, blobs, run=run, by=None)
     except (InvalidInput, Conflict):

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import event, text
 from sqlmodel import Session
 
+from benchwright.data.blobs import DirBlobStore
 from benchwright.events import (
     AnalyzeArtifact,
     FetchArtifact,
@@ -26,8 +27,9 @@ from benchwright.events import (
 )
 from benchwright.fingerprint import is_artifact
 from benchwright.registry.shape import run_events
+from benchwright.report import write_run_report
 from benchwright.report.facts import narration_facts, recorded_narration, run_narration
-from benchwright.report.narration import builtin_narration
+from benchwright.report.narration import NarratorConfig, builtin_narration
 from benchwright.schemas import ForkOrigin, LaunchRequest
 from benchwright.store import intervals
 from benchwright.store.accounts import create_account
@@ -367,3 +369,38 @@ def test_a_run_torn_down_halted_is_not_ended_again_by_a_late_finish(store_run: t
     assert [e.type for e in log][-2:] == ["PipelineFinished", "RunNarrated"]
     assert [e.type for e in log].count("PipelineFinished") == 1 and log[-2].data["halted"] is True
     engine.dispose()
+
+
+async def test_a_reports_first_writing_reads_the_runs_view_and_facts_once(store_run: tuple[Any, str],
+                                                                         tmp_path: Any) -> None:
+    """The report, written while the long poll's terminal answer is read beside it, reads the run's view and the
+    narration's facts once: the builtin narration changes nothing they say (twice each before: the run row, its
+    task counts, the narration's events and the compared run again after the narration landed). A report written
+    again finds the narration recorded and writes the same files."""
+    engine, run_id = store_run
+    append_events(engine, run_id, [_result(run_id, i) for i in range(3)] + [
+        NewEvent.of(event_key(run_id, "agg", 1, i), MaterializeTaskAggregated(
+            invocation=1, index=i, score=1.0, outcome="pass", trial_scores=[1.0])) for i in range(3)])
+    finish_run(engine, run_id=run_id, status="ok")
+    blobs = DirBlobStore(tmp_path / "blobs")
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", count)
+    written = await write_run_report(engine=engine, blobs=blobs, run_id=run_id, narrator=NarratorConfig())
+    event.remove(engine, "before_cursor_execute", count)
+    row_reads = [s for s in statements if s.startswith("SELECT runs.id, runs.account_id")]
+    counts = [s for s in statements if s.startswith("SELECT task_rows.invocation, task_rows.outcome")]
+    marks = [s for s in statements if s.startswith("SELECT events.seq, events.type, events.data, NULL")]
+    # The row once at the start and once by the leaderboard's note; the counts once; the narration's events by the
+    # check for a recorded narration and by the narration's facts, once each.
+    assert (len(row_reads), len(counts), len(marks)) == (2, 1, 2), statements
+    narrated = recorded_narration(engine, run_id)
+    assert narrated is not None and written.narrator == "builtin"
+    assert "passed 3 of 3 scored tasks" in narrated.text
+
+    again = await write_run_report(engine=engine, blobs=blobs, run_id=run_id, narrator=NarratorConfig())
+    assert [f.digest for f in again.files] == [f.digest for f in written.files]
+    assert [e.type for e in read_events(engine, run_id)].count("RunNarrated") == 1
