@@ -17,7 +17,7 @@ from benchwright.store.events import (
     NewEvent,
     append_events,
     append_in_session,
-    append_with_cell,
+    append_spending,
     appends_in_one_call,
     event_key,
     lock_run,
@@ -62,10 +62,10 @@ def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *, cell:
     The check "between phases" (§9) costs the close one read instead of a read and a transaction of its own, and a
     cost among the closing events counts.
 
-    On Postgres a close with events is one round trip in autocommit and the halt (rare) a transaction of its own: a
-    cached phase's close one call of ``bw_close_phase`` (``append_with_cell``: the append, the cell and the spend's
-    read; five round trips before, BEGIN, the call, the cell, the read, COMMIT), any other phase's the append's call
-    (``append_events``) and then the read (four before). The read still follows the close's events, and a close
+    On Postgres a close with events is one round trip in autocommit and the halt (rare) a transaction of its own:
+    one call (``append_spending``) appends the events, writes the cell and reads the spend (five round trips before
+    for a cached phase: BEGIN, the append's call, the cell, the read, COMMIT; two for another phase, the call and the
+    read), or, with no check asked for, appends alone. The read still follows the close's events, and a close
     retried after a crash before the halt reads again and halts then.
 
     Raises:
@@ -75,16 +75,13 @@ def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *, cell:
     if cell is not None and cell.run_id != run_id:
         raise ValueError(f"run {run_id}'s close was given run {cell.run_id}'s cell")
     if engine.dialect.name == "postgresql" and events and appends_in_one_call(events):
-        if cell is not None:
-            spend = append_with_cell(engine, run_id, events, cell_row(cell))
-            if budget_key is None:
-                return None
-            reason = _reason_of(*spend, run_cost_usd=run_cost_usd)
-        else:
+        if budget_key is None and cell is None:
             append_events(engine, run_id, events)
-            if budget_key is None:
-                return None
-            reason = budget_halt_reason(engine, run_id=run_id, run_cost_usd=run_cost_usd)
+            return None
+        spend = append_spending(engine, run_id, events, cell=cell_row(cell) if cell is not None else None)
+        if budget_key is None:
+            return None
+        reason = _reason_of(*spend, run_cost_usd=run_cost_usd)
         return reason if reason and halt_run(engine, run_id=run_id, reason=reason, key=budget_key) else None
     with session_scope(engine) as session:
         append_in_session(session, run_id, events)

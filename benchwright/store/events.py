@@ -79,7 +79,11 @@ _CLOSE_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total, o_incurred, 
                "%(phases)s::text[], %(counts)s::integer[], %(at)s::timestamp, %(phase)s::text, %(input_hash)s::text, "
                "%(artifacts)s::json, %(snapshot_id)s::text, %(files)s::json, %(result)s::json, "
                "%(source_run_id)s::text)")
-"""A cached phase's close on Postgres (``append_with_cell``): the function of migration 0019."""
+"""A cached phase's close on Postgres (``append_spending``): the function of migration 0019."""
+_SPEND_CALL = ("SELECT o_fresh, o_incurred, o_billed, o_balance FROM bw_append_spend(%(run_id)s::text, "
+               "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
+               "%(at)s::timestamp)")
+"""Another phase's close on Postgres (``append_spending``): the function of migration 0020."""
 _ISOLATED_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total FROM bw_append_isolated(%(run_id)s::text, "
                   "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
                   "%(at)s::timestamp, %(isolation)s::text)")
@@ -368,13 +372,14 @@ def appends_in_one_call(events: list[NewEvent]) -> bool:
     return not any(e.type in _ROW_PROJECTED for e in events)
 
 
-def append_with_cell(engine: Engine, run_id: str, events: list[NewEvent], cell: dict[str, Any]
-                     ) -> tuple[float, float, float]:
-    """On Postgres, a cached phase's close in one call (``bw_close_phase``, migration 0019) in autocommit: append
-    ``events`` (``appends_in_one_call``), upsert the phase's cache cell (``cell``: the ``phase_fingerprints`` row's
-    ``phase``, ``input_hash``, ``artifacts``, ``snapshot_id``, ``files``, ``result`` and ``source_run_id``, as
-    ``benchwright.registry.cache.record_cell_in`` writes it) and read the run's spend after them, one transaction and
-    one round trip. Returns the run's ``cost_incurred``, ``cost_billed`` and its account's ``balance_usd``.
+def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell: dict[str, Any] | None = None
+                    ) -> tuple[float, float, float]:
+    """On Postgres, a phase's close in one call in autocommit: append ``events`` (``appends_in_one_call``), upsert
+    the phase's cache cell if it has one (``cell``: the ``phase_fingerprints`` row's ``phase``, ``input_hash``,
+    ``artifacts``, ``snapshot_id``, ``files``, ``result`` and ``source_run_id``, as
+    ``benchwright.registry.cache.record_cell_in`` writes it; ``bw_close_phase``, migration 0019) and read the run's
+    spend after them (without a cell ``bw_append_spend``, migration 0020), one transaction and one round trip.
+    Returns the run's ``cost_incurred``, ``cost_billed`` and its account's ``balance_usd``.
 
     Raises:
         NotFound: the run does not exist (nothing is written).
@@ -382,11 +387,13 @@ def append_with_cell(engine: Engine, run_id: str, events: list[NewEvent], cell: 
     """
     with reader(engine).connect() as conn:
         data_proc, _ = _procs(conn)
-        stored = [_storable_on_postgres(e) for e in events]
-        params = _call_params(conn, run_id, stored) | {
-            key: (data_proc(value) if data_proc else value) if key in _CELL_JSON else value
-            for key, value in cell.items()}
-        rows = _on_driver(conn, _CLOSE_CALL, params, fetch=True)
+        params = _call_params(conn, run_id, [_storable_on_postgres(e) for e in events])
+        if cell is None:
+            rows = _on_driver(conn, _SPEND_CALL, params, fetch=True)
+        else:
+            params |= {key: (data_proc(value) if data_proc else value) if key in _CELL_JSON else value
+                       for key, value in cell.items()}
+            rows = _on_driver(conn, _CLOSE_CALL, params, fetch=True)
     fresh, *_, incurred, billed, balance = rows[0]
     if fresh is None:
         raise NotFound(f"run {run_id} not found")

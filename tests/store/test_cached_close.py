@@ -1,8 +1,8 @@
-"""A cached phase's close (``benchwright.store.control.append_closing`` with its cell), on SQLite and Postgres: the
-closing events, the phase's cache cell and the spend's check land together; on Postgres in one round trip
-(``bw_close_phase``, migration 0019). A retried close adds no event and rewrites the cell, a later invocation's
-replaces what the cell says (its creation time kept), a ceiling crossed halts after the cell is written, and a run
-that does not exist gets nothing."""
+"""A phase's close (``benchwright.store.control.append_closing``), on SQLite and Postgres: the closing events, the
+phase's cache cell and the spend's check land together; on Postgres in one round trip (``bw_close_phase``, migration
+0019; without a cell ``bw_append_spend``, migration 0020). A retried close adds no event and rewrites the cell, a
+later invocation's replaces what the cell says (its creation time kept), a ceiling crossed halts after the cell is
+written, and a run that does not exist gets nothing."""
 
 from __future__ import annotations
 
@@ -104,4 +104,40 @@ def test_a_cached_close_of_no_run_or_of_another_runs_cell_writes_nothing(store_r
         _close(engine, run_id, 1, _cell("no-such-run", 1), tasks=1)
     assert run_cell(engine, run_id=run_id, phase="analyze") is None
     assert not [e for e in read_events(engine, run_id) if e.type == "PhaseCompleted"]
+    engine.dispose()
+
+
+def test_a_close_without_a_cell_is_one_round_trip_and_halts_on_a_crossed_ceiling(db_url: str) -> None:
+    """Attach's and Atomize's closes (no cache cell): the events and the spend's read in one call on Postgres (the
+    call and then the read before), the halt after them when the run's cost crosses its ceiling, once."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    account, _ = create_account(engine, name="payer", balance_usd=5.0)
+    run_id = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                        driver="builtin", trials_config={}).id
+
+    def close(invocation: int, cost: float) -> str | None:
+        return append_closing(engine, run_id, _closing(run_id, invocation, tasks=4, cost=cost), run_cost_usd=0.5,
+                              budget_key=f"analyze-{invocation}-budget")
+
+    if engine.dialect.name == "postgresql":
+        with round_trips(engine) as trips:
+            assert close(1, 0.2) is None
+        assert trips == [1]
+    else:
+        assert close(1, 0.2) is None
+    assert [e.type for e in read_events(engine, run_id)[-3:]] == ["DatasetTasksArtifact", "SandboxKilled",
+                                                                  "PhaseCompleted"]
+    assert run_cell(engine, run_id=run_id, phase="analyze") is None
+    assert get_run(engine, run_id=run_id).tasks_total == 4
+    assert close(1, 0.2) is None  # retried: nothing new, the same spend
+    assert close(2, 0.4) == "limit_exceeded:run.cost"  # 0.6 > 0.5
+    log = read_events(engine, run_id)
+    assert [e.type for e in log[-2:]] == ["PhaseCompleted", "RunHalted"]
+    assert [e.seq for e in log] == list(range(len(log)))
+    assert close(2, 0.4) is None, "halted already: no second halt"
+    assert len(read_events(engine, run_id)) == len(log)
+    with pytest.raises(NotFound):
+        append_closing(engine, "no-such-run", _closing("no-such-run", 1, tasks=1), run_cost_usd=0.5,
+                       budget_key="analyze-1-budget")
     engine.dispose()

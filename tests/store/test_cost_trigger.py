@@ -59,7 +59,7 @@ def test_trigger_accumulates_by_source_and_debits_the_balance(db_url: str) -> No
 def test_a_phase_close_that_crosses_the_ceiling_halts_the_run(db_url: str) -> None:
     """A phase's closing append checks the run's spend after its own events counted (their cost included) and halts
     the run: the RunHalted follows the closing events; a retried close adds nothing. On Postgres a close without
-    writes of its own is two round trips."""
+    writes of its own is one round trip."""
     engine = make_engine(db_url)
     migrate(engine)
     account, _ = create_account(engine, name="closer", balance_usd=1.0)
@@ -70,10 +70,10 @@ def test_a_phase_close_that_crosses_the_ceiling_halts_the_run(db_url: str) -> No
         return append_closing(engine, run.id, [NewEvent.of(event_key(run.id, what), SandboxKilled(
             sandbox_id=what, cost_usd=cost))], run_cost_usd=0.2, budget_key=f"{what}-budget")
 
-    if engine.dialect.name == "postgresql":  # the append's call alone in autocommit, then the spend's read
+    if engine.dialect.name == "postgresql":  # the append and the spend's read in one call (bw_append_spend)
         with round_trips(engine) as trips:
             assert close("fetch", 0.1) is None
-        assert trips == [2]
+        assert trips == [1]
     else:
         assert close("fetch", 0.1) is None
     assert not get_run(engine, run_id=run.id).halted
