@@ -66,7 +66,7 @@ async def launch_run(body: LaunchBody, account: AccountDep, state: StateDep) -> 
 
         return await replay_launch(body, account, state)
     run = await start_run(state.settings, state.engine, state.temporal, account=account, launch=body)
-    return await run_in_threadpool(run_view, state.engine, run)
+    return await run_in_threadpool(run_view, state.engine, run, fresh=True)  # the row as recorded, its pin with it
 
 
 @router.get("", response_model=RunList, responses=responses(400))

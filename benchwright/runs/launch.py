@@ -252,6 +252,8 @@ def prepare_run(settings: Settings, engine: Engine, *, account: Account, launch:
 def record_run(engine: Engine, prepared: PreparedRun, *, settings: Settings) -> Run:
     """Record a prepared run (row + RunLaunched, the fork tree's row, its pin); the existing row when there is one.
     Blocking."""
+    from sqlalchemy.orm.attributes import set_committed_value
+
     from benchwright.registry.shape import set_pin
     from benchwright.schemas import ForkOrigin
     from benchwright.store.runs import create_run
@@ -268,6 +270,7 @@ def record_run(engine: Engine, prepared: PreparedRun, *, settings: Settings) -> 
                      materialize_mode=inp.materialize_mode, run_id=inp.run_id, fork=origin)
     if prepared.pinned is not None:
         set_pin(engine, run_id=run.id, pinned=prepared.pinned)
+        set_committed_value(run, "pinned", prepared.pinned)  # the row as stored now: its view need not read it again
     return run
 
 

@@ -118,10 +118,13 @@ def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Ru
 
 def run_view(engine: Engine, run: Run, *, fresh: bool = False) -> RunView:
     """The API's view of a run: stored fields, folded display status, cost and task summary. ``fresh``: ``run`` was
-    read from the store just now (the API's reads of one run), so what may have changed since is not read again."""
+    read from the store or recorded just now (the API's reads of one run, a launch's answer), so what may have changed
+    since is not read again."""
     with Session(reader(engine)) as session:
         finished = run.finished_at is not None
-        counts, no_answer, invocation, graded = _latest_counts(session, run.id, graded=finished)
+        # A row whose log holds its launch alone (a launch's answer, its first poll) has no task rows to count.
+        counts, no_answer, invocation, graded = _latest_counts(session, run.id, graded=finished) \
+            if run.next_seq > 1 else _Counts({}, 0, 1, None)
         # pass@k reads every trial row and the bootstrap every task row: once the run is over, not on every poll of
         # a live run, and then cached (benchwright/store/intervals.py)
         boot = terminal_intervals(session, run_id=run.id, invocation=invocation,

@@ -256,16 +256,17 @@ def test_the_apis_view_of_a_row_it_just_read_does_not_read_the_row_again(store_r
 
 def test_a_views_task_summary_is_one_statement_of_the_latest_sweep(store_run: tuple[Any, str]) -> None:
     """A run's view (every long poll's answer, every report) counts the latest sweep's tasks and learns which sweep
-    that is in one statement (the latest invocation a subquery): a sweep's counts are its own, and a run with no task
-    row yet is at its first."""
+    that is in one statement (the latest invocation a subquery): a sweep's counts are its own. A row whose log holds
+    its launch alone (a launch's answer, its first poll) has no task rows, and they are not counted; a run with no
+    task row yet is at its first sweep."""
     engine, run_id = store_run
-    run = get_run(engine, run_id=run_id)
     statements: list[str] = []
 
     def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         statements.append(statement)
 
     def view() -> Any:
+        run = get_run(engine, run_id=run_id)  # as the API does: the row, then its view in the same hop
         statements.clear()
         event.listen(engine, "before_cursor_execute", count)
         try:
@@ -273,6 +274,9 @@ def test_a_views_task_summary_is_one_statement_of_the_latest_sweep(store_run: tu
         finally:
             event.remove(engine, "before_cursor_execute", count)
 
+    launched = view()
+    assert launched.tasks.summary.passed == 0 and statements == [], statements
+    append_events(engine, run_id, [NewEvent.of(event_key(run_id, "started"), PhaseStarted(phase="fetch"))])
     assert view().tasks.summary.passed == 0 and len(statements) == 1, statements
     append_events(engine, run_id, [
         _trial(run_id, 1, 0, "TimeoutError: first"), _trial(run_id, 1, 1, None),
