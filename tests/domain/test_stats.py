@@ -12,6 +12,7 @@ from scipy import stats as sp
 from benchwright.comparison.stats import (
     bootstrap_mean,
     mcnemar_exact,
+    median_interval,
     paired_proportion_difference,
     pareto_optimal,
     proportion_se,
@@ -127,3 +128,26 @@ def test_pareto_optimal() -> None:
     # (cost, quality): the cheapest, the best, and one strictly between them are optimal; dominated ones are not.
     points = [(0.01, 0.60), (0.02, 0.58), (0.05, 0.80), (0.03, 0.70), (0.05, 0.79), (0.03, 0.70)]
     assert pareto_optimal(points) == [True, False, True, True, False, True]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 10, 12, 20, 31, 100])
+def test_a_medians_interval_is_the_widest_order_statistics_scipy_gives_95_percent(n: int) -> None:
+    values = [random.Random(n).uniform(0.8, 1.4) for _ in range(n)]
+    ci = median_interval(values)
+    xs = sorted(values)
+    # scipy's binomial: the largest r with P(r <= B <= n - r) >= 0.95, B ~ Binomial(n, 1/2) (1-based order stats)
+    rs = [r for r in range(1, (n + 1) // 2 + 1) if sp.binom.cdf(n - r, n, 0.5) - sp.binom.cdf(r - 1, n, 0.5) >= 0.95]
+    r = max(rs, default=1)
+    assert (ci.low, ci.high) == (xs[r - 1], xs[n - r])
+    assert ci.low <= float(np.median(values)) <= ci.high
+    if n == 10:
+        assert (ci.low, ci.high) == (xs[1], xs[8])  # x(2)..x(9): 97.9 %; x(3)..x(8) would be 89 %
+    if n < 6:
+        assert (ci.low, ci.high) == (xs[0], xs[-1])
+
+
+def test_a_medians_interval_refuses_no_values_and_a_confidence_out_of_range() -> None:
+    with pytest.raises(ValueError, match="no values"):
+        median_interval([])
+    with pytest.raises(ValueError, match="confidence"):
+        median_interval([1.0, 2.0], confidence=1.0)
