@@ -236,7 +236,7 @@ def round_trips(traces: Path, windows: list[tuple[float, float]], pids: dict[str
             fields = line.split("\t")
             if fields[1:4:2] != ["B", "ReadyForQuery"]:
                 continue
-            at = datetime.strptime(fields[0], "%Y-%m-%d %H:%M:%S.%f").astimezone().timestamp()  # in local time
+            at = _local(fields[0])
             for n, (start, end) in enumerate(windows):
                 if start <= at <= end:
                     counts[n][who] += 1
