@@ -40,8 +40,8 @@ from benchwright.harness.relay import BridgeEndpoint, Meter
 from benchwright.runs.materialize import RunHalted, _recorded
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import TrialOutcome, aggregate, outcome_for
-from benchwright.store.control import budget_halt_reason, halt_run
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.control import append_checking
+from benchwright.store.events import NewEvent, event_key
 
 SCRIPT = "bw_bridge.py"
 CONFIG = "bw_bridge.json"
@@ -234,18 +234,15 @@ class BridgeRecorder:
         """
         batch, self.pending = self.pending, []
         self._last_flush = time.monotonic()
+        reason = None
         if batch:
-            await asyncio.to_thread(append_events, self.engine, self.inp.run_id, batch)
+            reason = await asyncio.to_thread(append_checking, self.engine, self.inp.run_id, batch,
+                                             invocation=self.inp.invocation, run_cost_usd=self.inp.run_cost_usd)
             self.written += sum(1 for e in batch if e.type == MaterializeTaskResult.type_name())
         self.progress({"harness": self.harness, "trials_recorded": self.written, "tasks_total": self.total,
                        "calls": self.meter.calls})
-        if batch:
-            reason = await asyncio.to_thread(budget_halt_reason, self.engine, run_id=self.inp.run_id,
-                                             run_cost_usd=self.inp.run_cost_usd)
-            if reason:
-                await asyncio.to_thread(halt_run, self.engine, run_id=self.inp.run_id, reason=reason,
-                                        key=f"materialize-{self.inp.invocation}-budget")
-                raise RunHalted(reason)
+        if reason:
+            raise RunHalted(reason)
 
     def result(self) -> MaterializeBatchResult:
         return MaterializeBatchResult(start=self.inp.start, stop=self.inp.stop, trials_recorded=self.written,

@@ -23,7 +23,7 @@ from benchwright.runs.materialize import RunHalted, _recorded
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.sandbox.lifecycle import open_sandbox, snapshot_of
 from benchwright.settings import Settings
-from benchwright.store.control import budget_halt_reason, halt_run
+from benchwright.store.control import append_checking
 from benchwright.store.db import outage_tolerant as in_thread
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.runs import get_run
@@ -71,20 +71,18 @@ async def product_batch(*, engine: Engine, settings: Settings, workdir: Path, in
             ended = await run_task(sut=sut, ws=ws, task=task, system_prompt=recipe.system_prompt, index=index,
                                    invocation=invocation, emit=emit)
         meta = {"product": recipe.name, **ended.meta}
-        await in_thread(append_events, engine, run_id, [
+        reason = await in_thread(append_checking, engine, run_id, [
             NewEvent.of(event_key(run_id, "materialize", invocation, index, 0, "result"), MaterializeTaskResult(
                 invocation=invocation, index=index, trial=0, score=ended.score, outcome=ended.outcome,
                 output=clip(ended.output, 4096) if ended.output else None, meta=meta, error=ended.error,
                 usage=ended.usage, cost_usd=ended.cost_usd, input=task.instruction)),
             NewEvent.of(event_key(run_id, "materialize", invocation, index, "aggregated"), MaterializeTaskAggregated(
                 invocation=invocation, index=index, score=ended.score, outcome=ended.outcome,
-                trial_scores=[ended.score]))])
+                trial_scores=[ended.score]))], invocation=invocation, run_cost_usd=inp.run_cost_usd)
         counts[ended.outcome] += 1
         written += 1
         progress({"product": recipe.name, "trials_recorded": written})
-        reason = await in_thread(budget_halt_reason, engine, run_id=run_id, run_cost_usd=inp.run_cost_usd)
         if reason:
-            await in_thread(halt_run, engine, run_id=run_id, reason=reason, key=f"materialize-{invocation}-budget")
             raise RunHalted(reason)
 
     todo = [i for i in range(inp.start, min(inp.stop, len(recipe.tasks))) if i not in aggregated]

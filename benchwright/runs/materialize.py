@@ -26,9 +26,9 @@ from benchwright.runs.limits import ScorerCeilings
 from benchwright.runs.pipeline import MaterializeBatchInput, MaterializeBatchResult
 from benchwright.scoring.aggregators import RowAggregate, TrialOutcome, aggregator
 from benchwright.scoring.host import TrialItem, TrialLimits, TrialRecord
-from benchwright.store.control import budget_halt_reason, halt_run
+from benchwright.store.control import append_checking
 from benchwright.store.db import outage_tolerant, reader
-from benchwright.store.events import NewEvent, append_events, event_key
+from benchwright.store.events import NewEvent, event_key
 from benchwright.store.models import TaskRow, TrialResult, table_of
 
 SCORER_THREAD_HEADROOM = 64
@@ -193,17 +193,14 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         async with flush_lock:
             batch, pending = pending, []
             last_flush = time.monotonic()
-            if batch:
-                await outage_tolerant(append_events, engine, inp.run_id, batch)  # a store outage is waited out
+            reason = None
+            if batch:  # committed with the budget check after it; a store outage is waited out
+                reason = await outage_tolerant(append_checking, engine, inp.run_id, batch,
+                                               invocation=inp.invocation, run_cost_usd=inp.run_cost_usd)
                 written += sum(1 for e in batch if e.type == _RESULT)
             progress({"start": inp.start, "stop": inp.stop, "trials_recorded": written})
-            if batch:
-                reason = await asyncio.to_thread(budget_halt_reason, engine, run_id=inp.run_id,
-                                                 run_cost_usd=inp.run_cost_usd)
-                if reason:
-                    await asyncio.to_thread(halt_run, engine, run_id=inp.run_id, reason=reason,
-                                            key=f"materialize-{inp.invocation}-budget")
-                    raise RunHalted(reason)
+            if reason:
+                raise RunHalted(reason)
 
     wake_flusher = asyncio.Event()
     stopping = False

@@ -21,6 +21,7 @@ from benchwright.store.events import (
     appends_in_one_call,
     event_key,
     lock_run,
+    results_in_one_call,
 )
 from benchwright.store.models import Account, Run, table_of, utcnow
 from benchwright.store.settled import notify_settled
@@ -91,6 +92,32 @@ def append_closing(engine: Engine, run_id: str, events: list[NewEvent], *, cell:
             return None
         reason = _spend_reason(session.connection(), run_id=run_id, run_cost_usd=run_cost_usd)
         return reason if reason and _halt_in_session(session, run_id=run_id, reason=reason, key=budget_key) else None
+
+
+def append_checking(engine: Engine, run_id: str, events: list[NewEvent], *, invocation: int,
+                    run_cost_usd: float | None) -> str | None:
+    """A Materialize batch's commit of results (§9): append ``events`` and read the run's spend after them in one
+    transaction and, if the run has crossed its cost ceiling or its account's balance (``budget_halt_reason``), halt
+    it (keyed by the invocation: one halt whichever of its batches sees it first). Returns that reason whether this
+    call or an earlier one halted the run, so that a batch stops either way; None when the spend calls for no halt.
+
+    On Postgres a few results (``results_in_one_call``) are one round trip in autocommit, the append's and the read's
+    (nine before: the append's transaction of seven statements, then the read); more go by the statements, ``COPY``
+    among them, with the read inside their transaction.
+
+    Raises:
+        NotFound: the run does not exist.
+    """
+    if engine.dialect.name == "postgresql" and (results_in_one_call(events)
+                                                or (bool(events) and appends_in_one_call(events))):
+        reason = _reason_of(*append_spending(engine, run_id, events), run_cost_usd=run_cost_usd)
+    else:
+        with session_scope(engine) as session:
+            append_in_session(session, run_id, events)
+            reason = _spend_reason(session.connection(), run_id=run_id, run_cost_usd=run_cost_usd)
+    if reason:
+        halt_run(engine, run_id=run_id, reason=reason, key=f"materialize-{invocation}-budget")
+    return reason
 
 
 def clear_halt(engine: Engine, *, run_id: str, key: str, resolution: str | None = None) -> bool:

@@ -93,6 +93,19 @@ _READING_CALL = ("SELECT o_fresh, o_read FROM bw_append_reading(%(run_id)s::text
                  "%(read)s::text)")
 """A small append on Postgres and then a read of the run's newest event of a type (``append_reading``): migration
 0019's."""
+_RESULTS_CALL = ("SELECT o_fresh, o_incurred, o_billed, o_balance FROM bw_append_results(%(run_id)s::text, "
+                 "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
+                 "%(at)s::timestamp, %(t_of)s::integer[], %(t_invocation)s::integer[], %(t_index)s::integer[], "
+                 "%(t_trial)s::integer[], %(t_outcome)s::text[], %(t_score)s::double precision[], "
+                 "%(t_output)s::text[], %(t_meta)s::json[], %(t_error)s::text[], %(t_input)s::text[], "
+                 "%(r_of)s::integer[], %(r_invocation)s::integer[], %(r_index)s::integer[], %(r_outcome)s::text[], "
+                 "%(r_score)s::double precision[], %(r_trial_scores)s::json[], %(r_no_answer)s::boolean[], "
+                 "%(r_trials_scored)s::integer[], %(r_trials_passed)s::integer[])")
+"""A small append of results on Postgres, their trial and task rows, and the run's spend after them
+(``append_spending``): the function of migration 0021."""
+_TRIAL_COLUMNS = ("invocation", "index", "trial", "outcome", "score", "output", "meta", "error", "input")
+_TASK_COLUMNS = ("invocation", "index", "outcome", "score", "trial_scores", "no_answer", "trials_scored",
+                 "trials_passed")
 _CELL_JSON = ("artifacts", "files", "result")
 
 
@@ -209,6 +222,9 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
         if rows[0][0] is None:
             raise NotFound(f"run {run_id} not found")
         return int(rows[0][0])
+    if engine.dialect.name == "postgresql" and not run_updates and results_in_one_call(events):
+        with reader(engine).connect() as conn:  # a few results: one call in autocommit, as above
+            return _call_results(conn, run_id, [_storable_on_postgres(e) for e in events])[0]
     with session_scope(engine) as session:
         return append_in_session(session, run_id, events, **run_updates)
 
@@ -372,22 +388,40 @@ def appends_in_one_call(events: list[NewEvent]) -> bool:
     return not any(e.type in _ROW_PROJECTED for e in events)
 
 
+def results_in_one_call(events: list[NewEvent]) -> bool:
+    """Whether Postgres appends ``events``, some of which project rows, by one call of ``bw_append_results``
+    (migration 0021): fewer than ``_COPY_FROM`` of them, and each task row's ``no_answer`` decided by this append's
+    own trials (``_result_rows``)."""
+    return (bool(events) and len(events) < _COPY_FROM and not appends_in_one_call(events)
+            and _result_rows("", events) is not None)
+
+
 def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell: dict[str, Any] | None = None
                     ) -> tuple[float, float, float]:
-    """On Postgres, a phase's close in one call in autocommit: append ``events`` (``appends_in_one_call``), upsert
-    the phase's cache cell if it has one (``cell``: the ``phase_fingerprints`` row's ``phase``, ``input_hash``,
-    ``artifacts``, ``snapshot_id``, ``files``, ``result`` and ``source_run_id``, as
-    ``benchwright.registry.cache.record_cell_in`` writes it; ``bw_close_phase``, migration 0019) and read the run's
-    spend after them (without a cell ``bw_append_spend``, migration 0020), one transaction and one round trip.
-    Returns the run's ``cost_incurred``, ``cost_billed`` and its account's ``balance_usd``.
+    """On Postgres, an append and the run's spend after it in one call in autocommit, one transaction and one round
+    trip. Returns the run's ``cost_incurred``, ``cost_billed`` and its account's ``balance_usd``.
+
+    - A phase's close (``appends_in_one_call``): append ``events``, upsert the phase's cache cell if it has one
+      (``cell``: the ``phase_fingerprints`` row's ``phase``, ``input_hash``, ``artifacts``, ``snapshot_id``,
+      ``files``, ``result`` and ``source_run_id``, as ``benchwright.registry.cache.record_cell_in`` writes it;
+      ``bw_close_phase``, migration 0019) and read the spend (without a cell ``bw_append_spend``, migration 0020).
+    - A few results (``results_in_one_call``; no cell): append them with their trial and task rows and read the spend
+      (``bw_append_results``, migration 0021).
 
     Raises:
         NotFound: the run does not exist (nothing is written).
+        ValueError: ``events`` are results with a ``cell``, or too many results for one call.
         DBAPIError: the driver failed (``_on_driver``).
     """
+    stored = [_storable_on_postgres(e) for e in events]
     with reader(engine).connect() as conn:
+        if not appends_in_one_call(stored):
+            if cell is not None:
+                raise ValueError("a phase's cache cell is written with its close's events, not with results")
+            fresh, *spend = _call_results(conn, run_id, stored)
+            return spend[0], spend[1], spend[2]
         data_proc, _ = _procs(conn)
-        params = _call_params(conn, run_id, [_storable_on_postgres(e) for e in events])
+        params = _call_params(conn, run_id, stored)
         if cell is None:
             rows = _on_driver(conn, _SPEND_CALL, params, fetch=True)
         else:
@@ -398,6 +432,62 @@ def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell
     if fresh is None:
         raise NotFound(f"run {run_id} not found")
     return float(incurred), float(billed), float(balance)
+
+
+def _call_results(conn: Connection, run_id: str, events: list[NewEvent]) -> tuple[int, float, float, float]:
+    """Append ``events`` (``results_in_one_call``, each storable on Postgres) with the trial and task rows they
+    project by one call of ``bw_append_results`` (migration 0021) on ``conn``'s driver connection; returns how many
+    were new and the run's spend after them (``append_spending``).
+
+    Raises:
+        NotFound: the run does not exist.
+        ValueError: ``events`` cannot go in one call (``results_in_one_call``).
+        DBAPIError: the driver failed (``_on_driver``).
+    """
+    made = _result_rows(run_id, events) if len(events) < _COPY_FROM else None
+    if made is None:
+        raise ValueError("these results go by the statements (results_in_one_call)")
+    trials, rows = made
+    data_proc, _ = _procs(conn)
+    params = _call_params(conn, run_id, events)
+    for prefix, projected, columns in (("t_", trials, _TRIAL_COLUMNS), ("r_", rows, _TASK_COLUMNS)):
+        params[f"{prefix}of"] = [of for of, _ in projected]
+        for column in columns:
+            values = [row[column] for _, row in projected]
+            if column in ("meta", "trial_scores"):
+                values = [data_proc(value) if data_proc else value for value in values]
+            elif column == "score":  # one array type for the lot: an int score (a bool even) as the float it means
+                values = [None if value is None else float(value) for value in values]
+            params[prefix + column] = values
+    found = _on_driver(conn, _RESULTS_CALL, params, fetch=True)
+    fresh, incurred, billed, balance = found[0]
+    if fresh is None:
+        raise NotFound(f"run {run_id} not found")
+    return int(fresh), float(incurred), float(billed), float(balance)
+
+
+def _result_rows(run_id: str, events: list[NewEvent]
+                 ) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, dict[str, Any]]]] | None:
+    """The trial rows and task rows ``events`` project, each with its event's position in ``events`` (from 1), the
+    task rows' ``no_answer`` set from this append's trials (``_no_answer_of``); None when one needs a trial committed
+    before (a k > 1 task whose other trials all said ``extracted: false``): those go by the statements, which read
+    it. A trial whose key the log holds already counts here, where the statements count the new ones alone: the
+    two differ only if a task's last trial was committed without the aggregate it is appended with, which the
+    batch's writers never do (they append both together)."""
+    trials: list[tuple[int, dict[str, Any]]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for position, e in enumerate(events, 1):
+        if e.type == _RESULT:
+            trials.append((position, _trial_row(run_id, e.data)))
+        elif e.type == _AGGREGATED:
+            rows.append((position, _task_row(run_id, e.data)))
+    for _, row in rows:
+        metas = [t["meta"] for _, t in trials if (t["invocation"], t["index"]) == (row["invocation"], row["index"])]
+        no_answer = _no_answer_of(row, metas)
+        if no_answer is None:
+            return None
+        row["no_answer"] = no_answer
+    return trials, rows
 
 
 _NUL, _REPLACEMENT = "\x00", "\ufffd"
@@ -504,24 +594,40 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
     trials: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for e in events:
-        d = e.data
         run_updates.update(_projected(e))
         if e.type == _RESULT:
-            trials.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
-                           "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
-                           "error": d.get("error"), "input": d.get("input")})
+            trials.append(_trial_row(run_id, e.data))
         elif e.type == _AGGREGATED:
-            scores = d["trial_scores"]  # one per trial, None for one that errored (its outcome ``err``)
-            rows.append({"run_id": run_id, "invocation": d["invocation"], "index": d["index"],
-                         "outcome": d["outcome"], "score": d["score"], "trial_scores": scores,
-                         "trials_scored": sum(outcome_for(s) != "err" for s in scores),
-                         "trials_passed": sum(outcome_for(s) == "pass" for s in scores)})
+            rows.append(_task_row(run_id, e.data))
     if trials:
         _insert_rows(session, _TRIALS, trials)
     if rows:
         _mark_no_answer(session, run_id, rows, trials)
         _insert_rows(session, _TASK_ROWS, rows)
     return run_updates
+
+
+def _trial_row(run_id: str, d: dict[str, Any]) -> dict[str, Any]:
+    """The ``trial_results`` row a MaterializeTaskResult's data projects."""
+    return {"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
+            "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
+            "error": d.get("error"), "input": d.get("input")}
+
+
+def _task_row(run_id: str, d: dict[str, Any]) -> dict[str, Any]:
+    """The ``task_rows`` row a MaterializeTaskAggregated's data projects, but its ``no_answer``."""
+    scores = d["trial_scores"]  # one per trial, None for one that errored (its outcome ``err``)
+    return {"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "outcome": d["outcome"],
+            "score": d["score"], "trial_scores": scores,
+            "trials_scored": sum(outcome_for(s) != "err" for s in scores),
+            "trials_passed": sum(outcome_for(s) == "pass" for s in scores)}
+
+
+def _no_answer_of(row: dict[str, Any], metas: list[Any]) -> bool | None:
+    """A task row's ``no_answer`` from the meta of those of its trials at hand (``is_no_answer``); None when that
+    depends on trials not at hand (it would be true by these, and some of the row's trials are missing)."""
+    no_answer = is_no_answer(row["outcome"], metas) if metas else row["outcome"] == "fail"
+    return None if no_answer and len(metas) < len(row["trial_scores"]) else no_answer
 
 
 def _projected(event: NewEvent) -> dict[str, Any]:
@@ -547,12 +653,12 @@ def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], t
     for row in rows:
         key = (row["invocation"], row["index"])
         metas = here.get(key, [])
-        row["no_answer"] = is_no_answer(row["outcome"], metas) if metas else row["outcome"] == "fail"
-        if row["no_answer"] and len(metas) < len(row["trial_scores"]):
-            metas = list(session.execute(select(col(TrialResult.meta)).where(
+        no_answer = _no_answer_of(row, metas)
+        if no_answer is None:  # its trials here (this append's are inserted already) and before
+            no_answer = is_no_answer(row["outcome"], session.execute(select(col(TrialResult.meta)).where(
                 col(TrialResult.run_id) == run_id, col(TrialResult.invocation) == key[0],
                 col(TrialResult.index) == key[1])).scalars())
-            row["no_answer"] = is_no_answer(row["outcome"], metas)
+        row["no_answer"] = no_answer
 
 
 def read_events(engine: Engine, run_id: str, *, after: int = -1, limit: int = 1000) -> list[EventRow]:

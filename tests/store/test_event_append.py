@@ -218,11 +218,12 @@ def test_an_append_through_a_readers_session_is_refused(postgres_url: str) -> No
 
 def test_a_small_append_lands_as_the_statements_would_write_it(db_url: str) -> None:
     """On Postgres an append whose events project no rows of their own goes as one call of ``bw_append_events``
-    (migration 0017); on SQLite, and for results and aggregates everywhere, as the statements. Either way the same
-    appends leave the same log and the same run row: a key repeated within an append lands once (the first), keys
-    already in the log land nothing and take no seq, the last PhaseStarted among the new events moves the row's phase
-    and a DatasetTasksArtifact its task count (a repeated one neither), a cost is counted by the trigger, the
-    caller's own columns are written even when every event was a repeat, and a run that is not there is NotFound."""
+    (migration 0017); on SQLite as the statements (a few results and aggregates: ``test_results_in_one_call.py``).
+    Either way the same appends leave the same log and the same run row: a key repeated within an append lands once
+    (the first), keys already in the log land nothing and take no seq, the last PhaseStarted among the new events
+    moves the row's phase and a DatasetTasksArtifact its task count (a repeated one neither), a cost is counted by the
+    trigger, the caller's own columns are written even when every event was a repeat, and a run that is not there is
+    NotFound."""
     from benchwright.errors import NotFound
     from benchwright.events import DatasetTasksArtifact, DriverUsage, PhaseStarted, RunHalted
     from benchwright.store.events import append_in_session
