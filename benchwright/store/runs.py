@@ -100,7 +100,7 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
                 run.error = error[:4000] if error else None
                 run.finished_at = utcnow()
                 stamp_terminal(session, run)
-                notify_settled(session, run_id)  # the long polls waiting for it, once this commits (Postgres)
+                notify_settled(session, run_id)  # the long polls waiting for it, once this commits
 
 
 def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Run:

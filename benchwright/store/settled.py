@@ -5,8 +5,9 @@ it learns of it through Temporal: the workflow task that ran the run's end compl
 answers, then the row is read, 15-30 ms after the terminal event committed (``bench/timeline.py``). So the
 transaction that settles a row says so (``notify_settled``), and each API process listens:
 
-- **Postgres**: ``NOTIFY bw_run_settled, '<run id>'`` in that transaction, delivered when it commits; the API keeps
-  one connection listening (``SettledListener``).
+- **Postgres**: ``NOTIFY bw_run_settled, '<run id>'`` in that transaction, delivered when it commits, sent by the
+  trigger ``bw_runs_settled`` on the row's ``UPDATE`` (migration 0022: no round trip of its own); the API keeps one
+  connection listening (``SettledListener``).
 - **SQLite** (a database file, shared by the processes of one machine): once the transaction commits, a datagram
   with the run's id to each API process listening beside that file (``SocketSettledListener``). Each binds a Unix
   datagram socket in a private temporary directory (a socket path must stay short) and links it from the channel
@@ -32,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy import event, text
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -44,7 +45,6 @@ __all__ = ["CHANNEL", "SettledListener", "SocketSettledListener", "listen_for_se
 CHANNEL = "bw_run_settled"
 _log = logging.getLogger(__name__)
 
-_NOTIFY = text("SELECT pg_notify(:channel, :run_id)")
 _MAX_ID_BYTES = 200
 """A datagram longer than this is not a run id: dropped unread."""
 
@@ -62,11 +62,9 @@ def settled_channel(engine: Engine) -> Path | None:
 
 
 def notify_settled(session: Session, run_id: str) -> None:
-    """In the transaction that settles ``run_id``'s row: tell the listeners once it commits."""
+    """In the transaction that settles ``run_id``'s row: tell the listeners once it commits. On Postgres the row's
+    ``UPDATE`` does (the trigger of migration 0022), and this adds nothing."""
     bind = session.get_bind()
-    if bind.dialect.name == "postgresql":
-        session.execute(_NOTIFY, {"channel": CHANNEL, "run_id": run_id})
-        return
     channel = settled_channel(bind) if isinstance(bind, Engine) else None
     if channel is None:
         return

@@ -108,6 +108,51 @@ async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: st
         engine.dispose()
 
 
+def test_on_postgres_the_rows_update_tells_with_no_round_trip_of_its_own(postgres_url: str) -> None:
+    """The NOTIFY rides on the ``UPDATE`` that settles the row (trigger ``bw_runs_settled``, migration 0022): a run's
+    end is seven round trips, not eight. An end, a halt, a halt for another reason and a torn-down run's end tell;
+    an append, a retried end, a resume and a halt again for the same reason do not. Word arrives in commit order, so
+    a step that told nothing is followed by one that tells, and the next word must be that one's."""
+    from benchwright.events import AgentTextEvent
+    from benchwright.store.control import clear_halt, finish_halted
+    from benchwright.store.events import NewEvent, append_events, event_key
+    from benchwright.store.settled import CHANNEL
+    from tests.store.conftest import round_trips
+
+    ended, halted, torn = _runs(postgres_url, 3)
+    engine = make_engine(postgres_url)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        driver = conn.connection.dbapi_connection
+        assert driver is not None
+        driver.execute(f"LISTEN {CHANNEL}")
+
+        def next_word() -> str:
+            for note in driver.notifies(timeout=WAIT_S):  # type: ignore[attr-defined]
+                if note.payload in (ended, halted, torn):  # the channel is the database's: other tests' runs too
+                    return str(note.payload)
+            raise AssertionError(f"no word within {WAIT_S} s")
+
+        append_events(engine, ended, [NewEvent.of(event_key(ended, "x"), AgentTextEvent(phase="x", text="x"))])
+        with round_trips(engine) as trips:
+            finish_run(engine, run_id=ended, status="ok")
+        assert trips == [7]
+        assert next_word() == ended
+        finish_run(engine, run_id=ended, status="ok")  # a retry: writes nothing
+        halt_run(engine, run_id=halted, reason="paused")
+        assert next_word() == halted
+        assert clear_halt(engine, run_id=halted, key="resume-1")
+        halt_run(engine, run_id=halted, reason="paused")
+        assert next_word() == halted
+        halt_run(engine, run_id=halted, reason="paused", replace=True)  # the same reason again
+        halt_run(engine, run_id=torn, reason="stopped")
+        assert next_word() == torn
+        finish_halted(engine, run_id=torn)
+        assert next_word() == torn
+        halt_run(engine, run_id=halted, reason="review_requested", replace=True)
+        assert next_word() == halted
+    engine.dispose()
+
+
 def _dead_pid() -> int:
     """A PID no process holds now (a child that exited and was reaped)."""
     child = subprocess.Popen([sys.executable, "-c", ""])
