@@ -140,7 +140,7 @@ class MaterializeActivities:
         await in_thread(append_events, self.deps.engine, inp.run_id, events)
         return PhaseResult(phase="materialize", invocation=inp.invocation, control=control)
 
-    def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None, account: tuple[str, int]) -> SutClient:
+    def _sut(self, inp: MaterializeBatchInput, proxy: ProxyHandle | None, account_id: str, quota: int) -> SutClient:
         """The run's model route (the one Attach probed), through the account's model-call gate (its fair share of
         this worker), behind the breaker that halts the run ``sut_unavailable`` when its calls keep failing fatally
         (the halt watcher below then stops the batch)."""
@@ -148,7 +148,6 @@ class MaterializeActivities:
         sut: SutClient = run_sut(inp.model, prices=prices_for(inp.model), proxy=proxy, concurrency=inp.concurrency,
                                  timeout_s=settings.sut_timeout_s, retries=settings.sut_retries,
                                  budget_s=inp.task_limits.attempt_duration_s, shelf=self.connections)
-        account_id, quota = account
         self.share.set_quota(account_id, quota)
         sut = GatedSut(sut, share=self.share, account=account_id, concurrency=inp.concurrency)
 
@@ -186,8 +185,8 @@ class MaterializeActivities:
 
         # Read once per batch; started again if it died with the worker that started it.
         proxy = await live_proxy(self.deps, run_id=inp.run_id, spec=inp.model)
-        account = await in_thread(model_call_limit, self.deps.engine, self.deps.settings, run_id=inp.run_id)
-        sut = self._sut(inp, proxy, account)
+        run, quota = await in_thread(model_call_limit, self.deps.engine, self.deps.settings, run_id=inp.run_id)
+        sut = self._sut(inp, proxy, run.account_id, quota)
         # Connections to the model open while the batch's sandbox and scorer runtime start.
         warming = asyncio.create_task(sut.warm((inp.stop - inp.start) * inp.trials.plan.k))
         ticker = asyncio.create_task(keepalive())
@@ -195,7 +194,7 @@ class MaterializeActivities:
         # benchwright.runs.placement: the harness process, a product run's agents, or the scorer in its sandboxes
         work = asyncio.create_task(run_placed_batch(
             engine=self.deps.engine, settings=self.deps.settings, inp=inp, sut=sut, proxy=proxy, workdir=workdir,
-            progress=progress, ceilings=self.ceilings, attempt=activity.info().attempt))
+            progress=progress, ceilings=self.ceilings, attempt=activity.info().attempt, run=run))
         try:
             await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not work.done():

@@ -33,6 +33,7 @@ from benchwright.sandbox.local.warm import RuntimeSpec, WarmPool, start_warm_poo
 from benchwright.scoring.host import RUNNER, TrialItem, TrialLimits, TrialRecord, run_trials, runner_env
 from benchwright.settings import Settings
 from benchwright.store.db import outage_tolerant
+from benchwright.store.models import Run
 
 SANDBOX_MARGIN_S = 60.0
 """The scorer sandbox outlives the batch's ceiling by this much: the host settles the trials and kills the runtime
@@ -78,7 +79,7 @@ def allowed_internal(proxy: ProxyHandle | None) -> frozenset[tuple[str, int]]:
 
 
 def sequential(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, sut: SutClient,
-               proxy: ProxyHandle | None, ceilings: ScorerCeilings) -> Execute:
+               proxy: ProxyHandle | None, ceilings: ScorerCeilings, run: Run | None = None) -> Execute:
     """Every trial of the batch in one work sandbox restored from the post-Atomize snapshot."""
 
     async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
@@ -89,7 +90,7 @@ def sequential(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput
         snapshot = await outage_tolerant(snapshot_of, engine, inp.run_id, "atomize")
         async with open_sandbox(engine=engine, settings=settings, run_id=inp.run_id, role="work",
                                 key=("materialize", inp.invocation, inp.start), restore=snapshot,
-                                internal_allowed=allowed_internal(proxy)) as box:
+                                internal_allowed=allowed_internal(proxy), run=run) as box:
             await run_trials(spawn=box.spawn(scorer_env(proxy, box), scorer_limits(threads, ceilings)),
                              items=items, sut=sut, threads=threads, on_record=on_record, limits=limits, reap=False)
 
@@ -97,7 +98,7 @@ def sequential(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput
 
 
 def fanout(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, sut: SutClient,
-           proxy: ProxyHandle | None, ceilings: ScorerCeilings) -> Execute:
+           proxy: ProxyHandle | None, ceilings: ScorerCeilings, run: Run | None = None) -> Execute:
     """Each task in its own task sandbox, restored from the post-Atomize snapshot and killed when it ends."""
 
     async def execute(items: list[TrialItem], on_record: Callable[[TrialRecord], Awaitable[None]],
@@ -114,7 +115,7 @@ def fanout(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, su
             async with gate, open_sandbox(engine=engine, settings=settings, run_id=inp.run_id, role="task",
                                           key=("materialize", inp.invocation, index),
                                           restore=snapshot, internal_allowed=allowed_internal(proxy),
-                                          metadata={"task_index": index}) as box:
+                                          metadata={"task_index": index}, run=run) as box:
                 spawn = box.spawn(scorer_env(proxy, box), scorer_limits(len(trials), ceilings))
                 await run_trials(spawn=spawn, items=trials, sut=sut, threads=len(trials), on_record=on_record,
                                  limits=limits, reap=False)
@@ -128,9 +129,11 @@ def fanout(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, su
 
 async def run_placed_batch(*, engine: Engine, settings: Settings, inp: MaterializeBatchInput, sut: SutClient,
                            proxy: ProxyHandle | None, workdir: Path, progress: Callable[[dict[str, Any]], None],
-                           ceilings: ScorerCeilings, attempt: int = 1) -> MaterializeBatchResult:
+                           ceilings: ScorerCeilings, attempt: int = 1, run: Run | None = None
+                           ) -> MaterializeBatchResult:
     """One batch where its mode places it: the harness process (``bridge``), a task sandbox per task (``fanout``;
     a product run's agents or the scorer) or one work sandbox (otherwise). ``attempt``: the batch activity's.
+    ``run``: the run's row as the batch read it (its scorer's sandboxes open with it rather than read it again).
 
     Raises:
         RunHalted: a commit crossed a ceiling or the balance.
@@ -141,6 +144,6 @@ async def run_placed_batch(*, engine: Engine, settings: Settings, inp: Materiali
         return await product_batch(engine=engine, settings=settings, workdir=workdir, inp=inp, sut=sut,
                                    progress=progress, attempt=attempt)
     place = fanout if inp.mode == "fanout" else sequential
-    execute = place(engine=engine, settings=settings, inp=inp, sut=sut, proxy=proxy, ceilings=ceilings)
+    execute = place(engine=engine, settings=settings, inp=inp, sut=sut, proxy=proxy, ceilings=ceilings, run=run)
     return await run_batch(engine=engine, inp=inp, tasks_path=workdir / "tasks.jsonl", execute=execute,
                            progress=progress, ceilings=ceilings)

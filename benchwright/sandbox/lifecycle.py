@@ -41,7 +41,7 @@ from benchwright.scoring.host import RUNNER, Spawn, runner_env
 from benchwright.settings import Settings
 from benchwright.store.db import reader
 from benchwright.store.events import NewEvent, append_events, event_key
-from benchwright.store.models import EventRow, table_of
+from benchwright.store.models import EventRow, Run, table_of
 from benchwright.store.policy import get_policy, record_blocked
 from benchwright.store.runs import get_run
 
@@ -123,20 +123,22 @@ async def open_sandbox(*, engine: Engine, settings: Settings, run_id: str, role:
                        metadata: Mapping[str, object] | None = None,
                        ro_paths: tuple[Path, ...] = (),
                        backend_options: Mapping[str, object] | None = None,
-                       on_worker: bool = False) -> AsyncIterator[Sandbox]:
+                       on_worker: bool = False, run: Run | None = None) -> AsyncIterator[Sandbox]:
     """A sandbox for the length of the block, on the run's backend, with its egress proxy; killed (and its cost
     recorded) on the way out, whatever happens inside. ``ro_paths``: host directories shown read-only at the same
     path (a harness runtime; the local backend only, remote backends bake them into their image or template).
     ``backend_options``: passed to the backend's ``create`` with its metadata (the local backend's ``root_links``,
     a remote backend's ``template``). ``on_worker``: on the worker's own local backend whatever the run's (a harness
     runner that drives task sandboxes on the run's backend through the worker, as harbor's orchestrator does; its
-    SandboxCreated names ``local``, and it leaves the run's recorded isolation alone).
+    SandboxCreated names ``local``, and it leaves the run's recorded isolation alone). ``run``: the run's row when
+    the caller has read it already (a Materialize batch, with its call limit); read here otherwise.
 
     Raises:
         InvalidInput: the run's backend is not configured on this worker (naming what to configure), or
             ``ro_paths`` were asked of a remote backend.
     """
-    run = await asyncio.to_thread(get_run, engine, run_id=run_id)
+    if run is None or run.id != run_id:
+        run = await asyncio.to_thread(get_run, engine, run_id=run_id)
     backend_name = "local" if on_worker else run.backend or "local"
     operator_allowed = {(h, int(p)) for h, _, p in (e.rpartition(":") for e in settings.egress_internal_allowed)}
     egress = EgressProxy(policy_provider=_PolicyCache(engine, run.account_id),

@@ -221,16 +221,17 @@ def check_launch(engine: Engine, settings: Settings, *, account_id: str, now: St
         raise _exceeded("tasks", used.tasks, quotas.tasks, settings, "wait for its runs to score them")
 
 
-def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[str, int]:
-    """The run's account and its ``model_calls`` quota as ``quotas_for`` gives it (read once per batch by the worker,
-    in one statement: the run's row and the account's override together).
+def model_call_limit(engine: Engine, settings: Settings, *, run_id: str) -> tuple[Run, int]:
+    """The run's row and its account's ``model_calls`` quota as ``quotas_for`` gives it (read once per batch by the
+    worker, in one statement: the row and the account's override together; the batch opens its sandbox with the
+    row, ``benchwright.sandbox.lifecycle.open_sandbox``).
 
     Raises:
         NoResultFound: no such run.
     """
     with Session(reader(engine)) as session:
-        account_id, override = session.execute(
-            select(col(Run.account_id), col(AccountQuota.model_calls)).select_from(Run)
+        run, override = session.execute(
+            select(Run, col(AccountQuota.model_calls))
             .outerjoin(AccountQuota, col(AccountQuota.account_id) == Run.account_id)
             .where(col(Run.id) == run_id)).one()
-    return account_id, override if override is not None else defaults(settings).model_calls
+    return run, override if override is not None else defaults(settings).model_calls

@@ -1,5 +1,5 @@
 """The model-call limit a batch reads as it starts (``benchwright.security.quotas.model_call_limit``): the run's
-account and its ``model_calls`` quota as ``quotas_for`` gives it (the deployment's default, or the admin's
+row and its account's ``model_calls`` quota as ``quotas_for`` gives it (the deployment's default, or the admin's
 override), in one statement, on SQLite and Postgres."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def test_a_batch_reads_its_runs_account_and_call_limit_in_one_statement(store_ru
         finally:
             event.remove(engine, "before_cursor_execute", count)
         assert len(statements) == 1, statements
-        assert limit == (account_id, expected) == (account_id,
-                                                   quotas_for(engine, settings, account_id=account_id).model_calls)
+        run, calls = limit
+        assert (run.id, run.account_id) == (run_id, account_id)
+        assert calls == expected == quotas_for(engine, settings, account_id=account_id).model_calls
     engine.dispose()
