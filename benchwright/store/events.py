@@ -215,7 +215,7 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
         # COMMIT), the lock held until it commits; a run's first sandbox records the run's isolation in the same
         # call (four before: the UPDATE too).
         with reader(engine).connect() as conn:
-            stored = [_storable_on_postgres(e) for e in events]
+            stored = [storable_on_postgres(e) for e in events]
             if not run_updates:
                 return _call_append(conn, run_id, stored)[0]
             rows = _on_driver(conn, _ISOLATED_CALL, _call_params(conn, run_id, stored) | run_updates, fetch=True)
@@ -224,7 +224,7 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
         return int(rows[0][0])
     if engine.dialect.name == "postgresql" and not run_updates and results_in_one_call(events):
         with reader(engine).connect() as conn:  # a few results: one call in autocommit, as above
-            return _call_results(conn, run_id, [_storable_on_postgres(e) for e in events])[0]
+            return _call_results(conn, run_id, [storable_on_postgres(e) for e in events])[0]
     with session_scope(engine) as session:
         return append_in_session(session, run_id, events, **run_updates)
 
@@ -286,7 +286,7 @@ def append_in_session(session: Session, run_id: str, events: list[NewEvent], **r
         if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
             # A reader's session (store.db.reader): the lock would end with its statement and seq could repeat.
             raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
-        events = [_storable_on_postgres(e) for e in events]
+        events = [storable_on_postgres(e) for e in events]
         if events and not any(e.type in _ROW_PROJECTED for e in events):
             return _append_in_one_call(session, run_id, events, run_updates)
     return _append_by_statements(session, run_id, events, run_updates)
@@ -374,7 +374,7 @@ def append_reading(engine: Engine, run_id: str, events: list[NewEvent], read: st
         DBAPIError: the driver failed (``_on_driver``).
     """
     with reader(engine).connect() as conn:
-        params = _call_params(conn, run_id, [_storable_on_postgres(e) for e in events]) | {"read": read}
+        params = _call_params(conn, run_id, [storable_on_postgres(e) for e in events]) | {"read": read}
         rows = _on_driver(conn, _READING_CALL, params, fetch=True)
     fresh, data = rows[0]
     if fresh is None:
@@ -413,7 +413,7 @@ def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell
         ValueError: ``events`` are results with a ``cell``, or too many results for one call.
         DBAPIError: the driver failed (``_on_driver``).
     """
-    stored = [_storable_on_postgres(e) for e in events]
+    stored = [storable_on_postgres(e) for e in events]
     with reader(engine).connect() as conn:
         if not appends_in_one_call(stored):
             if cell is not None:
@@ -493,7 +493,7 @@ def _result_rows(run_id: str, events: list[NewEvent]
 _NUL, _REPLACEMENT = "\x00", "\ufffd"
 
 
-def _storable_on_postgres(event: NewEvent) -> NewEvent:
+def storable_on_postgres(event: NewEvent) -> NewEvent:
     """``event`` with each NUL character in its strings (keys of its data included) replaced by U+FFFD, the
     replacement character: Postgres holds no NUL in a text column nor a ``\\u0000`` that ``->>`` can read, and an
     endpoint under test may well answer with one. The event itself when it has none (the usual case)."""
