@@ -418,8 +418,8 @@ def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell
         if not appends_in_one_call(stored):
             if cell is not None:
                 raise ValueError("a phase's cache cell is written with its close's events, not with results")
-            fresh, *spend = _call_results(conn, run_id, stored)
-            return spend[0], spend[1], spend[2]
+            _, incurred, billed, balance = _call_results(conn, run_id, stored)
+            return incurred, billed, balance
         data_proc, _ = _procs(conn)
         params = _call_params(conn, run_id, stored)
         if cell is None:
