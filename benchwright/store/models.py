@@ -67,6 +67,13 @@ class Run(SQLModel, table=True):
         # The accounts with runs running, read by every worker's fair share ten times a second (migration 0015).
         Index("ix_runs_running_account", "account_id", sqlite_where=text("status = 'running'"),
               postgresql_where=text("status = 'running'")),
+        # A narration's comparison: the newest earlier finished run of the same shape in the account (migration 0023).
+        Index("ix_runs_finished_by_registry_shape", "account_id", "benchmark_id", "subset_id", "impl_id",
+              "created_at", sqlite_where=text("finished_at IS NOT NULL"),
+              postgresql_where=text("finished_at IS NOT NULL")),
+        Index("ix_runs_finished_by_fingerprints", "account_id", "subset_fingerprint", "impl_fingerprint",
+              "created_at", sqlite_where=text("finished_at IS NOT NULL"),
+              postgresql_where=text("finished_at IS NOT NULL")),
     )
 
     id: str = Field(primary_key=True, max_length=36)
