@@ -8,8 +8,9 @@ same keys), and since the check happens under the same lock no seq is consumed f
 events project no rows makes all of that one call of ``bw_append_events`` (migration 0017: the same lock, the same
 check, the same seqs), one round trip instead of four (``_append_in_one_call``).
 
-Projections (task rows, trial rows, the run's phase) are updated in the same transaction, so a reader never sees
-an event without its projection or the other way round. Cost columns are the database trigger's (migration 0002).
+Projections (task rows, trial rows, the run's phase; what each event projects is ``benchwright.store.projection``)
+are updated in the same transaction, so a reader never sees an event without its projection or the other way round.
+Cost columns are the database trigger's (migration 0002).
 """
 
 from __future__ import annotations
@@ -27,27 +28,17 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col
 
 from benchwright.errors import NotFound
-from benchwright.events import (
-    TERMINAL_EVENT,
-    DatasetTasksArtifact,
-    Event,
-    MaterializeTaskAggregated,
-    MaterializeTaskResult,
-    PhaseStarted,
-)
-from benchwright.scoring.aggregators import outcome_for
+from benchwright.events import TERMINAL_EVENT, Event
 from benchwright.scoring.results import is_no_answer
+from benchwright.store import projection
 from benchwright.store.db import reader, session_scope
 from benchwright.store.models import EventRow, Run, TaskRow, TrialResult, table_of, utcnow
+from benchwright.store.nul import NUL, REPLACEMENT, has_nul, without_nul
 
 _KEY_CHUNK = 500
 # Inserts go through the Core tables, not the ORM classes: the ORM's bulk-insert path costs several times more CPU
 # per row (measured on the Materialize hot path), and these rows are plain dicts anyway.
 _EVENTS, _TRIALS, _TASK_ROWS = table_of(EventRow), table_of(TrialResult), table_of(TaskRow)
-_PHASE_STARTED, _TASKS_ARTIFACT = PhaseStarted.type_name(), DatasetTasksArtifact.type_name()
-_RESULT, _AGGREGATED = MaterializeTaskResult.type_name(), MaterializeTaskAggregated.type_name()
-_ROW_PROJECTED = frozenset({_RESULT, _AGGREGATED})
-"""Events that project rows of their own (a trial row, a task row): appended by the statements, not in one call."""
 # Per (dialect, table, columns): the INSERT, the COPY, the columns in order, their bind processors, positional or not.
 _Insert = tuple[str, str, list[str], list[Any], bool]
 _INSERTS: dict[tuple[str, str, tuple[str, ...]], _Insert] = {}
@@ -103,9 +94,6 @@ _RESULTS_CALL = ("SELECT o_fresh, o_incurred, o_billed, o_balance FROM bw_append
                  "%(r_trials_scored)s::integer[], %(r_trials_passed)s::integer[])")
 """A small append of results on Postgres, their trial and task rows, and the run's spend after them
 (``append_spending``): the function of migration 0021."""
-_TRIAL_COLUMNS = ("invocation", "index", "trial", "outcome", "score", "output", "meta", "error", "input")
-_TASK_COLUMNS = ("invocation", "index", "outcome", "score", "trial_scores", "no_answer", "trials_scored",
-                 "trials_passed")
 _CELL_JSON = ("artifacts", "files", "result")
 
 
@@ -287,7 +275,7 @@ def append_in_session(session: Session, run_id: str, events: list[NewEvent], **r
             # A reader's session (store.db.reader): the lock would end with its statement and seq could repeat.
             raise RuntimeError("an append needs a transaction: not a session on store.db.reader(engine)")
         events = [storable_on_postgres(e) for e in events]
-        if events and not any(e.type in _ROW_PROJECTED for e in events):
+        if events and not any(e.type in projection.ROW_PROJECTED for e in events):
             return _append_in_one_call(session, run_id, events, run_updates)
     return _append_by_statements(session, run_id, events, run_updates)
 
@@ -346,7 +334,7 @@ def _call_append(conn: Connection, run_id: str, events: list[NewEvent]) -> tuple
 def _call_params(conn: Connection, run_id: str, events: list[NewEvent]) -> dict[str, Any]:
     """``bw_append_events``'s arguments for ``events``, each value as the column's bind processor makes it."""
     data_proc, at_proc = _procs(conn)
-    projected = [_projected(e) for e in events]
+    projected = [projection.projected(e) for e in events]
     now = utcnow()
     return {"run_id": run_id, "keys": [e.key for e in events], "types": [e.type for e in events],
             "data": [data_proc(e.data) if data_proc else e.data for e in events],
@@ -385,15 +373,15 @@ def append_reading(engine: Engine, run_id: str, events: list[NewEvent], read: st
 
 def appends_in_one_call(events: list[NewEvent]) -> bool:
     """Whether Postgres appends ``events`` by one call of its function (none of them projects rows)."""
-    return not any(e.type in _ROW_PROJECTED for e in events)
+    return not any(e.type in projection.ROW_PROJECTED for e in events)
 
 
 def results_in_one_call(events: list[NewEvent]) -> bool:
     """Whether Postgres appends ``events``, some of which project rows, by one call of ``bw_append_results``
     (migration 0021): fewer than ``_COPY_FROM`` of them, and each task row's ``no_answer`` decided by this append's
-    own trials (``_result_rows``)."""
+    own trials (``projection.result_rows``)."""
     return (bool(events) and len(events) < _COPY_FROM and not appends_in_one_call(events)
-            and _result_rows("", events) is not None)
+            and projection.result_rows("", events) is not None)
 
 
 def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell: dict[str, Any] | None = None
@@ -444,16 +432,16 @@ def _call_results(conn: Connection, run_id: str, events: list[NewEvent]) -> tupl
         ValueError: ``events`` cannot go in one call (``results_in_one_call``).
         DBAPIError: the driver failed (``_on_driver``).
     """
-    made = _result_rows(run_id, events) if len(events) < _COPY_FROM else None
+    made = projection.result_rows(run_id, events) if len(events) < _COPY_FROM else None
     if made is None:
         raise ValueError("these results go by the statements (results_in_one_call)")
     trials, rows = made
     data_proc, _ = _procs(conn)
     params = _call_params(conn, run_id, events)
-    for prefix, projected, columns in (("t_", trials, _TRIAL_COLUMNS), ("r_", rows, _TASK_COLUMNS)):
-        params[f"{prefix}of"] = [of for of, _ in projected]
+    for prefix, kept, columns in (("t_", trials, projection.TRIAL_COLUMNS), ("r_", rows, projection.TASK_COLUMNS)):
+        params[f"{prefix}of"] = [of for of, _ in kept]
         for column in columns:
-            values = [row[column] for _, row in projected]
+            values: list[Any] = [row[column] for _, row in kept]
             if column in ("meta", "trial_scores"):
                 values = [data_proc(value) if data_proc else value for value in values]
             elif column == "score":  # one array type for the lot: an int score (a bool even) as the float it means
@@ -466,62 +454,14 @@ def _call_results(conn: Connection, run_id: str, events: list[NewEvent]) -> tupl
     return int(fresh), float(incurred), float(billed), float(balance)
 
 
-def _result_rows(run_id: str, events: list[NewEvent]
-                 ) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, dict[str, Any]]]] | None:
-    """The trial rows and task rows ``events`` project, each with its event's position in ``events`` (from 1), the
-    task rows' ``no_answer`` set from this append's trials (``_no_answer_of``); None when one needs a trial committed
-    before (a k > 1 task whose other trials all said ``extracted: false``): those go by the statements, which read
-    it. A trial whose key the log holds already counts here, where the statements count the new ones alone: the
-    two differ only if a task's last trial was committed without the aggregate it is appended with, which the
-    batch's writers never do (they append both together)."""
-    trials: list[tuple[int, dict[str, Any]]] = []
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for position, e in enumerate(events, 1):
-        if e.type == _RESULT:
-            trials.append((position, _trial_row(run_id, e.data)))
-        elif e.type == _AGGREGATED:
-            rows.append((position, _task_row(run_id, e.data)))
-    for _, row in rows:
-        metas = [t["meta"] for _, t in trials if (t["invocation"], t["index"]) == (row["invocation"], row["index"])]
-        no_answer = _no_answer_of(row, metas)
-        if no_answer is None:
-            return None
-        row["no_answer"] = no_answer
-    return trials, rows
-
-
-_NUL, _REPLACEMENT = "\x00", "\ufffd"
-
-
 def storable_on_postgres(event: NewEvent) -> NewEvent:
     """``event`` with each NUL character in its strings (keys of its data included) replaced by U+FFFD, the
     replacement character: Postgres holds no NUL in a text column nor a ``\\u0000`` that ``->>`` can read, and an
     endpoint under test may well answer with one. The event itself when it has none (the usual case)."""
-    if _NUL not in event.key and _NUL not in event.type and not _has_nul(event.data):
+    if NUL not in event.key and NUL not in event.type and not has_nul(event.data):
         return event
-    return NewEvent(key=event.key.replace(_NUL, _REPLACEMENT), type=event.type.replace(_NUL, _REPLACEMENT),
+    return NewEvent(key=event.key.replace(NUL, REPLACEMENT), type=event.type.replace(NUL, REPLACEMENT),
                     data=without_nul(event.data))
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return _NUL in value
-    if isinstance(value, dict):
-        return any(_NUL in key or _has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
-
-
-def without_nul(value: Any) -> Any:
-    """``value`` (JSON-like) with each NUL character in its strings and keys replaced by U+FFFD."""
-    if isinstance(value, str):
-        return value.replace(_NUL, _REPLACEMENT)
-    if isinstance(value, dict):
-        return {key.replace(_NUL, _REPLACEMENT): without_nul(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [without_nul(item) for item in value]
-    return value
 
 
 def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[int, set[str]]:
@@ -594,50 +534,17 @@ def _project(session: Session, run_id: str, events: list[NewEvent]) -> dict[str,
     trials: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for e in events:
-        run_updates.update(_projected(e))
-        if e.type == _RESULT:
-            trials.append(_trial_row(run_id, e.data))
-        elif e.type == _AGGREGATED:
-            rows.append(_task_row(run_id, e.data))
+        run_updates.update(projection.projected(e))
+        if e.type == projection.RESULT:
+            trials.append(projection.trial_row(run_id, e.data))
+        elif e.type == projection.AGGREGATED:
+            rows.append(projection.task_row(run_id, e.data))
     if trials:
         _insert_rows(session, _TRIALS, trials)
     if rows:
         _mark_no_answer(session, run_id, rows, trials)
         _insert_rows(session, _TASK_ROWS, rows)
     return run_updates
-
-
-def _trial_row(run_id: str, d: dict[str, Any]) -> dict[str, Any]:
-    """The ``trial_results`` row a MaterializeTaskResult's data projects."""
-    return {"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "trial": d["trial"],
-            "outcome": d["outcome"], "score": d["score"], "output": d["output"], "meta": d["meta"],
-            "error": d.get("error"), "input": d.get("input")}
-
-
-def _task_row(run_id: str, d: dict[str, Any]) -> dict[str, Any]:
-    """The ``task_rows`` row a MaterializeTaskAggregated's data projects, but its ``no_answer``."""
-    scores = d["trial_scores"]  # one per trial, None for one that errored (its outcome ``err``)
-    return {"run_id": run_id, "invocation": d["invocation"], "index": d["index"], "outcome": d["outcome"],
-            "score": d["score"], "trial_scores": scores,
-            "trials_scored": sum(outcome_for(s) != "err" for s in scores),
-            "trials_passed": sum(outcome_for(s) == "pass" for s in scores)}
-
-
-def _no_answer_of(row: dict[str, Any], metas: list[Any]) -> bool | None:
-    """A task row's ``no_answer`` from the meta of those of its trials at hand (``is_no_answer``); None when that
-    depends on trials not at hand (it would be true by these, and some of the row's trials are missing)."""
-    no_answer = is_no_answer(row["outcome"], metas) if metas else row["outcome"] == "fail"
-    return None if no_answer and len(metas) < len(row["trial_scores"]) else no_answer
-
-
-def _projected(event: NewEvent) -> dict[str, Any]:
-    """The run row's columns ``event`` sets when it is appended: a PhaseStarted's phase, a DatasetTasksArtifact's
-    task count (the last such event of an append wins)."""
-    if event.type == _PHASE_STARTED:
-        return {"phase": event.data["phase"]}
-    if event.type == _TASKS_ARTIFACT:
-        return {"tasks_total": event.data["count"]}
-    return {}
 
 
 def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> None:
@@ -653,7 +560,7 @@ def _mark_no_answer(session: Session, run_id: str, rows: list[dict[str, Any]], t
     for row in rows:
         key = (row["invocation"], row["index"])
         metas = here.get(key, [])
-        no_answer = _no_answer_of(row, metas)
+        no_answer = projection.no_answer_of(row, metas)
         if no_answer is None:  # its trials here (this append's are inserted already) and before
             no_answer = is_no_answer(row["outcome"], session.execute(select(col(TrialResult.meta)).where(
                 col(TrialResult.run_id) == run_id, col(TrialResult.invocation) == key[0],

@@ -38,9 +38,10 @@ from benchwright.schemas import (
 )
 from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_in_session, event_key, storable_on_postgres, without_nul
+from benchwright.store.events import NewEvent, append_in_session, event_key, storable_on_postgres
 from benchwright.store.intervals import graded_rows, pass_rate_interval, terminal_intervals
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, table_of, utcnow
+from benchwright.store.nul import without_nul
 from benchwright.store.settled import notify_settled
 
 
