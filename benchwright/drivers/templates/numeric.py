@@ -140,11 +140,14 @@ class Scorer:
     def extract(self, row):
         return str(row[CONFIG["input"]])
 
-    def solve(self, row, call_sut):
-        return call_sut([
+    def one_call(self, row):
+        return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": self.extract(row)},
-        ])
+        ]
+
+    def solve(self, row, call_sut):
+        return call_sut(self.one_call(row))
 
     def score(self, row, response):
         expected = reference_number(row[CONFIG["reference"]])
