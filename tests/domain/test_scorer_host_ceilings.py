@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from benchwright.llm.sut import SutReply
 from benchwright.runs.limits import ScorerCeilings, TaskLimits, matrix
 from benchwright.scoring.host import (
     RUNNER,
@@ -44,6 +45,30 @@ class Scorer:
     def solve(self, row, call_sut): return self.extract(row)
     def score(self, row, response): return 1.0
 '''
+
+STUCK_IN_ONE_CALL_SCORE = '''
+class Scorer:
+    def extract(self, row): return row["q"]
+    def one_call(self, row): return row["q"]
+    def solve(self, row, call_sut): return call_sut(self.one_call(row))
+    def score(self, row, response):
+        while row["q"] == "loop":
+            pass
+        return 1.0
+'''
+
+
+class _AtOnce:
+    """A SUT double answering every call at once."""
+
+    async def complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> SutReply:
+        return SutReply(text="4", usage={}, cost_usd=0.0)
+
+    async def warm(self, calls: int) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
 
 
 def _spawner(tmp_path: Path, impl: str, pids: list[int]) -> Spawn:
@@ -103,6 +128,32 @@ async def test_a_scorer_stuck_in_extract_errs_that_trial_only_and_leaves_no_runt
         assert by_index[i].outcome == "pass" and by_index[i].error is None
     assert len(pids) >= 2, "the runtime holding the stuck threads was replaced for the queued trials"
     assert not any(_alive(p) for p in pids), "no runtime outlives run_trials"
+
+
+async def test_a_one_call_scorer_stuck_in_score_holds_up_its_runtime_until_the_ceiling_ends_it(tmp_path: Path) -> None:
+    """A scorer that declares ``one_call`` scores on the runtime's reader (docs/launches.md): a ``score`` that never
+    returns holds up the tasks started beside it, which the attempt ceiling ends with it; the tasks still queued
+    are scored by a fresh runtime, and no runtime outlives the batch."""
+    pids: list[int] = []
+    records: list[TrialRecord] = []
+
+    async def on_record(rec: TrialRecord) -> None:
+        records.append(rec)
+
+    rows = [{"q": "loop"}, {"q": "a"}, {"q": "b"}, {"q": "c"}, {"q": "d"}, {"q": "e"}]
+    await asyncio.wait_for(run_trials(
+        spawn=_spawner(tmp_path, STUCK_IN_ONE_CALL_SCORE, pids), sut=_AtOnce(),
+        items=[TrialItem(index=i, trial=0, row=row) for i, row in enumerate(rows)], threads=2, on_record=on_record,
+        limits=TrialLimits(attempt_duration_s=0.5)), 20)
+    by_index = {r.index: r for r in records}
+    assert sorted(by_index) == [0, 1, 2, 3, 4, 5]
+    assert by_index[0].outcome == "err" and by_index[0].meta["limit_exceeded"] == "attempt.duration"
+    # two slots: "loop" and "a" asked first, each reply freeing its slot for "b" and "c" before any scoring
+    for i in (1, 2, 3):
+        assert by_index[i].outcome == "pass" or by_index[i].meta["limit_exceeded"] == "attempt.duration"
+    for i in (4, 5):
+        assert by_index[i].outcome == "pass" and by_index[i].error is None
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
 
 
 async def test_the_batch_ceiling_errs_what_is_left_and_ends(tmp_path: Path) -> None:
