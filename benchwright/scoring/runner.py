@@ -314,13 +314,13 @@ class _InlineTasks:
     quick: the builtin templates but code and tool calls), run by the reader itself: it asks a task's call as the task
     starts and scores the reply as it comes. The threads' hand-offs (a task's thread woken for its task and for its
     reply, the writer for each message) were most of the runtime's CPU per task: 1,000 tasks at C=128 cost it
-    0.19-0.27 s on threads, 0.09-0.12 s here (a scratch harness driving this file and the numeric template).
+    0.19-0.29 s on threads, 0.09-0.12 s here (a scratch harness driving this file and the numeric template).
 
     The protocol is the threads': at most ``slots`` tasks started and not yet replied to, the rest queued in arrival
     order; a "start" for each (with ``report_starts``) before its "call"; "drain" drops the queued ones. What one read
     of the pipe brings is answered in one write of the calls it frees slots for, then one of its results. A ``score``
-    that runs long holds up every task of the runtime (on threads it held the GIL, so much the same); the attempt
-    ceiling ends it."""
+    that never returns holds up every task started beside it (on threads they went on, sharing the GIL with it), and
+    the attempt ceiling ends them with it; the host gives the tasks not yet started to a fresh runtime."""
 
     def __init__(self, scorer: Any, slots: int, report_starts: bool) -> None:
         self._scorer = scorer
@@ -336,9 +336,10 @@ class _InlineTasks:
     def task(self, task_id: int, row: dict[str, Any]) -> None:
         if self._draining:
             return
-        if self._free:
+        if self._free:  # then nothing is queued
             self._free -= 1
-            self._start(task_id, row)
+            if not self._start(task_id, row):
+                self._free += 1
         else:
             self._queued.append((task_id, row))
 
@@ -377,7 +378,8 @@ class _InlineTasks:
             self.reply({"op": "reply", "call": call, "ok": False, "error": error})
         self.score_replies()
 
-    def _start(self, task_id: int, row: dict[str, Any]) -> None:
+    def _start(self, task_id: int, row: dict[str, Any]) -> bool:
+        """Ask the task's call (True), or tell its failure (False: its slot is free again)."""
         if self._report_starts:
             self.out.append(_line({"op": "start", "id": task_id}))
         stage = "extract"
@@ -389,15 +391,17 @@ class _InlineTasks:
             self.out.append(_line({"op": "call", "call": call, "task": task_id, "messages": messages, "params": {}}))
         except BaseException as exc:  # noqa: BLE001 - as in _run_task
             self.out.append(_line(_failed(task_id, stage, exc)))
-            self._next()
-        else:
-            self._asked[call] = (task_id, row)
+            return False
+        self._asked[call] = (task_id, row)
+        return True
 
     def _next(self) -> None:
-        if self._queued and not self._draining:
-            self._start(*self._queued.popleft())
-        else:
-            self._free += 1
+        """A slot is free: the first queued task that asks its call takes it (a loop: thousands of tasks in a row may
+        fail before they ask)."""
+        while self._queued and not self._draining:
+            if self._start(*self._queued.popleft()):
+                return
+        self._free += 1
 
 
 def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any]) -> None:

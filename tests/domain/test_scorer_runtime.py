@@ -200,6 +200,20 @@ def test_starts_are_told_before_their_calls_and_a_drain_drops_the_queued_tasks(t
 
 
 @SCORERS
+def test_thousands_of_queued_tasks_failing_in_a_row_each_get_their_result(tmp_path: Path, impl: str) -> None:
+    rt = Runtime(tmp_path, impl, "--threads", "1")
+    rt.until(_op("ready"))
+    rt.send({"op": "task", "id": 0, "row": {"q": "q", "a": "4"}},
+            *({"op": "task", "id": i, "row": {"q": "x", "boom": "extract"}} for i in range(1, 3001)))
+    call = rt.until(_op("call", task=0))[-1]
+    rt.send({"op": "reply", "call": call["call"], "ok": True, "text": "4"})  # its slot frees for the 3,000 behind it
+    rt.until(lambda m: m["op"] == "result" and sum(s["op"] == "result" for s in rt.seen) == 3001)
+    assert rt.finish() == 0
+    results = {m["id"]: m for m in rt.seen if m["op"] == "result"}
+    assert results[0]["ok"] and all(results[i]["stage"] == "extract" for i in range(1, 3001))
+
+
+@SCORERS
 def test_the_end_of_input_fails_the_calls_still_waiting(tmp_path: Path, impl: str) -> None:
     rt = Runtime(tmp_path, impl, "--threads", "4")
     rt.until(_op("ready"))
