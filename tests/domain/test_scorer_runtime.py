@@ -10,7 +10,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,19 @@ ONE_CALL = THREADED + '''
 
 SCORERS = pytest.mark.parametrize("impl", [THREADED, ONE_CALL], ids=["threads", "one_call"])
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_runtime_left() -> Iterator[None]:
+    """A test that fails half-way leaves no runtime waiting on its stdin: each is killed by its own PID."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
 
 class Runtime:
     """``python runner.py`` in ``directory``, spoken to over its pipes; every read is bounded (a runtime that stops
@@ -62,6 +75,7 @@ class Runtime:
         self.proc = subprocess.Popen([sys.executable, "runner.py", *argv], cwd=directory,
                                      env=runner_env(str(directory)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL)
+        _STARTED.append(self.proc)
         self._buffer = b""
         self.seen: list[dict[str, Any]] = []
 
