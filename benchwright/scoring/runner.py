@@ -185,22 +185,14 @@ class _Channel:
                 return
 
     def call_sut(self, task_id: int, prompt_or_messages: Any, params: dict[str, Any]) -> str:
-        if isinstance(prompt_or_messages, str):
-            messages = [{"role": "user", "content": prompt_or_messages}]
-        elif isinstance(prompt_or_messages, list):
-            messages = prompt_or_messages
-        else:
-            raise TypeError("call_sut takes a prompt string or a list of chat messages")
+        messages = _as_messages(prompt_or_messages)
         done, box = threading.Event(), list[Any]()
         with self._lock:
             call = next(self._calls)
             self._pending[call] = (done, box)
         self.send({"op": "call", "call": call, "task": task_id, "messages": messages, "params": params})
         done.wait()
-        reply = box[0]
-        if not reply.get("ok"):
-            raise SutCallError(reply.get("error", "model call failed"))
-        return SutText(str(reply.get("text", "")), reply.get("tool_calls") or [], str(reply.get("reasoning") or ""))
+        return _response(box[0])
 
     def fail_pending(self, error: str) -> None:
         with self._lock:
@@ -301,6 +293,19 @@ def _failed(task_id: int, stage: str, exc: BaseException) -> dict[str, Any]:
             "error": f"{type(exc).__name__}: {exc}"[:2000], "trace": traceback.format_exc()[-4000:]}
 
 
+def _response(reply: dict[str, Any]) -> SutText:
+    """What ``call_sut`` returns for the host's reply (or the call's error)."""
+    if not reply.get("ok"):
+        raise SutCallError(reply.get("error", "model call failed"))
+    return SutText(str(reply.get("text", "")), reply.get("tool_calls") or [], str(reply.get("reasoning") or ""))
+
+
+def _scored(scorer: Any, task_id: int, row: dict[str, Any], response: Any) -> dict[str, Any]:
+    score = scorer.score(row, response)
+    json.dumps(score)  # must travel as JSON; a non-serializable score is the scorer's error
+    return {"op": "result", "id": task_id, "ok": True, "score": score, "output": output_of(response)}
+
+
 def _as_messages(prompt_or_messages: Any) -> list[Any]:
     if isinstance(prompt_or_messages, str):
         return [{"role": "user", "content": prompt_or_messages}]
@@ -351,21 +356,13 @@ class _InlineTasks:
     def score_replies(self) -> None:
         replied, self._replied = self._replied, []
         for task_id, row, reply in replied:
-            if not reply.get("ok"):
-                try:
-                    raise SutCallError(reply.get("error", "model call failed"))
-                except SutCallError as exc:
-                    self.out.append(_line(_failed(task_id, "solve", exc)))
-                continue
-            response = SutText(str(reply.get("text", "")), reply.get("tool_calls") or [],
-                               str(reply.get("reasoning") or ""))
+            stage = "solve"
             try:
-                score = self._scorer.score(row, response)
-                json.dumps(score)
-                self.out.append(_line({"op": "result", "id": task_id, "ok": True, "score": score,
-                                       "output": output_of(response)}))
-            except BaseException as exc:  # noqa: BLE001
-                self.out.append(_line(_failed(task_id, "score", exc)))
+                response = _response(reply)
+                stage = "score"
+                self.out.append(_line(_scored(self._scorer, task_id, row, response)))
+            except BaseException as exc:  # noqa: BLE001 - as in _run_task
+                self.out.append(_line(_failed(task_id, stage, exc)))
 
     def drain(self) -> None:
         self._draining = True
@@ -411,10 +408,7 @@ def _run_task(channel: _Channel, scorer: Any, task_id: int, row: dict[str, Any])
         stage = "solve"
         response = scorer.solve(row, lambda p, **params: channel.call_sut(task_id, p, params))
         stage = "score"
-        score = scorer.score(row, response)
-        json.dumps(score)  # must travel as JSON; a non-serializable score is the scorer's error
-        channel.send({"op": "result", "id": task_id, "ok": True, "score": score,
-                      "output": output_of(response)})
+        channel.send(_scored(scorer, task_id, row, response))
     except BaseException as exc:  # noqa: BLE001 - every scorer failure becomes an err row, never a dead runner
         channel.send(_failed(task_id, stage, exc))
 
