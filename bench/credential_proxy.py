@@ -2,8 +2,9 @@
 called directly, through the credential proxy, and through a LiteLLM proxy (the per-run proxy this replaced; its
 multi-tenant mode needs Postgres for virtual keys, so its single-key, master-key config is what runs offline).
 
-Prints per route: start-up time, wall (median of ``--repeat``), the caller's CPU, the proxy's CPU per call and
-its RSS. The caller is the worker's own SUT client (``benchwright.llm.sut``), as in a run.
+Prints per route: start-up time, wall (median of ``--repeat``), the caller's CPU, the proxy's CPU per call, its
+RSS, and a call's mean and p90 duration as the caller sees it (what the hop adds to every call of a run). The
+caller is the worker's own SUT client (``benchwright.llm.sut``), as in a run.
 
     python bench/credential_proxy.py                 # N=1000, C=128, L=50 ms, 3 repeats, all three routes
     python bench/credential_proxy.py --routes direct lean
@@ -53,17 +54,28 @@ class Unavailable(Exception):
     """A route that cannot run here; the message says why."""
 
 
-async def sweep(sut_factory, n: int, c: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Wall and caller CPU for ``n`` calls, at most ``c`` in flight."""
+async def sweep(sut_factory, n: int, c: int) -> tuple[float, float, list[float]]:  # type: ignore[no-untyped-def]
+    """Wall and caller CPU for ``n`` calls, at most ``c`` in flight, and each call's duration (s) from its start
+    past the concurrency bound to its reply (the model's latency plus what the route adds)."""
     sut = sut_factory()
     messages = [{"role": "user", "content": "What is 1 plus 8? (item 1)"}]
     await sut.warm(c)
+    bound = asyncio.Semaphore(c)
+    took: list[float] = []
+
+    async def call():  # type: ignore[no-untyped-def]
+        async with bound:
+            started = time.perf_counter()
+            reply = await sut.complete(messages, {})
+            took.append(time.perf_counter() - started)
+            return reply
+
     cpu0, t0 = time.process_time(), time.perf_counter()
-    results = await asyncio.gather(*(sut.complete(messages, {}) for _ in range(n)))
+    results = await asyncio.gather(*(call() for _ in range(n)))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     await sut.aclose()
     assert all(r.text == "9" for r in results), results[0]
-    return wall, cpu
+    return wall, cpu, took
 
 
 def litellm_proxy(cli: Path, work: Path, model_url: str) -> tuple[subprocess.Popen[bytes], ProxyHandle, float]:
@@ -148,16 +160,19 @@ def main() -> None:
                     return run_sut(spec, proxy=lhandle, **opts)  # type: ignore[arg-type]
             asyncio.run(sweep(factory, min(args.calls, 200), args.concurrency))  # warm-up
             cpu_proxy0 = cpu_s(proxy_pid) if proxy_pid else 0.0
-            walls, cpus = [], []
+            walls, cpus, took = [], [], []
             for _ in range(args.repeat):
-                wall, cpu = asyncio.run(sweep(factory, args.calls, args.concurrency))
+                wall, cpu, durations = asyncio.run(sweep(factory, args.calls, args.concurrency))
                 walls.append(wall)
                 cpus.append(cpu)
+                took += durations
             proxy_ms = ((cpu_s(proxy_pid) - cpu_proxy0) / (args.repeat * args.calls) * 1e3) if proxy_pid else 0.0
             rss = f"{rss_mb(proxy_pid):.0f} MB" if proxy_pid else "-"
+            took.sort()
             print(f"{route:>8}: start {started:5.2f} s  wall median {statistics.median(walls):6.2f} s "
                   f"(all {[round(w, 2) for w in walls]})  caller CPU {statistics.median(cpus):5.2f} s  "
-                  f"proxy CPU {proxy_ms:6.3f} ms/call  proxy RSS {rss}")
+                  f"proxy CPU {proxy_ms:6.3f} ms/call  proxy RSS {rss}  a call {1000 * statistics.mean(took):.1f} ms "
+                  f"(p90 {1000 * took[int(0.9 * len(took))]:.1f}) against the model's {args.latency_ms:g}")
             if litellm is not None:
                 os.killpg(litellm.pid, signal.SIGTERM)
                 litellm.wait(30)

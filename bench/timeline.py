@@ -17,6 +17,7 @@ included, and how many were in flight) and how late the worker's event loop was 
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 10 --postgres URL --round-trips   # and Postgres's trips
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --dump   # and every time mark of the last run
     python bench/timeline.py --tasks 1 --concurrency 1 --runs 1 --postgres URL --statements  # the last run's trips
+    python bench/timeline.py --cpu                            # and each process's CPU in each stretch of a run
     cd <other checkout> && PYTHONPATH=$PWD python bench/timeline.py    # the same for that checkout
 
 Sources: the run's log (each event's commit time), the workflow's history (Temporal's own times) and the marks (the
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cpu_stretches
 from benchstack import postgres_store, running_stack, write_dataset
 from hops import history
 from materialize import _all_events, model_for, trials_body
@@ -120,6 +123,8 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
         "first model call": calls[0] if calls else None,
         f"model call {concurrency} (C)": calls[concurrency - 1] if len(calls) >= concurrency else None,
         "first result committed (log)": min(results) if results else None,
+        "last trial settled (its scorer runtime closed)": max(
+            (t for t, _, lab in ours if lab == "scorer runtime close >"), default=None),
         "last result committed (log)": max(results) if results else None,
         "last batch's end in the worker": max((t for t, _, lab in ours if lab == "batch <"), default=None),
         "last batch activity completed (history)": batch_end,
@@ -162,6 +167,12 @@ def call_figures(marks: list[Mark], *, launched: float, answered: float) -> dict
     return figures
 
 
+STRETCH_BOUNDS = ("launch POST", "quick phases start", "batch starts in the worker", "scorer runtime ready",
+                  "last trial settled (its scorer runtime closed)", "last batch's end in the worker",
+                  "the long poll answered")
+"""The milestones between which ``--cpu`` counts each process's CPU."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=1000)
@@ -174,6 +185,9 @@ def main() -> None:
                     help="with --postgres: count each run's round trips to Postgres, launch to answer, per process")
     ap.add_argument("--statements", action="store_true",
                     help="with --postgres: also list the last run's round trips, each with what the client sent")
+    ap.add_argument("--cpu", type=float, nargs="?", const=4.0, metavar="MS",
+                    help="also the CPU each process spends in each stretch of a run, sampled every MS (4) ms "
+                         "(bench/cpu_stretches.py)")
     args = ap.parse_args()
     args.round_trips = args.round_trips or args.statements
     if args.round_trips and not args.postgres:
@@ -196,6 +210,10 @@ def main() -> None:
             windows: list[tuple[float, float]] = []
             pids = stack.pids
             figures: list[dict[str, float] | None] = []
+            cpu_file = work / "cpu.txt"
+            sampler = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("cpu_stretches.py")), "sample", str(cpu_file),
+                 str(args.cpu), *(f"{role}={pid}" for role, pid in pids.items())]) if args.cpu else None
             for n in range(2 + args.runs):
                 launched = time.time()
                 run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency,
@@ -212,8 +230,15 @@ def main() -> None:
                         api_pid=stack.pids["api"]) | {"launch POST": launched})
                     figures.append(call_figures(marks, launched=launched, answered=answered))
                     windows.append((launched, answered))
+            if sampler is not None:
+                sampler.terminate()
+                sampler.wait(10)
         _print(runs, args)
         _print_calls([f for f in figures if f is not None], args)
+        if args.cpu:
+            samples = cpu_stretches.Samples(cpu_file)
+            cpu_stretches.print_table([cpu_stretches.stretches(samples, [(name, run[name]) for name in STRETCH_BOUNDS])
+                                       for run in runs], samples, args.cpu)
         if args.round_trips:  # read once the stack has stopped: each process's traces are flushed as it exits
             _print_round_trips(round_trips(traces, windows, pids))
         if args.statements and windows:
