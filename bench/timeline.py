@@ -136,6 +136,7 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
         "API reads the terminal view": _first(ours, "run view >", after=terminal or answered, pid=api_pid),
         "API's narration done": _first(ours, "narration <", after=terminal or answered, pid=api_pid),
         "the long poll answered": answered,
+        "the workflow closed, its report written (history)": when(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED),
     }
 
 
@@ -169,7 +170,7 @@ def call_figures(marks: list[Mark], *, launched: float, answered: float) -> dict
 
 STRETCH_BOUNDS = ("launch POST", "quick phases start", "batch starts in the worker", "scorer runtime ready",
                   "last trial settled (its scorer runtime closed)", "last batch's end in the worker",
-                  "the long poll answered")
+                  "the long poll answered", "the workflow closed, its report written (history)")
 """The milestones between which ``--cpu`` counts each process's CPU."""
 
 
