@@ -200,8 +200,11 @@ def print_table(runs: list[list[Stretch]], samples: Samples, interval_ms: float)
 def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[0] != "sample":
         sys.exit(__doc__)
+    interval_ms = float(argv[2])
+    if not 0.5 <= interval_ms <= 1000:
+        sys.exit("the interval is 0.5 to 1,000 ms")
     named = {int(pid): role for role, _, pid in (a.partition("=") for a in argv[3:])}
-    sample(Path(argv[1]), float(argv[2]) / 1000, named)
+    sample(Path(argv[1]), interval_ms / 1000, named)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,8 @@ def main() -> None:
                     help="also the CPU each process spends in each stretch of a run, sampled every MS (4) ms "
                          "(bench/cpu_stretches.py)")
     args = ap.parse_args()
+    if args.cpu is not None and not 0.5 <= args.cpu <= 1000:
+        ap.error("--cpu samples every 0.5 to 1,000 ms")
     args.round_trips = args.round_trips or args.statements
     if args.round_trips and not args.postgres:
         ap.error("--round-trips and --statements count round trips to Postgres: give --postgres URL too")
@@ -215,25 +217,27 @@ def main() -> None:
             sampler = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("cpu_stretches.py")), "sample", str(cpu_file),
                  str(args.cpu), *(f"{role}={pid}" for role, pid in pids.items())]) if args.cpu else None
-            for n in range(2 + args.runs):
-                launched = time.time()
-                run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency,
-                                       **trials_body(args.trials))["id"]
-                final = client.wait(run_id)
-                answered = time.time()
-                assert final["status"] == "ok", final
-                hist = asyncio.run(_closed_history(stack.dev["temporal_address"], run_id))
-                if n >= 2:  # the first two warm the worker up
-                    marks = read_marks(marks_file)
-                    runs.append(milestones(
-                        launched=launched, answered=answered, events=_all_events(client, run_id), hist=hist,
-                        marks=marks, concurrency=min(args.concurrency, args.tasks),
-                        api_pid=stack.pids["api"]) | {"launch POST": launched})
-                    figures.append(call_figures(marks, launched=launched, answered=answered))
-                    windows.append((launched, answered))
-            if sampler is not None:
-                sampler.terminate()
-                sampler.wait(10)
+            try:
+                for n in range(2 + args.runs):
+                    launched = time.time()
+                    run_id = client.launch(dataset=str(dataset), model=model, concurrency=args.concurrency,
+                                           **trials_body(args.trials))["id"]
+                    final = client.wait(run_id)
+                    answered = time.time()
+                    assert final["status"] == "ok", final
+                    hist = asyncio.run(_closed_history(stack.dev["temporal_address"], run_id))
+                    if n >= 2:  # the first two warm the worker up
+                        marks = read_marks(marks_file)
+                        runs.append(milestones(
+                            launched=launched, answered=answered, events=_all_events(client, run_id), hist=hist,
+                            marks=marks, concurrency=min(args.concurrency, args.tasks),
+                            api_pid=stack.pids["api"]) | {"launch POST": launched})
+                        figures.append(call_figures(marks, launched=launched, answered=answered))
+                        windows.append((launched, answered))
+            finally:
+                if sampler is not None:  # also when a run fails: the sampler is this process's to stop
+                    sampler.terminate()
+                    sampler.wait(10)
         _print(runs, args)
         _print_calls([f for f in figures if f is not None], args)
         if args.cpu:
