@@ -4,7 +4,9 @@ A run is bound by CPU where its processes are busy at once, and by hops where th
 sampler process reads every thread's ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on the CPU, the scheduler's own
 count) of the stack's processes every ``interval`` ms: the worker, the API, Temporal and the dev model by their PIDs,
 and the credential proxy, the scorer runtimes and the sandboxes' own helpers (their init and the helper that enters
-them, ``_nsexec.py``) by their command lines as they appear. A process that ends keeps its last count (its last few
+them, ``_nsexec.py``) by their command lines as they appear: any such process on the machine is counted (a sandbox's
+processes are reparented away from the worker, so ancestry cannot tell them), so run it on a machine of its own, as
+every bench here. A process that ends keeps its last count (its last few
 ms are lost). A stretch's CPU is the difference of the counts at its two ends, each read between the samples around
 it (linearly).
 
