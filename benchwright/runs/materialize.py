@@ -83,13 +83,9 @@ def _plain(rec: TrialRecord) -> bool:
             and all(type(k) is str and type(v) is int for k, v in rec.usage.items()))
 
 
-def _outcome(rec: TrialRecord, plain: bool) -> TrialOutcome:
-    """The trial as its task's aggregator takes it: built without validation from a plain record whose score is in
-    [0, 1] (the host's, scores normalized as it settles them: a model validated per trial was ~2 % of the worker's
-    time in a 10,000 x 5 run), validated otherwise."""
-    if plain and rec.trial >= 0 and (rec.score is None or 0.0 <= rec.score <= 1.0):
-        score = None if rec.score is None else float(rec.score)
-        return TrialOutcome.model_construct(trial=rec.trial, score=score, meta=rec.meta, error=rec.error)
+def _outcome(rec: TrialRecord) -> TrialOutcome:
+    """The trial as its task's aggregator takes it, validated: pydantic's core does it in ~1.7 µs, where
+    ``model_construct`` (tried for the host's plain records) took ~3 µs."""
     return TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta, error=rec.error)
 
 
@@ -221,7 +217,7 @@ async def run_batch(*, engine: Engine, inp: MaterializeBatchInput, tasks_path: P
         nonlocal first_woken, settled
         settled += 1
         plain = _plain(rec)
-        by_task.setdefault(rec.index, {})[rec.trial] = _outcome(rec, plain)
+        by_task.setdefault(rec.index, {})[rec.trial] = _outcome(rec)
         pending.append(result_event(inp.run_id, inp.invocation, rec, plain=plain))
         if len(by_task[rec.index]) == k:
             aggregate_task(rec.index)

@@ -54,19 +54,11 @@ def test_a_record_the_model_refuses_is_still_refused() -> None:
         result_event("run-1", 0, RECORDS[-1])
 
 
-@pytest.mark.parametrize("rec", RECORDS[:-1], ids=lambda r: f"task{r.index}")
-def test_a_trial_as_its_aggregator_takes_it_is_the_models(rec: TrialRecord) -> None:
-    built = _outcome(rec, _plain(rec))
-    validated = TrialOutcome(trial=rec.trial, score=rec.score, meta=rec.meta, error=rec.error)
-    assert built.model_dump() == validated.model_dump()
-    assert type(built.score) is type(validated.score)  # 0 as 0.0, as the model coerces it
-
-
 def test_a_trial_score_out_of_range_is_still_refused() -> None:
     rec = TrialRecord(index=0, trial=0, outcome="pass", score=1.5, output=None)
     assert _plain(rec)  # plain in its types, not in its range
     with pytest.raises(ValidationError):
-        _outcome(rec, True)
+        _outcome(rec)
 
 
 @pytest.mark.parametrize("trials", [

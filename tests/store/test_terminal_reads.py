@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,8 +28,9 @@ from benchwright.events import (
 )
 from benchwright.fingerprint import is_artifact
 from benchwright.registry.shape import run_events
+from benchwright.report import facts as facts_module
 from benchwright.report import write_run_report
-from benchwright.report.facts import narration_facts, recorded_narration, run_narration
+from benchwright.report.facts import narration_facts, recorded_narration, report_facts, run_narration
 from benchwright.report.narration import NarratorConfig, builtin_narration
 from benchwright.schemas import ForkOrigin, LaunchRequest
 from benchwright.store import intervals
@@ -408,3 +410,36 @@ async def test_a_reports_first_writing_reads_the_runs_view_and_facts_once(store_
     again = await write_run_report(engine=engine, blobs=blobs, run_id=run_id, narrator=NarratorConfig())
     assert [f.digest for f in again.files] == [f.digest for f in written.files]
     assert [e.type for e in read_events(engine, run_id)].count("RunNarrated") == 1
+
+
+def test_a_reports_task_facts_are_each_tasks_row_with_its_slowest_trial_and_its_spend(
+        store_run: tuple[Any, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The report's heatmap and distributions draw each task of the latest sweep from its row (outcome, score,
+    no_answer) and its trials' result events (the slowest trial's duration, the sum of their cost), read in pages; an
+    earlier sweep's results and other events are not counted."""
+    engine, run_id = store_run
+    monkeypatch.setattr(facts_module, "_EVENT_PAGE", 2)  # pages of two events: the paging is exercised
+
+    def result(invocation: int, index: int, trial: int, ms: int | None, usd: float) -> NewEvent:
+        return NewEvent.of(event_key(run_id, "m", invocation, index, trial, "result"), MaterializeTaskResult(
+            invocation=invocation, index=index, trial=trial, score=1.0 if index == 0 else 0.0,
+            outcome="pass" if index == 0 else "fail", output="x", meta={}, error=None, usage={}, cost_usd=usd,
+            input="q", duration_ms=ms))
+
+    append_events(engine, run_id, [
+        result(1, 0, 0, 999, 5.0),  # the first sweep's: not the report's
+        result(2, 0, 0, 40, 0.25), result(2, 0, 1, 70, 0.5),
+        NewEvent.of(event_key(run_id, "started"), PhaseStarted(phase="materialize")),
+        result(2, 1, 0, None, 0.125), result(2, 1, 1, 30, 0.0),
+        result(2, 2, 0, None, 0.0),
+        *[NewEvent.of(event_key(run_id, "agg", 2, i), MaterializeTaskAggregated(
+            invocation=2, index=i, score=1.0 if i == 0 else 0.0, outcome="pass" if i == 0 else "fail",
+            trial_scores=[])) for i in range(3)],
+    ])
+    finish_run(engine, run_id=run_id, status="ok")
+    run = get_run(engine, run_id=run_id)
+    got = report_facts(engine, DirBlobStore(tmp_path / "blobs"), run=run, narration="n", narrator="builtin")
+    assert got.invocation == 2
+    assert [(t.index, t.outcome, t.score, t.latency_ms, t.cost_usd) for t in got.tasks] == [
+        (0, "pass", 1.0, 70, 0.75), (1, "fail", 0.0, 30, 0.125), (2, "fail", 0.0, None, 0.0)]
+    assert all(type(t.no_answer) is bool and type(t.score) is float for t in got.tasks)
