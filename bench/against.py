@@ -2,17 +2,19 @@
 
 Issue 25 asks for the CPU seconds of worker + API + credential proxy per 1,000 tasks at C=128 to be at most half of
 what they were when it was filed (commit 8af44e2). A CPU second is not the same on two machines, or on one machine
-from one hour to the next (docs/performance.md: the same commit measured 0.74 s and 1.22-1.62 s), so the figure is
-only a ratio against the reference run beside it. This bench makes that ratio one command:
+from one hour to the next (docs/performance.md: the same commit measured 0.74 s in one session, and 1.06-1.59 s
+within ten minutes in the next), so the figure is only a ratio against the reference run beside it. This bench makes
+that ratio one command:
 
     python bench/against.py                          # this checkout against 8af44e2, C=128, 3 pairs of 5 runs
     python bench/against.py --ref <commit> --pairs 5 --repeat 5 --concurrency 32
 
 The reference is checked out as a git worktree under the temporary directory (``bw-ref-<commit>``) with its own
-``.venv``, made by its own ``dev.py`` (the first time takes a few minutes; later invocations reuse it). Each pair runs
-the reference's ``bench/materialize.py`` and then this checkout's, one after the other, so that both see the machine
-in the same state; each prints its medians, read here. Printed: each pair's figures, the median of the pairs'
-ratios with their range, against the goal (<= 0.5), and the same for the walls against the bare client.
+``.venv``, made by its own ``dev.py`` (the first time takes a few minutes; later invocations reuse it;
+``git worktree remove --force <dir>`` drops it). Each pair runs the reference's ``bench/materialize.py`` and then this
+checkout's, one after the other, so that both see the machine in the same state; each prints its medians, read here.
+Printed: each pair's figures, the median of the pairs' ratios with their range, against the goal (<= 0.5), and the
+same for the walls against the bare client.
 """
 
 from __future__ import annotations
