@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +46,14 @@ def wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -
             raise SystemExit(f"{proc.args} exited with {proc.returncode}")
         time.sleep(0.05)
     raise SystemExit(f"{path} did not appear")
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new directory under the temporary directory, removed when the bench exits: a stack's data and datasets are
+    30-70 MB an invocation, and benches run back to back."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    return work
 
 
 def write_dataset(path: Path, n: int) -> None:

@@ -26,7 +26,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 import yaml
-from benchstack import BW, cpu_s, rss_mb, wait_file, write_dataset
+from benchstack import BW, cpu_s, rss_mb, scratch_dir, wait_file, write_dataset
 
 from benchwright.llm.prices import Prices
 from benchwright.llm.sut import make_sut, run_sut
@@ -120,7 +119,7 @@ def main() -> None:
                     help="the litellm CLI of a venv with litellm[proxy] (default: this venv's)")
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    work = Path(tempfile.mkdtemp(prefix="bw-proxy-bench-"))
+    work = scratch_dir("bw-proxy-bench-")
     answers = work / "answers.jsonl"
     write_dataset(answers, 10)
     model = subprocess.Popen([*BW, "dev-model", "--answers", str(answers), "--latency-ms", str(args.latency_ms),

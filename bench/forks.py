@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from benchstack import running_stack, write_dataset
+from benchstack import running_stack, scratch_dir, write_dataset
 
 from benchwright.client import Client
 
@@ -55,7 +53,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="timed rounds (each: independent launches, then a sweep)")
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    work = Path(tempfile.mkdtemp(prefix="bw-bench-forks-"))
+    work = scratch_dir("bw-bench-forks-")
     dataset = work / "tasks.jsonl"
     write_dataset(dataset, args.tasks)
     with running_stack(work, answers=dataset, latency_ms=args.latency_ms) as stack:

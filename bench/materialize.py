@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -41,7 +40,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
-from benchstack import cpu_s, peak_rss_mb, postgres_cpu_s, postgres_store, rss_mb, running_stack, write_dataset
+from benchstack import (
+    cpu_s,
+    peak_rss_mb,
+    postgres_cpu_s,
+    postgres_store,
+    rss_mb,
+    running_stack,
+    scratch_dir,
+    write_dataset,
+)
 
 from benchwright.client import Client
 from benchwright.llm.httpclient import HttpPool
@@ -231,7 +239,7 @@ def main() -> None:
 
 def bench(args: argparse.Namespace) -> None:
 
-    work = Path(tempfile.mkdtemp(prefix="bw-bench-"))
+    work = scratch_dir("bw-bench-")
     dataset, overhead_set = work / "tasks.jsonl", work / "one.jsonl"
     write_dataset(dataset, args.tasks)
     write_dataset(overhead_set, 1)

@@ -24,7 +24,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +42,7 @@ from benchstack import (
     peak_rss_mb,
     rss_mb,
     running_stack,
+    scratch_dir,
     write_dataset,
 )
 
@@ -196,7 +196,7 @@ def main() -> None:
         asyncio.run(_clients(args.clients[0], args.clients[1], args.streams))
         return
 
-    work = Path(tempfile.mkdtemp(prefix="bw-bench-sse-"))
+    work = scratch_dir("bw-bench-sse-")
     dataset, one = work / "tasks.jsonl", work / "one.jsonl"
     write_dataset(dataset, args.tasks)
     write_dataset(one, 1)
