@@ -62,19 +62,21 @@ directories and commands plain subprocesses (own session, cwd = ``work/``, exact
 watchdog kills the process group); ``metadata["isolation"] == "none"`` so a run can record it.
 
 **Snapshots**: ``root_dir/snapshots/objects/ab/cdef…`` holds file contents by sha256 (each stored once);
-``manifests/<id>.json`` is the canonical JSON manifest (path -> sha256, size, mode; directories; symlinks), and its
-own sha256 is the snapshot id; ``labels/<id>.json`` records labels. Everything is on disk: any backend on the same
-``root_dir`` restores any snapshot. Capture and restore never follow symlinks in the work directory. A capture
-does not re-read a file its own store restored and nothing has touched since (same inode, size, mtime and ctime;
-restore outlasts the file clock's tick, so any later change moves ctime): the re-run bench's Atomize snapshot of a
-52 MB dataset went from ~0.2 s to ~0 s of hashing and copying. A namespaced sandbox gets its large files (>= 1 MiB,
-no execute bit) as **hard links** to their objects rather than copies (~0.25 s -> ~0.1 ms for that dataset, per
-sandbox): the shared inode is root-owned and 0444, so the sandbox's uid can read it and replace or delete its name
+``manifests/<id>.json`` is the canonical JSON manifest (path -> sha256, size, mode; directories; symlinks), and its own
+sha256 is the snapshot id; ``labels/<id>.jsonl`` records who made it, one line per record (label, source, time;
+appended, so a record costs the same at a benchmark's 100,000th run as at its first; ``labels/<id>.json``, a list
+rewritten whole, is what versions before 2026-12-06 wrote; both are for people, no code reads them). Everything is on
+disk: any backend on the same ``root_dir`` restores any snapshot. Capture and restore never follow symlinks in the work
+directory. A capture does not re-read a file its own store restored and nothing has touched since (same inode, size,
+mtime and ctime; restore outlasts the file clock's tick, so any later change moves ctime): the re-run bench's Atomize
+snapshot of a 52 MB dataset went from ~0.2 s to ~0 s of hashing and copying. A namespaced sandbox gets its large files
+(>= 1 MiB, no execute bit) as **hard links** to their objects rather than copies (~0.25 s -> ~0.1 ms for that dataset,
+per sandbox): the shared inode is root-owned and 0444, so the sandbox's uid can read it and replace or delete its name
 but never write it (no write permission; chmod, utime and xattrs need the owner); the backend's own writes
-(``write_file``) never write in place a file that has other links; a capture records such a file by its object
-(the mode in the manifest is the restored one, so an untouched sandbox snapshots to the same id). An object is
-hashed against its name once per process before it is first linked (``benchwright.data.digests`` remembers it).
-Unisolated sandboxes run commands as the worker's uid, so they get copies.
+(``write_file``) never write in place a file that has other links; a capture records such a file by its object (the mode
+in the manifest is the restored one, so an untouched sandbox snapshots to the same id). An object is hashed against its
+name once per process before it is first linked (``benchwright.data.digests`` remembers it). Unisolated sandboxes run
+commands as the worker's uid, so they get copies.
 
 Not isolated here (known limits): no seccomp filter (the full syscall surface of the kernel is reachable, including
 creating user namespaces inside the sandbox, which grants nothing over host files since they are not mounted); disk
