@@ -41,7 +41,7 @@ from benchwright.security.crypto import load_keyring
 from benchwright.security.fair_share import FairShare, running_accounts
 from benchwright.settings import Settings
 from benchwright.stack.procreg import ProcessRegistry
-from benchwright.stack.teardown import reap_worker_leftovers, release_worker, sweep_routes
+from benchwright.stack.teardown import reap_worker_leftovers, release_worker, sweep_routes, sweep_workdirs
 from benchwright.store.db import outage_tolerant
 from benchwright.store.policy import prepare_secrets
 from workflows.operator import OperatorWorkflow
@@ -67,9 +67,9 @@ def workflow_build_id() -> str:
 
 class StackWorker(Worker):
     """A Temporal worker that, while it runs, revokes its credential proxy's routes of runs that ended (the run's own
-    revocation reaches only the worker that runs it), and once shut down (its activities cancelled and finished)
-    kills the sandboxes and stops the model proxies its process started: a worker leaves nothing running behind it,
-    in-process (tests) or not."""
+    revocation reaches only the worker that runs it) and removes ended runs' work directories, and once shut down
+    (its activities cancelled and finished) kills the sandboxes and stops the model proxies its process started: a
+    worker leaves nothing running behind it, in-process (tests) or not."""
 
     def __init__(self, client: Client, *, settings: Settings, engine: Engine, share: FairShare | None = None,
                  connections: ConnectionShelf | None = None, **kwargs: Any) -> None:
@@ -81,7 +81,8 @@ class StackWorker(Worker):
 
     async def run(self) -> None:
         stop_sweep = asyncio.Event()
-        sweep = asyncio.create_task(sweep_routes(settings=self._settings, engine=self._engine, stop=stop_sweep))
+        sweeps = [asyncio.create_task(sweep(settings=self._settings, engine=self._engine, stop=stop_sweep))
+                  for sweep in (sweep_routes, sweep_workdirs)]
         lag = asyncio.create_task(self._share.watch(self._running)) if self._share else None  # the fair share's probe
         try:
             await super().run()
@@ -91,15 +92,15 @@ class StackWorker(Worker):
             if self._connections is not None:
                 self._connections.close()
             stop_sweep.set()
-            await asyncio.shield(_release(sweep, settings=self._settings))
+            await asyncio.shield(_release(sweeps, settings=self._settings))
 
 
     async def _running(self) -> set[str]:
         return await outage_tolerant(running_accounts, self._engine)
 
 
-async def _release(sweep: asyncio.Task[None], *, settings: Settings) -> None:
-    await asyncio.wait([sweep])  # a sweep under way finishes before the proxies it talks to are stopped
+async def _release(sweeps: list[asyncio.Task[None]], *, settings: Settings) -> None:
+    await asyncio.wait(sweeps)  # a sweep under way finishes before the proxies it talks to are stopped
     await release_worker(settings=settings)
 
 

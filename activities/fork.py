@@ -35,6 +35,7 @@ from benchwright.runs.forks import (
     tasks_total,
 )
 from benchwright.runs.pipeline import ForkDecision, ForkPhaseInput
+from benchwright.runs.workdirs import holding
 from benchwright.schemas import PHASES, LaunchRequest
 from benchwright.store.events import NewEvent, append_events, event_key
 from benchwright.store.forks import read_until_phase, seed_fork_log
@@ -84,10 +85,13 @@ class ForkActivities:
                                   rebind=model_binding(launch.model) if "attach" in inherited else None)
         carried = inherited_files(inherited=inherited, events=parent_log, cut=cut,
                                   parent_files=handoff.latest_files(self.deps.engine, spec.parent_run_id))
-        parent_dir = self.deps.workdir(spec.parent_run_id)  # a cache of the parent's files, on any host
-        asyncio.run(handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=spec.parent_run_id,
-                                    workdir=parent_dir))  # this runs in a worker thread (in_thread)
-        copy_workdir(parent=parent_dir, fork=self.deps.workdir(inp.run_id), names=carried)
+        # The parent's files: a cache on any host (restored from the blob store), held so that this worker's sweep of
+        # ended runs' work directories (benchwright.runs.workdirs) does not remove it while it is copied.
+        with holding(self.deps.run_dir(spec.parent_run_id)):
+            parent_dir = self.deps.workdir(spec.parent_run_id)
+            asyncio.run(handoff.restore(engine=self.deps.engine, blobs=self.deps.blobs, run_id=spec.parent_run_id,
+                                        workdir=parent_dir))  # this runs in a worker thread (in_thread)
+            copy_workdir(parent=parent_dir, fork=self.deps.workdir(inp.run_id), names=carried)
         key = ("fork", inp.invocation)
         files = asyncio.run(handoff.publish(engine=self.deps.engine, blobs=self.deps.blobs, run_id=inp.run_id,
                                             phase="fork", invocation=inp.invocation,

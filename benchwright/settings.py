@@ -221,6 +221,13 @@ class Settings(BaseSettings):
     outlives its run on a worker other than the one that ended it. While the worker's proxy holds no route a sweep
     is one control-socket round trip (none with no proxy up): no listing of run directories, no query. 0 turns the
     sweep off."""
+    workdir_sweep_s: float = Field(default=60.0, ge=0, le=86_400)
+    """How often a worker removes the work directories (``DIR/runs/<id>/work``: copies of a run's dataset and task
+    files, restored from the blob store whenever a phase or a fork needs them) of runs that ended more than
+    ``workdir_linger_s`` ago (``benchwright.runs.workdirs``). 0 turns the sweep off (they are then kept for good)."""
+    workdir_linger_s: float = Field(default=600.0, ge=0, le=30 * 86_400)
+    """How long a run's work directory outlives the run on a worker: a fork of a run that just ended reads its files
+    there instead of from the blob store."""
     proxy_usd_per_hour: float = 0.0
     harness_dir: Path | None = None
     """Where harness runtimes live (``benchwright harness install``: one venv per harness version, mounted

@@ -9,7 +9,8 @@ Three owners, three scopes (all within one data directory, never beyond it; othe
   or whose run ended more than a linger ago (``reap_worker_leftovers``);
 * a worker running revokes, every ``proxy_route_sweep_s``, its proxy's routes of runs that ended (``sweep_routes``):
   a run's own revocation reaches only the worker that runs it, and a phase on another host registered the run at
-  that host's proxy too;
+  that host's proxy too; and every ``workdir_sweep_s`` it removes the work directories of runs that ended more than
+  ``workdir_linger_s`` ago (``sweep_workdirs``, ``benchwright.runs.workdirs``);
 * the supervisor, when the stack stops and again before it starts (after a SIGKILL nothing of that ran), stops
   every process in the stack's registry, every proxy and every sandbox under the data directory
   (``reap_stack``): workers first (SIGTERM: they clean up their own), then the API and Temporal, then the rest.
@@ -33,6 +34,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 
 from benchwright.proxy.model_proxy import reap_model_proxies, stop_owned_proxies, sweep_ended_routes
+from benchwright.runs.workdirs import sweep_ended_workdirs
 from benchwright.sandbox import LocalBackend, SandboxInfo
 from benchwright.sandbox.local import settle_kills
 from benchwright.settings import Settings
@@ -113,13 +115,36 @@ def runs_ended_at(engine: Engine, run_ids: Sequence[str]) -> dict[str, float]:
 
 async def sweep_routes(*, settings: Settings, engine: Engine, stop: asyncio.Event) -> None:
     """Until ``stop`` is set: every ``settings.proxy_route_sweep_s``, revoke the routes this worker's handles hold
-    for runs that ended (``sweep_ended_routes``). A failed sweep is logged and the next one comes on time: this
-    never takes the worker down. A sweep under way when ``stop`` is set finishes first (it is short: one query and
-    one control-socket round trip per revoked route)."""
-    interval = settings.proxy_route_sweep_s
+    for runs that ended (``sweep_ended_routes``). A sweep under way when ``stop`` is set finishes first (it is
+    short: one query and one control-socket round trip per revoked route)."""
+    registry, runs_dir = ProcessRegistry(settings.data_dir), settings.runs_dir()
+
+    def sweep() -> int:
+        return sweep_ended_routes(registry=registry, runs_dir=runs_dir, linger_s=settings.proxy_linger_s,
+                                  ended_at=lambda run_ids: runs_ended_at(engine, run_ids))
+
+    await _every(settings.proxy_route_sweep_s, stop, sweep, f"the route sweep of {runs_dir}",
+                 "revoked %d route(s) of ended runs at this worker's credential proxy")
+
+
+async def sweep_workdirs(*, settings: Settings, engine: Engine, stop: asyncio.Event) -> None:
+    """Until ``stop`` is set: every ``settings.workdir_sweep_s``, remove the work directories of runs that ended more
+    than ``settings.workdir_linger_s`` ago (``benchwright.runs.workdirs``)."""
+    runs_dir = settings.runs_dir()
+
+    def sweep() -> int:
+        return sweep_ended_workdirs(runs_dir=runs_dir, linger_s=settings.workdir_linger_s,
+                                    ended_at=lambda run_ids: runs_ended_at(engine, run_ids))
+
+    await _every(settings.workdir_sweep_s, stop, sweep,
+                 f"the work-directory sweep of {runs_dir}", "removed the work directories of %d ended run(s)")
+
+
+async def _every(interval: float, stop: asyncio.Event, sweep: Callable[[], int], what: str, done: str) -> None:
+    """Run ``sweep`` in a thread every ``interval`` seconds until ``stop`` is set (never with ``interval`` 0). A
+    failed sweep is logged and the next one comes on time: a sweep never takes the worker down."""
     if interval <= 0:
         return
-    registry, runs_dir = ProcessRegistry(settings.data_dir), settings.runs_dir()
     while True:
         try:
             await asyncio.wait_for(stop.wait(), timeout=interval)
@@ -127,14 +152,12 @@ async def sweep_routes(*, settings: Settings, engine: Engine, stop: asyncio.Even
         except TimeoutError:
             pass
         try:
-            revoked = await asyncio.to_thread(sweep_ended_routes, registry=registry, runs_dir=runs_dir,
-                                              linger_s=settings.proxy_linger_s,
-                                              ended_at=lambda run_ids: runs_ended_at(engine, run_ids))
+            count = await asyncio.to_thread(sweep)
         except Exception:  # noqa: BLE001 - the store or a proxy failing must not end the worker; the next sweep retries
-            _log.exception("the route sweep of %s failed", runs_dir)
+            _log.exception("%s failed", what)
             continue
-        if revoked:
-            _log.info("revoked %d route(s) of ended runs at this worker's credential proxy", revoked)
+        if count:
+            _log.info(done, count)
 
 
 async def release_worker(*, settings: Settings) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,10 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from benchwright.runs.forks import LoggedEvent, run_shape
+from benchwright.runs.workdirs import sweep_ended_workdirs
 from benchwright.stack.devstack import free_port
+from benchwright.stack.teardown import runs_ended_at
+from benchwright.store.db import make_engine
 from benchwright.testkit.devmodel import DevModelConfig, load_answers
 from tests.api.helpers import launch, wait_terminal
 from tests.conftest import SAMPLE, DevModels, Stack, serve_app
@@ -298,6 +301,33 @@ async def test_replays_reproduce_the_reference_and_another_model_changes_only_th
     rebound = [e for e in diff_events if e["type"] == "ModelProxyArtifact"]
     assert rebound[0]["data"]["model_id"] == "openai/other"
     assert rebound[0]["data"]["inherited_from"]["overridden"] == ["litellm_config_yaml", "model_id"]
+
+
+async def test_a_replay_of_a_run_whose_work_directory_was_swept_restores_it_and_scores_the_same(stack: Stack) -> None:
+    """A worker removes ended runs' work directories (``benchwright.runs.workdirs``); a fork reads its parent's
+    files from the blob store then."""
+    engine = make_engine(stack.settings.resolved_database_url())
+    async with stack.http() as http:
+        ref = await launch(http, {"dataset": str(SAMPLE / "arithmetic.jsonl"), "model": _model(stack.dev_url)})
+        ref_final, _ = await _finish(http, ref["id"])
+        ref_scores = await _scores(http, ref["id"])
+        work = stack.settings.runs_dir() / ref["id"] / "work"
+        assert (work / "tasks.jsonl").is_file() and (work / "task_impl.py").is_file()
+
+        def ref_only(run_ids: Sequence[str]) -> dict[str, float]:  # the store's word, for this test's run alone
+            return {r: at for r, at in runs_ended_at(engine, run_ids).items() if r == ref["id"]}
+
+        removed = await asyncio.to_thread(sweep_ended_workdirs, runs_dir=stack.settings.runs_dir(),
+                                          ended_at=ref_only, linger_s=0)
+        assert removed == 1 and not work.exists()
+        replay = await http.post(f"/v1/runs/{ref['id']}/replay", json={"model": _model(stack.dev_url)})
+        assert replay.status_code == 201, replay.text
+        final, events = await _finish(http, replay.json()["id"])
+        scores = await _scores(http, replay.json()["id"])
+    engine.dispose()
+    assert final["status"] == "ok" and scores == ref_scores and len(scores) == 60
+    assert final["fingerprint"] == ref_final["fingerprint"] is not None
+    assert _own_phases(events) == ["fork", "materialize"]
 
 
 def await_shape(final: dict[str, Any], events: list[dict[str, Any]]) -> tuple[str | None, ...]:
