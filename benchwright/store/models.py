@@ -313,9 +313,14 @@ class SubsetImpl(SQLModel, table=True):
 class PhaseCell(SQLModel, table=True):
     """What one phase of one run produced, under its model-free input hash (§2): the cross-run cache's cells.
 
-    Written for every run when the phase completes; only cells of finished public runs are ever served."""
+    Written for every run when the phase completes; only cells of finished public runs are ever served (``served``)."""
 
     __tablename__ = "phase_fingerprints"
+    __table_args__ = (
+        # The cache's lookup: the newest served cell of an input, by key (migration 0024).
+        Index("ix_phase_fingerprints_served", "phase", "input_hash", "created_at", sqlite_where=text("served = 1"),
+              postgresql_where=text("served")),
+    )
 
     run_id: str = Field(foreign_key="runs.id", primary_key=True, max_length=36)
     phase: str = Field(primary_key=True, max_length=32)
@@ -330,6 +335,9 @@ class PhaseCell(SQLModel, table=True):
     source_run_id: str | None = Field(default=None, max_length=36)
     """For a cell copied by a hit, the run that did the work."""
     created_at: datetime = Field(default_factory=utcnow)
+    served: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
+    """Whether the cell may be served: its run has finished and is public. Kept by the store's triggers (migration
+    0024) whenever a cell is written or its run's visibility or end changes; never written by this code."""
 
 
 class RunFork(SQLModel, table=True):
