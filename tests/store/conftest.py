@@ -7,10 +7,11 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Select, create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from benchwright.schemas import LaunchRequest
@@ -91,3 +92,25 @@ def round_trips(engine: Engine) -> Iterator[list[int]]:
         trace.seek(0)
         counted.append(sum(1 for line in trace.read().decode(errors="replace").splitlines()
                            if line.split("\t")[1:4:2] == ["B", "ReadyForQuery"]))
+
+
+def explain(engine: Engine, statement: Select[Any], params: dict[str, Any], table: str) -> str:
+    """The plan the store makes for ``statement`` with ``params`` (``table`` analyzed first, as a store in use would
+    be): SQLite's ``EXPLAIN QUERY PLAN`` rows, or Postgres's ``EXPLAIN`` lines."""
+    compiled = statement.compile(dialect=engine.dialect)
+    values = {key: value.isoformat(" ") if isinstance(value, datetime) else value
+              for key, value in compiled.construct_params(params).items()}
+    with engine.connect() as conn:
+        driver: Any = conn.connection.dbapi_connection
+        cursor = driver.cursor()
+        try:
+            if engine.dialect.name == "sqlite":
+                cursor.execute("ANALYZE")
+                cursor.execute(f"EXPLAIN QUERY PLAN {compiled.string}",
+                               tuple(values[key] for key in compiled.positiontup or ()))
+                return "\n".join(str(row) for row in cursor.fetchall())
+            cursor.execute(f"ANALYZE {table}")
+            cursor.execute(f"EXPLAIN {compiled.string}", values)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.close()

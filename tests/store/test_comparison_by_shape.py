@@ -5,11 +5,9 @@ store, with an account holding thousands of runs of other shapes, and it finds t
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 from sqlalchemy import insert, text
-from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from benchwright.report.facts import _BY_SHAPE, _SHAPES, _comparison
@@ -18,29 +16,9 @@ from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate, reader
 from benchwright.store.models import Run, table_of, utcnow
 from benchwright.store.runs import create_run, get_run
+from tests.store.conftest import explain
 
 OTHERS = 3000
-
-
-def _plan(engine: Engine, same: tuple[str, ...], params: dict[str, Any]) -> str:
-    """The plan each store makes for the comparison's read of a run of shape ``same`` (its tables analyzed)."""
-    compiled = _BY_SHAPE[same].compile(dialect=engine.dialect)
-    values = {key: value.isoformat(" ") if isinstance(value, datetime) else value
-              for key, value in compiled.construct_params(params).items()}
-    with engine.connect() as conn:
-        driver: Any = conn.connection.dbapi_connection
-        cursor = driver.cursor()
-        try:
-            if engine.dialect.name == "sqlite":
-                cursor.execute("ANALYZE")
-                cursor.execute(f"EXPLAIN QUERY PLAN {compiled.string}",
-                               tuple(values[key] for key in compiled.positiontup or ()))
-                return "\n".join(str(row) for row in cursor.fetchall())
-            cursor.execute("ANALYZE runs")
-            cursor.execute(f"EXPLAIN {compiled.string}", values)
-            return "\n".join(row[0] for row in cursor.fetchall())
-        finally:
-            cursor.close()
 
 
 def test_the_previous_run_of_a_shape_is_found_by_key(db_url: str) -> None:
@@ -74,6 +52,6 @@ def test_the_previous_run_of_a_shape_is_found_by_key(db_url: str) -> None:
                            strict=True):
         params = {"run_id_": run.id, "account_id_": run.account_id, "created_at_": run.created_at,
                   **{f"{name}_": getattr(run, name) for name in same}}
-        plan = _plan(engine, same, params)
+        plan = explain(engine, _BY_SHAPE[same], params, "runs")
         assert index in plan, plan
     engine.dispose()

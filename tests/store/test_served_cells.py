@@ -5,10 +5,10 @@ the partial index of served cells on each store, with thousands of private runs 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Select, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
@@ -18,30 +18,10 @@ from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate, session_scope
 from benchwright.store.models import PhaseCell, Run, table_of, utcnow
 from benchwright.store.runs import create_run, finish_run, set_visibility
+from tests.store.conftest import explain
 
 HASH = "ab" * 32
 PRIVATE = 3000
-
-
-def explain(engine: Engine, statement: Select[Any], params: dict[str, Any], table: str) -> str:
-    """The plan each store makes for ``statement`` (``table`` analyzed first, as a store in use would be)."""
-    compiled = statement.compile(dialect=engine.dialect)
-    values = {key: value.isoformat(" ") if isinstance(value, datetime) else value
-              for key, value in compiled.construct_params(params).items()}
-    with engine.connect() as conn:
-        driver: Any = conn.connection.dbapi_connection
-        cursor = driver.cursor()
-        try:
-            if engine.dialect.name == "sqlite":
-                cursor.execute("ANALYZE")
-                cursor.execute(f"EXPLAIN QUERY PLAN {compiled.string}",
-                               tuple(values[key] for key in compiled.positiontup or ()))
-                return "\n".join(str(row) for row in cursor.fetchall())
-            cursor.execute(f"ANALYZE {table}")
-            cursor.execute(f"EXPLAIN {compiled.string}", values)
-            return "\n".join(row[0] for row in cursor.fetchall())
-        finally:
-            cursor.close()
 
 
 def _run(engine: Engine, account_id: str) -> str:
