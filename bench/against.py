@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from benchstack import ratio_verdict, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 FILED = "8af44e2"
@@ -85,10 +86,6 @@ def figures(checkout: Path, *, concurrency: int, repeat: int) -> dict[str, float
             "wall": float(wall.group(2)), "bare": float(wall.group(3))}
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default=FILED, help=f"the reference commit (default {FILED}, issue 25's filing)")
@@ -110,11 +107,10 @@ def main() -> None:
               f"the bare client {theirs['wall'] / theirs['bare']:.2f}x and {ours['wall'] / ours['bare']:.2f}x",
               flush=True)
     ratios = [ours["cpu"] / theirs["cpu"] for theirs, ours in pairs]
-    verdict = "MEETS" if statistics.median(ratios) <= GOAL else "MISSES"
-    print(f"CPU per 1,000 tasks at C={args.concurrency}, this / reference (median of pairs [range]): "
-          f"{_spread(ratios)}  {verdict} the goal (<= {GOAL} of {args.ref})")
-    print(f"wall against the bare client: reference {_spread([t['wall'] / t['bare'] for t, _ in pairs])}x, this "
-          f"{_spread([o['wall'] / o['bare'] for _, o in pairs])}x")
+    print(f"CPU per 1,000 tasks at C={args.concurrency}, this / {args.ref} (median of pairs [95 % interval; the range "
+          f"below 6 pairs]): {ratio_verdict(ratios, GOAL)}")
+    print(f"wall against the bare client: reference {spread([t['wall'] / t['bare'] for t, _ in pairs])}x, this "
+          f"{spread([o['wall'] / o['bare'] for _, o in pairs])}x")
 
 
 if __name__ == "__main__":

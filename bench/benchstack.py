@@ -7,11 +7,12 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchwright.comparison.stats import median_interval
 from benchwright.stack.devstack import free_port, free_ports  # noqa: F401 - free_port for bench/temporal_dispatch.py
 
 BW = [sys.executable, "-m", "benchwright.cli"]
@@ -54,6 +56,22 @@ def scratch_dir(prefix: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     return work
+
+
+def spread(values: Sequence[float]) -> str:
+    """``median [low, high]``: the median with its distribution-free 95 % interval (``median_interval``: the whole
+    range below 6 values)."""
+    ci = median_interval(values)
+    return f"{statistics.median(values):.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+
+
+def ratio_verdict(ratios: Sequence[float], goal: float) -> str:
+    """Paired ratios (each one pair's sides, run seconds apart) against ``goal`` (at most): their ``spread`` and
+    whether the median meets it, said to be undecided when the interval spans the goal (a pair's ratio swings by
+    tens of percent on a 2-core machine, so a median a few points either side of it may be the machine's)."""
+    ci = median_interval(ratios)
+    said = f"{spread(ratios)}  {'MEETS' if statistics.median(ratios) <= goal else 'MISSES'} the goal (<= {goal:g})"
+    return said if ci.high <= goal or ci.low > goal else f"{said}, not decided (the interval spans it)"
 
 
 def write_dataset(path: Path, n: int) -> None:

@@ -238,7 +238,6 @@ def main() -> None:
 
 
 def bench(args: argparse.Namespace) -> None:
-
     work = scratch_dir("bw-bench-")
     dataset, overhead_set = work / "tasks.jsonl", work / "one.jsonl"
     write_dataset(dataset, args.tasks)

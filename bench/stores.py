@@ -28,11 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchstack import postgres_store, running_stack, write_dataset
+from benchstack import postgres_store, ratio_verdict, running_stack, write_dataset
 from materialize import model_for, run_once
 
 from benchwright.client import Client
-from benchwright.comparison.stats import Interval, median_interval
 
 GOAL = 1.10
 """Issue 25: on the Postgres store, the same figures within 10 % of SQLite's."""
@@ -92,25 +91,15 @@ def main() -> None:
 
 
 def _report(walls: dict[str, dict[str, list[float]]], figures: list[str]) -> None:
-    print(f"{'figure':>32} {'SQLite s':>9} {'Postgres s':>10} {'ratio':>6}  (median of the rounds' Postgres / SQLite, "
+    print(f"{'figure':>32} {'SQLite s':>9} {'Postgres s':>10}  ratio (median of the rounds' Postgres / SQLite, "
           f"its 95 % interval)")
     for figure in figures:
         lite, pg = walls["sqlite"][figure], walls["postgres"][figure]
         if not lite:
             continue
         ratios = [p / s for p, s in zip(pg, lite, strict=True)]
-        ratio, ci = statistics.median(ratios), median_interval(ratios)
-        print(f"{figure:>32} {statistics.median(lite):>9.3f} {statistics.median(pg):>10.3f} {ratio:>6.2f}  "
-              f"[{ci.low:.2f}, {ci.high:.2f}] {_verdict(ratio, ci)}; rounds {[round(r, 2) for r in ratios]}")
-
-
-def _verdict(ratio: float, ci: Interval) -> str:
-    """The median against the goal, and whether the rounds decide it: a round's ratio swings by tens of percent on
-    this machine, so a median a few points either side of the goal may be the machine's."""
-    said = f"{'MEETS' if ratio <= GOAL else 'MISSES'} the goal (<= {GOAL:.2f})"
-    if ci.high <= GOAL or ci.low > GOAL:
-        return said
-    return f"{said}, not decided by these rounds (the interval spans it)"
+        print(f"{figure:>32} {statistics.median(lite):>9.3f} {statistics.median(pg):>10.3f}  "
+              f"{ratio_verdict(ratios, GOAL)}; rounds {[round(r, 2) for r in ratios]}")
 
 
 if __name__ == "__main__":
