@@ -13,8 +13,8 @@ The reference is checked out as a git worktree under the temporary directory (``
 ``.venv``, made by its own ``dev.py`` (the first time takes a few minutes; later invocations reuse it;
 ``git worktree remove --force <dir>`` drops it). Each pair runs the reference's ``bench/materialize.py`` and then this
 checkout's, one after the other, so that both see the machine in the same state; each prints its medians, read here.
-Printed: each pair's figures, the median of the pairs' ratios with their range, against the goal (<= 0.5), and the
-same for the walls against the bare client.
+Printed: each pair's figures, the median of the pairs' ratios with its 95 % interval (the range below 6 pairs)
+against the goal (<= 0.5), and the same for the walls against the bare client.
 """
 
 from __future__ import annotations
