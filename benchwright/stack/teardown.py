@@ -92,17 +92,23 @@ _IN_CHUNK = 500
 
 def runs_ended_at(engine: Engine, run_ids: Sequence[str]) -> dict[str, float]:
     """Which of these runs ended, in one query: run id → epoch seconds it ended, 0.0 for a run the store does not
-    know; runs still going are absent."""
-    from sqlalchemy import select
-    from sqlmodel import Session, col
+    know; runs still going are absent.
 
+    Read through ``reader`` (on Postgres each statement alone in autocommit): every worker asks this every
+    ``proxy_route_sweep_s``, and a transaction of its own ended in ROLLBACK, at which psycopg drops every statement
+    it had prepared on that pooled connection (``DEALLOCATE ALL``), so the writers that took the connection next
+    planned their statements afresh."""
+    from sqlalchemy import select
+    from sqlmodel import col
+
+    from benchwright.store.db import reader
     from benchwright.store.models import Run
 
     found: dict[str, datetime | None] = {}
-    with Session(engine) as session:
+    with reader(engine).connect() as conn:
         for i in range(0, len(run_ids), _IN_CHUNK):
             chunk = list(run_ids[i:i + _IN_CHUNK])
-            rows = session.execute(select(col(Run.id), col(Run.finished_at)).where(col(Run.id).in_(chunk)))
+            rows = conn.execute(select(col(Run.id), col(Run.finished_at)).where(col(Run.id).in_(chunk)))
             found.update({run_id: at for run_id, at in rows})
     ended: dict[str, float] = {}
     for run_id in run_ids:

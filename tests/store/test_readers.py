@@ -85,3 +85,43 @@ def test_the_reads_on_every_launch_and_every_log_page_are_one_round_trip_each(st
         else:
             assert read() == expected
     engine.dispose()
+
+
+def test_the_route_sweeps_read_keeps_the_connections_prepared_statements(store_run: tuple[Any, str]) -> None:
+    """Every worker asks which of its routes' runs ended every ``proxy_route_sweep_s`` (``runs_ended_at``). In a
+    transaction of its own that read ended in ROLLBACK, at which psycopg deallocates every statement it prepared on the
+    pooled connection (``DEALLOCATE ALL``): the writers that took the connection next planned their statements again.
+    Through the reader it is one round trip, and what the connection prepared stays prepared."""
+    from sqlalchemy import select
+
+    from benchwright.stack.teardown import runs_ended_at
+    from benchwright.store.runs import finish_run
+    from tests.store.conftest import round_trips
+
+    engine, running = store_run
+    account_id = get_run(engine, run_id=running).account_id
+    ended = create_run(engine, account_id=account_id, launch=LaunchRequest(dataset="x.jsonl", model="openai/dev"),
+                       driver="builtin", trials_config={}).id
+    finish_run(engine, run_id=ended, status="succeeded")
+    asked = [running, ended, "no-such-run"]
+    if engine.dialect.name != "postgresql":
+        found = runs_ended_at(engine, asked)
+        assert set(found) == {ended, "no-such-run"} and found["no-such-run"] == 0.0 and found[ended] > 0
+        engine.dispose()
+        return
+    engine.pool.dispose()
+    hot = select(Run.id).where(Run.id == running)
+    with engine.connect() as conn:  # one pooled connection: psycopg prepares a statement from its fifth run on
+        for _ in range(6):
+            conn.execute(hot)
+        conn.commit()
+        prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
+        conn.commit()
+    assert prepared, "psycopg prepared nothing: the check below would prove nothing"
+    with round_trips(engine) as trips:
+        found = runs_ended_at(engine, asked)
+    assert set(found) == {ended, "no-such-run"} and found["no-such-run"] == 0.0 and found[ended] > 0
+    assert trips == [1]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar() == prepared
+    engine.dispose()
