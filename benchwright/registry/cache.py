@@ -64,12 +64,26 @@ def record_cell_in(session: Session, cell: Cell) -> None:
     stays the first's), inside the caller's transaction: a phase's close, which lands the cell with the events it
     names. One statement (``INSERT ... ON CONFLICT DO UPDATE``), not a read and then a write: a round trip fewer on
     Postgres at every cached phase's close."""
-    changed = {"input_hash": cell.input_hash, "artifacts": cell.artifacts, "snapshot_id": cell.snapshot_id,
-               "files": cell.files, "result": cell.result, "source_run_id": cell.source_run_id}
-    upsert = pg_insert if session.connection().dialect.name == "postgresql" else sqlite_insert
-    stmt = upsert(_CELLS).values(run_id=cell.run_id, phase=cell.phase, created_at=utcnow(), **changed)
-    session.execute(stmt.on_conflict_do_update(index_elements=[_CELLS.c.run_id, _CELLS.c.phase],
-                                               set_={key: stmt.excluded[key] for key in changed}))
+    values = {"run_id_": cell.run_id, "phase_": cell.phase, "created_at_": utcnow(),
+              **{f"{key}_": value for key, value in cell_row(cell).items() if key != "phase"}}
+    session.execute(_upsert(session.connection().dialect.name), values)
+
+
+_CHANGED = ("input_hash", "artifacts", "snapshot_id", "files", "result", "source_run_id")
+_UPSERTS: dict[str, Any] = {}
+
+
+def _upsert(dialect: str) -> Any:
+    """``record_cell_in``'s statement for ``dialect``, built once: made per call, its ``excluded`` columns and its
+    cache key took half of a cached phase's close on SQLite (0.6 of ~1.25 ms of CPU, cProfile, session 40)."""
+    found = _UPSERTS.get(dialect)
+    if found is None:
+        upsert = pg_insert if dialect == "postgresql" else sqlite_insert
+        columns = ("run_id", "phase", "created_at", *_CHANGED)
+        stmt = upsert(_CELLS).values({key: bindparam(f"{key}_") for key in columns})
+        found = _UPSERTS[dialect] = stmt.on_conflict_do_update(
+            index_elements=[_CELLS.c.run_id, _CELLS.c.phase], set_={key: stmt.excluded[key] for key in _CHANGED})
+    return found
 
 
 def run_cell(engine: Engine, *, run_id: str, phase: str) -> Cell | None:

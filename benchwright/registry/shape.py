@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
@@ -27,19 +27,23 @@ def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, 
     family and the run shape read. The rest of the log (a result and an aggregate per task) is not read: decoding
     it was most of the CPU of finishing a 1,000-task run, and scanning it (a ``LIKE`` on the type) ~25 ms of
     finishing a 10,000 x 5 one; the types by name go through ``ix_events_run_type``."""
-    rows = session.execute(select(EventRow.seq, EventRow.type, EventRow.data)
-                           .where(EventRow.run_id == run_id, col(EventRow.type).in_(_ARTIFACT_TYPES))).all()
+    rows = session.execute(_ARTIFACT_EVENTS, {"run_id_": run_id}).all()
     # Sorted here, not by the query: asked for seq order, SQLite walks the run's whole log on (run_id, seq) instead.
     return sorted((int(seq), str(kind), dict(data)) for seq, kind, data in rows)
 
 
 _ARTIFACT_TYPES = artifact_types()
 """Every Artifact event type the log can hold (each event is appended as one of ``EVENT_TYPES``)."""
+_ARTIFACT_EVENTS = (select(EventRow.seq, EventRow.type, EventRow.data)
+                    .where(EventRow.run_id == bindparam("run_id_"), col(EventRow.type).in_(_ARTIFACT_TYPES)))
+_CELLS = select(PhaseCell).where(PhaseCell.run_id == bindparam("run_id_"))
+"""``run_events``' and ``family``'s reads, built once: made at each run's end, their cache keys (an ``IN`` of every
+artifact type) cost more of the worker's CPU than the reads (cProfile, session 40)."""
 
 
 def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, Any]]]) -> dict[str, str | None]:
     """The model-free members of the fingerprint family, from the run's phase cells and artifacts."""
-    cells = {c.phase: c for c in session.execute(select(PhaseCell).where(PhaseCell.run_id == run.id)).scalars()}
+    cells = {c.phase: c for c in session.execute(_CELLS, {"run_id_": run.id}).scalars()}
     impls = [data.get("impl_sha256") for _, kind, data in events if kind == AtomizeArtifact.type_name()]
     analyze, setup = cells.get("analyze"), cells.get("setup")
     atomize_key = None

@@ -363,12 +363,17 @@ _DECISION_TYPES = tuple(cls.type_name() for cls in (
     HumanReviewRequested, ToolCallEvent, DatasetResolved, ForkDecided, RunHalted, RunResumed, AtomizeArtifact))
 
 
+_DECISIONS = (select(EventRow.seq, EventRow.type, EventRow.data)
+              .where(col(EventRow.run_id) == bindparam("run_id_"), col(EventRow.type).in_(_DECISION_TYPES))
+              .order_by(col(EventRow.seq)).limit(MAX_DECISIONS))
+_DECISIONS_COUNTED = select(func.count()).where(col(EventRow.run_id) == bindparam("run_id_"),
+                                                col(EventRow.type).in_(_DECISION_TYPES))
+"""``_decisions``' reads, built once (an ``IN`` of fourteen types: its cache key cost more than the read)."""
+
+
 def _decisions(conn: Connection, run_id: str) -> tuple[list[Decision], int]:
-    rows = conn.execute(select(EventRow.seq, EventRow.type, EventRow.data).where(
-        col(EventRow.run_id) == run_id, col(EventRow.type).in_(_DECISION_TYPES)).order_by(col(EventRow.seq))
-        .limit(MAX_DECISIONS)).all()
-    total = conn.execute(select(func.count()).where(
-        col(EventRow.run_id) == run_id, col(EventRow.type).in_(_DECISION_TYPES))).scalar_one()
+    rows = conn.execute(_DECISIONS, {"run_id_": run_id}).all()
+    total = conn.execute(_DECISIONS_COUNTED, {"run_id_": run_id}).scalar_one()
     out = [d for seq, kind, data in rows if (d := _decision(int(seq), str(kind), dict(data))) is not None]
     return out, max(int(total) - len(rows), 0)
 

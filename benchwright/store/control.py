@@ -163,11 +163,15 @@ def _reason_of(incurred: float, billed: float, balance: float, *, run_cost_usd: 
     return None
 
 
+_HALTED = select(Run.id, Run.halt_reason).where(col(Run.id).in_(bindparam("run_ids_", expanding=True)),
+                                                col(Run.halted).is_(True))
+"""``halted_reasons``' read, built once: the halt watches of every activity under way poll it."""
+
+
 def halted_reasons(engine: Engine, *, run_ids: list[str]) -> dict[str, str]:
     """``halted_reason`` of many runs in one read: the halted ones among ``run_ids`` and why."""
-    with Session(reader(engine)) as session:
-        rows = session.execute(select(Run.id, Run.halt_reason).where(col(Run.id).in_(run_ids),
-                                                                     col(Run.halted).is_(True))).all()
+    with reader(engine).connect() as conn:
+        rows = conn.execute(_HALTED, {"run_ids_": list(run_ids)}).all()
     return {row.id: row.halt_reason or "halted" for row in rows}
 
 
