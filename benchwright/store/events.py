@@ -16,7 +16,7 @@ Cost columns are the database trigger's (migration 0002).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,11 +54,10 @@ quicker (one round trip against COPY's two)."""
 _RUNS = table_of(Run)
 _LOCK = (update(_RUNS).where(_RUNS.c.id == bindparam("run_id_")).values(next_seq=_RUNS.c.next_seq)
          .returning(_RUNS.c.next_seq))
-_RECORDED = select(_EVENTS.c.idem_key).where(_EVENTS.c.idem_key.in_(bindparam("keys_", expanding=True)))
 # On Postgres the keys go as one array: one statement text whatever their number (psycopg prepares it once).
 _RECORDED_ANY = select(_EVENTS.c.idem_key).where(_EVENTS.c.idem_key == any_(bindparam("keys_", type_=ARRAY(String))))
 _DRIVER_SQL: dict[str, tuple[str, str]] = {}
-_RUN_UPDATES: dict[tuple[str, ...], tuple[Any, str, dict[str, Any]]] = {}
+_RUN_UPDATES: dict[tuple[str, ...], tuple[str, list[str], dict[str, Any]]] = {}
 _ONE_CALL = ("SELECT o_fresh, o_next_seq, o_phase, o_tasks_total FROM bw_append_events(%(run_id)s::text, "
              "%(keys)s::text[], %(types)s::text[], %(data)s::json[], %(phases)s::text[], %(counts)s::integer[], "
              "%(at)s::timestamp)")
@@ -131,10 +130,8 @@ def _insert_rows(session: Session, table: Table, rows: list[dict[str, Any]],
         params = [{**fixed, **{key: proc(row[key]) if proc else row[key] for key, proc in per_row}} for row in rows]
     if copying:
         _copy(conn, copy, params)
-    elif dialect.name == "postgresql":  # on the driver's cursor directly, as the lock (``_on_driver``)
+    else:  # on the driver's cursor directly, as the lock (``_on_driver``)
         _on_driver(conn, sql, params, many=True)
-    else:
-        conn.exec_driver_sql(sql, params)
 
 
 def _copy(conn: Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:
@@ -244,23 +241,21 @@ def _lock(session: Session, run_id: str) -> int:
 
 
 def _update_run(session: Session, run_id: str, values: dict[str, Any]) -> None:
-    """``UPDATE`` the run row's ``values`` (plain values) through a Core statement cached per column set (on Postgres
-    its SQL on the driver's cursor, each value through its column's bind processor: ``_on_driver``), and keep a
-    ``Run`` the session holds in step, as the ORM's own update would."""
+    """``UPDATE`` the run row's ``values`` (plain values) by its SQL compiled once per column set, on the driver's
+    cursor (``_on_driver``), each value through its column's bind processor; and keep a ``Run`` the session holds in
+    step, as the ORM's own update would."""
     conn = session.connection()
     keys = (conn.dialect.name, *values)
     found = _RUN_UPDATES.get(keys)
     if found is None:
-        stmt = (update(_RUNS).where(_RUNS.c.id == bindparam("run_id_"))
-                .values({key: bindparam(key) for key in values}))
+        compiled = (update(_RUNS).where(_RUNS.c.id == bindparam("run_id_"))
+                    .values({key: bindparam(key) for key in values})).compile(dialect=conn.dialect)
         procs = {key: _RUNS.c[key].type._cached_bind_processor(conn.dialect) for key in values}
-        found = _RUN_UPDATES[keys] = (stmt, str(stmt.compile(dialect=conn.dialect)), procs)
-    stmt, sql, procs = found
-    if conn.dialect.name == "postgresql":
-        params = {key: proc(value) if (proc := procs[key]) else value for key, value in values.items()}
-        _on_driver(conn, sql, {**params, "run_id_": run_id})
-    else:
-        conn.execute(stmt, {**values, "run_id_": run_id})
+        found = _RUN_UPDATES[keys] = (compiled.string, list(compiled.positiontup or []), procs)
+    sql, order, procs = found
+    params = {key: proc(value) if (proc := procs[key]) else value for key, value in values.items()}
+    params["run_id_"] = run_id
+    _on_driver(conn, sql, [params[key] for key in order] if order else params)
     held = session.identity_map.get(session.identity_key(Run, run_id))
     if held is not None:
         for key, value in values.items():
@@ -476,12 +471,17 @@ def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[
         NotFound: the run does not exist.
     """
     conn = session.connection()
-    if conn.dialect.name != "postgresql":
-        next_seq, seen = _lock(session, run_id), set[str]()
-        for start in range(0, len(keys), _KEY_CHUNK):
-            seen.update(conn.execute(_RECORDED, {"keys_": keys[start : start + _KEY_CHUNK]}).scalars())
-        return next_seq, seen
     lock_sql, check_sql = _DRIVER_SQL.get(conn.dialect.name) or _driver_sql(conn)
+    if conn.dialect.name != "postgresql":  # SQLite: the keys as many parameters, in chunks under its limit
+        row = _on_driver(conn, lock_sql, (run_id,), fetch=True)
+        if not row:
+            raise NotFound(f"run {run_id} not found")
+        seen = set[str]()
+        for start in range(0, len(keys), _KEY_CHUNK):
+            chunk = keys[start : start + _KEY_CHUNK]
+            seen.update(key for (key,) in _on_driver(conn, check_sql.format(", ".join("?" * len(chunk))), chunk,
+                                                     fetch=True))
+        return int(row[0][0]), seen
     row = _on_driver(conn, lock_sql, {"run_id_": run_id}, fetch=True)
     if not row:
         raise NotFound(f"run {run_id} not found")
@@ -489,9 +489,15 @@ def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[
 
 
 def _driver_sql(conn: Connection) -> tuple[str, str]:
-    """The lock and the key check as ``conn``'s driver takes them (compiled once per dialect)."""
-    found = _DRIVER_SQL[conn.dialect.name] = (str(_LOCK.compile(dialect=conn.dialect)),
-                                              str(_RECORDED_ANY.compile(dialect=conn.dialect)))
+    """The lock and the key check as ``conn``'s driver takes them (compiled once per dialect). On SQLite the check is
+    a template whose ``{}`` takes the keys' placeholders (an ``IN`` of as many as the chunk holds)."""
+    if conn.dialect.name == "postgresql":
+        check = str(_RECORDED_ANY.compile(dialect=conn.dialect))
+    else:
+        preparer = conn.dialect.identifier_preparer
+        check = (f"SELECT {preparer.quote(_EVENTS.c.idem_key.name)} FROM {preparer.format_table(_EVENTS)} "
+                 f"WHERE {preparer.quote(_EVENTS.c.idem_key.name)} IN ({{}})")
+    found = _DRIVER_SQL[conn.dialect.name] = (str(_LOCK.compile(dialect=conn.dialect)), check)
     return found
 
 
@@ -500,16 +506,18 @@ def _on_driver(conn: Connection, sql: str, params: Any, *, many: bool = False, f
     """``sql`` (as the dialect compiled it) with ``params`` (bound values, each already through its column's bind
     processor) on ``conn``'s own driver connection, inside its transaction; the rows when ``fetch``.
 
-    The Postgres append's statements go this way: through SQLAlchemy's execution each cost ~0.1 ms more of this
-    process's CPU than the driver's own work (the statement's context, its result's set-up), and an append makes five
-    or more; two dozen appends are on a run's way to its first model call (``bench/append.py``: a two-event append
-    1.9 → ~1.2 ms, 1.0 → ~0.5 ms of CPU). Errors come out as SQLAlchemy's would (``_driver_errors``).
+    An append's statements go this way: through SQLAlchemy's execution each cost ~0.1 ms more of this process's CPU
+    than the driver's own work (the statement's context, its result's set-up), and an append makes four or more; two
+    dozen appends are on a run's way to its first model call (``bench/append.py``: on Postgres a two-event append
+    1.9 → ~1.2 ms, 1.0 → ~0.5 ms of CPU; on SQLite, session 40, the lock, the key check and the row's update).
+    ``params`` in the driver's style: names for psycopg, a sequence for sqlite3's ``?``. Errors come out as
+    SQLAlchemy's would (``_driver_errors``).
 
     Raises:
         DBAPIError: the driver failed.
     """
-    driver: Any = conn.connection.dbapi_connection  # a psycopg connection
-    with _driver_errors(conn, sql), driver.cursor() as cursor:
+    driver: Any = conn.connection.dbapi_connection  # a psycopg or sqlite3 connection
+    with _driver_errors(conn, sql), closing(driver.cursor()) as cursor:
         if many:
             cursor.executemany(sql, params)
             return []
