@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import Coroutine
 from functools import lru_cache
@@ -81,9 +82,13 @@ INTERNAL_ERROR = error_response(500, b"text/plain; charset=utf-8", b"Internal Se
 
 def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
     """``name: value\\r\\n`` lines; a header whose name or value holds CR, LF or NUL is dropped (a value taken from
-    an upstream answer must not split this one)."""
+    an upstream answer must not split this one). The credential proxy makes these for every answer (its cost header):
+    one search of each, where testing each character apart was ~4 % of that process's CPU (py-spy, session 40)."""
     return b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers
-                    if not any(c in name or c in value for c in (b"\r", b"\n", b"\0")))
+                    if _UNSAFE(name) is None and _UNSAFE(value) is None)
+
+
+_UNSAFE = re.compile(rb"[\r\n\0]").search
 
 
 def split_target(target: bytes) -> tuple[bytes, bytes]:
