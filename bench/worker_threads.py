@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import sys
 import time
 from collections import Counter
@@ -59,11 +60,35 @@ def thread_cpu(pid: int) -> Counter[str]:
     return out
 
 
-def executor_totals(out_dir: Path, pid: int) -> dict[str, list[float]]:
-    """The hook's totals (calls, CPU seconds) by function, once it has written them after the runs."""
-    path = out_dir / f"executor.{pid}.json"
-    time.sleep(1.2)  # it writes every second
-    return json.loads(path.read_text()) if path.exists() else {}
+def executor_totals(hooks: Path, pid: int, timeout_s: float = 30.0) -> dict[str, list[float]]:
+    """The hook's totals so far (calls, CPU seconds) by function, asked of it over its FIFOs (see the hook).
+
+    Raises:
+        SystemExit: the worker's hook is not listening, or did not answer within ``timeout_s``.
+    """
+    ask, answer = hooks / f"ask.{pid}", hooks / f"totals.{pid}"
+    try:  # without a reader a non-blocking open fails at once (ENXIO) instead of waiting for one
+        request = os.open(ask, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SystemExit(f"the worker's hook is not listening on {ask} ({exc}); was the worker started as "
+                         "'python -m benchwright.cli worker' with the hooks on PYTHONPATH?") from exc
+    os.write(request, b"totals\n")
+    os.close(request)
+    reply = os.open(answer, os.O_RDONLY | os.O_NONBLOCK)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if not select.select([reply], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise SystemExit(f"the worker's hook did not answer on {answer} within {timeout_s:g} s")
+            chunk = os.read(reply, 1 << 16)
+            if not chunk and chunks:  # the hook wrote its answer and closed its end
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(reply)
+    found: dict[str, list[float]] = json.loads(b"".join(chunks))
+    return found
 
 
 def main() -> None:

@@ -3,7 +3,9 @@
 (``asyncio_0``, Temporal's ``temporal_workflow_…``), so ``/proc/<pid>/task/*/comm`` tells the threads apart. In the
 worker (``python -m benchwright.cli worker``) alone: each function handed to the event loop's default executor
 (``asyncio.to_thread``) is timed in its thread (``time.thread_time``: CPU, the kernel's included), by its module and
-name, and the totals are written to ``<dir>/executor.<pid>.json`` every second. Nothing of the product changes."""
+name. The totals go out on request, over two FIFOs in ``<dir>``: a write to ``ask.<pid>`` is answered with the
+totals as JSON on ``totals.<pid>`` (the thread that answers sleeps in ``open`` meanwhile: no polling, no CPU).
+Nothing of the product changes."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def _label(func: Callable[..., Any]) -> str:
     return f"{getattr(target, '__module__', None) or '?'}:{getattr(target, '__qualname__', None) or repr(target)}"
 
 
-def _timed_executor(out: str) -> None:
+def _timed_executor(ask: str, answer: str) -> None:
     import asyncio.base_events
 
     totals: dict[str, list[float]] = {}
@@ -69,19 +71,21 @@ def _timed_executor(out: str) -> None:
 
     asyncio.base_events.BaseEventLoop.run_in_executor = timed_run_in_executor  # type: ignore[method-assign]
 
-    def dump() -> None:
+    def answer_requests() -> None:
+        os.mkfifo(ask, 0o600)
+        os.mkfifo(answer, 0o600)
         while True:
-            time.sleep(1.0)
+            with open(ask, "rb") as request:  # blocks until the bench opens it to write
+                request.read()
             with lock:
-                text = json.dumps(totals)
-            with open(out + ".part", "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(out + ".part", out)
+                text = json.dumps(totals).encode()
+            with open(answer, "wb") as reply:  # blocks until the bench opens it to read
+                reply.write(text)
 
-    threading.Thread(target=dump, daemon=True, name="bench-dump").start()
+    threading.Thread(target=answer_requests, daemon=True, name="bench-totals").start()
 
 
 if _DIR:
     _named_threads()
     if sys.argv[:2] == ["-m", "worker"]:
-        _timed_executor(os.path.join(_DIR, f"executor.{os.getpid()}.json"))
+        _timed_executor(os.path.join(_DIR, f"ask.{os.getpid()}"), os.path.join(_DIR, f"totals.{os.getpid()}"))
