@@ -15,9 +15,10 @@ Cost columns are the database trigger's (migration 0002).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from sqlalchemy import String, Table, any_, bindparam, insert, select, update
@@ -120,13 +121,14 @@ def _insert_rows(session: Session, table: Table, rows: list[dict[str, Any]],
     sql, copy, order, procs, positional = found
     copying = dialect.name == "postgresql" and len(rows) >= _COPY_FROM
     fixed = {key: proc(same[key]) if proc else same[key] for key, proc in zip(order, procs, strict=True) if key in same}
-    per_row = [(key, proc) for key, proc in zip(order, procs, strict=True) if key not in same]
     if positional or copying:
-        slots = [(fixed[key], None, None) if key in fixed else (None, key, proc)
-                 for key, proc in zip(order, procs, strict=True)]
-        params: list[Any] = [tuple(value if key is None else proc(row[key]) if proc else row[key]
-                                   for value, key, proc in slots) for row in rows]
+        # column by column, then zipped into rows: less than half the CPU of a generator over every value
+        columns: list[Iterable[Any]] = [
+            repeat(fixed[key], len(rows)) if key in fixed else map(proc, [row[key] for row in rows]) if proc
+            else [row[key] for row in rows] for key, proc in zip(order, procs, strict=True)]
+        params: list[Any] = list(zip(*columns, strict=True))
     else:
+        per_row = [(key, proc) for key, proc in zip(order, procs, strict=True) if key not in same]
         params = [{**fixed, **{key: proc(row[key]) if proc else row[key] for key, proc in per_row}} for row in rows]
     if copying:
         _copy(conn, copy, params)
