@@ -6,6 +6,7 @@ import asyncio
 import faulthandler
 import gc
 import hashlib
+import logging
 import os
 import signal
 import sys
@@ -40,6 +41,7 @@ from benchwright.sandbox.local.warm import stop_warm_pool
 from benchwright.security.crypto import load_keyring
 from benchwright.security.fair_share import FairShare, running_accounts
 from benchwright.settings import Settings
+from benchwright.stack.cpu import pin_threads
 from benchwright.stack.procreg import ProcessRegistry
 from benchwright.stack.teardown import reap_worker_leftovers, release_worker, sweep_routes, sweep_workdirs
 from benchwright.store.db import outage_tolerant
@@ -47,6 +49,8 @@ from benchwright.store.policy import prepare_secrets
 from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
 from workflows.run import RunWorkflow
+
+log = logging.getLogger("benchwright.worker")
 
 # Modules the workflow sandbox shares with the worker instead of re-importing per run (10x cheaper, and SQLModel
 # tables cannot be defined twice). None of them is used for I/O from workflow code.
@@ -181,6 +185,9 @@ async def run_worker(settings: Settings) -> None:
     from benchwright.stack.temporal_client import connect
     from benchwright.store.db import make_engine, migrate
 
+    cpu = pin_threads(settings.worker_cpu)  # first: the threads started from here on inherit it
+    if cpu is not None:
+        log.info("the worker's threads run on CPU %d (BENCHWRIGHT_WORKER_CPU=%s)", cpu, settings.worker_cpu)
     ProcessRegistry(settings.data_dir).record(kind="worker", pid=os.getpid(), group=os.getpgid(0) == os.getpid())
     cache_bytecode(settings.data_dir)
     stop = asyncio.Event()

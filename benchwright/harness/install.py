@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchwright.errors import InvalidInput, Unavailable
+from benchwright.stack.cpu import spawning
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,13 @@ def install(harness_dir: Path, name: str, *, log: Path | None = None) -> tuple[P
     if (path / STAMP).exists():
         return path, 0.0
     started = time.monotonic()
+    with spawning():  # pip and the builds it starts on every CPU, not a pinned worker's one
+        _build(runtime, path, name=name, log=log)
+    return path, time.monotonic() - started
+
+
+def _build(runtime: HarnessRuntime, path: Path, *, name: str, log: Path | None) -> None:
+    """``install``'s work: the venv at ``path``, ``runtime``'s steps into it, its stamp last."""
     if path.exists():  # a half-finished install: start over
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +151,6 @@ def install(harness_dir: Path, name: str, *, log: Path | None = None) -> tuple[P
     version = subprocess.run([str(python), "-c", "import sys; print(sys.version.split()[0])"], check=True,
                              capture_output=True, text=True, timeout=60).stdout.strip()
     (path / STAMP).write_text(f"{name} {runtime.version} python {version}\n")
-    return path, time.monotonic() - started
 
 
 def find_python(minimum: tuple[int, int], *, name: str) -> Path:

@@ -39,6 +39,7 @@ from typing import Any
 from benchwright.errors import Unavailable
 from benchwright.llm.prices import prices_for
 from benchwright.schemas import ModelSpec
+from benchwright.stack.cpu import spawning
 from benchwright.stack.devstack import pid_alive
 from benchwright.stack.procreg import ProcEntry, ProcessRegistry, owned_tempdir, proc_starttime
 
@@ -184,7 +185,7 @@ def _spawn(*, registry: ProcessRegistry, linger_s: float) -> _Proxy:
             "--control", str(control), "--linger", repr(float(linger_s))]
     log_path = registry.dir.parent / "credential-proxy.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    with log_path.open("ab") as log, spawning():  # the proxy on every CPU, not a pinned worker's one
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=str(control_dir))
     entry = registry.record(kind="model_proxy", pid=proc.pid, group=True, owner=os.getpid(),

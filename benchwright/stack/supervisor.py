@@ -223,8 +223,11 @@ class Stack:
             *dev_server_args(),
             # the deployment key (made on first start) encrypts secrets and payloads; the UI decodes through the API
             *embedded_stack_codec(cfg.data_dir, cfg.api_url)], logs / "temporal.log", env, self.registry)
+        # the one worker of this machine's stack keeps its threads on one CPU (benchwright.stack.cpu)
+        worker_env = {**env, "BENCHWRIGHT_WORKER_CPU": env.get("BENCHWRIGHT_WORKER_CPU", "auto")}
         self.worker = Child("worker", [sys.executable, "-m", "benchwright.cli", "worker",
-                                       "--data-dir", str(cfg.data_dir)], logs / "worker.log", env, self.registry)
+                                       "--data-dir", str(cfg.data_dir)], logs / "worker.log", worker_env,
+                            self.registry)
         self.api = Child("api", [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
                                  "--host", cfg.host, "--port", str(cfg.api_port), "--log-level", "warning",
                                  "--no-access-log"], logs / "api.log", env, self.registry)

@@ -21,6 +21,7 @@ import pytest
 from benchwright.client import Client
 from benchwright.events import AFTER_TERMINAL
 from benchwright.stack.devstack import connected_to_itself, free_port, free_ports, pid_alive, port_open
+from benchwright.stack.procreg import ProcessRegistry
 
 BW = [sys.executable, "-m", "benchwright.cli"]
 SAMPLE = Path(__file__).resolve().parents[2] / "benchwright" / "samples" / "arithmetic.jsonl"
@@ -91,6 +92,7 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         with Client(dev["api_url"], dev["api_key"]) as client:
             created = [e["data"] for e in client.events(run_id)["events"] if e["type"] == "SandboxCreated"]
         assert any(c["metadata"].get("warm") for c in created), created
+        _worker_on_one_cpu_its_children_on_every_cpu(data_dir)
 
         # The supervisor restarts a worker that dies; a launch after that still completes.
         pids = json.loads((data_dir / "pids.json").read_text())
@@ -164,6 +166,35 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         _stop(up)
+
+
+def _worker_on_one_cpu_its_children_on_every_cpu(data_dir: Path) -> None:
+    """``up``'s worker keeps its threads on one CPU; what it started (its credential proxy, the run's and the warm
+    pool's sandboxes) keeps every CPU of the stack (``benchwright.stack.cpu``)."""
+    every = os.sched_getaffinity(0)
+    if len(every) < 2:
+        print(f"not checked: the worker's CPU (this machine gives the tests one CPU, {sorted(every)})")
+        return
+    worker = json.loads((data_dir / "pids.json").read_text())["worker"]
+    assert os.sched_getaffinity(worker) == {max(every)}
+    proxies = [entry.pid for entry in ProcessRegistry(data_dir).live(kinds=("model_proxy",))]
+    sandboxed = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _runs(int(d.name), (
+        "_nsexec.py", str(data_dir / "sandboxes")))]
+    cpus = {}
+    for pid in proxies + sandboxed:
+        with contextlib.suppress(ProcessLookupError):  # a run's sandbox may end meanwhile (the warm pool's stays)
+            cpus[pid] = os.sched_getaffinity(pid)
+    assert set(proxies) & set(cpus) and set(sandboxed) & set(cpus), (proxies, sandboxed, cpus)
+    assert cpus == dict.fromkeys(cpus, every)
+
+
+def _runs(pid: int, words: tuple[str, ...]) -> bool:
+    """Whether process ``pid``'s command line holds every one of ``words`` (False once it is gone)."""
+    try:
+        command = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return all(word in command for word in words)
 
 
 def test_accounts_create_prints_a_working_key_and_refuses_a_duplicate(tmp_path: Path) -> None:

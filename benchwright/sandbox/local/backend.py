@@ -142,6 +142,7 @@ from benchwright.sandbox.local.warm import (
     WarmSandbox,
     warm_pool,
 )
+from benchwright.stack.cpu import spawning
 
 log = logging.getLogger(__name__)
 
@@ -641,7 +642,7 @@ class LocalBackend:
         cfg_path = d / "ctl" / f"init-{secrets.token_hex(4)}.cfg"
         _write_config(cfg_path, cfg)
         self._reap_supervisors()
-        with open(d / "ctl" / "init.log", "ab") as log_fh:
+        with open(d / "ctl" / "init.log", "ab") as log_fh, spawning():
             proc = subprocess.Popen(
                 [sys.executable, "-E", "-s", "-S", str(HELPER), "init", str(cfg_path)], stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=log_fh, env={}, start_new_session=True, close_fds=True,
@@ -695,11 +696,12 @@ class LocalBackend:
         loop = asyncio.get_running_loop()
         try:
             _write_config(cfg_path, cfg)
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-E", "-s", "-S", str(HELPER), "enter", str(cfg_path),
-                stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(status_w,), env={},
-                start_new_session=True, limit=_STREAM_LIMIT)
+            with spawning():
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-E", "-s", "-S", str(HELPER), "enter", str(cfg_path),
+                    stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(status_w,), env={},
+                    start_new_session=True, limit=_STREAM_LIMIT)
         except BaseException:
             os.close(status_r)
             os.close(status_w)
