@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from sqlalchemy import text
 from sqlmodel import Session
 
 from benchwright.errors import NotFound
-from benchwright.events import Event, MaterializeTaskResult
+from benchwright.events import Event, MaterializeTaskResult, PhaseStarted
 from benchwright.schemas import LaunchRequest
+from benchwright.store import events as events_module
 from benchwright.store.accounts import create_account, credit, get_account
 from benchwright.store.control import (
+    append_checking,
     append_closing,
     budget_halt_reason,
     clear_halt,
@@ -106,4 +111,59 @@ def test_halt_and_clear_are_one_row_update_each_with_their_event(db_url: str) ->
         assert row is not None and row.halted is False and row.halt_reason is None
     assert halted_reason(engine, run_id=run.id) is None
     assert halted_reasons(engine, run_ids=[run.id]) == {}
+    engine.dispose()
+
+
+def test_costs_land_by_every_way_an_append_goes(db_url: str) -> None:
+    """A result's cost reaches the run however its append goes: a few results by one call (``append_checking``;
+    ``bw_append_results`` on Postgres), a batch's flush by ``COPY`` (``_COPY_FROM`` rows or more), other events by
+    ``bw_append_events``; results that cost nothing and events of other types add nothing."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    account, _ = create_account(engine, name="ways", balance_usd=1.0)
+    run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                     driver="builtin", trials_config={})
+
+    def results(first: int, n: int, cost: float) -> list[NewEvent]:
+        return [NewEvent.of(event_key(run.id, "r", i), MaterializeTaskResult(
+            invocation=1, index=i, trial=0, score=1.0, outcome="pass", output="x", cost_usd=cost))
+            for i in range(first, first + n)]
+
+    assert append_checking(engine, run.id, results(0, 2, 0.01), invocation=1, run_cost_usd=None) is None
+    append_events(engine, run.id, results(2, 2 * events_module._COPY_FROM, 0.001))  # by COPY on Postgres
+    append_events(engine, run.id, results(100, 3, 0.0))
+    append_events(engine, run.id, [NewEvent.of(event_key(run.id, "started"), PhaseStarted(phase="fetch"))])
+    append_events(engine, run.id, [NewEvent.of(event_key(run.id, "s"), SandboxKilled(sandbox_id="sb", cost_usd=0.1))])
+    view = run_view(engine, get_run(engine, run_id=run.id))
+    assert view.cost.model == pytest.approx(0.02 + 2 * events_module._COPY_FROM * 0.001)
+    assert view.cost.sandbox == pytest.approx(0.1) and view.cost.billed == pytest.approx(0.1)
+    assert get_account(engine, account_id=account.id).balance_usd == pytest.approx(0.9)
+    engine.dispose()
+
+
+def test_on_postgres_only_the_events_a_trigger_acts_on_call_it(postgres_url: str) -> None:
+    """Migration 0025: each trigger's condition is evaluated as the row lands, so an event of another type, or a
+    result that cost nothing, calls no trigger function (each called once per row before, and returned)."""
+    engine = make_engine(postgres_url)
+    migrate(engine)
+    account, _ = create_account(engine, name="calls", balance_usd=1.0)
+    run = create_run(engine, account_id=account.id, launch=LaunchRequest(dataset="x.jsonl", model="openai/x"),
+                     driver="builtin", trials_config={})
+    insert = text("INSERT INTO events (run_id, seq, type, data, idem_key, created_at) "
+                  "VALUES (:run, :seq, :type, CAST(:data AS json), :key, now())")
+    calls = text("SELECT coalesce(pg_stat_get_xact_function_calls('bw_events_cost'::regproc), 0), "
+                 "coalesce(pg_stat_get_xact_function_calls('bw_events_narration_usage'::regproc), 0)")
+    rows = [("PhaseStarted", {"phase": "fetch"}), ("MaterializeTaskResult", {"cost_usd": 0.0}),
+            ("MaterializeTaskResult", {}), ("MaterializeTaskAggregated", {"cost_usd": 0.5}),
+            ("MaterializeTaskResult", {"cost_usd": 0.25}), ("NarrationUsage", {"calls": 1, "cost_usd": 0.0})]
+    seen = []
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL track_functions = 'pl'"))
+        for seq, (kind, data) in enumerate(rows, start=100):
+            conn.execute(insert, {"run": run.id, "seq": seq, "type": kind, "data": json.dumps(data),
+                                  "key": f"{run.id}:{seq}"})
+            seen.append(tuple(conn.execute(calls).one()))
+    assert seen == [(0, 0), (0, 0), (0, 0), (0, 0), (1, 0), (1, 1)]
+    view = run_view(engine, get_run(engine, run_id=run.id))
+    assert view.cost.model == pytest.approx(0.25) and view.cost.narration_usage.calls == 1
     engine.dispose()
