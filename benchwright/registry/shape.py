@@ -6,9 +6,10 @@ stored fingerprint always describes exactly the log that PipelineFinished closed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
@@ -32,10 +33,10 @@ def run_events(session: Session, run_id: str) -> list[tuple[int, str, dict[str, 
     return sorted((int(seq), str(kind), dict(data)) for seq, kind, data in rows)
 
 
-_ARTIFACT_TYPES = artifact_types()
+ARTIFACT_TYPES = artifact_types()
 """Every Artifact event type the log can hold (each event is appended as one of ``EVENT_TYPES``)."""
 _ARTIFACT_EVENTS = (select(EventRow.seq, EventRow.type, EventRow.data)
-                    .where(EventRow.run_id == bindparam("run_id_"), col(EventRow.type).in_(_ARTIFACT_TYPES)))
+                    .where(EventRow.run_id == bindparam("run_id_"), col(EventRow.type).in_(ARTIFACT_TYPES)))
 _CELLS = select(PhaseCell).where(PhaseCell.run_id == bindparam("run_id_"))
 """``run_events``' and ``family``'s reads, built once: made at each run's end, their cache keys (an ``IN`` of every
 artifact type) cost more of the worker's CPU than the reads (cProfile, session 40)."""
@@ -43,7 +44,12 @@ artifact type) cost more of the worker's CPU than the reads (cProfile, session 4
 
 def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, Any]]]) -> dict[str, str | None]:
     """The model-free members of the fingerprint family, from the run's phase cells and artifacts."""
-    cells = {c.phase: c for c in session.execute(_CELLS, {"run_id_": run.id}).scalars()}
+    return family_of(run, events, {c.phase: c for c in session.execute(_CELLS, {"run_id_": run.id}).scalars()})
+
+
+def family_of(run: Run, events: list[tuple[int, str, dict[str, Any]]], cells: Mapping[str, PhaseCell]
+              ) -> dict[str, str | None]:
+    """``family`` from the run's cells as given (phase -> cell)."""
     impls = [data.get("impl_sha256") for _, kind, data in events if kind == AtomizeArtifact.type_name()]
     analyze, setup = cells.get("analyze"), cells.get("setup")
     atomize_key = None
@@ -67,8 +73,13 @@ def family(session: Session, run: Run, events: list[tuple[int, str, dict[str, An
 def stamp_terminal(session: Session, run: Run) -> None:
     """Store the run fingerprint, the fingerprint family and, for a pinned run, the run shape."""
     events = run_events(session, run.id)
+    stamp_from(run, events, {c.phase: c for c in session.execute(_CELLS, {"run_id_": run.id}).scalars()})
+
+
+def stamp_from(run: Run, events: list[tuple[int, str, dict[str, Any]]], cells: Mapping[str, PhaseCell]) -> None:
+    """``stamp_terminal`` from the run's artifacts (``run_events``) and phase cells as given."""
     run.fingerprint, _ = derive(events)
-    for column, value in family(session, run, events).items():
+    for column, value in family_of(run, events, cells).items():
         setattr(run, column, value)
     pin = run.pinned or {}
     if pin and run.benchmark_id is None:
@@ -79,6 +90,31 @@ def stamp_terminal(session: Session, run: Run) -> None:
         # A Benchwright-built (product) benchmark keys its shape on the subset id, the recipe's name (§7): no
         # registry benchmark; the impl is the generated task_impl.py (benchwright.product.recipe.impl_id).
         run.subset_id, run.impl_id = str(recipe["name"]), str(recipe["impl_id"])
+
+
+_TERMINAL_INPUTS = select(
+    Run,
+    select(func.json_agg(func.json_build_array(EventRow.seq, EventRow.type, EventRow.data)))
+    .where(EventRow.run_id == Run.id, col(EventRow.type).in_(ARTIFACT_TYPES)).scalar_subquery(),
+    select(func.json_agg(func.json_build_object("phase", PhaseCell.phase, "input_hash", PhaseCell.input_hash,
+                                                "snapshot_id", PhaseCell.snapshot_id, "files", PhaseCell.files)))
+    .where(PhaseCell.run_id == Run.id).scalar_subquery(),
+).where(Run.id == bindparam("run_id_"))
+"""On Postgres, what a run's end reads in one statement (one snapshot): the row, its artifacts (``run_events``) and
+its phase cells (``family``)."""
+
+
+def terminal_inputs(engine: Engine, run_id: str
+                    ) -> tuple[Run, list[tuple[int, str, dict[str, Any]]], dict[str, PhaseCell]] | None:
+    """On Postgres, the run's row with what ``stamp_from`` reads, in one round trip in autocommit (``_TERMINAL_INPUTS``:
+    the row's ``next_seq`` and the artifacts are of one snapshot); None for no such run."""
+    with Session(reader(engine)) as session:
+        found = session.execute(_TERMINAL_INPUTS, {"run_id_": run_id}).first()
+    if found is None:
+        return None
+    run, artifacts, cells = found
+    events = sorted((int(seq), str(kind), dict(data)) for seq, kind, data in artifacts or [])
+    return run, events, {str(c["phase"]): PhaseCell(run_id=run_id, **c) for c in cells or []}
 
 
 def readable_run(engine: Engine, *, run_id: str, account_id: str) -> Run:

@@ -132,8 +132,8 @@ def _insert_rows(session: Session, table: Table, rows: list[dict[str, Any]],
         params = [{**fixed, **{key: proc(row[key]) if proc else row[key] for key, proc in per_row}} for row in rows]
     if copying:
         _copy(conn, copy, params)
-    else:  # on the driver's cursor directly, as the lock (``_on_driver``)
-        _on_driver(conn, sql, params, many=True)
+    else:  # on the driver's cursor directly, as the lock (``on_driver``)
+        on_driver(conn, sql, params, many=True)
 
 
 def _copy(conn: Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:
@@ -205,7 +205,7 @@ def append_events(engine: Engine, run_id: str, events: list[NewEvent], **run_upd
             stored = [storable_on_postgres(e) for e in events]
             if not run_updates:
                 return _call_append(conn, run_id, stored)[0]
-            rows = _on_driver(conn, _ISOLATED_CALL, _call_params(conn, run_id, stored) | run_updates, fetch=True)
+            rows = on_driver(conn, _ISOLATED_CALL, call_params(conn, run_id, stored) | run_updates, fetch=True)
         if rows[0][0] is None:
             raise NotFound(f"run {run_id} not found")
         return int(rows[0][0])
@@ -244,7 +244,7 @@ def _lock(session: Session, run_id: str) -> int:
 
 def _update_run(session: Session, run_id: str, values: dict[str, Any]) -> None:
     """``UPDATE`` the run row's ``values`` (plain values) by its SQL compiled once per column set, on the driver's
-    cursor (``_on_driver``), each value through its column's bind processor; and keep a ``Run`` the session holds in
+    cursor (``on_driver``), each value through its column's bind processor; and keep a ``Run`` the session holds in
     step, as the ORM's own update would."""
     conn = session.connection()
     keys = (conn.dialect.name, *values)
@@ -257,7 +257,7 @@ def _update_run(session: Session, run_id: str, values: dict[str, Any]) -> None:
     sql, order, procs = found
     params = {key: proc(value) if (proc := procs[key]) else value for key, value in values.items()}
     params["run_id_"] = run_id
-    _on_driver(conn, sql, [params[key] for key in order] if order else params)
+    on_driver(conn, sql, [params[key] for key in order] if order else params)
     held = session.identity_map.get(session.identity_key(Run, run_id))
     if held is not None:
         for key, value in values.items():
@@ -319,16 +319,16 @@ def _call_append(conn: Connection, run_id: str, events: list[NewEvent]) -> tuple
 
     Raises:
         NotFound: the run does not exist.
-        DBAPIError: the driver failed (``_on_driver``).
+        DBAPIError: the driver failed (``on_driver``).
     """
-    rows = _on_driver(conn, _ONE_CALL, _call_params(conn, run_id, events), fetch=True)
+    rows = on_driver(conn, _ONE_CALL, call_params(conn, run_id, events), fetch=True)
     fresh, next_seq, phase, tasks_total = rows[0]
     if fresh is None:
         raise NotFound(f"run {run_id} not found")
     return int(fresh), int(next_seq), phase, tasks_total
 
 
-def _call_params(conn: Connection, run_id: str, events: list[NewEvent]) -> dict[str, Any]:
+def call_params(conn: Connection, run_id: str, events: list[NewEvent]) -> dict[str, Any]:
     """``bw_append_events``'s arguments for ``events``, each value as the column's bind processor makes it."""
     data_proc, at_proc = _procs(conn)
     projected = [projection.projected(e) for e in events]
@@ -356,11 +356,11 @@ def append_reading(engine: Engine, run_id: str, events: list[NewEvent], read: st
 
     Raises:
         NotFound: the run does not exist (nothing is written).
-        DBAPIError: the driver failed (``_on_driver``).
+        DBAPIError: the driver failed (``on_driver``).
     """
     with reader(engine).connect() as conn:
-        params = _call_params(conn, run_id, [storable_on_postgres(e) for e in events]) | {"read": read}
-        rows = _on_driver(conn, _READING_CALL, params, fetch=True)
+        params = call_params(conn, run_id, [storable_on_postgres(e) for e in events]) | {"read": read}
+        rows = on_driver(conn, _READING_CALL, params, fetch=True)
     fresh, data = rows[0]
     if fresh is None:
         raise NotFound(f"run {run_id} not found")
@@ -396,7 +396,7 @@ def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell
     Raises:
         NotFound: the run does not exist (nothing is written).
         ValueError: ``events`` are results with a ``cell``, or too many results for one call.
-        DBAPIError: the driver failed (``_on_driver``).
+        DBAPIError: the driver failed (``on_driver``).
     """
     stored = [storable_on_postgres(e) for e in events]
     with reader(engine).connect() as conn:
@@ -406,13 +406,13 @@ def append_spending(engine: Engine, run_id: str, events: list[NewEvent], *, cell
             _, incurred, billed, balance = _call_results(conn, run_id, stored)
             return incurred, billed, balance
         data_proc, _ = _procs(conn)
-        params = _call_params(conn, run_id, stored)
+        params = call_params(conn, run_id, stored)
         if cell is None:
-            rows = _on_driver(conn, _SPEND_CALL, params, fetch=True)
+            rows = on_driver(conn, _SPEND_CALL, params, fetch=True)
         else:
             params |= {key: (data_proc(value) if data_proc else value) if key in _CELL_JSON else value
                        for key, value in cell.items()}
-            rows = _on_driver(conn, _CLOSE_CALL, params, fetch=True)
+            rows = on_driver(conn, _CLOSE_CALL, params, fetch=True)
     fresh, *_, incurred, billed, balance = rows[0]
     if fresh is None:
         raise NotFound(f"run {run_id} not found")
@@ -427,14 +427,14 @@ def _call_results(conn: Connection, run_id: str, events: list[NewEvent]) -> tupl
     Raises:
         NotFound: the run does not exist.
         ValueError: ``events`` cannot go in one call (``results_in_one_call``).
-        DBAPIError: the driver failed (``_on_driver``).
+        DBAPIError: the driver failed (``on_driver``).
     """
     made = projection.result_rows(run_id, events) if len(events) < _COPY_FROM else None
     if made is None:
         raise ValueError("these results go by the statements (results_in_one_call)")
     trials, rows = made
     data_proc, _ = _procs(conn)
-    params = _call_params(conn, run_id, events)
+    params = call_params(conn, run_id, events)
     for prefix, kept, columns in (("t_", trials, projection.TRIAL_COLUMNS), ("r_", rows, projection.TASK_COLUMNS)):
         params[f"{prefix}of"] = [of for of, _ in kept]
         for column in columns:
@@ -444,7 +444,7 @@ def _call_results(conn: Connection, run_id: str, events: list[NewEvent]) -> tupl
             elif column == "score":  # one array type for the lot: an int score (a bool even) as the float it means
                 values = [None if value is None else float(value) for value in values]
             params[prefix + column] = values
-    found = _on_driver(conn, _RESULTS_CALL, params, fetch=True)
+    found = on_driver(conn, _RESULTS_CALL, params, fetch=True)
     fresh, incurred, billed, balance = found[0]
     if fresh is None:
         raise NotFound(f"run {run_id} not found")
@@ -465,7 +465,7 @@ def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[
     """Take the run row's lock (``_lock``: its ``next_seq``) and then, under it, read which of ``keys`` the log holds.
 
     The check runs once the lock is taken, and at READ COMMITTED (Postgres) its snapshot is its own, so it sees every
-    key the lock's previous holder committed. On Postgres both go on the driver's cursor (``_on_driver``), the keys
+    key the lock's previous holder committed. On Postgres both go on the driver's cursor (``on_driver``), the keys
     as one array (one statement whatever their number, which psycopg prepares once); sent together in a psycopg
     pipeline they saved no time on loopback and cost more CPU.
 
@@ -475,19 +475,19 @@ def _lock_and_recorded(session: Session, run_id: str, keys: list[str]) -> tuple[
     conn = session.connection()
     lock_sql, check_sql = _DRIVER_SQL.get(conn.dialect.name) or _driver_sql(conn)
     if conn.dialect.name != "postgresql":  # SQLite: the keys as many parameters, in chunks under its limit
-        row = _on_driver(conn, lock_sql, (run_id,), fetch=True)
+        row = on_driver(conn, lock_sql, (run_id,), fetch=True)
         if not row:
             raise NotFound(f"run {run_id} not found")
         seen = set[str]()
         for start in range(0, len(keys), _KEY_CHUNK):
             chunk = keys[start : start + _KEY_CHUNK]
-            seen.update(key for (key,) in _on_driver(conn, check_sql.format(", ".join("?" * len(chunk))), chunk,
+            seen.update(key for (key,) in on_driver(conn, check_sql.format(", ".join("?" * len(chunk))), chunk,
                                                      fetch=True))
         return int(row[0][0]), seen
-    row = _on_driver(conn, lock_sql, {"run_id_": run_id}, fetch=True)
+    row = on_driver(conn, lock_sql, {"run_id_": run_id}, fetch=True)
     if not row:
         raise NotFound(f"run {run_id} not found")
-    return int(row[0][0]), {key for (key,) in _on_driver(conn, check_sql, {"keys_": keys}, fetch=True)}
+    return int(row[0][0]), {key for (key,) in on_driver(conn, check_sql, {"keys_": keys}, fetch=True)}
 
 
 def _driver_sql(conn: Connection) -> tuple[str, str]:
@@ -503,7 +503,7 @@ def _driver_sql(conn: Connection) -> tuple[str, str]:
     return found
 
 
-def _on_driver(conn: Connection, sql: str, params: Any, *, many: bool = False, fetch: bool = False
+def on_driver(conn: Connection, sql: str, params: Any, *, many: bool = False, fetch: bool = False
                ) -> list[tuple[Any, ...]]:
     """``sql`` (as the dialect compiled it) with ``params`` (bound values, each already through its column's bind
     processor) on ``conn``'s own driver connection, inside its transaction; the rows when ``fetch``.

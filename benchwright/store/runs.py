@@ -17,7 +17,7 @@ from sqlmodel import Session
 from benchwright.errors import InvalidInput, NotFound
 from benchwright.events import PipelineFinished, RunLaunched
 from benchwright.registry.catalog import check_can_be_public
-from benchwright.registry.shape import stamp_terminal
+from benchwright.registry.shape import ARTIFACT_TYPES, stamp_from, stamp_terminal, terminal_inputs
 from benchwright.runs.status import display_status
 from benchwright.schemas import (
     AgentStepView,
@@ -38,7 +38,15 @@ from benchwright.schemas import (
 )
 from benchwright.scoring.results import LIST_INPUT_CHARS, MAX_INPUT_CHARS, audit_fields
 from benchwright.store.db import reader, session_scope
-from benchwright.store.events import NewEvent, append_in_session, event_key, storable_on_postgres
+from benchwright.store.events import (
+    NewEvent,
+    append_in_session,
+    appends_in_one_call,
+    call_params,
+    event_key,
+    on_driver,
+    storable_on_postgres,
+)
 from benchwright.store.intervals import graded_rows, pass_rate_interval, terminal_intervals
 from benchwright.store.models import EventRow, Run, RunFork, TaskRow, TrialResult, table_of, utcnow
 from benchwright.store.nul import without_nul
@@ -111,10 +119,16 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
                before: Sequence[NewEvent] = ()) -> None:
     """Set the terminal status and append ``before`` and then PipelineFinished in the same transaction
     (idempotent: keyed events already in the log are skipped). A NUL in ``error`` (an endpoint's words) becomes
-    U+FFFD in the row and the event alike, on either store: Postgres holds none in a text column."""
+    U+FFFD in the row and the event alike, on either store: Postgres holds none in a text column.
+
+    On Postgres in two round trips when it can (``_finish_in_one_call``), else by the transaction below.
+    """
     error = without_nul(error) if error else None
+    finished = NewEvent.of(event_key(run_id, "pipeline", "finished"), PipelineFinished(status=status, error=error))
+    if engine.dialect.name == "postgresql" and _finish_in_one_call(engine, run_id, [*before, finished], status=status,
+                                                                   error=error):
+        return
     with session_scope(engine) as session:
-        finished = NewEvent.of(event_key(run_id, "pipeline", "finished"), PipelineFinished(status=status, error=error))
         append_in_session(session, run_id, [*before, finished])  # one append: a round trip on Postgres
         # The row's changes go in one UPDATE as it commits, not one before each read in between (autoflush): two
         # round trips fewer on Postgres on the way to the long poll's answer.
@@ -124,11 +138,51 @@ def finish_run(engine: Engine, *, run_id: str, status: str, error: str | None = 
             # A run's PipelineFinished and its end time land together (here and in finish_halted): an end time
             # means this PipelineFinished was in the log already (a retry), and the row is not written again.
             if run.finished_at is None:
-                run.status = status
-                run.error = error[:4000] if error else None
-                run.finished_at = utcnow()
+                _end(run, status, error)
                 stamp_terminal(session, run)
                 notify_settled(session, run_id)  # the long polls waiting for it, once this commits
+
+
+def _end(run: Run, status: str, error: str | None) -> None:
+    run.status = status
+    run.error = error[:4000] if error else None
+    run.finished_at = utcnow()
+
+
+TERMINAL_COLUMNS = ("status", "error", "finished_at", "fingerprint", "subset_fingerprint", "impl_fingerprint",
+                    "fetch_fingerprint", "analyze_fingerprint", "setup_fingerprint", "atomize_fingerprint",
+                    "benchmark_id", "subset_id", "impl_id")
+"""The row's columns a run's end sets (``_end``, then ``stamp_from``): ``bw_finish_run``'s, in its order."""
+_FINISH_CALL = ("SELECT o_state FROM bw_finish_run(%(run_id)s::text, %(keys)s::text[], %(types)s::text[], "
+                "%(data)s::json[], %(phases)s::text[], %(counts)s::integer[], %(at)s::timestamp, "
+                "%(seen_seq)s::integer, "
+                + ", ".join(f"%({c})s::{'timestamp with time zone' if c == 'finished_at' else 'text'}"
+                            for c in TERMINAL_COLUMNS) + ")")
+"""A run's end on Postgres: the function of migration 0026."""
+
+
+def _finish_in_one_call(engine: Engine, run_id: str, events: list[NewEvent], *, status: str,
+                        error: str | None) -> bool:
+    """``finish_run`` on Postgres in two round trips instead of seven: the row, its artifacts and its cells in one
+    read (``terminal_inputs``), the fingerprint computed from them, then one call (``bw_finish_run``, migration 0026)
+    that appends ``events`` and sets the row, provided nothing was appended since the read and the run has not
+    ended. Returns whether it did; if not, nothing was written and the caller goes by its transaction (which also
+    says NotFound for no such run). Not for events that project rows or are artifacts (the fingerprint is computed
+    before they land)."""
+    stored = [storable_on_postgres(e) for e in events]
+    if not appends_in_one_call(stored) or any(e.type in ARTIFACT_TYPES for e in stored):
+        return False
+    found = terminal_inputs(engine, run_id)
+    if found is None or found[0].finished_at is not None:
+        return False
+    run, artifacts, cells = found
+    _end(run, status, error)
+    stamp_from(run, artifacts, cells)
+    with reader(engine).connect() as conn:
+        params = call_params(conn, run_id, stored) | {"seen_seq": run.next_seq}
+        params |= {column: getattr(run, column) for column in TERMINAL_COLUMNS}
+        (state,), = on_driver(conn, _FINISH_CALL, params, fetch=True)
+    return bool(state == "finished")
 
 
 def get_run(engine: Engine, *, run_id: str, account_id: str | None = None) -> Run:

@@ -110,9 +110,10 @@ async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: st
 
 def test_on_postgres_the_rows_update_tells_with_no_round_trip_of_its_own(postgres_url: str) -> None:
     """The NOTIFY rides on the ``UPDATE`` that settles the row (trigger ``bw_runs_settled``, migration 0022): a run's
-    end is seven round trips, not eight. An end, a halt, a halt for another reason and a torn-down run's end tell;
-    an append, a retried end, a resume and a halt again for the same reason do not. Word arrives in commit order, so
-    a step that told nothing is followed by one that tells, and the next word must be that one's."""
+    end is two round trips (its read, then ``bw_finish_run``, migration 0026), not three. An end, a halt, a halt for
+    another reason and a torn-down run's end tell; an append, a retried end, a resume and a halt again for the same
+    reason do not. Word arrives in commit order, so a step that told nothing is followed by one that tells, and the
+    next word must be that one's."""
     from benchwright.events import AgentTextEvent
     from benchwright.store.control import clear_halt, finish_halted
     from benchwright.store.events import NewEvent, append_events, event_key
@@ -135,7 +136,7 @@ def test_on_postgres_the_rows_update_tells_with_no_round_trip_of_its_own(postgre
         append_events(engine, ended, [NewEvent.of(event_key(ended, "x"), AgentTextEvent(phase="x", text="x"))])
         with round_trips(engine) as trips:
             finish_run(engine, run_id=ended, status="ok")
-        assert trips == [7]
+        assert trips == [2]
         assert next_word() == ended
         finish_run(engine, run_id=ended, status="ok")  # a retry: writes nothing
         halt_run(engine, run_id=halted, reason="paused")

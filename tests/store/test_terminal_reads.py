@@ -330,7 +330,8 @@ def test_a_finished_runs_first_view_learns_whether_it_is_graded_with_its_counts(
 
 def test_a_runs_end_updates_its_row_once(store_run: tuple[Any, str]) -> None:
     """``finish_run`` sets the status, the end time, the fingerprint and its family in one UPDATE as it commits (not
-    one before each of the reads it makes in between): round trips on the way to the long poll's answer."""
+    one before each of the reads it makes in between): round trips on the way to the long poll's answer. On Postgres
+    that UPDATE is inside ``bw_finish_run`` (migration 0026, ``test_finish_in_one_call``), so none is sent."""
     engine, run_id = store_run
     append_events(engine, run_id, [
         NewEvent.of(event_key(run_id, "fetch"), FetchArtifact(source="x.jsonl", sha256="a" * 64, bytes=3,
@@ -348,9 +349,9 @@ def test_a_runs_end_updates_its_row_once(store_run: tuple[Any, str]) -> None:
         finish_run(engine, run_id=run_id, status="error", error="a retry")  # the run had ended: nothing changes
     finally:
         event.remove(engine, "before_cursor_execute", count)
-    assert len(updates) == 1, updates
+    assert len(updates) == (1 if engine.dialect.name == "sqlite" else 0), updates
     for column in ("status", "finished_at", "fingerprint"):
-        assert column in updates[0]
+        assert all(column in update for update in updates)
     run = get_run(engine, run_id=run_id)
     assert (run.status, run.error, run.finished_at is not None, run.fingerprint is not None) == ("ok", None, True, True)
     assert [e.type for e in read_events(engine, run_id)].count("PipelineFinished") == 1
