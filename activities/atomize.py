@@ -8,6 +8,7 @@ code never runs in the worker: the load check and the samples run in the scorer 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from contextlib import AsyncExitStack
 
@@ -38,6 +39,7 @@ from benchwright.sandbox.lifecycle import (
     take_snapshot,
 )
 from benchwright.scoring.load_checks import RUNNER_SHA256, LoadChecks, load_check_key
+from benchwright.store.models import Run
 from benchwright.store.runs import get_run
 
 
@@ -56,7 +58,13 @@ class AtomizeActivities:
         engine, settings = self.deps.engine, self.deps.settings
         async with phase(self.deps, inp) as scope, AsyncExitStack() as boxes:
             workdir = self.deps.workdir(inp.run_id)
-            before = await in_thread(latest_snapshot, engine, inp.run_id, before="atomize")
+            # Three reads of the store at once (a round trip each on Postgres): the snapshot the phases before left,
+            # the run (its backend and account, for the load check's key) and what Analyze chose.
+            before, run, analysis = await asyncio.gather(
+                in_thread(latest_snapshot, engine, inp.run_id, before="atomize"),
+                in_thread(get_run, engine, run_id=inp.run_id),
+                require_event(self.deps, inp.run_id, AnalyzeArtifact, needed_by="Atomize")
+                if inp.launch.task_impl is None else _nothing())
 
             async def open_box() -> Sandbox:
                 return await boxes.enter_async_context(open_sandbox(
@@ -68,7 +76,7 @@ class AtomizeActivities:
                 source, origin = inp.launch.task_impl, "launch"
                 note = "Using the task_impl.py supplied at launch, verbatim."
             else:
-                analysis = await require_event(self.deps, inp.run_id, AnalyzeArtifact, needed_by="Atomize")
+                assert analysis is not None
                 plan = ScorerPlan(template=analysis["template"], fields=analysis["fields"], why="") \
                     if analysis.get("template") else None
                 ctx = driver_context(
@@ -82,7 +90,7 @@ class AtomizeActivities:
                 if decision is None:
                     raise no_decision("atomize")
                 source, origin, note = decision.source, decision.origin, decision.note
-            key, backend = await self._check_key(inp.run_id, before, source)
+            key, backend = _check_key(run, before, source)
             if bench.box is None and key is not None and self.load_checks.passed(key):
                 # Loaded on this filesystem before: the snapshot from files, as the sandbox would have left it.
                 await snapshot_files(engine=engine, settings=settings, files=runtime_files(source), run_id=inp.run_id,
@@ -103,13 +111,17 @@ class AtomizeActivities:
                                                    source=origin))
         return PhaseResult(phase=inp.phase, invocation=inp.invocation, control=scope.control)
 
-    async def _check_key(self, run_id: str, before: str | None, source: str) -> tuple[str | None, str]:
-        """The load check's key (``benchwright.scoring.load_checks``) on the local backend, None elsewhere (a remote
-        backend's image or template is part of what a check depends on: checked every time); and the run's backend
-        (``run_backend``), read with it."""
-        run = await in_thread(get_run, self.deps.engine, run_id=run_id)
-        backend = run.backend or "local"
-        if backend != "local":
-            return None, backend
-        return load_check_key(account_id=run.account_id, backend="local", python=sys.executable, base_snapshot=before,
-                              runner_sha256=RUNNER_SHA256, impl_sha256=impl_sha256(source)), backend
+
+def _check_key(run: Run, before: str | None, source: str) -> tuple[str | None, str]:
+    """The load check's key (``benchwright.scoring.load_checks``) on the local backend, None elsewhere (a remote
+    backend's image or template is part of what a check depends on: checked every time); and the run's backend
+    (``run_backend``)."""
+    backend = run.backend or "local"
+    if backend != "local":
+        return None, backend
+    return load_check_key(account_id=run.account_id, backend="local", python=sys.executable, base_snapshot=before,
+                          runner_sha256=RUNNER_SHA256, impl_sha256=impl_sha256(source)), backend
+
+
+async def _nothing() -> None:
+    return None
