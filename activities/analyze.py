@@ -8,7 +8,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities.common import Deps, PhaseScope, in_thread, phase
+from activities.common import Deps, PhaseScope, in_thread, phase, started
 from activities.driving import driver_context, no_decision, require_event, take_request
 from activities.find import with_found_scorer
 from benchwright.data.datasets import (
@@ -26,6 +26,7 @@ from benchwright.events import (
     FetchArtifact,
     SyntheticSubsetCreated,
 )
+from benchwright.registry.cache import Cell
 from benchwright.runs import handoff
 from benchwright.runs.phase_cache import PhaseCache, analyze_input_hash
 from benchwright.runs.pipeline import PhaseInput, PhaseResult
@@ -38,15 +39,24 @@ class AnalyzeActivities:
     @activity.defn(name="analyze")
     async def analyze(self, inp: PhaseInput) -> PhaseResult:
         inp = await with_found_scorer(self.deps, inp)  # a prompt Find pinned to an official impl scores with it
-        cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings, workdir=self.deps.workdir(inp.run_id),
-                           inp=inp, input_hash=await in_thread(analyze_input_hash, self.deps.engine, inp))  # issue 9
-        async with phase(self.deps, inp) as scope:
-            if (hit := await cache.lookup()) is not None:  # a public run analyzed these bytes: copy its work
+
+        async def looked_up() -> tuple[PhaseCache, Cell | None]:
+            cache = PhaseCache(engine=self.deps.engine, settings=self.deps.settings,
+                               workdir=self.deps.workdir(inp.run_id), inp=inp,
+                               input_hash=await in_thread(analyze_input_hash, self.deps.engine, inp))  # issue 9
+            return cache, await cache.lookup()
+
+        # The cache's lookup and Fetch's artifact are read beside the phase's opening.
+        async with (started(looked_up()) as lookup,
+                    started(require_event(self.deps, inp.run_id, FetchArtifact, needed_by="Analyze")) as fetching,
+                    phase(self.deps, inp) as scope):
+            cache, hit = await lookup
+            if hit is not None:  # a public run analyzed these bytes: copy its work
                 count, _ = await cache.replay(scope, hit)
             else:
                 cache.begin()
                 workdir = self.deps.workdir(inp.run_id)
-                fetched = await require_event(self.deps, inp.run_id, FetchArtifact, needed_by="Analyze")
+                fetched = await fetching
                 name = handoff.dataset_file(fetched, scope.files)
                 count = await self._analyze(inp, scope, source=workdir / name, fmt=fetched["format"],
                                             tasks=workdir / "tasks.jsonl")

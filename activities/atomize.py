@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 
 from temporalio import activity
 
-from activities.common import Deps, in_thread, phase
+from activities.common import Deps, in_thread, phase, started
 from activities.driving import (
     SandboxWorkbench,
     driver_context,
@@ -56,15 +56,16 @@ class AtomizeActivities:
     async def atomize(self, inp: PhaseInput) -> PhaseResult:
         inp = await with_found_scorer(self.deps, inp)  # a prompt Find pinned to an official impl scores with it
         engine, settings = self.deps.engine, self.deps.settings
-        async with phase(self.deps, inp) as scope, AsyncExitStack() as boxes:
+        # Three reads of the store at once, beside the phase's opening (a round trip each on Postgres): the snapshot
+        # the phases before left, the run (its backend and account, for the load check's key) and Analyze's choice.
+        reads = asyncio.gather(
+            in_thread(latest_snapshot, engine, inp.run_id, before="atomize"),
+            in_thread(get_run, engine, run_id=inp.run_id),
+            require_event(self.deps, inp.run_id, AnalyzeArtifact, needed_by="Atomize")
+            if inp.launch.task_impl is None else _nothing())
+        async with started(reads) as reading, phase(self.deps, inp) as scope, AsyncExitStack() as boxes:
             workdir = self.deps.workdir(inp.run_id)
-            # Three reads of the store at once (a round trip each on Postgres): the snapshot the phases before left,
-            # the run (its backend and account, for the load check's key) and what Analyze chose.
-            before, run, analysis = await asyncio.gather(
-                in_thread(latest_snapshot, engine, inp.run_id, before="atomize"),
-                in_thread(get_run, engine, run_id=inp.run_id),
-                require_event(self.deps, inp.run_id, AnalyzeArtifact, needed_by="Atomize")
-                if inp.launch.task_impl is None else _nothing())
+            before, run, analysis = await reading
 
             async def open_box() -> Sandbox:
                 return await boxes.enter_async_context(open_sandbox(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.common import Deps, in_thread, phase
+from activities.common import Deps, in_thread, phase, started
 from benchwright.errors import Unavailable
 from benchwright.events import (
     ModelProxyArtifact,
@@ -44,7 +44,7 @@ from benchwright.schemas import ModelSpec
 from benchwright.stack.procreg import ProcessRegistry
 from benchwright.store.events import append_events
 from benchwright.store.models import Account
-from benchwright.store.policy import record_blocked, run_access, secret_value
+from benchwright.store.policy import RunAccess, record_blocked, run_access, secret_value
 
 
 def _checked_address(deps: Deps, *, run_id: str, account: Account, policy: HostPolicy, api_base: str) -> str | None:
@@ -57,12 +57,12 @@ def _checked_address(deps: Deps, *, run_id: str, account: Account, policy: HostP
         deps.engine, run_id=run_id, account_id=account.id, host=host))
 
 
-async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec) -> ProxyHandle:
+async def _start_proxy(deps: Deps, *, run_id: str, spec: ModelSpec, access: RunAccess | None = None) -> ProxyHandle:
     """Check where the run's calls go, then register its route (with its real key, read here and handed over in
-    the same thread call)."""
+    the same thread call). ``access``: the run's access as its Attach read it (else read here)."""
 
     def register() -> ProxyHandle:
-        account, policy, _ = run_access(deps.engine, run_id=run_id)
+        account, policy, _ = access or run_access(deps.engine, run_id=run_id)
         address = _checked_address(deps, run_id=run_id, account=account, policy=policy, api_base=spec.api_base) \
             if spec.api_base else None
         value = None
@@ -91,9 +91,10 @@ class AttachActivities:
     @activity.defn(name="attach")
     async def attach(self, inp: PhaseInput) -> PhaseResult:
         spec = inp.launch.model
-        async with phase(self.deps, inp) as scope:
+        reading = in_thread(run_access, self.deps.engine, run_id=inp.run_id)  # read fresh: policies change
+        async with started(reading) as access, phase(self.deps, inp) as scope:
             secret_env = secret_env_name(spec.secret) if spec.secret else None
-            handle = await _start_proxy(self.deps, run_id=inp.run_id, spec=spec)
+            handle = await _start_proxy(self.deps, run_id=inp.run_id, spec=spec, access=await access)
             # The run's route is its proxy "sandbox": one per run, in a process shared with the worker's other runs.
             scope.emit("proxy", SandboxCreated(
                 sandbox_id=proxy_sandbox_id(handle, inp.run_id), role="proxy", backend="local",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +70,21 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run blocking store I/O off the worker's event loop, waiting out a store outage (a restarting Postgres, a full
     disk) in place for up to ``STORE_OUTAGE_S`` (``benchwright.store.db.outage_tolerant``)."""
     return await outage_tolerant(fn, *args, **kwargs)
+
+
+@asynccontextmanager
+async def started(aw: Awaitable[T]) -> AsyncIterator[asyncio.Future[T]]:
+    """``aw`` running beside the block: a phase's first reads of the store, begun before its opening's append so
+    that the two round trips overlap (each a round trip on Postgres, one after the other before). The block awaits
+    the future where it needs the result; should it leave first (the opening failed, the phase was cancelled), the
+    read is cancelled and waited out, its error dropped."""
+    future = asyncio.ensure_future(aw)
+    try:
+        yield future
+    finally:
+        if not future.done():
+            future.cancel()
+        await asyncio.gather(future, return_exceptions=True)
 
 
 HEARTBEAT_EVERY_S = 2.0

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import httpx
 from temporalio import activity
 
-from activities.common import Deps, in_thread, not_cached, phase
+from activities.common import Deps, in_thread, not_cached, phase, started
 from activities.driving import fetch_source, resolved_source
 from benchwright.data.dataset_access import DatasetAccess, LocalPathRules, is_url
 from benchwright.data.datasets import Fetched, detect_format, fetch_dataset
@@ -66,9 +66,9 @@ class FetchActivities:
         hit = await cache.lookup() if is_url(source) else None
         if hit is None and inp.cached_only:
             raise not_cached(inp)
-        async with phase(self.deps, inp) as scope:
+        async with started(in_thread(self._access, inp.run_id)) as reading, phase(self.deps, inp) as scope:
             workdir = self.deps.workdir(inp.run_id)
-            account_id, access, backend = await in_thread(self._access, inp.run_id)
+            account_id, access, backend = await reading
 
             def on_refused(host: str) -> None:  # runs in fetch_dataset's thread
                 record_blocked(self.deps.engine, run_id=inp.run_id, account_id=account_id, host=host)
