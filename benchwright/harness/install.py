@@ -4,7 +4,8 @@
 packages, from the interpreter the worker runs on (so the venv's ``python`` is a symlink to a base interpreter the
 sandboxes already mount). Sandboxes then mount the venv read-only at the same path and run the harness from it; a
 run never pip-installs a harness. A ``.complete`` stamp written last marks a finished install, so an install killed
-half-way is redone, and a finished one is reused (tests cache these under ``~/.cache/benchwright-harness``).
+half-way is redone, and a finished one is reused; two installs of one runtime at once take turns on a lock file beside
+it (tests cache these under ``~/.cache/benchwright-harness``, and two test processes may need one at once).
 
 lm-eval and lighteval pull in torch: ``torch==2.13.0`` is pinned and installed first, so pip takes the CPU wheel (a
 plain ``torch`` requirement resolves to a multi-GB CUDA build). lighteval 0.13.0 builds LiteLLM's disk cache at
@@ -21,6 +22,7 @@ on the machine (``find_python``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -109,10 +111,17 @@ def install(harness_dir: Path, name: str, *, log: Path | None = None) -> tuple[P
     path = venv_dir(harness_dir, name)
     if (path / STAMP).exists():
         return path, 0.0
-    started = time.monotonic()
-    with spawning():  # pip and the builds it starts on every CPU, not a pinned worker's one
-        _build(runtime, path, name=name, log=log)
-    return path, time.monotonic() - started
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One install at a time per runtime on this machine (two `harness install`s, two test processes): the second
+    # waits here, then finds the first's stamp instead of removing its half-built venv.
+    with (path.parent / f"{path.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / STAMP).exists():
+            return path, 0.0
+        started = time.monotonic()
+        with spawning():  # pip and the builds it starts on every CPU, not a pinned worker's one
+            _build(runtime, path, name=name, log=log)
+        return path, time.monotonic() - started
 
 
 def _build(runtime: HarnessRuntime, path: Path, *, name: str, log: Path | None) -> None:
