@@ -153,33 +153,48 @@ def wait_gone(entries: list[ProcEntry], *, timeout_s: float) -> bool:
 # ----------------------------------------------------------------------------- a process's temporary directories ---
 
 _OWNED = re.compile(r"bw-[a-z]+-(\d+)-")
+SOCKET_NAME_MAX = 16
+"""The longest socket file name put in an ``owned_tempdir`` (``control.sock``)."""
+_SUN_PATH_MAX = 107
+"""A Unix socket's path in bytes: ``sun_path`` is 108, its terminating NUL included."""
+SHORT_BASE = Path("/tmp")
+"""Where ``owned_tempdir`` goes when the temporary directory's own path leaves a socket under it too long."""
 
 
 def owned_tempdir(kind: str) -> Path:
     """A new private (0700) temporary directory named for this process: ``bw-<kind>-<pid>-<random>``.
 
     For Unix sockets, whose path must stay short (``sun_path`` is 108 bytes), so they cannot live under a data
-    directory. The owner removes it when done; one killed with SIGKILL cannot, and ``sweep_owned_tempdirs`` removes
+    directory. It is made in the process's temporary directory (``TMPDIR``), or in ``SHORT_BASE`` when a socket of
+    ``SOCKET_NAME_MAX`` bytes would not fit under that one (a deep ``TMPDIR``; ``bind`` would fail with "AF_UNIX path
+    too long"). The owner removes it when done; one killed with SIGKILL cannot, and ``sweep_owned_tempdirs`` removes
     it once no process holds the PID.
     """
-    return Path(tempfile.mkdtemp(prefix=f"bw-{kind}-{os.getpid()}-"))
+    prefix = f"bw-{kind}-{os.getpid()}-"
+    base = Path(tempfile.gettempdir())
+    # mkdtemp adds 8 random characters to the prefix; then a separator and the socket's name.
+    if len(os.fsencode(base / prefix)) + 8 + 1 + SOCKET_NAME_MAX > _SUN_PATH_MAX:
+        base = SHORT_BASE
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 def sweep_owned_tempdirs() -> list[Path]:
-    """Remove the ``owned_tempdir`` directories (in this process's temporary directory, owned by its user) whose
-    process is gone; returns them. A directory whose PID the kernel gave to another process waits for that one."""
+    """Remove the ``owned_tempdir`` directories (in this process's temporary directory and ``SHORT_BASE``, owned by
+    its user) whose process is gone; returns them. A directory whose PID the kernel gave to another process waits for
+    that one."""
     removed = []
     me = os.getuid()
-    for path in Path(tempfile.gettempdir()).glob("bw-*-*-*"):
-        match = _OWNED.match(path.name)
-        if match is None or int(match[1]) == os.getpid() or proc_starttime(int(match[1])) is not None:
-            continue
-        try:
-            st = path.lstat()
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+    for base in dict.fromkeys((Path(tempfile.gettempdir()), SHORT_BASE)):
+        for path in base.glob("bw-*-*-*"):
+            match = _OWNED.match(path.name)
+            if match is None or int(match[1]) == os.getpid() or proc_starttime(int(match[1])) is not None:
+                continue
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -170,19 +172,29 @@ def _start_slow_run(data_dir: Path, up: subprocess.Popen[bytes], model_url: str,
     return run_id
 
 
+@pytest.fixture
+def tmpdir_short() -> Iterator[Path]:
+    """The stack's private TMPDIR, short enough for its sockets (a deep one sends them to /tmp:
+    ``benchwright.stack.procreg.owned_tempdir``), so what is left in it is all the stack's."""
+    path = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _socket_dirs(tmpdir: Path) -> list[str]:
     """The stack's sockets' directories (``benchwright.stack.procreg.owned_tempdir``) in its TMPDIR."""
     return sorted(path.name for path in tmpdir.glob("bw-*"))
 
 
-def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev_model: str) -> None:
-    data_dir, tmpdir = tmp_path / "stack", tmp_path / "tmp"
+def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, tmpdir_short: Path,
+                                                              dev_model: str) -> None:
+    data_dir, tmpdir = tmp_path / "stack", tmpdir_short
     data_dir.mkdir()
-    tmpdir.mkdir()
     up = _up(data_dir, {"api": free_port(), "temporal": free_port(), "ui": free_port()}, tmpdir=tmpdir)
     try:
         _start_slow_run(data_dir, up, dev_model, keyed=True)
         before = _footprint(up, data_dir)
+        assert any(name.startswith("bw-cp-") for name in _socket_dirs(tmpdir)), _socket_dirs(tmpdir)
         kinds = " ".join(_cmdline(pid) for pid in before.processes)
         assert "credential_proxy.py" in kinds and "_nsexec.py init" in kinds, kinds
         assert before.cgroups, "the sandbox's commands run in cgroups"
@@ -200,10 +212,10 @@ def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, dev
     assert _socket_dirs(tmpdir) == []  # the proxy's control socket and the sandboxes' egress relays
 
 
-def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path, dev_model: str) -> None:
-    data_dir, tmpdir = tmp_path / "stack", tmp_path / "tmp"
+def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path, tmpdir_short: Path,
+                                                                   dev_model: str) -> None:
+    data_dir, tmpdir = tmp_path / "stack", tmpdir_short
     data_dir.mkdir()
-    tmpdir.mkdir()
     ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
     up = _up(data_dir, ports, tmpdir=tmpdir)
     try:

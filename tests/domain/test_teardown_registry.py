@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ import pytest
 
 from benchwright.proxy import model_proxy
 from benchwright.proxy.model_proxy import ProxyHandle, load_handle, proxy_file, reap_model_proxies
+from benchwright.stack import procreg
 from benchwright.stack.procreg import ProcessRegistry, owned_tempdir, proc_starttime, sweep_owned_tempdirs
 
 IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" \
@@ -130,6 +133,7 @@ def test_a_process_started_through_the_lifeline_dies_with_its_parent(tmp_path: P
 def test_the_sweep_removes_only_the_socket_directories_of_processes_that_are_gone(
         tmp_path: Path, spawn: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(procreg, "SHORT_BASE", tmp_path)  # this test's directory alone, wherever one is made
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: its PID names no process (unless the kernel reuses it within this test)
     live = _sleeper(spawn)
@@ -147,3 +151,37 @@ def test_the_sweep_removes_only_the_socket_directories_of_processes_that_are_gon
     assert sorted(sweep_owned_tempdirs()) == sorted(gone)
     assert all(path.is_dir() for path in kept) and not any(path.exists() for path in gone)
     assert (target / "keep").exists() and (tmp_path / f"bw-cp-{dead.pid}-link").is_symlink()
+
+
+@pytest.fixture
+def short_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short directory standing in for ``/tmp`` as ``procreg.SHORT_BASE``."""
+    path = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
+    monkeypatch.setattr(procreg, "SHORT_BASE", path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_deep_tmpdir_puts_socket_directories_where_a_socket_fits(
+        tmp_path: Path, short_base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 80)  # past sun_path's 108 bytes with a socket under it
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    made = owned_tempdir("cp")
+    assert made.parent == short_base and made.stat().st_mode & 0o777 == 0o700
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(made / "control.sock"))  # "AF_UNIX path too long" under the deep one
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = short_base / f"bw-cp-{dead.pid}-x"  # a SIGKILLed process's, made the same way
+    left.mkdir()
+    assert sweep_owned_tempdirs() == [left]  # swept from there too, though TMPDIR is the deep one
+    # A TMPDIR a socket fits under keeps them.
+    monkeypatch.setattr(tempfile, "tempdir", str(short_base))
+    assert owned_tempdir("egress").parent == short_base
+    shallow = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(shallow))
+        assert owned_tempdir("egress").parent == shallow
+    finally:
+        shutil.rmtree(shallow, ignore_errors=True)

@@ -86,9 +86,11 @@ async def test_harbor_run_scores_as_harbor_does_directly(stack: Stack, tmp_path:
 REAL_KEY = "sk-real-provider-key-" + "7" * 24
 
 
-def _terminus_turn(keystrokes: list[str], complete: bool) -> dict[str, Any]:
+def _terminus_turn(keystrokes: list[str], complete: bool, *, duration: float = 0.5) -> dict[str, Any]:
+    """One reply of the agent's model: ``keystrokes`` typed into the task's shell, each given ``duration`` seconds
+    (terminus-2 waits that long, whether or not the command has finished, before its next model call)."""
     return {"content": json.dumps({"analysis": "scripted", "plan": "scripted", "task_complete": complete,
-                                   "commands": [{"keystrokes": k, "duration": 0.5} for k in keystrokes]})}
+                                   "commands": [{"keystrokes": k, "duration": duration} for k in keystrokes]})}
 
 
 # The agent's one command: look for the real key in every process environment and file of its task sandbox (the
@@ -139,7 +141,9 @@ async def test_terminus_2_reaches_the_model_only_through_the_relay(stack: Stack,
                                                                    tmp_path: Path) -> None:
     await asyncio.to_thread(harbor_runtime, stack.data_dir)
     llm = _ProbingLlm()
-    script = {"turns": [_terminus_turn([PROBE], False), _terminus_turn([], True)], "repeat_last": True}
+    # The probe's grep must end before the next turn marks the task complete (then the verifier runs): 0.5 s was
+    # too short once with the suite's other process busy beside it.
+    script = {"turns": [_terminus_turn([PROBE], False, duration=3.0), _terminus_turn([], True)], "repeat_last": True}
     llm.add("dev", parse_script({"dev": [script, script]})["dev"])  # one conversation per run (bridge, direct)
     server = await start_scripted_llm(llm, port=free_port())
     dev_models.allowed.append(server.url.split("//", 1)[1].split("/", 1)[0])
