@@ -90,9 +90,13 @@ def test_kept_running_demo_is_found_by_the_cli_and_sigterm_stops_everything(tmp_
         assert not (data_dir / "dev.json").exists()
         assert data_dir.exists()  # the user's data directory is kept (their runs are in it)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        if demo.poll() is None:  # a failed assertion: SIGTERM stops what the demo started (SIGKILL would leave it)
+            demo.send_signal(signal.SIGTERM)
+            try:
+                demo.wait(120)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
 
 
 def test_demo_that_ends_says_its_stack_stopped_and_removes_its_temporary_data(tmp_path: Path) -> None:
