@@ -88,6 +88,10 @@ def _check_out(dbapi_conn: Any, record: Any, proxy: Any) -> None:
     try:
         with dbapi_conn.cursor() as cur:
             cur.execute("SELECT 1")
+        if not dbapi_conn.autocommit:
+            # The ping began a transaction; the pool hands out idle connections only (the reader's AUTOCOMMIT
+            # cannot be set inside one: "can't change 'autocommit' now", seen in a CI rehearsal).
+            dbapi_conn.rollback()
     except Exception as exc:
         raise DisconnectionError(f"the store's connection was lost ({exc})") from exc
 

@@ -36,7 +36,9 @@ def _postgres_schema_url() -> Iterator[str]:
                     "BENCHWRIGHT_TEST_POSTGRES_URL to run the Postgres half of the store tests")
     sep = "&" if "?" in POSTGRES_URL else "?"
     try:
-        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+        # Named for its schema too, so a test acting on its own sessions (pg_stat_activity) leaves the other test
+        # process's alone.
+        yield f"{POSTGRES_URL}{sep}application_name={schema}&options=-csearch_path%3D{schema}"
     finally:
         with admin.begin() as conn:
             conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))

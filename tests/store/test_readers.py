@@ -125,3 +125,30 @@ def test_the_route_sweeps_read_keeps_the_connections_prepared_statements(store_r
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar() == prepared
     engine.dispose()
+
+
+def test_a_pooled_connection_with_something_to_read_is_pinged_and_handed_out_idle(postgres_url: str) -> None:
+    """A pooled Postgres connection whose socket has something to read (a notification here; a server's message in
+    general) is pinged at check-out (``benchwright.store.db._check_out``). The ping must not leave it in a
+    transaction: the reader sets AUTOCOMMIT at check-out, which psycopg refuses inside one."""
+    import select
+
+    import psycopg
+
+    engine = make_engine(postgres_url)
+    migrate(engine)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("LISTEN bw_test_ping")
+        conn.commit()
+        fd = conn.connection.dbapi_connection.fileno()  # type: ignore[union-attr]
+    # Back in the pool, still listening: a notification from elsewhere makes its socket readable.
+    with psycopg.connect(engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+                         autocommit=True) as other:
+        other.execute("NOTIFY bw_test_ping")
+    assert select.select([fd], [], [], 30)[0], "the notification reached the pooled connection"
+    with reader(engine).connect() as conn:  # the same pooled connection, pinged first
+        assert conn.connection.dbapi_connection.fileno() == fd  # type: ignore[union-attr]
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1
+    with engine.begin() as conn:  # and back for a writer, in a transaction of its own
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1
+    engine.dispose()

@@ -93,7 +93,8 @@ async def test_a_listener_whose_connection_is_cut_listens_again(postgres_url: st
     try:
         with engine.begin() as conn:
             cut = conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                    "WHERE query LIKE 'LISTEN bw_run_settled%' AND pid <> pg_backend_pid()")).all()
+                                    "WHERE query LIKE 'LISTEN bw_run_settled%' AND pid <> pg_backend_pid() "
+                                    "AND application_name = current_setting('application_name')")).all()
         assert cut and all(ok for (ok,) in cut)
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while listener.connections < 2 or not listener.listening.is_set():
