@@ -10,10 +10,12 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +57,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_status)
+
+
+@pytest.fixture
+def short_tmpdir() -> Iterator[Path]:
+    """A private directory under /tmp, short enough for Unix sockets under it (pytest's own temporary directories
+    can be too deep: ``benchwright.stack.procreg.owned_tempdir``); removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 async def serve_app(app: object, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:

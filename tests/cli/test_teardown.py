@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -172,23 +170,14 @@ def _start_slow_run(data_dir: Path, up: subprocess.Popen[bytes], model_url: str,
     return run_id
 
 
-@pytest.fixture
-def tmpdir_short() -> Iterator[Path]:
-    """The stack's private TMPDIR, short enough for its sockets (a deep one sends them to /tmp:
-    ``benchwright.stack.procreg.owned_tempdir``), so what is left in it is all the stack's."""
-    path = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _socket_dirs(tmpdir: Path) -> list[str]:
     """The stack's sockets' directories (``benchwright.stack.procreg.owned_tempdir``) in its TMPDIR."""
     return sorted(path.name for path in tmpdir.glob("bw-*"))
 
 
-def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, tmpdir_short: Path,
+def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, short_tmpdir: Path,
                                                               dev_model: str) -> None:
-    data_dir, tmpdir = tmp_path / "stack", tmpdir_short
+    data_dir, tmpdir = tmp_path / "stack", short_tmpdir
     data_dir.mkdir()
     up = _up(data_dir, {"api": free_port(), "temporal": free_port(), "ui": free_port()}, tmpdir=tmpdir)
     try:
@@ -212,9 +201,9 @@ def test_sigterm_mid_run_leaves_no_process_cgroup_or_sandbox(tmp_path: Path, tmp
     assert _socket_dirs(tmpdir) == []  # the proxy's control socket and the sandboxes' egress relays
 
 
-def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path, tmpdir_short: Path,
+def test_after_sigkill_the_next_up_reaps_the_leftovers_and_works(tmp_path: Path, short_tmpdir: Path,
                                                                    dev_model: str) -> None:
-    data_dir, tmpdir = tmp_path / "stack", tmpdir_short
+    data_dir, tmpdir = tmp_path / "stack", short_tmpdir
     data_dir.mkdir()
     ports = {"api": free_port(), "temporal": free_port(), "ui": free_port()}
     up = _up(data_dir, ports, tmpdir=tmpdir)

@@ -154,12 +154,10 @@ def test_the_sweep_removes_only_the_socket_directories_of_processes_that_are_gon
 
 
 @pytest.fixture
-def short_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def short_base(short_tmpdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A short directory standing in for ``/tmp`` as ``procreg.SHORT_BASE``."""
-    path = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
-    monkeypatch.setattr(procreg, "SHORT_BASE", path)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    monkeypatch.setattr(procreg, "SHORT_BASE", short_tmpdir)
+    return short_tmpdir
 
 
 def test_a_deep_tmpdir_puts_socket_directories_where_a_socket_fits(
@@ -176,9 +174,7 @@ def test_a_deep_tmpdir_puts_socket_directories_where_a_socket_fits(
     left = short_base / f"bw-cp-{dead.pid}-x"  # a SIGKILLed process's, made the same way
     left.mkdir()
     assert sweep_owned_tempdirs() == [left]  # swept from there too, though TMPDIR is the deep one
-    # A TMPDIR a socket fits under keeps them.
-    monkeypatch.setattr(tempfile, "tempdir", str(short_base))
-    assert owned_tempdir("egress").parent == short_base
+    # A TMPDIR a socket fits under keeps them (one other than SHORT_BASE, so the two are told apart).
     shallow = Path(tempfile.mkdtemp(prefix="bwt-", dir="/tmp"))
     try:
         monkeypatch.setattr(tempfile, "tempdir", str(shallow))
