@@ -80,20 +80,33 @@ def _check_out(dbapi_conn: Any, record: Any, proxy: Any) -> None:
         DisconnectionError: the connection is dead (the pool discards it and checks out another).
     """
     try:
-        readable = bool(select.select([dbapi_conn.fileno()], [], [], 0)[0])
+        readable = _readable(dbapi_conn.fileno())
     except (OSError, ValueError, AttributeError):
         readable = True  # closed here already, or not a socket we can watch: ask the server
     if not readable:
         return
     try:
+        # In autocommit the ping is one round trip and leaves no transaction behind: the pool hands out idle
+        # connections only (the reader's AUTOCOMMIT cannot be set inside one: "can't change 'autocommit' now", seen in
+        # a CI rehearsal), and closing one with ROLLBACK would deallocate every statement psycopg prepared on it.
+        was_autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
         with dbapi_conn.cursor() as cur:
             cur.execute("SELECT 1")
-        if not dbapi_conn.autocommit:
-            # The ping began a transaction; the pool hands out idle connections only (the reader's AUTOCOMMIT
-            # cannot be set inside one: "can't change 'autocommit' now", seen in a CI rehearsal).
-            dbapi_conn.rollback()
+        dbapi_conn.autocommit = was_autocommit
     except Exception as exc:
         raise DisconnectionError(f"the store's connection was lost ({exc})") from exc
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has something to read, without waiting. ``poll``, not ``select``: a busy worker's descriptors
+    pass 1,024, where ``select`` refuses ("filedescriptor out of range", seen in CI), and every check-out then took the
+    ping."""
+    if not hasattr(select, "poll"):  # Windows
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def migrate(engine: Engine) -> None:

@@ -130,7 +130,8 @@ def test_the_route_sweeps_read_keeps_the_connections_prepared_statements(store_r
 def test_a_pooled_connection_with_something_to_read_is_pinged_and_handed_out_idle(postgres_url: str) -> None:
     """A pooled Postgres connection whose socket has something to read (a notification here; a server's message in
     general) is pinged at check-out (``benchwright.store.db._check_out``). The ping must not leave it in a
-    transaction: the reader sets AUTOCOMMIT at check-out, which psycopg refuses inside one."""
+    transaction (the reader sets AUTOCOMMIT at check-out, which psycopg refuses inside one), nor end one with ROLLBACK
+    (at which psycopg deallocates every statement it prepared on the connection)."""
     import select
 
     import psycopg
@@ -139,16 +140,57 @@ def test_a_pooled_connection_with_something_to_read_is_pinged_and_handed_out_idl
     migrate(engine)
     with engine.connect() as conn:
         conn.exec_driver_sql("LISTEN bw_test_ping")
+        for _ in range(6):  # psycopg prepares a statement from its fifth run on
+            conn.execute(text("SELECT count(*) FROM runs"))
+        conn.commit()
+        prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
         conn.commit()
         fd = conn.connection.dbapi_connection.fileno()  # type: ignore[union-attr]
+    assert prepared, "psycopg prepared nothing: the check below would prove nothing"
     # Back in the pool, still listening: a notification from elsewhere makes its socket readable.
     with psycopg.connect(engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
                          autocommit=True) as other:
         other.execute("NOTIFY bw_test_ping")
-    assert select.select([fd], [], [], 30)[0], "the notification reached the pooled connection"
+    poller = select.poll()  # not select.select: in a long test process the descriptor may pass 1,024
+    poller.register(fd, select.POLLIN)
+    assert poller.poll(30_000), "the notification reached the pooled connection"
     with reader(engine).connect() as conn:  # the same pooled connection, pinged first
         assert conn.connection.dbapi_connection.fileno() == fd  # type: ignore[union-attr]
-        assert conn.execute(text("SELECT 1")).scalar_one() == 1
+        assert conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar() == prepared
     with engine.begin() as conn:  # and back for a writer, in a transaction of its own
         assert conn.execute(text("SELECT 1")).scalar_one() == 1
+    engine.dispose()
+
+
+def test_a_connection_past_descriptor_1024_is_checked_out_without_a_ping(postgres_url: str) -> None:
+    """A busy worker's descriptors pass 1,024, where ``select.select`` refuses to watch one. The check-out's test for
+    a server's message must still work there, or every check-out pings (a round trip each)."""
+    import os
+    import resource
+    import tempfile
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"this process may open {hard} descriptors at most; the test needs 1,100")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100) if hard == resource.RLIM_INFINITY
+                                                else min(hard, max(soft, 1100)), hard))
+    engine = make_engine(postgres_url)
+    fillers: list[int] = []
+    try:
+        while not fillers or fillers[-1] < 1025:  # dup takes the lowest free descriptor: every one below is taken
+            fillers.append(os.dup(0))
+        with engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            assert raw is not None and raw.fileno() > 1024
+    finally:
+        for filler in fillers:
+            os.close(filler)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with tempfile.TemporaryFile() as trace:
+        raw.pgconn.trace(trace.fileno())  # type: ignore[attr-defined]
+        with engine.connect() as conn:  # the check-out runs first, then nothing on this connection
+            assert conn.connection.dbapi_connection is raw
+        raw.pgconn.untrace()  # type: ignore[attr-defined]
+        trace.seek(0)
+        assert trace.read() == b"", "the check-out sent the server something"
     engine.dispose()
