@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
-async def uncancellable(work: Awaitable[None]) -> None:
+async def uncancellable(work: Awaitable[T]) -> T:
     """Run ``work`` to its end even when the caller is cancelled meanwhile (once or many times); the caller's
-    cancellation is raised after it. ``work``'s own exception, or its own cancellation, is raised as usual."""
+    cancellation is raised after it (``work``'s result is then dropped). ``work``'s own exception, or its own
+    cancellation, is raised as usual."""
     task = asyncio.ensure_future(work)
     cancelled = False
     while not task.done():
@@ -21,9 +24,10 @@ async def uncancellable(work: Awaitable[None]) -> None:
             if task.done() and task.cancelled():
                 raise
             cancelled = True
-    task.result()
+    result = task.result()
     if cancelled:
         raise asyncio.CancelledError
+    return result
 
 
 async def wait_out(task: asyncio.Future[Any]) -> None:

@@ -37,6 +37,14 @@ async def test_uncancellable_raises_the_works_own_error() -> None:
         await uncancellable(broken())
 
 
+async def test_uncancellable_gives_the_works_result_when_nobody_cancelled() -> None:
+    async def start() -> dict[str, int]:
+        return {"init_pid": 42}
+
+    assert await uncancellable(start()) == {"init_pid": 42}
+    assert await uncancellable(asyncio.to_thread(lambda: "started in a thread")) == "started in a thread"
+
+
 async def test_wait_out_waits_for_a_cancelled_task_to_finish_its_cleanup() -> None:
     release, ended = asyncio.Event(), []
 

@@ -106,6 +106,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from benchwright.aio import uncancellable
 from benchwright.sandbox.base import (
     ROLES,
     ExecLimits,
@@ -446,6 +447,9 @@ class LocalBackend:
             except (OSError, SandboxError) as exc:
                 log.warning("cannot adopt warm sandbox %s (%s); creating one", warm.meta.sandbox_id, exc)
                 await self.discard_warm(warm)
+            except BaseException:  # cancelled mid-adoption: neither the run's nor the pool's, so killed now
+                await uncancellable(self.discard_warm(warm))
+                raise
         sandbox_id = f"sb-{secrets.token_hex(8)}"
         isolation = self._isolation or "namespaces"
         uid = UID_BASE + int(sandbox_id[3:11], 16) % _UID_SPAN
@@ -457,9 +461,12 @@ class LocalBackend:
         _root_links(meta.metadata.get(ROOT_LINKS_KEY))  # refused before anything is created
         d = self._dir(sandbox_id)
         try:
-            await asyncio.to_thread(self._prepare_dirs, meta, snapshot_id)
+            # Both waited out when the caller is cancelled (a halt mid-create): the cleanup below must not race a
+            # thread still starting the init, or it can remove the directory of an init it never saw and leave that
+            # init running for good (seen once in CI).
+            await uncancellable(asyncio.to_thread(self._prepare_dirs, meta, snapshot_id))
             if isolation == "namespaces":
-                report = await asyncio.to_thread(self._start_init, meta)
+                report = await uncancellable(asyncio.to_thread(self._start_init, meta))
                 if not report.get("ok"):
                     await asyncio.to_thread(self._destroy, meta)
                     detail = _failure_detail(report)
@@ -505,8 +512,8 @@ class LocalBackend:
         lifeline_r, lifeline_w = os.pipe()  # both close-on-exec: the init's supervisor alone is handed the read end
         made = False
         try:
-            await asyncio.to_thread(self._prepare_dirs, meta, None)
-            report = await asyncio.to_thread(self._start_init, meta, relay, lifeline_r)
+            await uncancellable(asyncio.to_thread(self._prepare_dirs, meta, None))  # as in create
+            report = await uncancellable(asyncio.to_thread(self._start_init, meta, relay, lifeline_r))
             if not report.get("ok"):
                 raise SandboxError(f"cannot create warm sandbox {sandbox_id}: {_failure_detail(report)}")
             meta.state = "ready"
@@ -568,8 +575,8 @@ class LocalBackend:
         meta = warm.meta
         d = self._dir(meta.sandbox_id)
         if snapshot_id is not None:
-            await asyncio.to_thread(self.snapshots.restore, snapshot_id, d / "work", uid=meta.uid, gid=meta.gid,
-                                    link=True)
+            await uncancellable(asyncio.to_thread(self.snapshots.restore, snapshot_id, d / "work", uid=meta.uid,
+                                                  gid=meta.gid, link=True))
         meta.role, meta.run_id, meta.created_at = role, run_id, time.time()
         meta.metadata = self._metadata(meta, {**(metadata or {}), "warm": True})
         self._save_meta(meta)
