@@ -34,6 +34,13 @@ _HASHES = re.compile(r"####\s*\**\s*(" + _NUMBER + ")")
 _ANSWER_IS = re.compile(r"(?:answer|result|total)\**\s*(?:is|=|:|would be|will be)?\s*[:=]?\s*\**\s*[$\\(]*\s*("
                         + _NUMBER + ")", re.IGNORECASE)
 _LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
+# The working an answer phrase's number may open: "The answer is 60 + 12 = 72", "Total = 120 - 45 = **75**",
+# "2^{10} = 1024". It runs to the clause's end (a line's, a sentence's, ", " or ";"); its result is the last side of the
+# chain that is a number alone (a unit after it allowed: "= 36 apples", "= 12 m^2"), so "72 = 60 + 12" is 72 too.
+_OPENS_WORKING = re.compile(r"\s*(?:[-+=*/^\u2212\u00d7\u00f7\u00b7]|x\s*\d|\\(?:times|cdot|div)(?![a-zA-Z]))")
+_CLAUSE_END = re.compile(r"\n|;|,\s|\.(?!\d)")
+_UNIT = r"(?!x\s*\d)[a-zA-Z\u00b0][a-zA-Z\u00b0\s/]*(?:\^\{?\d\}?)?"  # "apples", "m^2"; not the "x 4" of "3 x 4"
+_LONE = re.compile(r"[\s*_$]*(" + _NUMBER + r")[\s*_$%]*(?:" + _UNIT + r")?\Z")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -103,15 +110,30 @@ def _find(text):
         if value is not None:
             return value, "json"
     plain = unlatex(text)
-    found = _ANSWER_IS.findall(plain)
+    found = list(_ANSWER_IS.finditer(plain))
     if found:  # "The answer is 18", "**Final answer:** $1,234", the last one said
-        return parse_number(found[-1]), "answer_phrase"
+        return parse_number(_worked_out(found[-1].group(1), plain[found[-1].end(1):])), "answer_phrase"
     lead = _LEADING.match(plain)
     if lead and not re.search(r"^\s*2[.)]\s", plain, re.MULTILINE):  # not "1." of a numbered list of steps
         # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
     value = _last_number(plain)
     return (value, "last_number") if value is not None else (None, None)
+
+
+def _worked_out(number, rest):
+    """The result of the working that ``number`` opens (``rest``: the text after it), or ``number`` itself when it
+    opens none: "60 + 12 = **72**." gives "72"."""
+    if not _OPENS_WORKING.match(rest):
+        return number
+    end = _CLAUSE_END.search(rest)
+    sides = (number + (rest[:end.start()] if end else rest)).split("=")
+    if len(sides) > 1:
+        for side in reversed(sides):
+            lone = _LONE.match(side)
+            if lone:
+                return lone.group(1)
+    return number
 
 
 def reference_number(reference):
