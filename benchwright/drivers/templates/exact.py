@@ -3,14 +3,17 @@
 The answer is read from the reply's answer part (a reasoning block skipped; after a self-correction, the corrected
 part first) by the first rule that finds one: the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last
 "Final answer: X" / "The answer is X" (to the end of its sentence), a "Final answer" heading's next line, the whole
-reply when it is one short line, the one **bold** phrase, the subject-restating sentence's tail ("The capital of
-Australia is Canberra."), else the reply's first sentence. It matches when it equals the reference after
-normalising (lowercase; punctuation, articles, markup, thousands separators and a trailing period dropped).
+reply when it is one short line, the one **bold** phrase, the part of the first sentence that does not restate the
+question ("The capital of Australia is Canberra.", "Canberra is the capital of Australia.", "Australia's capital:
+Canberra"), else the reply's first sentence. A chat model's opening pleasantry ("Sure!") is skipped. It matches
+when it equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, thousands
+separators and a trailing period dropped).
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
 import re
 import string
+import unicodedata
 
 from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
@@ -32,6 +35,22 @@ _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECA
 _RESTATED = re.compile(r"^.*\b(?:is|was|are|were|by|called|named|it's|year)\s+(?!(?:not|known|also)\b)(.+)$",
                        re.IGNORECASE)
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
+# Chat models open with a pleasantry ("Sure! The capital of Australia is Canberra."): not the answer's sentence.
+_PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great question|good question|happy to help)"
+                         r"\b[^.!?\n]{0,30}[.!]\s+", re.IGNORECASE)
+# "is actually Canberra", "is definitely Canberra": the adverb is not part of the answer.
+_ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probably|likely|in fact|officially)\s+",
+                     re.IGNORECASE)
+# "Canberra, not Sydney", "Canberra, located in the ACT": an aside after a comma, lower-case (not "Washington, D.C.").
+_COMMA_ASIDE = re.compile(r",\s+(?=[a-z])")
+# The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
+# Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
+_SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|wrote|painted|composed|discovered|invented|founded|"
+                            r"directed|designed|built|created|won)\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
+_LABEL = re.compile(r"^([^:]{2,60}):\s+(.+)$")  # "Australia's capital: Canberra"
+_FILLER = frozenset(("a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "and", "or", "is", "was", "are",
+                     "were", "be", "it", "its", "what", "which", "who", "whom", "whose", "when", "where", "how", "did",
+                     "does", "do", "has", "have", "had", "this", "that", "as", "with", "from"))
 
 
 def normalize(text):
@@ -39,22 +58,45 @@ def normalize(text):
     text = unlatex(str(text)).strip().lower()
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
     text = text.translate(_PUNCT)
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "So" and ch != "\ufe0f")  # "Canberra \u2705"
     text = _ARTICLES.sub(" ", text)
     text = " ".join(text.split())
     return text.rstrip(".").strip()
 
 
-def find_answer(reply):
-    """(answer, rule): the reply's answer as written (None when it gives none) and the rule that found it."""
+def find_answer(reply, question=None):
+    """(answer, rule): the reply's answer as written (None when it gives none) and the rule that found it.
+    ``question``: the prompt, when known; it tells a sentence or label that restates it from the answer beside it."""
     text = answer_part(reply)
     if not text.strip():
         return None, None
     tail = after_correction(text)
     if tail is not None:
-        answer, rule = _find(tail)
+        answer, rule = _find(tail, question)
         if answer is not None:
             return answer, rule
-    return _find(text)
+    return _find(text, question)
+
+
+def _content(text):
+    """The words of ``text`` that carry meaning (normalised, a possessive's "s" dropped, filler words out)."""
+    return {w for w in normalize(re.sub(r"['\u2019]s\b", "", str(text))).split() if w not in _FILLER}
+
+
+def _restates(part, question):
+    """Whether ``part`` says the question again: its meaningful words mostly the question's."""
+    if not question:
+        return False
+    words, asked = _content(part), _content(question)
+    common = len(words & asked)
+    return bool(words) and common >= min(2, len(words)) and common >= 0.6 * len(words)
+
+
+def _tidy(answer):
+    """A restated answer without a leading adverb or a trailing lower-case aside: "actually Canberra, not Sydney"
+    -> "Canberra"."""
+    answer = _ADVERB.sub("", answer.strip())
+    return _COMMA_ASIDE.split(answer, maxsplit=1)[0].strip()
 
 
 def _first_sentence(text):
@@ -63,33 +105,45 @@ def _first_sentence(text):
     return _ASIDE.sub("", first).strip().rstrip(".!")  # "Au (from the Latin aurum)." -> Au
 
 
-def _find(text):
+def _find(text, question=None):
     for inner in reversed(boxed(text)):  # \boxed{\text{Canberra}}
         if normalize(inner):
             return unlatex(inner).strip(), "boxed"
     for item in reversed(json_answers(text)):  # {"answer": "Canberra"}
         if normalize(item):
             return str(item), "json"
-    said = [m.group(1) for m in _ANSWER_IS.finditer(text) if normalize(m.group(1))]
+    said = [_tidy(m.group(1)) for m in _ANSWER_IS.finditer(text) if normalize(_tidy(m.group(1)))]
     if said:  # "**Final answer:** Canberra", "The answer is Canberra." (the last one said)
         return said[-1], "answer_phrase"
     for heading in reversed(list(_HEADING.finditer(text))):  # "## Answer\n\nCanberra"
         below = [line for line in text[heading.end():].splitlines() if line.strip()]
         if below:
             return below[0], "final_line"
+    text = _PLEASANTRY.sub("", text)
     lines = [line for line in text.splitlines() if line.strip()]
     first = _first_sentence(text)
     whole = _ASIDE.sub("", lines[0]).strip().rstrip(".!")
-    if len(lines) == 1 and whole == first and len(whole.split()) <= 8 and not _RESTATED.search(whole):
+    label = _LABEL.match(whole) if len(lines) == 1 else None
+    if label and _restates(label.group(1), question) and not _restates(label.group(2), question):
+        return _tidy(label.group(2)), "restated"  # "Australia's capital: Canberra"
+    subject = _SUBJECT_FIRST.match(first)
+    if not (subject and len(subject.group(1).split()) <= 6 and _restates(subject.group(2), question)
+            and not _restates(subject.group(1), question)):
+        subject = None
+    if len(lines) == 1 and whole == first and len(whole.split()) <= 8 and not _RESTATED.search(whole) and not subject:
         # "Canberra", "canberra.", "**Jane Austen**"
         bold = re.fullmatch(r"\s*\*\*(.+?)\*\*[.!]?\s*", whole)
         return (bold.group(1) if bold else whole), "whole"
     emphasised = set(re.findall(r"\*\*([^*\n]+?)\*\*", text))
     if len(emphasised) == 1:  # "The capital of Australia is **Canberra**, not Sydney."
         return emphasised.pop(), "bold"
-    restated = _RESTATED.search(first)
-    if restated and len(restated.group(1).split()) <= 6:  # "The capital of Australia is Canberra."
-        return restated.group(1), "restated"
+    if subject:  # "Canberra is the capital of Australia.", "Jane Austen wrote Pride and Prejudice."
+        return _tidy(subject.group(1)), "restated"
+    # The clause before a lower-case aside first ("... is Canberra, which is well documented"), else the sentence
+    # ("Many assume Sydney, but the capital is Canberra").
+    restated = _RESTATED.search(_COMMA_ASIDE.split(first, maxsplit=1)[0]) or _RESTATED.search(first)
+    if restated and len(_tidy(restated.group(1)).split()) <= 6:  # "The capital of Australia is Canberra."
+        return _tidy(restated.group(1)), "restated"
     if normalize(first):  # "Canberra. It replaced Melbourne as the seat of government in 1927."
         return first, "first_sentence"
     return None, None
@@ -109,7 +163,7 @@ class Scorer:
         return call_sut(self.one_call(row))
 
     def score(self, row, response):
-        found, rule = find_answer(response)
+        found, rule = find_answer(response, self.extract(row))
         answer = None if found is None else normalize(found)
         return {"score": 1.0 if answer is not None and answer == normalize(row[CONFIG["reference"]]) else 0.0,
                 "answer": answer, "extracted": answer is not None, "rule": rule}
