@@ -23,10 +23,11 @@ CONFIG = {"input": "question", "reference": "answer"}
 SYSTEM_PROMPT = ("Solve the problem step by step. End your reply with the final numeric answer on its own line, "
                  "written as '#### <number>'.")
 
-# A number as models write it: a sign, a currency symbol, thousands separators, decimals, a fraction a/b, a
-# scientific exponent (6.02e23, 6.02 x 10^23); not the digits of a power ("m^2") or of a name ("CO2", "x1").
+# A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
+# in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
+# (6.02e23, 6.02 x 10^23); not the digits of a power ("m^2") or of a name ("CO2", "x1").
 _NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
-           r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
+           r"(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[\u00a0\u202f\u2009]\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
            r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?)?"
            r"|(?<![\w^.])[-\u2212]?\.\d+")
 _NUMBER_RE = re.compile(_NUMBER)
