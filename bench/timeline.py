@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,6 +183,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--postgres", metavar="URL", help="the store on this Postgres database (a schema of its own)")
     ap.add_argument("--dump", action="store_true", help="also print every time mark of the last run, in order")
+    ap.add_argument("--marks-out", metavar="PATH", type=Path,
+                    help="also copy every run's raw time marks (<unix time> <pid> <label> a line) to PATH")
     ap.add_argument("--round-trips", action="store_true",
                     help="with --postgres: count each run's round trips to Postgres, launch to answer, per process")
     ap.add_argument("--statements", action="store_true",
@@ -248,6 +251,8 @@ def main() -> None:
             _print_round_trips(round_trips(traces, windows, pids))
         if args.statements and windows:
             _print_statements(exchanges(traces, windows[-1], pids), windows[-1][0])
+        if args.marks_out:  # the raw marks, for an analysis of one's own
+            shutil.copy(marks_file, args.marks_out)
         if args.dump:
             for at, pid, label in read_marks(marks_file):
                 if launched <= at <= answered + 0.5 and not label.startswith(("model call ", "sut call ")):

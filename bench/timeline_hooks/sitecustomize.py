@@ -6,8 +6,9 @@ appends ``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 
 the sandboxed workflow instances it makes and its activity starts, the batch activity's preamble (hand-off, model
 proxy, call limit) and the Materialize batch, its sandbox's opening (snapshot, egress proxy, create, spawn), the scorer
 runtime's start and end, every model call a batch's scorer asks for and the SUT client's call it makes (its start and
-end), a sandbox's disposal, the warm pool's takes and refills, and the run view and narration the API reads for a long
-poll's answer; and a probe on the worker's event loop for as long as a batch runs (how late a 1 ms timer fires).
+end), the batch's commits of results, a sandbox's disposal (its kill, its SandboxKilled, its backend's close), the warm
+pool's takes and refills, and the run view and narration the API reads for a long poll's answer; and a probe on the
+worker's event loop for as long as a batch runs (how late a 1 ms timer fires).
 Nothing of the product is changed to take them; the marks cost what a write costs (the probe a wake-up a
 millisecond), so the timeline's own run is a little slower than an unmarked one. With ``BENCHWRIGHT_BENCH_PGTRACE``
 naming a directory, every Postgres connection a process opens also writes libpq's trace of its messages there.
@@ -97,7 +98,7 @@ _WRAPPED: dict[str, Sequence[tuple[str, str | Callable[[tuple[Any, ...]], str], 
     "temporalio.worker._workflow": [("_WorkflowWorker._handle_activation", _activation_label, True),
                                     ("_WorkflowWorker._create_workflow_instance", "workflow instance made", True)],
     "temporalio.worker._activity": [("_ActivityWorker._handle_start_activity_task", _activity_label, False)],
-    "benchwright.runs.materialize": [("run_batch", "batch", True)],
+    "benchwright.runs.materialize": [("run_batch", "batch", True), ("append_checking", "results commit", True)],
     "benchwright.llm.sut": [("OpenAICompatibleSut.complete", _sut_call_label, True)],
     "benchwright.runs.handoff": [("restore", "handoff restore", True)],
     "activities.attach": [("live_proxy", "live proxy", True)],
@@ -107,12 +108,14 @@ _WRAPPED: dict[str, Sequence[tuple[str, str | Callable[[tuple[Any, ...]], str], 
     "benchwright.scoring.host": [("_Session._start_runtime", "scorer runtime start", True),
                                  ("_Session._call", _call_label, False),
                                  ("_Runtime.close", "scorer runtime close", True)],
-    "benchwright.sandbox.lifecycle": [("_dispose", "sandbox dispose", True), ("snapshot_of", "snapshot of", True)],
+    "benchwright.sandbox.lifecycle": [("_dispose", "sandbox dispose", True), ("snapshot_of", "snapshot of", True),
+                                      ("append_events", "sandbox event", True)],
     "benchwright.sandbox.local.backend": [("LocalBackend.create_warm", "warm sandbox made", True),
                                           ("LocalBackend.create", "sandbox create", True),
                                           ("LocalBackend.spawn", "sandbox spawn", True),
                                           ("LocalBackend.kill", "sandbox kill", True),
-                                          ("LocalBackend._destroy", "sandbox destroy", True)],
+                                          ("LocalBackend._destroy", "sandbox destroy", True),
+                                          ("LocalBackend.close", "backend close", True)],
     "benchwright.sandbox.local.process": [("LocalProcess.wait", "process wait", True)],
     "benchwright.sandbox.local.warm": [("WarmPool.take", "warm sandbox taken", False)],
     "benchwright.store.runs": [("run_view", "run view", True)],
