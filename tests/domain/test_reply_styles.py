@@ -133,6 +133,14 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
             "calls_py": "\n".join(py), "calls_py_list": "[" + ", ".join(py) + "]",
             "spaced_json": "\n".join(json.dumps(c, indent=4).replace(": ", " :   ") for c in cs),
             "calls_wire_json": json.dumps(wire), "calls_cut": json.dumps(cs)[:len(json.dumps(cs[0])) // 2],
+            # A model's own markup, as a server without its tool parser passes it on (the names it was sent: wire).
+            "calls_function_tags": "".join(f"<function={c['name']}>{json.dumps(c['arguments'])}</function>"
+                                           for c in wire),
+            "calls_mistral": "".join(f"[TOOL_CALLS]{c['name']}[ARGS]{json.dumps(c['arguments'])}" for c in wire),
+            "calls_deepseek": "<\uff5ctool\u2581calls\u2581begin\uff5c>" + "\n".join(
+                f"<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>{c['name']}\n```json\n"
+                f"{json.dumps(c['arguments'])}\n```<\uff5ctool\u2581call\u2581end\uff5c>" for c in wire)
+                + "<\uff5ctool\u2581calls\u2581end\uff5c>",
         }
 
     return of(calls), of(wrong)

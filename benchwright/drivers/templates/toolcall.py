@@ -5,9 +5,10 @@ The row holds the user's request (a string or a list of chat messages), the func
 call(s): ``{"name": ..., "arguments": {...}}``, a list of those, or BFCL's ``[{"<name>": {"<arg>": [allowed
 values...]}}]`` (an empty string among the allowed values marks the argument optional). The request carries the
 functions as ``tools``; the model's ``tool_calls`` (or, failing those, calls written in its text's answer part:
-``<tool_call>`` tags, fenced or bare JSON, Python ``name(arg=value)``; see ``find_calls``) are compared
-structurally: names equal, arguments equal after normalising each value to the type the function's schema declares
-("1" and 1 for an integer, "true" for a boolean), objects and multiple calls order-insensitive. Standard library only.
+``<tool_call>`` tags or a model's own markup, fenced or bare JSON, Python ``name(arg=value)``; see ``find_calls``) are
+compared structurally: names equal, arguments equal after normalising each value to the type the function's schema
+declares ("1" and 1 for an integer, "true" for a boolean), objects and multiple calls order-insensitive. Standard
+library only.
 CONFIG: ``input``, ``functions`` and ``reference`` columns.
 """
 
@@ -113,10 +114,11 @@ def parse_calls(response, row):
 
 def find_calls(response, row):
     """([(name, arguments)], rule) from what solve() returned: the reply's ``tool_calls`` (rule ``tool_calls``),
-    else calls written in the text's answer part (a reasoning block skipped): in ``<tool_call>`` tags
-    (``tool_call_tag``, Hermes/Qwen), in fenced blocks (``fence``), as bare JSON (``json``: an object, a list, or
-    one object per line), or as Python calls ``name(arg=value)`` (``python_call``, BFCL's own notation). ([], None)
-    when the reply holds no call."""
+    else calls written in the text's answer part (a reasoning block skipped): in ``<tool_call>`` tags or a model's
+    own markup (``tool_call_tag``: Hermes/Qwen's tags, Llama's ``<function=...>``, Mistral's ``[TOOL_CALLS]``,
+    DeepSeek's), in fenced blocks (``fence``), as bare JSON (``json``: an object, a list, or one object per line), or
+    as Python calls ``name(arg=value)`` (``python_call``, BFCL's own notation). ([], None) when the reply holds no
+    call."""
     names = {wire_name(fn["name"]): fn["name"] for fn in functions_of(row)}
     try:
         data = json.loads(response) if isinstance(response, str) else response
@@ -221,11 +223,35 @@ def _python_calls(text, row):
     return [call for _, call in sorted(found, key=lambda x: x[0])]
 
 
+# A model's own tool-call markup, passed through as text by a server without a tool parser for it: the function's
+# name, then its arguments as one JSON object. Llama 3.1's custom tools: <function=name>{...}</function>; Mistral's
+# (v11 tokenizer): [TOOL_CALLS]name[ARGS]{...}; DeepSeek V3/R1's: its tool-call-begin token, "function", its
+# tool-sep token, the name, a ```json block, its tool-call-end token.
+_NATIVE_MARKUP = re.compile(r"<function=([\w.\-]+)>"
+                            r"|\[TOOL_CALLS\]\s*([\w.\-]+)\s*\[ARGS\]"
+                            r"|<\uff5ctool\u2581call\u2581begin\uff5c>\s*function\s*<\uff5ctool\u2581sep\uff5c>\s*([\w.\-]+)"
+                            r"\s*(?:```[ \t]*(?:json)?[ \t]*\n?)?")
+
+
+def _native_calls(text):
+    """Calls in a model's native markup (``_NATIVE_MARKUP``): each name with the JSON object right after it."""
+    calls, decoder = [], json.JSONDecoder()
+    for m in _NATIVE_MARKUP.finditer(text):
+        rest = text[m.end():]
+        try:
+            args, _ = decoder.raw_decode(rest, len(rest) - len(rest.lstrip()))
+        except ValueError:
+            continue
+        if isinstance(args, dict):
+            calls.append({"name": m.group(1) or m.group(2) or m.group(3), "arguments": args})
+    return calls
+
+
 def _calls_in_text(text, row):
     """([call], rule) for calls written in the reply's text."""
     text = str(text or "")
     tagged = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", text, re.DOTALL)
-    calls = [c for block in tagged for c in _json_calls(block)]
+    calls = [c for block in tagged for c in _json_calls(block)] or _native_calls(text)
     if calls:
         return calls, "tool_call_tag"
     fenced = [body for _, body in re.findall(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", text, re.DOTALL)]
