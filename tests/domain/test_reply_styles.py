@@ -88,6 +88,8 @@ def _code_vars(row: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, str
             "body_flush": "\n".join(line[4:] if line.startswith("    ") else line for line in body.splitlines()) + "\n",
             "body_in_class": "".join(("    " + line if line.strip() else line) + "\n" for line in body.splitlines()),
             "full": f"{imports}\n{def_line}\n{body}",
+            "full_in_list": "".join(("   " + line if line.strip() else line) + "\n"
+                                    for line in f"{imports}\n{def_line}\n{body}".splitlines()),
             "full_tabs": f"{imports}\n{def_line}\n" + re.sub(r"^((?:    )+)", lambda m: "\t" * (len(m.group(1)) // 4),
                                                             body, flags=re.MULTILINE),
             "method_def": f"def {entry}(self, {signature[1:]}" if params else f"def {entry}(self){signature[2:]}",

@@ -25,7 +25,9 @@ from benchwright.drivers.templates._reply import answer_part  # inlined by rende
 
 CONFIG = {"style": "humaneval", "input": "prompt", "test": "test", "entry_point": "entry_point", "timeout_s": 5.0}
 SYSTEM_PROMPT = "You are an expert Python programmer. Reply with the complete code in one ```python block."
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+# A fence may be indented (a block inside a list item: "1. The code:" then "   ```python"): as in CommonMark, up to
+# as much indentation as the opening fence has is taken off each line of its block.
+_FENCE = re.compile(r"(?:^([ \t]+))?```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL | re.MULTILINE)
 # The scorer runs many tasks on threads: at most this many candidate programs run at once, so a sweep at
 # concurrency 128 does not start 128 interpreters on the sandbox's one core and time slow-but-correct ones out
 # while they wait for the CPU (the limit measures the candidate's own run; waiting for a slot counts only against
@@ -97,6 +99,13 @@ def _indent(code):
     return "\n".join(("    " + line) if line.strip() else line for line in code.splitlines())
 
 
+def _undent(body, n):
+    """``body`` with up to ``n`` leading spaces or tabs taken off each line."""
+    if not n:
+        return body
+    return "\n".join(line[min(n, len(line) - len(line.lstrip(" \t"))):] for line in body.split("\n"))
+
+
 def extract_code(reply, entry_point=None, prompt=None):
     """The code in a reply (see :func:`find_code`); the reply's text when it holds none."""
     code, _ = find_code(reply, entry_point, prompt)
@@ -112,7 +121,7 @@ def find_code(reply, entry_point=None, prompt=None):
     prose until it compiles, as a whole program or after the prompt. (None, None) when the reply holds no code.
     """
     text = answer_part(reply)
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    blocks = [(lang.lower(), _undent(body, len(indent))) for indent, lang, body in _FENCE.findall(text)]
     if blocks:
         python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")] or [b for _, b in blocks]
         python = [b.strip("\n") for b in python if b.strip()]
