@@ -195,7 +195,9 @@ class ConnectionShelf:
     that opened it (every request sends its own headers), so a pool to the same origin may use it. At most
     ``per_origin`` are kept, each for at most ``keep_s`` (well below the proxy's own idle limit, 75 s); one the server
     closed meanwhile is skipped, and a request that finds it closed anyway is resent once on a fresh connection, as
-    on any reused connection (``HttpPool.post``).
+    on any reused connection (``HttpPool.post``). What expires is closed by a timer, whether or not a pool comes back
+    to its origin: the credential proxy's shelf holds its providers' connections, and a sweep over many endpoints
+    (each an origin of its own) left up to ``per_origin`` sockets open for good per endpoint.
     """
 
     def __init__(self, *, per_origin: int = 512, keep_s: float = 30.0,
@@ -205,6 +207,7 @@ class ConnectionShelf:
         self._clock = clock
         self._kept: dict[Origin, list[tuple[float, _Connection]]] = {}
         self._closed = False
+        self._expiry: asyncio.TimerHandle | None = None
 
     def take(self, origin: Origin, count: int) -> list[_Connection]:
         """Up to ``count`` open connections to ``origin``, the most recently kept first."""
@@ -241,6 +244,37 @@ class ConnectionShelf:
                 kept.append((now, conn))
             else:
                 conn.close()
+        if not kept:
+            del self._kept[origin]
+        self._arm()
+
+    def _arm(self) -> None:
+        """A timer for when the oldest kept connection expires (none while nothing is kept, or one is set)."""
+        if self._expiry is not None or self._closed:
+            return
+        oldest = min((kept[0][0] for kept in self._kept.values() if kept), default=None)
+        if oldest is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # put from outside a loop: what expires is closed when next looked at
+            return
+        self._expiry = loop.call_later(max(0.0, oldest + self._keep_s - self._clock()) + 0.01, self._expire)
+
+    def _expire(self) -> None:
+        """Close every kept connection past ``keep_s`` (or closed by its server), then set the timer for the next."""
+        self._expiry = None
+        now = self._clock()
+        for origin, kept in list(self._kept.items()):
+            fresh = [(since, conn) for since, conn in kept if not conn.closed and now - since <= self._keep_s]
+            for since, conn in kept:
+                if conn.closed or now - since > self._keep_s:
+                    conn.close()
+            if fresh:
+                self._kept[origin] = fresh
+            else:
+                del self._kept[origin]
+        self._arm()
 
     def kept(self, origin: Origin) -> int:
         """How many connections to ``origin`` are kept (closed ones included until they are looked at)."""
@@ -249,6 +283,9 @@ class ConnectionShelf:
     def close(self) -> None:
         """Close every kept connection; later ones are closed as they come."""
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         for kept in self._kept.values():
             for _, conn in kept:
                 conn.close()

@@ -400,6 +400,30 @@ async def test_a_shelf_skips_closed_connections_and_drops_old_and_surplus_ones()
         assert all(conn.closed for conn in idle)
 
 
+async def test_a_shelf_closes_what_expires_even_when_no_pool_comes_back_to_its_origin() -> None:
+    """A sweep over many endpoints leaves each one's connections on the credential proxy's shelf, and most origins
+    never see another pool: those connections are closed once they expire, not held open for good."""
+    ended = asyncio.Event()
+    closed = 0
+
+    async def counting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]) -> None:
+        nonlocal closed
+        await echo_keep_alive(reader, writer, stats)  # returns at end of file: the client closed the connection
+        closed += 1
+        if closed == 3:
+            ended.set()
+
+    shelf = ConnectionShelf(keep_s=0.2)
+    async with serving(counting) as (url, stats):
+        pool = HttpPool(url, max_idle=3, shelf=shelf)
+        assert await pool.warm(3) == 3
+        await pool.aclose()
+        assert shelf.kept(pool.origin) == 3 and closed == 0
+        await asyncio.wait_for(ended.wait(), 10)  # no pool takes from or leaves to that origin meanwhile
+        assert shelf.kept(pool.origin) == 0 and stats["connections"] == 3
+    shelf.close()
+
+
 async def test_an_oversized_body_and_unsolicited_bytes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import benchwright.llm.httpclient as httpclient
 
