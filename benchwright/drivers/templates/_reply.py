@@ -20,10 +20,12 @@ import re
 _THINK_OPEN = re.compile(r"\A\s*<(?:think|thinking)>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</(?:think|thinking)>", re.IGNORECASE)
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
-# A self-correction: "42, no wait, 41", "A... wait, actually C", "Scratch that: 18", "On second thought, B".
+# A self-correction: "42, no wait, 41", "A... wait, actually C", "Scratch that: 18", "On second thought, B", "Hmm, on
+# reflection, B".
 # "actually" alone is not one ("The answer is B. Actually, A is a common mistake" keeps B).
 _GAP = r"(?:[\s,.:;!\u2026\u2014\u2013]|-(?![\d.$]))*"  # punctuation between words, not a number's minus sign
 _CORRECTION = re.compile(r"(?i)(?:\bwait\b\s*[,.!:;\u2014\u2013-]+|\bscratch that\b|\bon second thought\b|"
+                         r"\bon (?:further )?reflection\b|"
                          r"\bcorrection\s*:|\bI made a mistake\b|\blet me correct (?:that|myself)\b)"
                          r"(?:" + _GAP + r"(?:no|actually|hmm|sorry)\b)*" + _GAP)
 

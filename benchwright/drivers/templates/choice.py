@@ -98,6 +98,10 @@ _KEY = (r"(?i:\b(?:answer|option|choice)\b(?:\s+(?:is|would be|should be|must be
 _AFTER = r"\s*[*_(\[$]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*\s*"
 _KEY_LETTER = re.compile(_KEY + _AFTER + r"(?:([A-Z])(?![A-Za-z0-9'])"
                          r"|([a-z])(?=[*_)\]]*(?:[.):](?:\s|$)|\s*(?:$|[,;!]))))", re.MULTILINE)
+# A line that ends the reply's reasoning with its letter: "So C.", "Therefore, **B**", "Thus: (D)". The letter ends the
+# line, so "so A is wrong" is no answer.
+_CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore)\b[,:]?\s*[*_(\[]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*"
+                         r"([A-Z])[*_)\]]*[.!]?[*_]*[ \t]*$", re.MULTILINE)
 _FINAL_HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer|correct answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -133,9 +137,10 @@ def _find(text, texts):
         letter = _letter_in(below[0], texts) if below else None
         if letter is not None:
             return letter, "final_line"
-    said = [m.group(1) or m.group(2).upper() for m in _KEY_LETTER.finditer(text)]
-    said = [x for x in said if x in valid]
-    if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ..." (the last one said)
+    spoken = sorted([(m.start(), m.group(1) or m.group(2).upper()) for m in _KEY_LETTER.finditer(text)]
+                    + [(m.start(), m.group(1)) for m in _CONCLUDING.finditer(text)])
+    said = [x for _, x in spoken if x in valid]
+    if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ...", "So C." (the last one said)
         return said[-1], "letter_pattern"
     marker = r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]"
     first = next((line for line in text.splitlines() if line.strip()), "")
