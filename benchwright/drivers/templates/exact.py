@@ -32,7 +32,7 @@ _ANSWER_IS = re.compile(r"(?i:\b(?:final answer|answer)\b)\**\s*(?:(?i:is|would 
                         r"(?:$|(?<=[^\s.])\.(?:\s|$))", re.MULTILINE)
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|by|called|named|it's|year)\s+(?!(?:not|known|also)\b)(.+)$",
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|year)\s+(?!(?:not|known|also)\b)(.+)$",
                        re.IGNORECASE)
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
 # Chat models open with a pleasantry ("Sure! The capital of Australia is Canberra."): not the answer's sentence.
@@ -43,6 +43,9 @@ _ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probabl
                      re.IGNORECASE)
 # "Canberra, not Sydney", "Canberra, located in the ACT": an aside after a comma, lower-case (not "Washington, D.C.").
 _COMMA_ASIDE = re.compile(r",\s+(?=[a-z])")
+_HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
+                         r"certainly)[.!]?\s*$", re.IGNORECASE)  # "Canberra, of course."
+_SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
 # The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|wrote|painted|composed|discovered|invented|founded|"
@@ -84,25 +87,26 @@ def _content(text):
 
 
 def _restates(part, question):
-    """Whether ``part`` says the question again: its meaningful words mostly the question's."""
+    """Whether ``part`` says the question again: its meaningful words mostly the question's (or "the answer")."""
     if not question:
         return False
-    words, asked = _content(part), _content(question)
+    words, asked = _content(part), _content(question) | _SAID_ANSWER
     common = len(words & asked)
     return bool(words) and common >= min(2, len(words)) and common >= 0.6 * len(words)
 
 
 def _tidy(answer):
-    """A restated answer without a leading adverb or a trailing lower-case aside: "actually Canberra, not Sydney"
-    -> "Canberra"."""
+    """A restated answer without a leading adverb, a trailing lower-case aside or a trailing (aside): "actually
+    Canberra, not Sydney" -> "Canberra"."""
     answer = _ADVERB.sub("", answer.strip())
-    return _COMMA_ASIDE.split(answer, maxsplit=1)[0].strip()
+    return _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
 
 
 def _first_sentence(text):
     line = next((x for x in text.splitlines() if x.strip()), "")
     first = re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)|\s[\u2014\u2013-]\s|;\s", line.strip(), maxsplit=1)[0]
-    return _ASIDE.sub("", first).strip().rstrip(".!")  # "Au (from the Latin aurum)." -> Au
+    # "Au (from the Latin aurum)." -> Au; "Canberra, of course." -> Canberra
+    return _HEDGE_TAIL.sub("", _ASIDE.sub("", first).strip()).strip().rstrip(".!")
 
 
 def _find(text, question=None):
@@ -122,7 +126,7 @@ def _find(text, question=None):
     text = _PLEASANTRY.sub("", text)
     lines = [line for line in text.splitlines() if line.strip()]
     first = _first_sentence(text)
-    whole = _ASIDE.sub("", lines[0]).strip().rstrip(".!")
+    whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip()).strip().rstrip(".!")
     label = _LABEL.match(whole) if len(lines) == 1 else None
     if label and _restates(label.group(1), question) and not _restates(label.group(2), question):
         return _tidy(label.group(2)), "restated"  # "Australia's capital: Canberra"
