@@ -41,8 +41,12 @@ _PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great que
 # "is actually Canberra", "is definitely Canberra": the adverb is not part of the answer.
 _ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probably|likely|in fact|officially)\s+",
                      re.IGNORECASE)
-# "Canberra, not Sydney", "Canberra, located in the ACT": an aside after a comma, lower-case (not "Washington, D.C.").
-_COMMA_ASIDE = re.compile(r",\s+(?=[a-z])")
+# "Canberra, not Sydney", "Canberra, located in the ACT", "Canberra, which ...": an aside after a comma, opened by a
+# word that opens one; not the next item of a list ("red, white, and blue"), a place's region ("Washington, D.C.") or
+# a clause with the answer in it ("Many guess Sydney, but it is Canberra").
+_COMMA_ASIDE = re.compile(r",\s+(?=(?:not|which|who|whose|where|when|located|situated|known|famous|home|founded|built|"
+                          r"named|called|being|the|a|an|as|since|because|although|though|while|also|often|in|on|"
+                          r"at|from|with|of|for)\b)")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly)[.!]?\s*$", re.IGNORECASE)  # "Canberra, of course."
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
@@ -126,7 +130,10 @@ def _find(text, question=None):
     text = _PLEASANTRY.sub("", text)
     lines = [line for line in text.splitlines() if line.strip()]
     first = _first_sentence(text)
-    whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip()).strip().rstrip(".!")
+    # The reply's one line and its first sentence, each up to an aside after a comma ("Canberra, which ...").
+    whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip())
+    whole = _COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!")
+    first_clause = _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()
     label = _LABEL.match(whole) if len(lines) == 1 else None
     if label and _restates(label.group(1), question) and not _restates(label.group(2), question):
         return _tidy(label.group(2)), "restated"  # "Australia's capital: Canberra"
@@ -134,7 +141,8 @@ def _find(text, question=None):
     if not (subject and len(subject.group(1).split()) <= 6 and _restates(subject.group(2), question)
             and not _restates(subject.group(1), question)):
         subject = None
-    if len(lines) == 1 and whole == first and len(whole.split()) <= 8 and not _RESTATED.search(whole) and not subject:
+    short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
+    if short and not _RESTATED.search(whole) and not subject and not _restates(whole, question):
         # "Canberra", "canberra.", "**Jane Austen**"
         bold = re.fullmatch(r"\s*\*\*(.+?)\*\*[.!]?\s*", whole)
         return (bold.group(1) if bold else whole), "whole"
@@ -143,9 +151,11 @@ def _find(text, question=None):
         return emphasised.pop(), "bold"
     if subject:  # "Canberra is the capital of Australia.", "Jane Austen wrote Pride and Prejudice."
         return _tidy(subject.group(1)), "restated"
-    # The clause before a lower-case aside first ("... is Canberra, which is well documented"), else the sentence
-    # ("Many assume Sydney, but the capital is Canberra").
-    restated = _RESTATED.search(_COMMA_ASIDE.split(first, maxsplit=1)[0]) or _RESTATED.search(first)
+    # The clause before the first aside ("... is Canberra, which is well documented"), else the sentence without its
+    # last aside ("The colours, from the mast, are blue, white, and red, which ..."), else the whole sentence.
+    asides = list(_COMMA_ASIDE.finditer(first))
+    restated = (_RESTATED.search(first_clause) or (asides and _RESTATED.search(first[:asides[-1].start()]))
+                or _RESTATED.search(first))
     if restated and len(_tidy(restated.group(1)).split()) <= 6:  # "The capital of Australia is Canberra."
         return _tidy(restated.group(1)), "restated"
     if normalize(first):  # "Canberra. It replaced Melbourne as the seat of government in 1927."
