@@ -4,8 +4,9 @@ The reference is a number, or a worked solution ending ``#### <number>``. The an
 part (a reasoning block skipped; after a self-correction, the corrected part first) by the first rule that finds one:
 the last ``#### <number>``, the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" /
 "answer: <number>", a number opening the reply as its own sentence, else the last number in the reply (so "42, no wait,
-41" is 41). Numbers compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``,
-``6e8`` = ``6 \\times 10^8``. Standard library only; CONFIG names the ``input`` and ``reference`` columns.
+41" is 41), else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers compare exactly as
+fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``. Standard
+library only; CONFIG names the ``input`` and ``reference`` columns.
 """
 
 import re
@@ -42,6 +43,13 @@ _OPENS_WORKING = re.compile(r"\s*(?:[-+=*/^\u2212\u00d7\u00f7\u00b7]|x\s*\d|\\(?
 _CLAUSE_END = re.compile(r"\n|;|,\s|\.(?!\d)")
 _UNIT = r"(?!x\s*\d)[a-zA-Z\u00b0][a-zA-Z\u00b0\s/]*(?:\^\{?\d\}?)?"  # "apples", "m^2"; not the "x 4" of "3 x 4"
 _LONE = re.compile(r"[\s*_$]*(" + _NUMBER + r")[\s*_$%]*(?:" + _UNIT + r")?\Z")
+# A count spelled out ("A spider has eight legs.", "twenty-four"), read only from a reply with no digits at all.
+_UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+_WORD_NUMBER = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[-\s](" + "|".join(_UNITS[1:10]) + r"))?|("
+                          + "|".join(_UNITS) + r"))\b", re.IGNORECASE)
+_NOT_A_COUNT = re.compile(r"(?:\b(?:no|each|any|every|the|this|that|which|some)\s+)$", re.IGNORECASE)  # "no one"
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -119,7 +127,24 @@ def _find(text):
         # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
     value = _last_number(plain)
-    return (value, "last_number") if value is not None else (None, None)
+    if value is not None:
+        return value, "last_number"
+    value = _last_word_number(plain)
+    return (value, "number_words") if value is not None else (None, None)
+
+
+def _last_word_number(text):
+    """The last count spelled out in ``text`` (0-99), or None; "one" in "no one", "each one", "one of" is none."""
+    value = None
+    for m in _WORD_NUMBER.finditer(text):
+        if m.group(3) and m.group(3).lower() == "one" and (
+                _NOT_A_COUNT.search(text[:m.start()]) or re.match(r"\s+(?:of|another)\b", text[m.end():], re.I)):
+            continue
+        if m.group(1):
+            value = 20 + 10 * _TENS.index(m.group(1).lower()) + (_UNITS.index(m.group(2).lower()) if m.group(2) else 0)
+        else:
+            value = _UNITS.index(m.group(3).lower())
+    return None if value is None else Fraction(value)
 
 
 def _worked_out(number, rest):
