@@ -49,7 +49,6 @@ _UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 _TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 _WORD_NUMBER = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[-\s](" + "|".join(_UNITS[1:10]) + r"))?|("
                           + "|".join(_UNITS) + r"))\b", re.IGNORECASE)
-_NOT_A_COUNT = re.compile(r"(?:\b(?:no|each|any|every|the|this|that|which|some)\s+)$", re.IGNORECASE)  # "no one"
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -134,11 +133,11 @@ def _find(text):
 
 
 def _last_word_number(text):
-    """The last count spelled out in ``text`` (0-99), or None; "one" in "no one", "each one", "one of" is none."""
+    """The last count spelled out in ``text`` (0-99), or None. "one" counts only as the whole reply: prose is full of
+    it ("no one", "one of them", "give one more detail" in a refusal)."""
     value = None
     for m in _WORD_NUMBER.finditer(text):
-        if m.group(3) and m.group(3).lower() == "one" and (
-                _NOT_A_COUNT.search(text[:m.start()]) or re.match(r"\s+(?:of|another)\b", text[m.end():], re.I)):
+        if m.group(3) and m.group(3).lower() == "one" and (text[:m.start()] + text[m.end():]).strip(" \t\n*_.!"):
             continue
         if m.group(1):
             value = 20 + 10 * _TENS.index(m.group(1).lower()) + (_UNITS.index(m.group(2).lower()) if m.group(2) else 0)
