@@ -277,6 +277,24 @@ def test_the_answer_part_of_a_reasoning_reply(reply: str, answer: str) -> None:
     assert NUMERIC["answer_part"](reply) == answer
 
 
+@pytest.mark.parametrize(("reply", "answer"), [
+    ("<reasoning>41? No.</reasoning>\n<answer>42</answer>", "42"),
+    ("I will write it in <answer> tags.\n<answer>42</answer>\nCheck: 6 x 7 = 42, not 43.", "42"),
+    ("<think>the <answer> is 41</think><ANSWER>\n42\n</ANSWER>", "42"),
+    ("<answer> </answer> The answer is 42.", "<answer> </answer> The answer is 42."),  # an empty element is none
+    ("<answer>42", "<answer>42"),  # an unclosed one is none
+])
+def test_an_answer_element_is_the_answer_part_of_a_short_answer(reply: str, answer: str) -> None:
+    assert NUMERIC["answer_part"](reply, tags=True) == answer
+
+
+def test_the_code_template_keeps_answer_markup_in_its_code() -> None:
+    """A function may build such markup itself: the code template reads the whole answer part, not the element."""
+    reply = "```python\ndef add(a, b):\n    return a + b  # '<answer>' + str(a + b) + '</answer>' was dropped\n```"
+    assert NUMERIC["answer_part"](reply) == reply
+    assert CODE["Scorer"]().score(HUMANEVAL, reply)["score"] == 1.0
+
+
 def test_a_separate_reasoning_field_is_shown_in_the_output_never_scored() -> None:
     reply = SutText("#### 41", [], "I first got 42, and 42 again.")
     result = NUMERIC["Scorer"]().score({"question": "q", "answer": "41"}, reply)

@@ -20,6 +20,10 @@ import re
 _THINK_OPEN = re.compile(r"\A\s*<(?:think|thinking)>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</(?:think|thinking)>", re.IGNORECASE)
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
+# An answer in tags, as prompts in the XML style ask for it: "<reasoning>...</reasoning>\n<answer>72</answer>". Only a
+# closed element counts, and no element inside another ("I will use <answer> tags. <answer>C</answer>" is C).
+_ANSWER_TAG = re.compile(r"<(answer|final_answer)>((?:(?!<(?:answer|final_answer)>).)*?)</\1>",
+                         re.IGNORECASE | re.DOTALL)
 # A self-correction: "42, no wait, 41", "A... wait, actually C", "Scratch that: 18", "On second thought, B", "Hmm, on
 # reflection, B".
 # "actually" alone is not one ("The answer is B. Actually, A is a common mistake" keeps B).
@@ -30,16 +34,20 @@ _CORRECTION = re.compile(r"(?i)(?:\bwait\b\s*[,.!:;\u2014\u2013-]+|\bscratch tha
                          r"(?:" + _GAP + r"(?:no|actually|hmm|sorry)\b)*" + _GAP)
 
 
-def answer_part(reply):
+def answer_part(reply, tags=False):
     """The text a template scores: ``reply`` without a leading reasoning block, blank lines before the answer
-    dropped (the answer's own indentation kept: code bodies start indented). ``""`` when the reply ended inside
-    its reasoning (no answer)."""
+    dropped (the answer's own indentation kept: code bodies start indented). ``""`` when the reply ended inside its
+    reasoning (no answer). With ``tags`` (the templates that read a short answer, not code or calls, which may well
+    hold such markup), only the last non-empty ``<answer>...</answer>`` element's content when the reply has one."""
     text = str(reply or "")
     close = _THINK_CLOSE.search(text)
     if close is not None:
         text = text[close.end():]
     elif _THINK_OPEN.match(text):
         return ""
+    tagged = [m.group(2) for m in _ANSWER_TAG.finditer(text) if m.group(2).strip()] if tags else []
+    if tagged:
+        text = tagged[-1]
     return _LEADING_BLANK_LINES.sub("", text).rstrip()
 
 

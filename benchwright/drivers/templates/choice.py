@@ -3,11 +3,12 @@
 The choices come from one column (a list of strings, ARC's ``{"text": [...], "label": [...]}``, or a JSON string of
 either) or from one column per letter (A, B, C, D...); the reference is a 0-based index, a letter, a label, or the
 choice's text. The prompt lists the lettered choices; the letter is read from the reply's answer part (a reasoning block
-skipped; a self-correction's corrected part first) by the first rule that finds one: a JSON ``{"answer": "C"}``,
-``\\boxed{C}``, the whole reply a letter, a "Final answer" heading's next line, an answer phrase ("The answer is **B**",
-"Answer: b", "I'd go with C", the last one said), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of
-exactly one choice (a choice of 3 characters or fewer only as the whole reply), one lone capital letter in a short
-reply. An explicit letter always wins over a choice's text. Standard library only.
+skipped; only the last ``<answer>...</answer>`` element when it has one; a self-correction's corrected part first) by
+the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer"
+heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
+the last one said), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of 3
+characters or fewer only as the whole reply), one lone capital letter in a short reply. An explicit letter always wins
+over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
@@ -79,7 +80,7 @@ def extract_letter(reply, texts):
 def find_letter(reply, texts):
     """(letter, rule) for the reply's choice: (None, None) when it commits to none. Only the answer part is read
     (a reasoning block is skipped); after a self-correction ("A... wait, actually C") the corrected part wins."""
-    text = answer_part(reply)
+    text = answer_part(reply, tags=True)
     if not text.strip():
         return None, None
     tail = after_correction(text)
@@ -98,9 +99,10 @@ _KEY = (r"(?i:\b(?:answer|option|choice)\b(?:\s+(?:is|would be|should be|must be
 _AFTER = r"\s*[*_(\[$]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*\s*"
 _KEY_LETTER = re.compile(_KEY + _AFTER + r"(?:([A-Z])(?![A-Za-z0-9'])"
                          r"|([a-z])(?=[*_)\]]*(?:[.):](?:\s|$)|\s*(?:$|[,;!]))))", re.MULTILINE)
-# A line that ends the reply's reasoning with its letter: "So C.", "Therefore, **B**", "Thus: (D)". The letter ends the
-# line, so "so A is wrong" is no answer.
-_CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore)\b[,:]?\s*[*_(\[]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*"
+# A line that ends the reply's reasoning with its letter: "So C.", "Therefore, **B**", "Thus: (D)", after an
+# elimination "That leaves C." The letter ends the line, so "so A is wrong" is no answer.
+_CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore|(?:that|which|this) leaves(?: (?:us with|only))?|"
+                         r"leaving(?: only)?)\b[,:]?\s*[*_(\[]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*"
                          r"([A-Z])[*_)\]]*[.!]?[*_]*[ \t]*$", re.MULTILINE)
 _FINAL_HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer|correct answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 

@@ -1,13 +1,15 @@
 """task_impl.py written by Benchwright's builtin driver: short free-text answers (TriviaQA / Natural Questions style).
 
-The answer is read from the reply's answer part (a reasoning block skipped; after a self-correction, the corrected
-part first) by the first rule that finds one: the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last
-"Final answer: X" / "The answer is X" (to the end of its sentence), a "Final answer" heading's next line, the whole
-reply when it is one short line, the one **bold** phrase, the part of the first sentence that does not restate the
-question ("The capital of Australia is Canberra.", "Canberra is the capital of Australia.", "Australia's capital:
-Canberra"), else the reply's first sentence. A chat model's opening pleasantry ("Sure!") is skipped. It matches
-when it equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, thousands
-separators and a trailing period dropped).
+The answer is read from the reply's answer part (a reasoning block skipped; only the last ``<answer>...</answer>``
+element when it has one; after a self-correction, the corrected part first) by the first rule that finds one: the last
+``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "Final answer: X" / "The answer is X" (to the end of its
+sentence), a "Final answer" heading's next line, a line whose label restates the question ("- **Capital:**
+Canberra"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply when it is one short
+line, the one **bold** phrase, the part of the first sentence that does not restate the question ("The capital of
+Australia is Canberra.", "Canberra is the capital of Australia."), else the reply's first sentence. A chat model's
+opening pleasantry ("Sure!", "Hmm, let me think.") is skipped. It matches when it equals the reference after
+normalising (lowercase; punctuation, articles, markup, emoji, arrows, thousands separators and a trailing period
+dropped).
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
@@ -27,8 +29,12 @@ CONFIG = {"input": "question", "reference": "answer"}
 SYSTEM_PROMPT = "Answer with only the final answer, no explanation."
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+_ARROWS = re.compile(r"[\u2190-\u21ff\u27f0-\u27ff\u2900-\u297f]")
 _PUNCT = str.maketrans("", "", string.punctuation.replace(".", "").replace("-", ""))
-_ANSWER_IS = re.compile(r"(?i:\b(?:final answer|answer)\b)\**\s*(?:(?i:is|would be)\s*:?|:)\**\s*(.+?)\s*"
+# "The answer is Canberra.", "**Final answer:** Canberra", "Answer \u2014 Canberra"; not a "Longer answer: the city..."
+# that opens an explanation.
+_ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?:final answer|answer)\b)\**\s*"
+                        r"(?:(?i:is|would be)\s*:?|:|[\u2014\u2013]|-(?=\s))\**\s*(.+?)\s*"
                         r"(?:$|(?<=[^\s.])\.(?:\s|$))", re.MULTILINE)
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
@@ -54,7 +60,17 @@ _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra i
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|wrote|painted|composed|discovered|invented|founded|"
                             r"directed|designed|built|created|won)\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
-_LABEL = re.compile(r"^([^:]{2,60}):\s+(.+)$")  # "Australia's capital: Canberra"
+# "Australia's capital: Canberra", "- **Capital:** Canberra" (a line of a list)
+_LABEL = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
+# A reply that opens with its thinking ("Hmm, let me think.", "Okay, let's see."): not the answer's sentence.
+_OPENER = re.compile(r"\A\s*(?:(?:(?:hmm+|okay|ok|alright|well)[\s,]+)?(?:let me think(?: about (?:this|it))?|"
+                     r"let's see|let me see)|hmm+)[.!\u2026]+\s+", re.IGNORECASE)
+# The wrong answer denied, the right one said: "Sydney is not the capital; Canberra is.", "It's not Sydney, it's
+# Canberra.", "Not Sydney, but Canberra."
+_CONTRAST = re.compile(r"^(?:.+?\s+(?:is|was|are|were|did|does|do)\s*(?:not|n't)\b.*?|(?:it'?s\s+|it\s+(?:is|was)\s+)?"
+                       r"not\s+(?!(?:sure|certain|quite|really|entirely|exactly|completely)\b).+?)"
+                       r"\s*[;,\u2014\u2013]\s*(?:but\s+)?(?:(?:it'?s|it\s+(?:is|was)|that'?s|that\s+(?:is|was))\s+)?"
+                       r"([^,;]+?)(?:\s+(?:is|was|are|were|did|does|do))?[.!]?$", re.IGNORECASE)
 _FILLER = frozenset(("a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "and", "or", "is", "was", "are",
                      "were", "be", "it", "its", "what", "which", "who", "whom", "whose", "when", "where", "how", "did",
                      "does", "do", "has", "have", "had", "this", "that", "as", "with", "from"))
@@ -66,6 +82,7 @@ def normalize(text):
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
     text = text.translate(_PUNCT)
     text = "".join(ch for ch in text if unicodedata.category(ch) != "So" and ch != "\ufe0f")  # "Canberra \u2705"
+    text = _ARROWS.sub(" ", text)  # "\u2192 Canberra"
     text = _ARTICLES.sub(" ", text)
     text = " ".join(text.split())
     return text.rstrip(".").strip()
@@ -74,7 +91,7 @@ def normalize(text):
 def find_answer(reply, question=None):
     """(answer, rule): the reply's answer as written (None when it gives none) and the rule that found it.
     ``question``: the prompt, when known; it tells a sentence or label that restates it from the answer beside it."""
-    text = answer_part(reply)
+    text = answer_part(reply, tags=True)
     if not text.strip():
         return None, None
     tail = after_correction(text)
@@ -106,6 +123,14 @@ def _tidy(answer):
     return _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
 
 
+def _unlabel(line, question):
+    """The value of a label line that restates the question ("- **Capital:** Canberra" -> "Canberra"), else None."""
+    label = _LABEL.match(_HEDGE_TAIL.sub("", _ASIDE.sub("", line).strip()).rstrip(".!")) if question else None
+    if label and _restates(label.group(1), question) and not _restates(label.group(2), question):
+        return label.group(2)
+    return None
+
+
 def _first_sentence(text):
     line = next((x for x in text.splitlines() if x.strip()), "")
     first = re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)|\s[\u2014\u2013-]\s|;\s", line.strip(), maxsplit=1)[0]
@@ -120,23 +145,30 @@ def _find(text, question=None):
     for item in reversed(json_answers(text)):  # {"answer": "Canberra"}
         if normalize(item):
             return str(item), "json"
-    said = [_tidy(m.group(1)) for m in _ANSWER_IS.finditer(text) if normalize(_tidy(m.group(1)))]
+    said = [_tidy(_unlabel(m.group(1), question) or m.group(1)) for m in _ANSWER_IS.finditer(text)]
+    said = [answer for answer in said if normalize(answer)]
     if said:  # "**Final answer:** Canberra", "The answer is Canberra." (the last one said)
         return said[-1], "answer_phrase"
     for heading in reversed(list(_HEADING.finditer(text))):  # "## Answer\n\nCanberra"
         below = [line for line in text[heading.end():].splitlines() if line.strip()]
         if below:
             return below[0], "final_line"
-    text = _PLEASANTRY.sub("", text)
+    text = _OPENER.sub("", _PLEASANTRY.sub("", text))
     lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None, None
+    for line in lines:  # "Australia's capital: Canberra", "- **Capital:** Canberra"
+        value = _unlabel(line, question)
+        if value is not None:
+            return _tidy(value), "restated"
+    contrast = _CONTRAST.match(re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)", lines[0].strip(), maxsplit=1)[0])
+    if contrast and normalize(contrast.group(1)):  # "Sydney is not the capital; Canberra is."
+        return _tidy(contrast.group(1)), "contrast"
     first = _first_sentence(text)
     # The reply's one line and its first sentence, each up to an aside after a comma ("Canberra, which ...").
     whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip())
     whole = _COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!")
     first_clause = _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()
-    label = _LABEL.match(whole) if len(lines) == 1 else None
-    if label and _restates(label.group(1), question) and not _restates(label.group(2), question):
-        return _tidy(label.group(2)), "restated"  # "Australia's capital: Canberra"
     subject = _SUBJECT_FIRST.match(first)
     if not (subject and len(subject.group(1).split()) <= 6 and _restates(subject.group(2), question)
             and not _restates(subject.group(1), question)):

@@ -1,12 +1,13 @@
 """task_impl.py written by Benchwright's builtin driver: numeric final answer (GSM8K style).
 
 The reference is a number, or a worked solution ending ``#### <number>``. The answer is read from the reply's answer
-part (a reasoning block skipped; after a self-correction, the corrected part first) by the first rule that finds one:
-the last ``#### <number>``, the last ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" /
-"answer: <number>", a number opening the reply as its own sentence, else the last number in the reply (so "42, no wait,
-41" is 41), else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers compare exactly as
-fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``. Standard
-library only; CONFIG names the ``input`` and ``reference`` columns.
+part (a reasoning block skipped; only the last ``<answer>...</answer>`` element when it has one; after a
+self-correction, the corrected part first) by the first rule that finds one: the last ``#### <number>``, the last
+``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" / "answer: <number>", a number opening
+the reply as its own sentence, else the last number in the reply outside its asides (so "42, no wait, 41" is 41 and
+"72 apples (3 x 24)" is 72), else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers
+compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` =
+``6 \\times 10^8``. Standard library only; CONFIG names the ``input`` and ``reference`` columns.
 """
 
 import re
@@ -33,7 +34,10 @@ _NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?
            r"|(?<![\w^.])[-\u2212]?\.\d+")
 _NUMBER_RE = re.compile(_NUMBER)
 _HASHES = re.compile(r"####\s*\**\s*(" + _NUMBER + ")")
-_ANSWER_IS = re.compile(r"(?:answer|result|total)\**\s*(?:is|=|:|would be|will be)?\s*[:=]?\s*\**\s*[$\\(]*\s*("
+# "The answer is 18", "Answer: 18", "total: 18"; not "in total (3 boxes" (a total needs its "is", "=" or ":") nor a
+# "Longer answer: 3 boxes..." that opens an explanation.
+_ANSWER_IS = re.compile(r"(?:(?<!long )(?<!longer )(?<!detailed )(?<!full )answer\**\s*(?:is|=|:|would be|will be)?"
+                        r"|(?:result|total)\**\s*(?:is|=|:|would be|will be))\s*[:=]?\s*\**\s*[$\\(]*\s*("
                         + _NUMBER + ")", re.IGNORECASE)
 _LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
 # The working an answer phrase's number may open: "The answer is 60 + 12 = 72", "Total = 120 - 45 = **75**",
@@ -49,6 +53,14 @@ _UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 _TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 _WORD_NUMBER = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[-\s](" + "|".join(_UNITS[1:10]) + r"))?|("
                           + "|".join(_UNITS) + r"))\b", re.IGNORECASE)
+# Asides the last number is not read from while the reply has a number outside them: a parenthetical that shows working
+# without its result or opens an aside ("72 apples (3 boxes \u00d7 24 each)", "(If each box had 25, it would be 75.)";
+# not "(3 \u00d7 24 = 72)" nor "(i.e., 72)", which say the result), and a note on a case that is not the question's
+# ("Note that if one box were missing, it would be 48.").
+_ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not)\b[^()]*\)"
+                     r"|\((?=[^()]*\d)(?=[^()]*(?:[+*\u00d7\u00f7\u00b7]|\bx(?=\s*\d)|\\times|\\cdot))[^()=]*\)"
+                     r"|(?<![^\s])(?i:note(?: that|:)?|n\.b\.:?|for comparison,?|by the way,?)\s+(?i:if)\b"
+                     r"(?:[^.!?\n]|[.](?=\d))*[.!?]?")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -89,7 +101,7 @@ def extract_answer(reply):
 def find_answer(reply):
     """(value, rule) for the reply's final numeric answer; (None, None) when it gives none. Only the answer part is
     read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins."""
-    text = answer_part(reply)
+    text = answer_part(reply, tags=True)
     if not text.strip():
         return None, None
     tail = after_correction(text)
@@ -125,7 +137,9 @@ def _find(text):
     if lead and not re.search(r"^\s*2[.)]\s", plain, re.MULTILINE):  # not "1." of a numbered list of steps
         # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
-    value = _last_number(plain)
+    value = _last_number(_ASIDES.sub(" ", plain))
+    if value is None:
+        value = _last_number(plain)
     if value is not None:
         return value, "last_number"
     value = _last_word_number(plain)
