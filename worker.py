@@ -36,6 +36,7 @@ from activities.run_log import ControlActivities, RunLogActivities
 from activities.setup import SetupActivities
 from benchwright.drivers.llm import install_llm_driver
 from benchwright.llm.httpclient import ConnectionShelf
+from benchwright.proxy.model_proxy import keep_proxies_ready
 from benchwright.runs.placement import start_warm_sandboxes
 from benchwright.sandbox.local.warm import stop_warm_pool
 from benchwright.security.crypto import load_keyring
@@ -207,21 +208,35 @@ async def run_worker(settings: Settings) -> None:
     # Sandboxes made ahead, each with a scorer runtime waiting (issue 25); stopped before the worker's shutdown
     # reaps its own sandboxes, so no new one is made after that sweep.
     warm = await start_warm_sandboxes(settings)
+    # A credential proxy started ahead, and again whenever one lingered out; stopped before the worker's shutdown
+    # stops the proxies it started, so none is started after that.
+    stop_spares = asyncio.Event()
+    spares = asyncio.create_task(keep_proxies_ready(
+        registry=ProcessRegistry(settings.data_dir), linger_s=settings.proxy_linger_s, every_s=PROXY_READY_EVERY_S,
+        stop=stop_spares)) if settings.proxy_keep_ready else None
     slow: asyncio.Task[None] | None = None
     try:
         async with worker:
             await stop.wait()
             slow = asyncio.create_task(_say_where_a_slow_shutdown_is())
+            stop_spares.set()
+            if spares is not None:
+                await spares
             if warm is not None:
                 await stop_warm_pool(warm)
                 warm = None
     finally:
+        stop_spares.set()
+        if spares is not None and not spares.done():
+            await spares
         if warm is not None:
             await stop_warm_pool(warm)
         if slow is not None:  # the threads' dump stays armed: asyncio.run then waits for the executor's threads
             slow.cancel()
 
 
+PROXY_READY_EVERY_S = 2.0
+"""How often a worker looks whether its credential proxy is up (and starts a spare when it is not)."""
 SLOW_SHUTDOWN_S = 10.0
 """A shutdown still under way this long after SIGTERM writes where it is to the log (stderr): ``benchwright up``
 kills a worker that has not stopped within two thirds of its shutdown timeout (20 s by default)."""

@@ -31,8 +31,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 from benchstack import (
+    BenchStack,
     cpu_s,
     peak_rss_mb,
     postgres_cpu_s,
@@ -213,6 +216,23 @@ async def _bare(url: str, dataset: Path, c: int) -> tuple[float, float]:
     finally:
         await pool.aclose()
     return time.perf_counter() - t0, first[0]
+
+
+@contextmanager
+def warm_stack(work: Path, dataset: Path, *, c: int,
+               latency_ms: float = 50.0) -> Iterator[tuple[BenchStack, Client, dict]]:
+    """The stack up with its dev model answering ``dataset``, a client on its API and the model to launch with,
+    warmed up: two one-task runs (the worker's first runs pay imports and caches) and one of ``dataset`` at ``c``
+    (its first big one, connections)."""
+    one = work / "one.jsonl"
+    write_dataset(one, 1)
+    with running_stack(work, answers=dataset, latency_ms=latency_ms) as stack, \
+            Client(stack.dev["api_url"], stack.dev["api_key"], timeout=300) as client:
+        model = {"identifier": "openai/dev", "api_base": stack.model_url}
+        for _ in range(2):
+            run_once(client, stack.dev, one, model, k=1, c=1, pids=stack.pids)
+        run_once(client, stack.dev, dataset, model, k=1, c=c, pids=stack.pids)
+        yield stack, client, model
 
 
 def bare_once(url: str, dataset: Path, c: int) -> dict:

@@ -215,6 +215,11 @@ class Settings(BaseSettings):
     """How long a worker's credential proxy stays up without a run's route before it exits (the warm window that
     spares the next run its start-up; metered to the run that left it idle as cost.proxy_linger). A run's own
     route, and its key, are revoked the moment the run ends."""
+    proxy_keep_ready: bool = True
+    """A worker process (``benchwright worker``/``up``) keeps a credential proxy up at all times: one started ahead of
+    any run, and again whenever one lingered out (``benchwright.proxy.model_proxy.keep_a_proxy_ready``). It holds no
+    key and no route until a run registers, and lingers only once that route is gone; a run after a quiet spell then
+    does not wait ~0.1-0.2 s for a proxy to start. Off: proxies are started by the runs that need them."""
     proxy_route_sweep_s: float = 2.0
     """How often a worker revokes, at its own credential proxy, the routes of runs that ended (a route registered
     by a phase that ran on this host while the run's own revocation ran on another): the longest a per-run key

@@ -24,7 +24,9 @@ answer: 17-20 % less of this process's CPU per call than under uvicorn, docs/per
 Controlled by JSON lines on a Unix socket in a 0700 directory that only this uid may use (checked with
 ``SO_PEERCRED``): ``hello``, ``register``, ``revoke``. The process exits on its own once it has had no route for
 ``--linger`` seconds (the warm window that spares back-to-back runs its start-up), on SIGTERM, and (started through
-``_lifeline.py``) with the worker that started it.
+``_lifeline.py``) with the worker that started it. A ``--spare`` (a worker's proxy started ahead of any run, so that a
+run after a quiet spell does not wait ~0.1-0.2 s for one: ``benchwright.proxy.model_proxy.keep_a_proxy_ready``)
+starts its linger only once its first route is gone.
 
 Run as a script (``python credential_proxy.py --control PATH --linger S``), not as ``-m benchwright.proxy...``: the
 package's ``__init__`` imports the egress proxy (~150 ms, ~10 MB) that this process never uses.
@@ -166,8 +168,10 @@ class CredentialProxy:
     wanted_headers = _WANTED_HEADERS
     too_large = _TOO_LARGE
 
-    def __init__(self, *, linger_s: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, *, linger_s: float, loop: asyncio.AbstractEventLoop | None = None, spare: bool = False) -> None:
         self.loop = loop or asyncio.get_running_loop()
+        self.spare = spare
+        """Started ahead of any run: no linger until a route has come and gone (then as any proxy)."""
         self.connections: set[httpserver.Connection] = set()
         self._all_closed: asyncio.Future[None] | None = None
         self.linger_s = linger_s
@@ -355,7 +359,7 @@ class CredentialProxy:
         op = cmd["op"]
         if op == "hello":
             return {"ok": not self.closing, "port": self.port, "pid": os.getpid(), "routes": len(self.routes),
-                    "runs": sorted(self.keys)}
+                    "runs": sorted(self.keys), "spare": self.spare}
         if op == "register":
             if self.closing:
                 return {"ok": False, "error": "closing"}
@@ -397,6 +401,7 @@ class CredentialProxy:
             await asyncio.to_thread(self._import_litellm)  # at Attach, not on the first scored call
         self.routes[cmd["key"]] = route
         self.keys[route.run_id] = cmd["key"]
+        self.spare = False  # it serves now: once its routes are gone, it lingers and exits as any proxy
         return {"ok": True}
 
     async def _revoke(self, run_id: str) -> dict[str, Any]:
@@ -411,11 +416,11 @@ class CredentialProxy:
                 "lifetime_s": time.time() - route.registered_at, "idle": not self.routes}
 
     def _arm_idle(self) -> None:
-        """Exit after ``linger_s`` without a route (re-armed on every change)."""
+        """Exit after ``linger_s`` without a route (re-armed on every change); a spare waits for its first route."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        if not self.routes and not self._registering:
+        if not self.routes and not self._registering and not self.spare:
             self._idle_timer = asyncio.get_running_loop().call_later(self.linger_s, self._idle_exit)
 
     def _idle_exit(self) -> None:
@@ -424,9 +429,9 @@ class CredentialProxy:
             self.on_idle()
 
 
-async def serve(*, control: Path, linger_s: float) -> None:
+async def serve(*, control: Path, linger_s: float, spare: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    proxy = CredentialProxy(linger_s=linger_s, loop=loop)
+    proxy = CredentialProxy(linger_s=linger_s, loop=loop, spare=spare)
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and accepted
     # sockets inherit the listener's. Without it an answer met Nagle and the caller's delayed ACK: +40 ms on every
     # call over a reused connection (1,000 calls at C=32: 3.8 s, not 1.9 s).
@@ -477,9 +482,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description="Benchwright's credential proxy (started by a worker).")
     ap.add_argument("--control", type=Path, required=True)
     ap.add_argument("--linger", type=float, required=True)
+    ap.add_argument("--spare", action="store_true", help="started ahead of any run: no linger before a first route")
     args = ap.parse_args(argv)
     # asyncio's own loop: with this server uvloop saved nothing measurable (0.25 ms a call either way, session 18).
-    asyncio.run(serve(control=args.control, linger_s=args.linger))
+    asyncio.run(serve(control=args.control, linger_s=args.linger, spare=args.spare))
     return 0
 
 

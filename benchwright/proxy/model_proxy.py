@@ -14,14 +14,18 @@ run ended.
 A proxy never outlives its welcome: it is started through ``_lifeline.py`` (``PR_SET_PDEATHSIG = SIGKILL``) and
 recorded in the stack's process registry (``benchwright.stack.procreg``) the moment it is spawned; it exits by itself
 after ``linger_s`` without a route; the worker stops the proxies it started when it shuts down; whatever a crash
-leaves is found by ``reap_model_proxies``. Handles written by the per-run LiteLLM proxies this replaced (no
+leaves is found by ``reap_model_proxies``. A worker process keeps one started ahead (``keep_a_proxy_ready``: a spare,
+which lingers only once its first route is gone), so a run after a quiet spell finds it up instead of waiting for one
+to start (~0.1-0.2 s). Handles written by the per-run LiteLLM proxies this replaced (no
 ``control``) are still stopped the old way: their whole process group.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -43,6 +47,7 @@ from benchwright.stack.cpu import spawning
 from benchwright.stack.devstack import pid_alive
 from benchwright.stack.procreg import ProcEntry, ProcessRegistry, owned_tempdir, proc_starttime
 
+_log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 30.0
@@ -151,15 +156,22 @@ class _Proxies:
         self._lock = threading.Lock()
         self._mine: dict[Path, _Proxy] = {}
 
-    def get(self, *, registry: ProcessRegistry, linger_s: float) -> _Proxy:
-        """This worker's proxy for the registry's stack, started if there is none (or it lingered out)."""
+    def get(self, *, registry: ProcessRegistry, linger_s: float, spare: bool = False) -> _Proxy:
+        """This worker's proxy for the registry's stack, started if there is none (or it lingered out); started as a
+        spare (no linger before its first route) when ``spare``."""
         with self._lock:
             proxy = self._mine.get(registry.dir)
             if proxy is not None and proc_starttime(proxy.pid) == proxy.start_ticks:
                 return proxy
-            proxy = _spawn(registry=registry, linger_s=linger_s)
+            proxy = _spawn(registry=registry, linger_s=linger_s, spare=spare)
             self._mine[registry.dir] = proxy
             return proxy
+
+    def up(self, registry: ProcessRegistry) -> bool:
+        """Whether this worker has a live proxy for the registry's stack (exiting or not)."""
+        with self._lock:
+            proxy = self._mine.get(registry.dir)
+            return proxy is not None and proc_starttime(proxy.pid) == proxy.start_ticks
 
     def forget(self, proxy: _Proxy) -> None:
         with self._lock:
@@ -171,7 +183,40 @@ class _Proxies:
 _PROXIES = _Proxies()
 
 
-def _spawn(*, registry: ProcessRegistry, linger_s: float) -> _Proxy:
+def keep_a_proxy_ready(*, registry: ProcessRegistry, linger_s: float) -> bool:
+    """Start a spare credential proxy for this worker unless it has one up; returns whether one was started.
+
+    A proxy lingers ``linger_s`` after its last route, then exits: a run after a quiet spell would wait for a new
+    one to start (a Python process and its imports, ~0.1-0.2 s on the path to its first model call). A worker calls
+    this at its start and every few seconds (``worker.py``), so one is always up. A spare holds no key and no route;
+    it lingers, and exits, only once a route has come and gone (the linger billed to the run that left it, as ever).
+
+    Raises:
+        Unavailable: the proxy could not be started.
+    """
+    if _PROXIES.up(registry):
+        return False
+    _PROXIES.get(registry=registry, linger_s=linger_s, spare=True)
+    return True
+
+
+async def keep_proxies_ready(*, registry: ProcessRegistry, linger_s: float, every_s: float,
+                             stop: asyncio.Event) -> None:
+    """Until ``stop`` is set: ``keep_a_proxy_ready`` now and every ``every_s`` seconds (in a thread of the event
+    loop's default executor, which lives as long as the worker: the proxy's lifeline watches the spawning thread). A
+    failed start is logged and tried again at the next tick."""
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(keep_a_proxy_ready, registry=registry, linger_s=linger_s)
+        except Exception:  # noqa: BLE001 - a proxy that cannot start now is started on demand by the next Attach
+            _log.exception("could not start a spare credential proxy")
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        except TimeoutError:
+            pass
+
+
+def _spawn(*, registry: ProcessRegistry, linger_s: float, spare: bool = False) -> _Proxy:
     """Start a credential proxy and wait until its control socket answers (~0.4 s measured here, idle machine)."""
     control_dir = owned_tempdir("cp")  # 0700, a short path (a Unix socket's); removed if this process dies
     control = control_dir / "control.sock"
@@ -182,7 +227,7 @@ def _spawn(*, registry: ProcessRegistry, linger_s: float) -> _Proxy:
     # thread that lives as long as the worker (the event loop's default executor, whose threads never retire).
     # -P: the script's directory stays off sys.path (its siblings are package modules, not top-level ones).
     argv = [sys.executable, "-E", "-s", "-S", str(_LIFELINE), str(os.getpid()), sys.executable, "-P", str(_SERVER),
-            "--control", str(control), "--linger", repr(float(linger_s))]
+            "--control", str(control), "--linger", repr(float(linger_s)), *(["--spare"] if spare else [])]
     log_path = registry.dir.parent / "credential-proxy.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log, spawning():  # the proxy on every CPU, not a pinned worker's one

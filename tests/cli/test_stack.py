@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from benchwright.client import Client
 from benchwright.events import AFTER_TERMINAL
+from benchwright.proxy.model_proxy import ProxyGone, control_call
 from benchwright.stack.devstack import connected_to_itself, free_port, free_ports, pid_alive, port_open
 from benchwright.stack.procreg import ProcessRegistry
 
@@ -81,6 +83,10 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         assert set(dev) == {"api_url", "temporal_address", "temporal_ui_url", "api_key"}
         assert httpx.get(dev["temporal_ui_url"], timeout=10).status_code == 200
 
+        # The worker keeps a credential proxy up ahead of any run: a spare, holding no route and not lingering.
+        spare = await _a_proxy_up(data_dir)
+        assert spare["spare"] is True and spare["routes"] == 0, spare
+
         # `benchwright run --watch` launches through REST and reports the score; its exit status is truthful.
         env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(data_dir)}
         done = subprocess.run([*BW, "run", "--dataset", str(SAMPLE), "--model", "openai/dev", "--api-base", dev_model,
@@ -92,6 +98,8 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         with Client(dev["api_url"], dev["api_key"]) as client:
             created = [e["data"] for e in client.events(run_id)["events"] if e["type"] == "SandboxCreated"]
         assert any(c["metadata"].get("warm") for c in created), created
+        served = await _a_proxy_up(data_dir)
+        assert served["pid"] == spare["pid"] and served["spare"] is False, "the run's route went to the spare"
         _worker_on_one_cpu_its_children_on_every_cpu(data_dir)
 
         # The supervisor restarts a worker that dies; a launch after that still completes.
@@ -166,6 +174,22 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         _stop(up)
+
+
+async def _a_proxy_up(data_dir: Path) -> dict[str, Any]:
+    """The ``hello`` of the stack's one live credential proxy, waited for (the worker starts one as it starts)."""
+    deadline = time.monotonic() + 60
+    while not (live := ProcessRegistry(data_dir).live(kinds=("model_proxy",))):
+        assert time.monotonic() < deadline, "no credential proxy came up"
+        await asyncio.sleep(0.05)
+    assert len(live) == 1, live
+    control = live[0].detail["control"]
+    while True:
+        try:
+            return await asyncio.to_thread(control_call, control, {"op": "hello"})
+        except ProxyGone:  # recorded as it was spawned: its control socket comes up a moment later
+            assert time.monotonic() < deadline, "the credential proxy never answered"
+            await asyncio.sleep(0.05)
 
 
 def _worker_on_one_cpu_its_children_on_every_cpu(data_dir: Path) -> None:

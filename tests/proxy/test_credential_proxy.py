@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +19,10 @@ from benchwright.llm.httpclient import ConnectionShelf
 from benchwright.llm.prices import Prices
 from benchwright.llm.sut import SutError, listed_at_proxy, run_sut
 from benchwright.proxy.model_proxy import (
+    ProxyGone,
     ProxyHandle,
+    control_call,
+    keep_proxies_ready,
     load_handle,
     reap_model_proxies,
     start_model_proxy,
@@ -206,6 +210,45 @@ async def test_an_idle_proxy_exits_after_its_linger_and_the_next_run_starts_anot
     assert (await _chat(second, second.fake_key)).status_code == 200
     assert json.loads((tmp_path / "runs" / "run-2" / "proxy.json").read_text())["fake_key"] == second.fake_key
     assert oct((tmp_path / "runs" / "run-2" / "proxy.json").stat().st_mode & 0o777) == "0o600"
+
+
+async def _hello_of_a_new_proxy(registry: ProcessRegistry, *, not_pid: int | None = None) -> dict[str, Any]:
+    """The ``hello`` of the registry's live credential proxy (other than ``not_pid``), waited for."""
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "no new credential proxy came up"
+        for entry in registry.live(kinds=("model_proxy",)):
+            if entry.pid != not_pid:
+                try:
+                    return await asyncio.to_thread(control_call, entry.detail["control"], {"op": "hello"})
+                except ProxyGone:  # recorded as it was spawned: its control socket comes up a moment later
+                    pass
+        await asyncio.sleep(0.02)
+
+
+async def test_a_worker_keeps_a_spare_proxy_that_lingers_only_once_its_first_route_is_gone(
+        tmp_path: Path, models: tuple[DevModelServer, DevModelServer], registry: ProcessRegistry) -> None:
+    """With no linger at all (0 s), a proxy started for nobody would exit at once; the worker's spare waits for its
+    first run, which finds it up (no start-up on the run's path), then exits as that run's route goes, and the
+    worker starts another."""
+    a, _ = models
+    stop = asyncio.Event()
+    keeper = asyncio.create_task(keep_proxies_ready(registry=registry, linger_s=0.0, every_s=0.05, stop=stop))
+    try:
+        spare = await _hello_of_a_new_proxy(registry)
+        assert spare["spare"] is True and spare["routes"] == 0 and spare["ok"] is True
+        spec = ModelSpec(identifier="openai/dev", api_base=a.url)
+        handle = await asyncio.to_thread(_register, tmp_path, "run-1", spec, KEY_A, registry, 0.0)
+        assert handle.pid == spare["pid"], "the run's route went to the spare, no proxy was started for it"
+        assert (await _chat(handle, handle.fake_key)).status_code == 200
+        await asyncio.to_thread(stop_model_proxy, tmp_path / "runs" / "run-1")
+        again = await _hello_of_a_new_proxy(registry, not_pid=spare["pid"])
+        assert again["spare"] is True and again["routes"] == 0
+        assert proc_starttime(spare["pid"]) is None, "the served proxy lingered (0 s) and exited"
+    finally:
+        stop.set()
+        await keeper
+    assert len(registry.live(kinds=("model_proxy",))) == 1, "one proxy at a time, none started after the stop"
 
 
 async def test_a_non_openai_provider_goes_through_litellm_inside_the_proxy(
