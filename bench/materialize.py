@@ -332,8 +332,8 @@ def _report(args: argparse.Namespace, ones: dict[str, list[dict]], runs: dict[tu
             keyless = statistics.median(r["wall_s"] for r in runs["keyless", c])
             print(f"       keyed / keyless wall (medians): {wall / keyless:.2f}x (goal <= 2x); keyed vs "
                   f"1.1 x N*L/C + 1 s = {1.1 * limit + 1:.2f} s: {'MEETS' if wall <= 1.1 * limit + 1 else 'MISSES'}")
-    print(f"worker peak RSS: {peak_rss_mb(pids['worker']):.0f} MB; lm-eval reference ~9 s, inspect_ai ~20 s "
-          f"for N=1000, C=128, L=50 ms (goal: < 4.5 s)")
+    print(f"worker peak RSS: {peak_rss_mb(pids['worker']):.0f} MB (lm-eval and inspect_ai on the same questions: "
+          f"bench/peers.py)")
 
 
 def _median(values: list[float]) -> float:
