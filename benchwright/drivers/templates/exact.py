@@ -7,7 +7,8 @@ sentence), a "Final answer" heading's next line, a line whose label restates the
 Canberra"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply when it is one short
 line, the one **bold** phrase, the part of the first sentence that does not restate the question ("The capital of
 Australia is Canberra.", "Canberra is the capital of Australia."), else the reply's first sentence. A chat model's
-opening pleasantry ("Sure!", "Hmm, let me think.") is skipped. It matches when it equals the reference after
+opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd say") are skipped, and an answer
+loses a qualifier that restates the question ("Canberra, Australia"). It matches when it equals the reference after
 normalising (lowercase; punctuation, articles, markup, emoji, arrows, thousands separators and a trailing period
 dropped).
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
@@ -38,8 +39,15 @@ _ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?
                         r"(?:$|(?<=[^\s.])\.(?:\s|$))", re.MULTILINE)
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|year)\s+(?!(?:not|known|also)\b)(.+)$",
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|year)\s+(?!(?:not|known|also)\b)(.+)$",
                        re.IGNORECASE)
+# "I'd say Canberra.", "Definitely Canberra.", "My guess is Canberra.": a short reply's lead-in is not its answer.
+_LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my guess is|my guess would be|probably|"
+                      r"definitely|most likely|likely|certainly|surely|that's|that is)\s+", re.IGNORECASE)
+# "... by Leonardo da Vinci in the early 1500s": when it happened, after the answer, is not the answer.
+_WHEN_TAIL = re.compile(r"\s+(?:in|around|circa|c\.|during|from)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
+                        r"\d{2,4}(?:s|th century)?\s*$", re.IGNORECASE)
+_PRONOUN = frozenset(("it", "this", "that", "them", "one"))  # "Leonardo da Vinci painted it."
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
 # Chat models open with a pleasantry ("Sure! The capital of Australia is Canberra."): not the answer's sentence.
 _PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great question|good question|happy to help)"
@@ -107,20 +115,34 @@ def _content(text):
     return {w for w in normalize(re.sub(r"['\u2019]s\b", "", str(text))).split() if w not in _FILLER}
 
 
-def _restates(part, question):
-    """Whether ``part`` says the question again: its meaningful words mostly the question's (or "the answer")."""
+def _restates(part, question, loose=False):
+    """Whether ``part`` says the question again: its meaningful words mostly the question's (or "the answer");
+    ``loose``: every one of its words is the question's, however few ("Australia" of "...capital of Australia?")."""
     if not question:
         return False
     words, asked = _content(part), _content(question) | _SAID_ANSWER
     common = len(words & asked)
+    if loose:
+        return bool(words) and common == len(words)
     return bool(words) and common >= min(2, len(words)) and common >= 0.6 * len(words)
 
 
-def _tidy(answer):
-    """A restated answer without a leading adverb, a trailing lower-case aside or a trailing (aside): "actually
-    Canberra, not Sydney" -> "Canberra"."""
+def _tidy(answer, question=None):
+    """A restated answer without a leading adverb, a trailing lower-case aside, a trailing (aside), a qualifier that
+    restates the question or when it happened: "actually Canberra, not Sydney" -> "Canberra", "Canberra, Australia"
+    -> "Canberra", "Leonardo da Vinci in the early 1500s" -> "Leonardo da Vinci"."""
     answer = _ADVERB.sub("", answer.strip())
-    return _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
+    answer = _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
+    return _unqualified(_WHEN_TAIL.sub("", answer) if _WHEN_TAIL.sub("", answer).strip() else answer, question)
+
+
+def _unqualified(answer, question):
+    """``answer`` without a last comma part that restates the question ("Canberra, Australia" asked for Australia's
+    capital); a list keeps its items ("blue, white, and red")."""
+    head, comma, tail = answer.rpartition(",")
+    if comma and head.strip() and (_restates(tail, question) or _restates(tail, question, loose=True)):
+        return head.strip()
+    return answer
 
 
 def _unlabel(line, question):
@@ -145,7 +167,7 @@ def _find(text, question=None):
     for item in reversed(json_answers(text)):  # {"answer": "Canberra"}
         if normalize(item):
             return str(item), "json"
-    said = [_tidy(_unlabel(m.group(1), question) or m.group(1)) for m in _ANSWER_IS.finditer(text)]
+    said = [_tidy(_unlabel(m.group(1), question) or m.group(1), question) for m in _ANSWER_IS.finditer(text)]
     said = [answer for answer in said if normalize(answer)]
     if said:  # "**Final answer:** Canberra", "The answer is Canberra." (the last one said)
         return said[-1], "answer_phrase"
@@ -160,18 +182,21 @@ def _find(text, question=None):
     for line in lines:  # "Australia's capital: Canberra", "- **Capital:** Canberra"
         value = _unlabel(line, question)
         if value is not None:
-            return _tidy(value), "restated"
+            return _tidy(value, question), "restated"
     contrast = _CONTRAST.match(re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)", lines[0].strip(), maxsplit=1)[0])
     if contrast and normalize(contrast.group(1)):  # "Sydney is not the capital; Canberra is."
-        return _tidy(contrast.group(1)), "contrast"
+        return _tidy(contrast.group(1), question), "contrast"
+    text = _LEAD_IN.sub("", text)  # "I'd say Canberra."
+    lines = [line for line in text.splitlines() if line.strip()]
     first = _first_sentence(text)
-    # The reply's one line and its first sentence, each up to an aside after a comma ("Canberra, which ...").
+    # The reply's one line and its first sentence, each up to an aside after a comma ("Canberra, which ...") or a
+    # qualifier that restates the question ("Canberra, Australia").
     whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip())
-    whole = _COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!")
-    first_clause = _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()
+    whole = _unqualified(_COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!"), question)
+    first_clause = _unqualified(_COMMA_ASIDE.split(first, maxsplit=1)[0].strip(), question)
     subject = _SUBJECT_FIRST.match(first)
-    if not (subject and len(subject.group(1).split()) <= 6 and _restates(subject.group(2), question)
-            and not _restates(subject.group(1), question)):
+    if not (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
+            and (_restates(subject.group(2), question) or subject.group(2).strip(" .!").lower() in _PRONOUN)):
         subject = None
     short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
     if short and not _RESTATED.search(whole) and not subject and not _restates(whole, question):
@@ -182,14 +207,14 @@ def _find(text, question=None):
     if len(emphasised) == 1:  # "The capital of Australia is **Canberra**, not Sydney."
         return emphasised.pop(), "bold"
     if subject:  # "Canberra is the capital of Australia.", "Jane Austen wrote Pride and Prejudice."
-        return _tidy(subject.group(1)), "restated"
+        return _tidy(subject.group(1), question), "restated"
     # The clause before the first aside ("... is Canberra, which is well documented"), else the sentence without its
     # last aside ("The colours, from the mast, are blue, white, and red, which ..."), else the whole sentence.
     asides = list(_COMMA_ASIDE.finditer(first))
     restated = (_RESTATED.search(first_clause) or (asides and _RESTATED.search(first[:asides[-1].start()]))
                 or _RESTATED.search(first))
-    if restated and len(_tidy(restated.group(1)).split()) <= 6:  # "The capital of Australia is Canberra."
-        return _tidy(restated.group(1)), "restated"
+    if restated and len(_tidy(restated.group(1), question).split()) <= 6:  # "The capital of Australia is Canberra."
+        return _tidy(restated.group(1), question), "restated"
     if normalize(first):  # "Canberra. It replaced Melbourne as the seat of government in 1927."
         return first, "first_sentence"
     return None, None
