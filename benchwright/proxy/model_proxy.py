@@ -49,6 +49,8 @@ from benchwright.stack.procreg import ProcEntry, ProcessRegistry, owned_tempdir,
 
 _log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 60.0
+RETRY_MAX_S = 60.0
+"""The longest a worker waits before trying again to start a spare proxy that failed to start."""
 STOP_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 30.0
 REGISTER_LITELLM_TIMEOUT_S = 180.0
@@ -204,14 +206,17 @@ async def keep_proxies_ready(*, registry: ProcessRegistry, linger_s: float, ever
                              stop: asyncio.Event) -> None:
     """Until ``stop`` is set: ``keep_a_proxy_ready`` now and every ``every_s`` seconds (in a thread of the event
     loop's default executor, which lives as long as the worker: the proxy's lifeline watches the spawning thread). A
-    failed start is logged and tried again at the next tick."""
+    failed start is logged and tried again later, each time twice as late (up to ``RETRY_MAX_S``)."""
+    wait_s = every_s
     while not stop.is_set():
         try:
             await asyncio.to_thread(keep_a_proxy_ready, registry=registry, linger_s=linger_s)
+            wait_s = every_s
         except Exception:  # noqa: BLE001 - a proxy that cannot start now is started on demand by the next Attach
-            _log.exception("could not start a spare credential proxy")
+            wait_s = min(wait_s * 2, RETRY_MAX_S)
+            _log.exception("could not start a spare credential proxy; trying again in %.1f s", wait_s)
         try:
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
+            await asyncio.wait_for(stop.wait(), timeout=wait_s)
         except TimeoutError:
             pass
 
@@ -229,10 +234,14 @@ def _spawn(*, registry: ProcessRegistry, linger_s: float, spare: bool = False) -
     argv = [sys.executable, "-E", "-s", "-S", str(_LIFELINE), str(os.getpid()), sys.executable, "-P", str(_SERVER),
             "--control", str(control), "--linger", repr(float(linger_s)), *(["--spare"] if spare else [])]
     log_path = registry.dir.parent / "credential-proxy.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log, spawning():  # the proxy on every CPU, not a pinned worker's one
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(control_dir))
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log, spawning():  # the proxy on every CPU, not a pinned worker's one
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=str(control_dir))
+    except BaseException:  # nothing started: its socket's directory goes now, not at the worker's end
+        shutil.rmtree(control_dir, ignore_errors=True)
+        raise
     entry = registry.record(kind="model_proxy", pid=proc.pid, group=True, owner=os.getpid(),
                             detail={"control": str(control)})
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -124,6 +124,14 @@ def test_exact_match(reply: str, reference: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": "q", "answer": reference}, reply)["score"] == score
 
 
+@pytest.mark.parametrize(("reply", "score"), [
+    ("Paris", 1.0), ("Paris, France", 1.0), ("The capital of France is Paris.", 1.0), ("Lyon, France", 0.0)])
+def test_exact_match_reads_a_reference_qualified_like_an_answer(reply: str, score: float) -> None:
+    """A reference that restates the question after a comma loses it as an answer does, so both read "paris"."""
+    row = {"question": "What is the capital of France?", "answer": "Paris, France"}
+    assert EXACT["Scorer"]().score(row, reply)["score"] == score
+
+
 TOOLS = _load(ScorerPlan(template="tool_call",
                          fields={"input": "question", "functions": "functions", "reference": "ground_truth"}, why=""))
 WEATHER = {"name": "weather.get", "description": "Weather for a city",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -249,6 +250,26 @@ async def test_a_worker_keeps_a_spare_proxy_that_lingers_only_once_its_first_rou
         stop.set()
         await keeper
     assert len(registry.live(kinds=("model_proxy",))) == 1, "one proxy at a time, none started after the stop"
+
+
+async def test_a_spare_that_cannot_start_is_logged_and_tried_again_not_the_workers_end(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The data directory's parent is a file: no proxy can start there (its log cannot be opened). The keeper says
+    why and keeps going, and stops when asked."""
+    (tmp_path / "not-a-dir").write_text("")
+    broken = ProcessRegistry(tmp_path / "not-a-dir" / "data")
+    sockets_dirs = set(Path(tempfile.gettempdir()).glob(f"bw-cp-{os.getpid()}-*"))
+    stop = asyncio.Event()
+    keeper = asyncio.create_task(keep_proxies_ready(registry=broken, linger_s=1.0, every_s=0.05, stop=stop))
+    deadline = time.monotonic() + 30
+    while "could not start a spare credential proxy" not in caplog.text:
+        assert time.monotonic() < deadline and not keeper.done(), "the failure was not logged, or ended the keeper"
+        await asyncio.sleep(0.02)
+    assert not keeper.done()
+    stop.set()
+    await asyncio.wait_for(keeper, 5)
+    assert keeper.exception() is None
+    assert set(Path(tempfile.gettempdir()).glob(f"bw-cp-{os.getpid()}-*")) == sockets_dirs, "no failed start left one"
 
 
 async def test_a_non_openai_provider_goes_through_litellm_inside_the_proxy(

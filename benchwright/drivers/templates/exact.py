@@ -234,7 +234,10 @@ class Scorer:
         return call_sut(self.one_call(row))
 
     def score(self, row, response):
-        found, rule = find_answer(response, self.extract(row))
+        question = self.extract(row)
+        found, rule = find_answer(response, question)
         answer = None if found is None else normalize(found)
-        return {"score": 1.0 if answer is not None and answer == normalize(row[CONFIG["reference"]]) else 0.0,
+        # The reference loses what an answer would lose: "Paris, France" asked for France's capital is Paris.
+        reference = normalize(_unqualified(str(row[CONFIG["reference"]]), question))
+        return {"score": 1.0 if answer is not None and answer == reference else 0.0,
                 "answer": answer, "extracted": answer is not None, "rule": rule}
