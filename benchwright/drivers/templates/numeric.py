@@ -39,7 +39,9 @@ _HASHES = re.compile(r"####\s*\**\s*(" + _NUMBER + ")")
 _ANSWER_IS = re.compile(r"(?:(?<!long )(?<!longer )(?<!detailed )(?<!full )answer\**\s*(?:is|=|:|would be|will be)?"
                         r"|(?:result|total)\**\s*(?:is|=|:|would be|will be))\s*[:=]?\s*\**\s*[$\\(]*\s*("
                         + _NUMBER + ")", re.IGNORECASE)
-_LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
+# "72.", "**72**\n\nWorking: ...", "72 apples. Tom's 3 boxes hold 24 each." (a unit of a word or two before its period)
+_LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+)?[*_]*)?"
+                      r"(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
 # The working an answer phrase's number may open: "The answer is 60 + 12 = 72", "Total = 120 - 45 = **75**",
 # "2^{10} = 1024". It runs to the clause's end (a line's, a sentence's, ", " or ";"); its result is the last side of the
 # chain that is a number alone (a unit after it allowed: "= 36 apples", "= 12 m^2"), so "72 = 60 + 12" is 72 too.
