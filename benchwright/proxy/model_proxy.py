@@ -163,7 +163,7 @@ class _Proxies:
         spare (no linger before its first route) when ``spare``."""
         with self._lock:
             proxy = self._mine.get(registry.dir)
-            if proxy is not None and proc_starttime(proxy.pid) == proxy.start_ticks:
+            if proxy is not None and _alive(proxy):
                 return proxy
             proxy = _spawn(registry=registry, linger_s=linger_s, spare=spare)
             self._mine[registry.dir] = proxy
@@ -173,7 +173,7 @@ class _Proxies:
         """Whether this worker has a live proxy for the registry's stack (exiting or not)."""
         with self._lock:
             proxy = self._mine.get(registry.dir)
-            return proxy is not None and proc_starttime(proxy.pid) == proxy.start_ticks
+            return proxy is not None and _alive(proxy)
 
     def forget(self, proxy: _Proxy) -> None:
         with self._lock:
@@ -183,6 +183,11 @@ class _Proxies:
 
 
 _PROXIES = _Proxies()
+
+
+def _alive(proxy: _Proxy) -> bool:
+    """Whether the process ``proxy`` names still runs (not a later process that got its PID)."""
+    return proc_starttime(proxy.pid) == proxy.start_ticks
 
 
 def keep_a_proxy_ready(*, registry: ProcessRegistry, linger_s: float) -> bool:

@@ -133,7 +133,8 @@ def _tidy(answer, question=None):
     -> "Canberra", "Leonardo da Vinci in the early 1500s" -> "Leonardo da Vinci"."""
     answer = _ADVERB.sub("", answer.strip())
     answer = _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
-    return _unqualified(_WHEN_TAIL.sub("", answer) if _WHEN_TAIL.sub("", answer).strip() else answer, question)
+    untimed = _WHEN_TAIL.sub("", answer)
+    return _unqualified(untimed if untimed.strip() else answer, question)
 
 
 def _unqualified(answer, question):
