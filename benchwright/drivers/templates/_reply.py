@@ -33,6 +33,19 @@ _CORRECTION = re.compile(r"(?i)(?:\bwait\b\s*[,.!:;\u2014\u2013-]+|\bscratch tha
                          r"\bcorrection\s*:|\bI made a mistake\b|\blet me correct (?:that|myself)\b)"
                          r"(?:" + _GAP + r"(?:no|actually|hmm|sorry)\b)*" + _GAP)
 
+# What a chat model says to the user after its answer, not about it: "Let me know if you'd like me to walk through step
+# 2 again!", "Would you like the 2 months separately?", "Hope this helps! \U0001f60a", "If you have more questions, feel
+# free to ask." Only an offer or a question back opens one: "If you have 3 boxes of 24, you have 72." is no closing.
+_CLOSING = re.compile(r"[\s>*_#-]*(?:let me know|would you like|do you want|want me to|shall i|should i|feel free|"
+                      r"(?:i )?hope (?:this|that|it) helps|is there anything else|any (?:other |more )?questions|"
+                      r"(?:i'?d|i would|i'?m|i am) (?:be )?(?:happy|glad) to|happy to|i can also|good luck|"
+                      r"if you(?:'d| would) like|if you want (?:me|more|another|an? |to )|"
+                      r"if you need (?:anything|more|further|help|another|an? )|"
+                      r"if you have (?:any |more |other |further |follow-up |additional |\d+ more )?"
+                      r"(?:questions?|problems?|doubts?|concerns?))\b|[\W_]*\Z", re.IGNORECASE)
+# Where a sentence of the reply starts: the start, a new line, or after a sentence's end.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?\u2026])[ \t]+(?=\S)|\n\s*(?=\S)")
+
 
 def answer_part(reply, tags=False):
     """The text a template scores: ``reply`` without a leading reasoning block, blank lines before the answer
@@ -59,6 +72,21 @@ def after_correction(text):
     if last is None or not text[last.end():].strip():
         return None
     return text[last.end():]
+
+
+def without_closing(text):
+    """``text`` without the sentences it closes on that talk to the user rather than answer (an offer, a question
+    back, "Hope this helps!", an emoji), dropped from the end back to the last sentence that is not one; ``text`` as
+    it is when every sentence is one."""
+    kept = text.rstrip()
+    while True:
+        starts = [m.end() for m in _SENTENCE_BREAK.finditer(kept)]
+        start = starts[-1] if starts else 0
+        if not _CLOSING.match(kept, start):
+            return kept
+        if not start:
+            return text
+        kept = kept[:start].rstrip()
 
 
 def reasoning_of(reply):

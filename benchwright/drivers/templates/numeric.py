@@ -5,9 +5,11 @@ part (a reasoning block skipped; only the last ``<answer>...</answer>`` element 
 self-correction, the corrected part first) by the first rule that finds one: the last ``#### <number>``, the last
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" / "answer: <number>", a number opening
 the reply as its own sentence, else the last number in the reply outside its asides (so "42, no wait, 41" is 41 and
-"72 apples (3 x 24)" is 72), else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers
-compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` =
-``6 \\times 10^8``. Standard library only; CONFIG names the ``input`` and ``reference`` columns.
+"72 apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"), else, in a reply with
+no digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions: ``1,234``, ``1234.0``,
+``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` = ``600,000,000``, ``$70k`` =
+``70,000``; a number written with a scale also matches the number before it ("$1.5 million" for a reference of 1.5, a
+question counting in millions). Standard library only; CONFIG names the ``input`` and ``reference`` columns.
 """
 
 import re
@@ -19,18 +21,22 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
     boxed,
     json_answers,
     unlatex,
+    without_closing,
 )
 
 CONFIG = {"input": "question", "reference": "answer"}
 SYSTEM_PROMPT = ("Solve the problem step by step. End your reply with the final numeric answer on its own line, "
                  "written as '#### <number>'.")
 
+# A scale after a number: "600 million", "70 thousand", "$70k", "$1.5M", "$2bn"; not "5 km", "3 MB" nor "thousandths".
+_SCALE = r"\s?(?:thousand|million|billion|trillion)(?![\w])|(?:[kKMB]|bn)(?![\w])"
+_SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "b": 9, "bn": 9}
 # A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
 # in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
-# (6.02e23, 6.02 x 10^23); not the digits of a power ("m^2") or of a name ("CO2", "x1").
+# (6.02e23, 6.02 x 10^23) or a scale; not the digits of a power ("m^2") or of a name ("CO2", "x1").
 _NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
            r"(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[\u00a0\u202f\u2009]\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
-           r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?)?"
+           r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?|" + _SCALE + ")?"
            r"|(?<![\w^.])[-\u2212]?\.\d+")
 _NUMBER_RE = re.compile(_NUMBER)
 _HASHES = re.compile(r"####\s*\**\s*(" + _NUMBER + ")")
@@ -63,6 +69,7 @@ _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not
                      r"|\((?=[^()]*\d)(?=[^()]*(?:[+*\u00d7\u00f7\u00b7]|\bx(?=\s*\d)|\\times|\\cdot))[^()=]*\)"
                      r"|(?<![^\s])(?i:note(?: that|:)?|n\.b\.:?|for comparison,?|by the way,?)\s+(?i:if)\b"
                      r"(?:[^.!?\n]|[.](?=\d))*[.!?]?")
+_SCALE_END = re.compile(r"(?<=\d)\s?(thousand|million|billion|trillion|[kKMB]|bn)$")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -76,6 +83,9 @@ def parse_number(text):
     power = _POWER.search(cleaned)
     if power:
         exponent, cleaned = int(power.group(1).replace("\u2212", "-")), cleaned[:power.start()]
+    scale = _SCALE_END.search(cleaned)
+    if scale:
+        exponent, cleaned = exponent + _SCALES[scale.group(1).lower()], cleaned[:scale.start()]
     cleaned = re.sub(r"USD|EUR|[$\u20ac\u00a3\u00a5,\s]", "", cleaned).rstrip(".").rstrip("%")
     if cleaned.startswith("--"):
         cleaned = cleaned[1:]
@@ -87,7 +97,30 @@ def parse_number(text):
             value = Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
         return None
+    if scale:
+        return _Scaled(value * Fraction(10) ** exponent, value)
     return value * Fraction(10) ** exponent
+
+
+class _Scaled(Fraction):
+    """A number written with a scale ("1.5 million"): its value, and the number before the scale (``unscaled``), which
+    is what a question asking "how many million..." has as its reference."""
+
+    unscaled: Fraction
+
+    def __new__(cls, value, unscaled):
+        self = super().__new__(cls, value)
+        self.unscaled = unscaled
+        return self
+
+
+def same_number(answer, expected):
+    """Whether the reply's number is the reference's: equal, or equal once one side's scale is left off ("$1.5 million"
+    for a reference of 1.5 when the question counts in millions; "1.5" for a reference of "1.5 million")."""
+    if answer is None or expected is None:
+        return False
+    return (answer == expected or getattr(answer, "unscaled", None) == expected
+            or answer == getattr(expected, "unscaled", None))
 
 
 def _last_number(text):
@@ -139,7 +172,7 @@ def _find(text):
     if lead and not re.search(r"^\s*2[.)]\s", plain, re.MULTILINE):  # not "1." of a numbered list of steps
         # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
-    value = _last_number(_ASIDES.sub(" ", plain))
+    value = _last_number(_ASIDES.sub(" ", without_closing(plain)))
     if value is None:
         value = _last_number(plain)
     if value is not None:
@@ -217,5 +250,5 @@ class Scorer:
         if expected is None:
             raise ValueError(f"reference {row[CONFIG['reference']]!r} holds no number")
         answer, rule = find_answer(response)
-        return {"score": 1.0 if answer is not None and answer == expected else 0.0, "answer": spell(answer),
+        return {"score": 1.0 if same_number(answer, expected) else 0.0, "answer": spell(answer),
                 "reference": spell(expected), "extracted": answer is not None, "rule": rule}
