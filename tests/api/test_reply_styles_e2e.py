@@ -62,7 +62,7 @@ async def test_numeric_reasoning_replies_score_the_answer_and_show_the_reasoning
     meta = {i: tasks[i]["trials"][0]["meta"] for i in range(len(rows))}
     assert final["tasks"]["summary"]["passed"] == 4 and final["tasks"]["summary"]["failed"] == 2, final["tasks"]
     assert [outcome[i] for i in range(6)] == ["pass", "pass", "pass", "fail", "pass", "fail"], meta
-    assert meta[0]["rule"] == "last_number" and meta[0]["answer"] == "72"
+    assert meta[0]["rule"] == "bold" and meta[0]["answer"] == "72"
     assert meta[1] == {**meta[1], "extracted": True, "answer": "10", "rule": "hashes"}
     assert meta[3] == {**meta[3], "extracted": False, "answer": None, "rule": None}  # cut off while reasoning
     assert meta[4]["rule"] == "boxed" and meta[4]["answer"] == "70000"

@@ -4,12 +4,14 @@ The reference is a number, or a worked solution ending ``#### <number>``. The an
 part (a reasoning block skipped; only the last ``<answer>...</answer>`` element when it has one; after a
 self-correction, the corrected part first) by the first rule that finds one: the last ``#### <number>``, the last
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" / "answer: <number>", a number opening
-the reply as its own sentence, else the last number in the reply outside its asides (so "42, no wait, 41" is 41 and
-"72 apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"), else, in a reply with
-no digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions: ``1,234``, ``1234.0``,
-``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` = ``600,000,000``, ``$70k`` =
-``70,000``; a number written with a scale also matches the number before it ("$1.5 million" for a reference of 1.5, a
-question counting in millions). Standard library only; CONFIG names the ``input`` and ``reference`` columns.
+the reply as its own sentence, its one bold value ("She sold **72 clips**: 48 in April..."), a total said first with its
+parts after it ("72 clips: 48 in April and 24 in May"), else the last number in the reply outside its asides (so "42,
+no wait, 41" is 41 and "72 apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"),
+else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions:
+``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` =
+``600,000,000``, ``$70k`` = ``70,000``; a number written with a scale also matches the number before it ("$1.5
+million" for a reference of 1.5, a question counting in millions). Standard library only; CONFIG names the ``input``
+and ``reference`` columns.
 """
 
 import re
@@ -70,6 +72,13 @@ _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not
                      r"|(?<![^\s])(?i:note(?: that|:)?|n\.b\.:?|for comparison,?|by the way,?)\s+(?i:if)\b"
                      r"(?:[^.!?\n]|[.](?=\d))*[.!?]?")
 _SCALE_END = re.compile(r"(?<=\d)\s?(thousand|million|billion|trillion|[kKMB]|bn)$")
+# A bold number and a unit of up to three words: "**72**", "**$10**", "**72 clips**"; not "**Step 1:**".
+_BOLD_NUMBER = re.compile(r"(\*\*|__)\s*(" + _NUMBER + r")\s*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+){0,2})?\s*[.!]?\s*\1")
+# A sentence that concludes with a number: "So she sold 72 in all.", "Therefore 72.", "Altogether, 72 clips."
+_CONCLUDES = re.compile(r"(?i)\b(?:so|therefore|thus|hence|in total|altogether|in all|overall|combined)\b[^.!?]*\d")
+_SENTENCE_END = re.compile(r"(?<=[!?])\s+|\.(?!\d)\s*|\n+")
+# A total and what opens its parts: a colon, a parenthesis, a dash or ", with" after the number and a few words.
+_OPENS_PARTS = re.compile(r"(" + _NUMBER + r")[^\d:(\u2014\u2013]{0,40}?(?::|\(|\u2014|\u2013|\s-\s|,\s*with\b)")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 
 
@@ -172,13 +181,47 @@ def _find(text):
     if lead and not re.search(r"^\s*2[.)]\s", plain, re.MULTILINE):  # not "1." of a numbered list of steps
         # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
-    value = _last_number(_ASIDES.sub(" ", without_closing(plain)))
+    said = without_closing(plain)
+    value = _bold_result(said)
+    if value is not None:
+        return value, "bold"
+    value = _total_and_parts(said)
+    if value is not None:
+        return value, "total_and_parts"
+    value = _last_number(_ASIDES.sub(" ", said))
     if value is None:
         value = _last_number(plain)
     if value is not None:
         return value, "last_number"
     value = _last_word_number(plain)
     return (value, "number_words") if value is not None else (None, None)
+
+
+def _bold_result(text):
+    """The reply's bold number, the way chat models mark their result ("Natalia sold **72 clips** altogether: 48 in
+    April and 24 in May."), when it bolds one value only and no later sentence concludes with a number of its own
+    ("In April she sold **48**. So she sold 72 in all." is 72: the last number rule's)."""
+    found = list(_BOLD_NUMBER.finditer(text))
+    values = {parse_number(m.group(2)) for m in found}
+    if len(values) != 1 or None in values:
+        return None
+    if any(_CONCLUDES.search(s) for s in _SENTENCE_END.split(text[found[-1].end():])[1:]):  # sentences after its
+        return None
+    return values.pop()
+
+
+def _total_and_parts(text):
+    """A total said first and its parts after it, in the reply's first sentence: "She sold 72 clips: 48 in April and 24
+    in May.", "72 clips in all (48 in April, 24 in May)"; the parts must add up to the total exactly."""
+    first = _SENTENCE_END.split(text.strip(), 1)[0]
+    opened = _OPENS_PARTS.search(first)
+    if opened is None:
+        return None
+    total = parse_number(opened.group(1))
+    parts = [parse_number(n) for n in _NUMBER_RE.findall(first[opened.end():])]
+    if total is None or len(parts) < 2 or None in parts or sum(parts) != total:
+        return None
+    return total
 
 
 def _last_word_number(text):
