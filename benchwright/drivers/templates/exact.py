@@ -4,13 +4,14 @@ The answer is read from the reply's answer part (a reasoning block skipped; only
 element when it has one; after a self-correction, the corrected part first) by the first rule that finds one: the last
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "Final answer: X" / "The answer is X" (to the end of its
 sentence), a "Final answer" heading's next line, a line whose label restates the question ("- **Capital:**
-Canberra"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply when it is one short
-line, the one **bold** phrase, the part of the first sentence that does not restate the question ("The capital of
-Australia is Canberra.", "Canberra is the capital of Australia."), else the reply's first sentence. A chat model's
-opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd say") are skipped, and an answer
-loses a qualifier that restates the question ("Canberra, Australia"). It matches when it equals the reference after
-normalising (lowercase; punctuation, articles, markup, emoji, arrows, thousands separators and a trailing period
-dropped).
+Canberra"), a markdown table's first row (its cell that does not restate the question), a fact sheet's first label
+line ("- **Author:** Jane Austen"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply
+when it is one short line, the one **bold** phrase, the part of the first sentence that does not restate the
+question ("The capital of Australia is Canberra.", "Canberra is the capital of Australia."), else the reply's first
+sentence. A chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd say")
+are skipped, and an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when it
+equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, thousands separators
+and a trailing period dropped).
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
@@ -79,6 +80,7 @@ _CONTRAST = re.compile(r"^(?:.+?\s+(?:is|was|are|were|did|does|do)\s*(?:not|n't)
                        r"not\s+(?!(?:sure|certain|quite|really|entirely|exactly|completely)\b).+?)"
                        r"\s*[;,\u2014\u2013]\s*(?:but\s+)?(?:(?:it'?s|it\s+(?:is|was)|that'?s|that\s+(?:is|was))\s+)?"
                        r"([^,;]+?)(?:\s+(?:is|was|are|were|did|does|do))?[.!]?$", re.IGNORECASE)
+_TABLE_RULE = re.compile(r"^\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?$")  # a markdown table's "|---|---|"
 _FILLER = frozenset(("a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "and", "or", "is", "was", "are",
                      "were", "be", "it", "its", "what", "which", "who", "whom", "whose", "when", "where", "how", "did",
                      "does", "do", "has", "have", "had", "this", "that", "as", "with", "from"))
@@ -154,6 +156,19 @@ def _unlabel(line, question):
     return None
 
 
+def _table_answer(lines, question):
+    """The answer in a markdown table (a header, its ``|---|`` line, rows): the first row's one cell that does not say
+    the question again ("| Pride and Prejudice | Jane Austen |" for "Who wrote Pride and Prejudice?"), else None."""
+    at = next((i for i in range(len(lines) - 2) if lines[i].strip().startswith("|")
+               and _TABLE_RULE.match(lines[i + 1].strip())), None)
+    if at is None:
+        return None
+    row = [cell.strip(" *_") for cell in lines[at + 2].strip().strip("|").split("|")]
+    answers = [cell for cell in row if normalize(cell) and not _restates(cell, question)
+               and not _restates(cell, question, loose=True)]
+    return answers[0] if len(answers) == 1 else None
+
+
 def _first_sentence(text):
     line = next((x for x in text.splitlines() if x.strip()), "")
     first = re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)|\s[\u2014\u2013-]\s|;\s", line.strip(), maxsplit=1)[0]
@@ -169,7 +184,7 @@ def _find(text, question=None):
         if normalize(item):
             return str(item), "json"
     said = [_tidy(_unlabel(m.group(1), question) or m.group(1), question) for m in _ANSWER_IS.finditer(text)]
-    said = [answer for answer in said if normalize(answer)]
+    said = [answer for answer in said if normalize(answer) and not answer.startswith("|")]  # not a table's header
     if said:  # "**Final answer:** Canberra", "The answer is Canberra." (the last one said)
         return said[-1], "answer_phrase"
     for heading in reversed(list(_HEADING.finditer(text))):  # "## Answer\n\nCanberra"
@@ -184,6 +199,15 @@ def _find(text, question=None):
         value = _unlabel(line, question)
         if value is not None:
             return _tidy(value, question), "restated"
+    cells = _table_answer(lines, question)
+    if cells is not None:  # "| Pride and Prejudice | Jane Austen |" under its header
+        return _tidy(cells, question), "table"
+    sheet = [_LABEL.match(_ASIDE.sub("", line).strip()) for line in lines]
+    top = sheet[0]
+    if len(lines) > 1 and top is not None and all(sheet) and len(top.group(1).split()) <= 3:
+        # A fact sheet whose labels do not say the question again ("- **Author:** Jane Austen\n- **Published:**
+        # 1813" for "Who wrote...?"): its first line is the answer's.
+        return _tidy(top.group(2).strip(" *_"), question), "fact_sheet"
     contrast = _CONTRAST.match(re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)", lines[0].strip(), maxsplit=1)[0])
     if contrast and normalize(contrast.group(1)):  # "Sydney is not the capital; Canberra is."
         return _tidy(contrast.group(1), question), "contrast"
@@ -193,11 +217,12 @@ def _find(text, question=None):
     # The reply's one line and its first sentence, each up to an aside after a comma ("Canberra, which ...") or a
     # qualifier that restates the question ("Canberra, Australia").
     whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip())
-    whole = _unqualified(_COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!"), question)
-    first_clause = _unqualified(_COMMA_ASIDE.split(first, maxsplit=1)[0].strip(), question)
+    whole = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!")), question)
+    first_clause = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()), question)
     subject = _SUBJECT_FIRST.match(first)
+    said_of = subject.group(2).split(",", 1)[0] if subject else ""  # "wrote it, publishing it in 1813" -> "it"
     if not (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
-            and (_restates(subject.group(2), question) or subject.group(2).strip(" .!").lower() in _PRONOUN)):
+            and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN)):
         subject = None
     short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
     if short and not _RESTATED.search(whole) and not subject and not _restates(whole, question):
