@@ -17,7 +17,6 @@ import temporalio
 from sqlalchemy.engine import Engine
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.analyze import AnalyzeActivities
 from activities.atomize import AtomizeActivities
@@ -45,6 +44,7 @@ from benchwright.settings import Settings
 from benchwright.stack.cpu import pin_threads
 from benchwright.stack.procreg import ProcessRegistry
 from benchwright.stack.teardown import reap_worker_leftovers, release_worker, sweep_routes, sweep_workdirs
+from benchwright.stack.workflow_runner import workflow_runner
 from benchwright.store.db import outage_tolerant
 from benchwright.store.policy import prepare_secrets
 from workflows.operator import OperatorWorkflow
@@ -165,8 +165,9 @@ def build_worker(client: Client, *, settings: Settings, engine: Engine, task_que
         # account's runs would keep the worker's slots and the queue's fairness (benchwright.security.quotas) never
         # apply.
         disable_eager_activity_execution=not settings.worker_eager_activities,
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
+        # The sandbox, without a per-payload context lookup our converter takes nothing from
+        # (benchwright.stack.workflow_runner).
+        workflow_runner=workflow_runner(client.data_converter, PASSTHROUGH),
     )
 
 

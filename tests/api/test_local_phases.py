@@ -67,16 +67,15 @@ def _local_markers(events: list[HistoryEvent]) -> list[str]:
 async def _history(stack: Stack, run_id: str) -> list[HistoryEvent]:
     """The run's history, once it replays deterministically on the workflow's code as it stands."""
     from temporalio.worker import Replayer
-    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+    from benchwright.stack.workflow_runner import workflow_runner
     from worker import PASSTHROUGH
     from workflows.run import RunWorkflow
 
     history = await stack.client.get_workflow_handle(run_id).fetch_history()
     replayed = await Replayer(
         workflows=[RunWorkflow], data_converter=stack.client.data_converter,
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
+        workflow_runner=workflow_runner(stack.client.data_converter, PASSTHROUGH),
     ).replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None, str(replayed.replay_failure)
     return list(history.events)

@@ -11,7 +11,6 @@ import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from benchwright.security.crypto import (
     DecryptionFailed,
@@ -25,6 +24,7 @@ from benchwright.security.crypto import (
 )
 from benchwright.security.payload_codec import ENCODING, EncryptionCodec, codec_json, data_converter
 from benchwright.settings import Settings
+from benchwright.stack.workflow_runner import workflow_runner
 from worker import PASSTHROUGH
 from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
@@ -135,10 +135,9 @@ async def test_failures_are_encrypted_too() -> None:
 @ASYNC
 @pytest.mark.parametrize("name", sorted(p.name for p in HISTORIES.glob("*.json")))
 async def test_histories_recorded_without_encryption_replay_on_an_encrypting_worker(name: str) -> None:
-    replayer = Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
-                        data_converter=data_converter(Keyring([_key()], source="test")),
-                        workflow_runner=SandboxedWorkflowRunner(
-                            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
+    converter = data_converter(Keyring([_key()], source="test"))
+    replayer = Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow], data_converter=converter,
+                        workflow_runner=workflow_runner(converter, PASSTHROUGH))
     history = WorkflowHistory.from_json(name, (HISTORIES / name).read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{name}: {result.replay_failure}"

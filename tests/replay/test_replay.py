@@ -98,8 +98,8 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from benchwright.stack.workflow_runner import workflow_runner
 from worker import PASSTHROUGH
 from workflows.operator import OperatorWorkflow
 from workflows.regression import RegressionWorkflow
@@ -112,8 +112,7 @@ HISTORIES = Path(__file__).with_name("histories")
 def _replayer() -> Replayer:
     return Replayer(workflows=[RunWorkflow, RegressionWorkflow, OperatorWorkflow],
                     data_converter=pydantic_data_converter,
-                    workflow_runner=SandboxedWorkflowRunner(
-                        restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)))
+                    workflow_runner=workflow_runner(pydantic_data_converter, PASSTHROUGH))  # the worker's
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in HISTORIES.glob("*.json")))
