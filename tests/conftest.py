@@ -35,6 +35,7 @@ from benchwright.security.crypto import ensure_key_file, load_keyring
 from benchwright.security.payload_codec import data_converter
 from benchwright.settings import Settings
 from benchwright.stack.devstack import free_port, temporal_binary
+from benchwright.stack.supervisor import API_KEEP_ALIVE_S
 from benchwright.stack.temporal_ui import DISPATCH_ARGS, SEARCH_ATTRIBUTES
 from benchwright.store.accounts import create_account
 from benchwright.store.db import make_engine, migrate
@@ -70,7 +71,7 @@ def short_tmpdir() -> Iterator[Path]:
 
 async def serve_app(app: object, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",  # type: ignore[arg-type]
-                                           access_log=False, lifespan="on"))
+                                           access_log=False, lifespan="on", timeout_keep_alive=API_KEEP_ALIVE_S))
     task = asyncio.create_task(server.serve())
     for _ in range(1000):
         if server.started:

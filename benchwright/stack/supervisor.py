@@ -40,6 +40,13 @@ READY_TIMEOUT_S = 60.0
 DEV_ACCOUNT = "dev"
 
 
+API_KEEP_ALIVE_S = 65
+"""How long the API keeps an idle connection open (uvicorn's ``--timeout-keep-alive``; its default is 5 s). It must
+outlast its clients' own idle expiry: httpx (the SDK, the CLI) drops an idle connection after 5 s, and with both at 5 s
+a request sent on a connection idle for 5 s raced the server's close and failed (``httpx.ReadError``: a
+launch-and-wait whose run ended ~5 s after its last poll). Browsers keep theirs up to ~60 s."""
+
+
 @dataclass
 class StackConfig:
     data_dir: Path
@@ -230,7 +237,8 @@ class Stack:
                             self.registry)
         self.api = Child("api", [sys.executable, "-m", "uvicorn", "api.main:create_app", "--factory",
                                  "--host", cfg.host, "--port", str(cfg.api_port), "--log-level", "warning",
-                                 "--no-access-log"], logs / "api.log", env, self.registry)
+                                 "--no-access-log", "--timeout-keep-alive", str(API_KEEP_ALIVE_S)],
+                            logs / "api.log", env, self.registry)
         self.dev_json = cfg.data_dir / "dev.json"
 
     def _take_lock(self) -> None:

@@ -87,11 +87,22 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
         spare = await _a_proxy_up(data_dir)
         assert spare["spare"] is True and spare["routes"] == 0, spare
 
+        # A connection left idle (here while the run below runs) outlasts the clients' own 5 s keep-alive
+        # (API_KEEP_ALIVE_S): a request on it is answered, never raced by the server's close.
+        kept, idle_since = _answered_and_kept(dev["api_url"]), time.monotonic()
+
         # `benchwright run --watch` launches through REST and reports the score; its exit status is truthful.
         env = {**os.environ, "BENCHWRIGHT_DATA_DIR": str(data_dir)}
         done = subprocess.run([*BW, "run", "--dataset", str(SAMPLE), "--model", "openai/dev", "--api-base", dev_model,
                                "--watch"], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
+        time.sleep(max(0.0, 6.0 - (time.monotonic() - idle_since)))  # the idle spell under test, past 5 s
+        with kept:
+            kept.setblocking(False)
+            with pytest.raises(BlockingIOError):  # open and quiet (a closed one reads b"")
+                kept.recv(1, socket.MSG_PEEK)
+            kept.setblocking(True)
+            assert _answered_and_kept(dev["api_url"], kept) is kept
         assert "score (pass rate) 100.0%" in done.stdout
         run_id = done.stdout.split("run ", 1)[1].split(":", 1)[0]
         # The worker keeps a warm sandbox (issue 25): the run claimed one instead of making all of its own.
@@ -174,6 +185,24 @@ async def test_up_runs_a_launch_restarts_its_worker_and_survives_a_restart(tmp_p
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         _stop(up)
+
+
+def _answered_and_kept(api_url: str, conn: socket.socket | None = None) -> socket.socket:
+    """One HTTP/1.1 request on ``conn`` (a new connection to the API when None), its whole answer read; the
+    connection is left open."""
+    host, port = api_url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+    conn = conn or socket.create_connection((host, int(port)), timeout=10)
+    conn.sendall(b"GET /v1/account HTTP/1.1\r\nHost: api\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(65536)
+    head, body = answer.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += conn.recv(65536)
+    assert head.startswith(b"HTTP/1.1 401"), head  # no key: refused, and kept alive
+    return conn
 
 
 async def _a_proxy_up(data_dir: Path) -> dict[str, Any]:
