@@ -6,8 +6,9 @@ choice's text. The prompt lists the lettered choices; the letter is read from th
 skipped; only the last ``<answer>...</answer>`` element when it has one; a self-correction's corrected part first) by
 the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer"
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
-the last one said), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of 3
-characters or fewer only as the whole reply), one lone capital letter in a short reply. An explicit letter always wins
+"B is correct.", the last one said), a table of the options with one ticked ("| B | \u2705 |"), "B) ..." opening the
+reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of 3 characters or fewer only as the whole
+reply), one lone capital letter in a short reply. An explicit letter always wins
 over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
@@ -104,6 +105,15 @@ _KEY_LETTER = re.compile(_KEY + _AFTER + r"(?:([A-Z])(?![A-Za-z0-9'])"
 _CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore|(?:that|which|this) leaves(?: (?:us with|only))?|"
                          r"leaving(?: only)?)\b[,:]?\s*[*_(\[]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*"
                          r"([A-Z])[*_)\]]*[.!]?[*_]*[ \t]*$", re.MULTILINE)
+# The letter said to be right: "B is correct.", "**B** is the right answer", "(C) is the best choice"; not "neither A
+# nor C is correct", "if A is correct".
+_LETTER_IS = re.compile(r"(?<![A-Za-z'])(?<!(?i:nor|not) )(?<!(?i:if) )(?<!(?i:neither|whether) )"
+                        r"[*_(\[]*([A-Z])[*_)\]]*\s+is\s+(?:(?:the\s+)?(?:correct|right|best)"
+                        r"(?:\s+(?:answer|choice|option|one))?|the\s+answer)\b")
+# A table of the options with the chosen one ticked: "| B | \u2705 |" ("| B) Carbon dioxide | \u2714 Correct |").
+_TABLE_ROW = re.compile(r"^[ \t]*\|[ \t]*[*_(\[]*([A-Z])[*_)\]]*(?:[ \t]*[).:-][^|\n]*)?[ \t]*\|([^\n]*)$",
+                        re.MULTILINE)
+_TICK = re.compile(r"[\u2705\u2714\u2713\u2611]|^\s*\**(?i:yes|correct)\**\s*$")
 _FINAL_HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer|correct answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -140,10 +150,15 @@ def _find(text, texts):
         if letter is not None:
             return letter, "final_line"
     spoken = sorted([(m.start(), m.group(1) or m.group(2).upper()) for m in _KEY_LETTER.finditer(text)]
-                    + [(m.start(), m.group(1)) for m in _CONCLUDING.finditer(text)])
+                    + [(m.start(), m.group(1)) for m in _CONCLUDING.finditer(text)]
+                    + [(m.start(), m.group(1)) for m in _LETTER_IS.finditer(text)])
     said = [x for _, x in spoken if x in valid]
-    if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ...", "So C." (the last one said)
+    if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ...", "So C.", "B is correct."
         return said[-1], "letter_pattern"
+    ticked = {m.group(1) for m in _TABLE_ROW.finditer(text)
+              if m.group(1) in valid and any(_TICK.search(cell) for cell in m.group(2).split("|"))}
+    if len(ticked) == 1:  # "| B | \u2705 |" in a table of the options
+        return ticked.pop(), "table"
     marker = r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]"
     first = next((line for line in text.splitlines() if line.strip()), "")
     lead = re.match(marker, first)  # "B) London", "**C.** 1/C" on line 1 (not a list of the options, one a line)
