@@ -143,6 +143,18 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
                 f"<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>{c['name']}\n```json\n"
                 f"{json.dumps(c['arguments'])}\n```<\uff5ctool\u2581call\u2581end\uff5c>" for c in wire)
                 + "<\uff5ctool\u2581calls\u2581end\uff5c>",
+            # Claude's XML for calls described in the prompt: every value as text
+            "calls_invoke": "<function_calls>\n" + "".join(
+                f'<invoke name="{c["name"]}">\n' + "".join(
+                    f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n'
+                    for k, v in c["arguments"].items()) + "</invoke>\n" for c in cs) + "</function_calls>",
+            # A ReAct agent's step (one call a step: the first)
+            "calls_react": f"Thought: I should call the tool.\nAction: {cs[0]['name']}\n"
+                           f"Action Input: {json.dumps(cs[0]['arguments'])}",
+            # Gemini's code block, its calls on the default API, under the names it was sent (wire)
+            "calls_gemini": "```tool_code\n" + "\n".join(
+                f"print(default_api.{c['name']}(" + ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items()) + "))"
+                for c in wire) + "\n```",
         }
 
     return of(calls), of(wrong)

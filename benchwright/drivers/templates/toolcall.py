@@ -116,8 +116,9 @@ def find_calls(response, row):
     """([(name, arguments)], rule) from what solve() returned: the reply's ``tool_calls`` (rule ``tool_calls``),
     else calls written in the text's answer part (a reasoning block skipped): in ``<tool_call>`` tags or a model's
     own markup (``tool_call_tag``: Hermes/Qwen's tags, Llama's ``<function=...>``, Mistral's ``[TOOL_CALLS]``,
-    DeepSeek's), in fenced blocks (``fence``), as bare JSON (``json``: an object, a list, or one object per line), or
-    as Python calls ``name(arg=value)`` (``python_call``, BFCL's own notation). ([], None) when the reply holds no
+    DeepSeek's, Claude's ``<invoke>`` XML, a ReAct agent's "Action:"/"Action Input:"), in fenced blocks (``fence``), as
+    bare JSON (``json``: an object, a list, or one object per line), or as Python calls ``name(arg=value)``
+    (``python_call``, BFCL's own notation; Gemini's ``default_api.name(...)`` too). ([], None) when the reply holds no
     call."""
     names = {wire_name(fn["name"]): fn["name"] for fn in functions_of(row)}
     try:
@@ -200,7 +201,8 @@ def _python_calls(text, row):
         fns[wire_name(fn["name"])] = fn
     found = []
     for name, fn in fns.items():
-        for m in re.finditer(r"(?<![\w.])" + re.escape(name) + r"\s*\(", text):
+        # "default_api." is how Gemini writes a call in a ```tool_code block: print(default_api.name(city="Paris"))
+        for m in re.finditer(r"(?:(?<=\bdefault_api\.)|(?<![\w.]))" + re.escape(name) + r"\s*\(", text):
             depth, j = 0, m.end() - 1
             while j < len(text):
                 depth += {"(": 1, ")": -1}.get(text[j], 0)
@@ -226,11 +228,17 @@ def _python_calls(text, row):
 # A model's own tool-call markup, passed through as text by a server without a tool parser for it: the function's
 # name, then its arguments as one JSON object. Llama 3.1's custom tools: <function=name>{...}</function>; Mistral's
 # (v11 tokenizer): [TOOL_CALLS]name[ARGS]{...}; DeepSeek V3/R1's: its tool-call-begin token, "function", its
-# tool-sep token, the name, a ```json block, its tool-call-end token.
+# tool-sep token, the name, a ```json block, its tool-call-end token; a ReAct agent's "Action: name" then "Action
+# Input: {...}".
 _NATIVE_MARKUP = re.compile(r"<function=([\w.\-]+)>"
                             r"|\[TOOL_CALLS\]\s*([\w.\-]+)\s*\[ARGS\]"
                             r"|<\uff5ctool\u2581call\u2581begin\uff5c>\s*function\s*<\uff5ctool\u2581sep\uff5c>\s*([\w.\-]+)"
-                            r"\s*(?:```[ \t]*(?:json)?[ \t]*\n?)?")
+                            r"\s*(?:```[ \t]*(?:json)?[ \t]*\n?)?"
+                            r"|(?:^|\n)[ \t]*Action:[ \t]*`?([\w.\-]+)`?[ \t]*\n[ \t]*Action Input:[ \t]*")
+# Claude's XML for calls described in the prompt: <invoke name="..."><parameter name="city">Paris</parameter></invoke>
+# (each value as text: a number, a boolean, a list or an object is read as JSON where it is one).
+_INVOKE = re.compile(r"<invoke\s+name=\"([\w.\-]+)\"\s*>(.*?)</invoke>", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</parameter>", re.DOTALL)
 
 
 def _native_calls(text):
@@ -243,7 +251,24 @@ def _native_calls(text):
         except ValueError:
             continue
         if isinstance(args, dict):
-            calls.append({"name": m.group(1) or m.group(2) or m.group(3), "arguments": args})
+            calls.append({"name": m.group(1) or m.group(2) or m.group(3) or m.group(4), "arguments": args})
+    return calls
+
+
+def _invoke_calls(text):
+    """Calls in Claude's XML (``_INVOKE``): each parameter's text, as JSON where it reads as a value other than a
+    string."""
+    calls = []
+    for name, body in _INVOKE.findall(text):
+        args = {}
+        for key, value in _PARAMETER.findall(body):
+            value = value.strip()
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = value
+            args[key] = parsed if not isinstance(parsed, str) else value
+        calls.append({"name": name, "arguments": args})
     return calls
 
 
@@ -251,7 +276,7 @@ def _calls_in_text(text, row):
     """([call], rule) for calls written in the reply's text."""
     text = str(text or "")
     tagged = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", text, re.DOTALL)
-    calls = [c for block in tagged for c in _json_calls(block)] or _native_calls(text)
+    calls = [c for block in tagged for c in _json_calls(block)] or _native_calls(text) or _invoke_calls(text)
     if calls:
         return calls, "tool_call_tag"
     fenced = [body for _, body in re.findall(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", text, re.DOTALL)]
