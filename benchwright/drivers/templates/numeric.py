@@ -9,9 +9,9 @@ parts after it ("72 clips: 48 in April and 24 in May"), else the last number in 
 no wait, 41" is 41 and "72 apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"),
 else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions:
 ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` =
-``600,000,000``, ``$70k`` = ``70,000``; a number written with a scale also matches the number before it ("$1.5
-million" for a reference of 1.5, a question counting in millions). Standard library only; CONFIG names the ``input``
-and ``reference`` columns.
+``600,000,000``, ``$70k`` = ``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale also matches the
+number before it ("$1.5 million" for a reference of 1.5, a question counting in millions). Standard library only;
+CONFIG names the ``input`` and ``reference`` columns.
 """
 
 import re
@@ -32,11 +32,16 @@ SYSTEM_PROMPT = ("Solve the problem step by step. End your reply with the final 
 
 # A scale after a number: "600 million", "70 thousand", "$70k", "$1.5M", "$2bn"; not "5 km", "3 MB" nor "thousandths".
 _SCALE = r"\s?(?:thousand|million|billion|trillion)(?![\w])|(?:[kKMB]|bn)(?![\w])"
+# A fraction written as one character: "3\u00bd cups", "\u00be of the pie" (after a whole number, or alone).
+_VULGAR = "\u00bd\u2153\u2154\u00bc\u00be\u2155\u2156\u2157\u2158\u2159\u215a\u215b\u215c\u215d\u215e"
+_VULGAR_VALUES = dict(zip(_VULGAR, ((1, 2), (1, 3), (2, 3), (1, 4), (3, 4), (1, 5), (2, 5), (3, 5), (4, 5), (1, 6),
+                                    (5, 6), (1, 8), (3, 8), (5, 8), (7, 8)), strict=True))
 _SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "b": 9, "bn": 9}
 # A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
 # in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
 # (6.02e23, 6.02 x 10^23) or a scale; not the digits of a power ("m^2") or of a name ("CO2", "x1").
-_NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
+_NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]\s?)?(?:\d+[ \u2009]?)?[" + _VULGAR + "]|"
+           r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
            r"(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[\u00a0\u202f\u2009]\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
            r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?|" + _SCALE + ")?"
            r"|(?<![\w^.])[-\u2212]?\.\d+")
@@ -98,6 +103,14 @@ def parse_number(text):
     cleaned = re.sub(r"USD|EUR|[$\u20ac\u00a3\u00a5,\s]", "", cleaned).rstrip(".").rstrip("%")
     if cleaned.startswith("--"):
         cleaned = cleaned[1:]
+    if cleaned[-1:] in _VULGAR_VALUES:  # "3\u00bd" -> 3 + 1/2, "-\u00be" -> -3/4
+        whole = cleaned[:-1]
+        part = Fraction(*_VULGAR_VALUES[cleaned[-1]])
+        try:
+            base = Fraction(whole.lstrip("-")) if whole.strip("-") else Fraction(0)
+        except ValueError:
+            return None
+        return -(base + part) if whole.startswith("-") else base + part
     try:
         if "/" in cleaned:
             num, den = cleaned.split("/", 1)
