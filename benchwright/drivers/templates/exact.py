@@ -10,8 +10,8 @@ when it is one short line, the one **bold** phrase, the part of the first senten
 question ("The capital of Australia is Canberra.", "Canberra is the capital of Australia."), else the reply's first
 sentence. A chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd say")
 are skipped, and an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when it
-equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, thousands separators
-and a trailing period dropped).
+equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, accents, thousands
+separators and a trailing period dropped).
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
@@ -30,6 +30,7 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
 CONFIG = {"input": "question", "reference": "answer"}
 SYSTEM_PROMPT = "Answer with only the final answer, no explanation."
 
+_LATIN_MARKS = re.compile(r"(?<=[a-z])[\u0300-\u036f]+")  # the accents NFKD splits off a Latin letter
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ARROWS = re.compile(r"[\u2190-\u21ff\u27f0-\u27ff\u2900-\u297f]")
 _PUNCT = str.maketrans("", "", string.punctuation.replace(".", "").replace("-", ""))
@@ -87,8 +88,12 @@ _FILLER = frozenset(("a", "an", "the", "of", "in", "on", "at", "to", "for", "by"
 
 
 def normalize(text):
-    """Lowercase, drop punctuation, articles, thousands separators and a trailing period; collapse spaces."""
-    text = unlatex(str(text)).strip().lower()
+    """Lowercase, drop punctuation, articles, thousands separators, a Latin letter's accents and a trailing period;
+    collapse spaces. "S\u00e3o Paulo" is "sao paulo" and "Stra\u00dfe" "strasse": a reply and a reference that differ
+    only in their accents (a model that drops them, a dataset that does) name the same thing. Other scripts keep their
+    marks (Japanese "\u304c" is not "\u304b")."""
+    text = unlatex(str(text)).strip().casefold()
+    text = _LATIN_MARKS.sub("", unicodedata.normalize("NFKD", text))
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
     text = text.translate(_PUNCT)
     text = "".join(ch for ch in text if unicodedata.category(ch) != "So" and ch != "\ufe0f")  # "Canberra \u2705"
