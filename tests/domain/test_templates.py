@@ -97,6 +97,15 @@ def test_choice_reads_every_reference_form(row: dict[str, Any], letter: str) -> 
     assert CHOICE["reference_letter"](row) == letter
 
 
+def test_choice_text_matches_without_a_latin_letters_accents() -> None:
+    """A reply naming a choice without its accents names it (the template's own rendering: one home for the folding
+    with exact_match, benchwright/drivers/templates/_reply.py)."""
+    cities = ["Brasília", "São Paulo", "Salvador", "Fortaleza"]
+    assert CHOICE["find_letter"]("The largest is Sao Paulo.", cities) == ("B", "choice_text")
+    assert CHOICE["find_letter"]("Brasilia, the capital.", cities) == ("A", "choice_text")
+    assert CHOICE["find_letter"]("かき", ["がき", "かき"]) == ("B", "choice_text")  # other scripts keep their marks
+
+
 def test_choice_prompt_lists_lettered_choices_and_scores() -> None:
     row = {"question": "What is the capital of France?", "choices": CHOICES, "answer": 0}
     prompt = CHOICE["Scorer"]().extract(row)

@@ -16,6 +16,7 @@ Reasoning models reply in one of three ways, and only the answer is scored:
 
 import json
 import re
+import unicodedata
 
 _THINK_OPEN = re.compile(r"\A\s*<(?:think|thinking)>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</(?:think|thinking)>", re.IGNORECASE)
@@ -45,6 +46,8 @@ _CLOSING = re.compile(r"[\s>*_#-]*(?:let me know|would you like|do you want|want
                       r"(?:questions?|problems?|doubts?|concerns?))\b|[\W_]*\Z", re.IGNORECASE)
 # Where a sentence of the reply starts: the start, a new line, or after a sentence's end.
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?\u2026])[ \t]+(?=\S)|\n\s*(?=\S)")
+
+_LATIN_MARKS = re.compile(r"(?<=[a-zA-Z])[\u0300-\u036f]+")  # the accents NFKD splits off a Latin letter
 
 
 def answer_part(reply, tags=False):
@@ -87,6 +90,13 @@ def without_closing(text):
         if not start:
             return text
         kept = kept[:start].rstrip()
+
+
+def fold_accents(text):
+    """``text`` without a Latin letter's accents and with ligatures and compatibility forms spelled out (NFKD):
+    "S\u00e3o Paulo" -> "Sao Paulo", "\ufb01sh" -> "fish". Other scripts keep their marks (Japanese "\u304c" is
+    not "\u304b")."""
+    return _LATIN_MARKS.sub("", unicodedata.normalize("NFKD", str(text)))
 
 
 def reasoning_of(reply):

@@ -21,6 +21,7 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
     answer_part,
     boxed,
+    fold_accents,
     json_answers,
     unlatex,
 )
@@ -70,7 +71,7 @@ def reference_letter(row):
 
 
 def _norm(text):
-    return " ".join(re.sub(r"[^\w\s]", " ", str(text).lower()).split())
+    return " ".join(re.sub(r"[^\w\s]", " ", fold_accents(str(text).casefold())).split())
 
 
 def extract_letter(reply, texts):

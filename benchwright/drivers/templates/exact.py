@@ -23,6 +23,7 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
     answer_part,
     boxed,
+    fold_accents,
     json_answers,
     unlatex,
 )
@@ -30,7 +31,6 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
 CONFIG = {"input": "question", "reference": "answer"}
 SYSTEM_PROMPT = "Answer with only the final answer, no explanation."
 
-_LATIN_MARKS = re.compile(r"(?<=[a-z])[\u0300-\u036f]+")  # the accents NFKD splits off a Latin letter
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ARROWS = re.compile(r"[\u2190-\u21ff\u27f0-\u27ff\u2900-\u297f]")
 _PUNCT = str.maketrans("", "", string.punctuation.replace(".", "").replace("-", ""))
@@ -92,8 +92,7 @@ def normalize(text):
     collapse spaces. "S\u00e3o Paulo" is "sao paulo" and "Stra\u00dfe" "strasse": a reply and a reference that differ
     only in their accents (a model that drops them, a dataset that does) name the same thing. Other scripts keep their
     marks (Japanese "\u304c" is not "\u304b")."""
-    text = unlatex(str(text)).strip().casefold()
-    text = _LATIN_MARKS.sub("", unicodedata.normalize("NFKD", text))
+    text = fold_accents(unlatex(str(text)).strip().casefold())
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
     text = text.translate(_PUNCT)
     text = "".join(ch for ch in text if unicodedata.category(ch) != "So" and ch != "\ufe0f")  # "Canberra \u2705"
