@@ -36,12 +36,12 @@ _SCALE = r"\s?(?:thousand|million|billion|trillion)(?![\w])|(?:[kKMB]|bn)(?![\w]
 _VULGAR = "\u00bd\u2153\u2154\u00bc\u00be\u2155\u2156\u2157\u2158\u2159\u215a\u215b\u215c\u215d\u215e"
 _VULGAR_VALUES = dict(zip(_VULGAR, ((1, 2), (1, 3), (2, 3), (1, 4), (3, 4), (1, 5), (2, 5), (3, 5), (4, 5), (1, 6),
                                     (5, 6), (1, 8), (3, 8), (5, 8), (7, 8)), strict=True))
+_VULGAR_RUN = re.compile(r"(?:(\d+)[ \u2009]?)?([" + _VULGAR + "])")
 _SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "b": 9, "bn": 9}
 # A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
 # in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
 # (6.02e23, 6.02 x 10^23) or a scale; not the digits of a power ("m^2") or of a name ("CO2", "x1").
-_NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]\s?)?(?:\d+[ \u2009]?)?[" + _VULGAR + "]|"
-           r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
+_NUMBER = (r"(?<![\w^.])[-\u2212]?\s?(?:[$\u20ac\u00a3\u00a5]|USD\s?|EUR\s?)?\s?[-\u2212]?"
            r"(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[\u00a0\u202f\u2009]\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?!\d|\.\d))?"
            r"(?:[eE][-+]?\d+(?![\w])|\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?[-+\u2212]?\d+\}?|" + _SCALE + ")?"
            r"|(?<![\w^.])[-\u2212]?\.\d+")
@@ -92,7 +92,7 @@ def parse_number(text):
     None."""
     if text is None:
         return None
-    cleaned = str(text).strip().replace("\u2212", "-")
+    cleaned = spelled_fractions(str(text)).strip().replace("\u2212", "-")
     exponent = 0
     power = _POWER.search(cleaned)
     if power:
@@ -103,14 +103,6 @@ def parse_number(text):
     cleaned = re.sub(r"USD|EUR|[$\u20ac\u00a3\u00a5,\s]", "", cleaned).rstrip(".").rstrip("%")
     if cleaned.startswith("--"):
         cleaned = cleaned[1:]
-    if cleaned[-1:] in _VULGAR_VALUES:  # "3\u00bd" -> 3 + 1/2, "-\u00be" -> -3/4
-        whole = cleaned[:-1]
-        part = Fraction(*_VULGAR_VALUES[cleaned[-1]])
-        try:
-            base = Fraction(whole.lstrip("-")) if whole.strip("-") else Fraction(0)
-        except ValueError:
-            return None
-        return -(base + part) if whole.startswith("-") else base + part
     try:
         if "/" in cleaned:
             num, den = cleaned.split("/", 1)
@@ -145,6 +137,19 @@ def same_number(answer, expected):
             or answer == getattr(expected, "unscaled", None))
 
 
+def spelled_fractions(text):
+    """``text`` with each fraction written as one character spelled as a/b: "3\u00bd" -> "7/2", "\u00be" -> "3/4"
+    (read by the number rules like any fraction; a text without one is returned as it is, at the cost of one scan)."""
+    if _VULGAR_RUN.search(text) is None:
+        return text
+
+    def spelled(m):
+        value = Fraction(*_VULGAR_VALUES[m.group(2)]) + (int(m.group(1)) if m.group(1) else 0)
+        return f"{value.numerator}/{value.denominator}"
+
+    return _VULGAR_RUN.sub(spelled, text)
+
+
 def _last_number(text):
     numbers = _NUMBER_RE.findall(text)
     return parse_number(numbers[-1]) if numbers else None
@@ -158,7 +163,7 @@ def extract_answer(reply):
 def find_answer(reply):
     """(value, rule) for the reply's final numeric answer; (None, None) when it gives none. Only the answer part is
     read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins."""
-    text = answer_part(reply, tags=True)
+    text = spelled_fractions(answer_part(reply, tags=True))
     if not text.strip():
         return None, None
     tail = after_correction(text)
@@ -268,7 +273,7 @@ def _worked_out(number, rest):
 
 def reference_number(reference):
     """The reference's number: after its last '####' when it has one, else the whole value (else its last number)."""
-    text = str(reference)
+    text = spelled_fractions(str(reference))
     if "####" in text:
         text = text.rsplit("####", 1)[1]
     value = parse_number(text)
