@@ -76,7 +76,7 @@ _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not
                      r"|\((?=[^()]*\d)(?=[^()]*(?:[+*\u00d7\u00f7\u00b7]|\bx(?=\s*\d)|\\times|\\cdot))[^()=]*\)"
                      r"|(?<![^\s])(?i:note(?: that|:)?|n\.b\.:?|for comparison,?|by the way,?)\s+(?i:if)\b"
                      r"(?:[^.!?\n]|[.](?=\d))*[.!?]?")
-_SCALE_END = re.compile(r"(?<=\d)\s?(thousand|million|billion|trillion|[kKMB]|bn)$")
+_SCALE_END = re.compile(r"(?<=\d)(?:\s?(thousand|million|billion|trillion)|([kKMB]|bn))$")  # as _SCALE writes them
 # A bold number and a unit of up to three words: "**72**", "**$10**", "**72 clips**"; not "**Step 1:**".
 _BOLD_NUMBER = re.compile(r"(\*\*|__)\s*(" + _NUMBER + r")\s*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+){0,2})?\s*[.!]?\s*\1")
 # A sentence that concludes with a number: "So she sold 72 in all.", "Therefore 72.", "Altogether, 72 clips."
@@ -99,7 +99,7 @@ def parse_number(text):
         exponent, cleaned = int(power.group(1).replace("\u2212", "-")), cleaned[:power.start()]
     scale = _SCALE_END.search(cleaned)
     if scale:
-        exponent, cleaned = exponent + _SCALES[scale.group(1).lower()], cleaned[:scale.start()]
+        exponent, cleaned = exponent + _SCALES[(scale.group(1) or scale.group(2)).lower()], cleaned[:scale.start()]
     cleaned = re.sub(r"USD|EUR|[$\u20ac\u00a3\u00a5,\s]", "", cleaned).rstrip(".").rstrip("%")
     if cleaned.startswith("--"):
         cleaned = cleaned[1:]
