@@ -8,8 +8,8 @@ the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the w
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
 "B is correct.", the last one said), a table of the options with one ticked ("| B | \u2705 |"), "B) ..." opening the
 reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of 3 characters or fewer only as the whole
-reply), one lone capital letter in a short reply. An explicit letter always wins
-over a choice's text. Standard library only.
+reply; a Latin letter's accents aside), one lone capital letter in a short reply. An explicit letter always wins over a
+choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
