@@ -59,6 +59,14 @@ def test_numeric_scores_numerically_and_records_the_answer(reference: str, reply
     assert result["answer"] == NUMERIC["spell"](NUMERIC["extract_answer"](reply))
 
 
+@pytest.mark.parametrize(("reply", "value"), [
+    ("3½ cups", "7/2"), ("a ½ cup", "1/2"), ("-¾", "-3/4"), ("2 ⅓", "7/3"), ("$4½", "9/2"), ("1,234½", "2469/2"),
+    ("The answer is 1⅛.", "9/8"),
+])
+def test_numeric_reads_a_fraction_written_as_one_character(reply: str, value: str) -> None:
+    assert NUMERIC["extract_answer"](reply) == Fraction(value)
+
+
 def test_numeric_reference_without_a_number_is_an_error_not_a_zero() -> None:
     with pytest.raises(ValueError, match="holds no number"):
         NUMERIC["Scorer"]().score({"question": "q", "answer": "unknown"}, "4")

@@ -36,7 +36,7 @@ _SCALE = r"\s?(?:thousand|million|billion|trillion)(?![\w])|(?:[kKMB]|bn)(?![\w]
 _VULGAR = "\u00bd\u2153\u2154\u00bc\u00be\u2155\u2156\u2157\u2158\u2159\u215a\u215b\u215c\u215d\u215e"
 _VULGAR_VALUES = dict(zip(_VULGAR, ((1, 2), (1, 3), (2, 3), (1, 4), (3, 4), (1, 5), (2, 5), (3, 5), (4, 5), (1, 6),
                                     (5, 6), (1, 8), (3, 8), (5, 8), (7, 8)), strict=True))
-_VULGAR_RUN = re.compile(r"(?:(\d+)[ \u2009]?)?([" + _VULGAR + "])")
+_VULGAR_RUN = re.compile(r"(?<![\d,.])(?:(\d{1,3}(?:,\d{3})+|\d+)[ \u2009]?)?([" + _VULGAR + "])")
 _SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "b": 9, "bn": 9}
 # A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
 # in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
@@ -144,7 +144,7 @@ def spelled_fractions(text):
         return text
 
     def spelled(m):
-        value = Fraction(*_VULGAR_VALUES[m.group(2)]) + (int(m.group(1)) if m.group(1) else 0)
+        value = Fraction(*_VULGAR_VALUES[m.group(2)]) + (int(m.group(1).replace(",", "")) if m.group(1) else 0)
         return f"{value.numerator}/{value.denominator}"
 
     return _VULGAR_RUN.sub(spelled, text)
