@@ -215,21 +215,23 @@ async def run_worker(settings: Settings) -> None:
     spares = asyncio.create_task(keep_proxies_ready(
         registry=ProcessRegistry(settings.data_dir), linger_s=settings.proxy_linger_s, every_s=PROXY_READY_EVERY_S,
         stop=stop_spares)) if settings.proxy_keep_ready else None
+
+    async def stop_keeping_spares() -> None:
+        stop_spares.set()
+        if spares is not None and not spares.done():
+            await spares
+
     slow: asyncio.Task[None] | None = None
     try:
         async with worker:
             await stop.wait()
             slow = asyncio.create_task(_say_where_a_slow_shutdown_is())
-            stop_spares.set()
-            if spares is not None:
-                await spares
+            await stop_keeping_spares()
             if warm is not None:
                 await stop_warm_pool(warm)
                 warm = None
     finally:
-        stop_spares.set()
-        if spares is not None and not spares.done():
-            await spares
+        await stop_keeping_spares()
         if warm is not None:
             await stop_warm_pool(warm)
         if slow is not None:  # the threads' dump stays armed: asyncio.run then waits for the executor's threads

@@ -82,14 +82,12 @@ def without_closing(text):
     back, "Hope this helps!", an emoji), dropped from the end back to the last sentence that is not one; ``text`` as
     it is when every sentence is one."""
     kept = text.rstrip()
-    while True:
-        starts = [m.end() for m in _SENTENCE_BREAK.finditer(kept)]
-        start = starts[-1] if starts else 0
-        if not _CLOSING.match(kept, start):
-            return kept
-        if not start:
-            return text
-        kept = kept[:start].rstrip()
+    end = len(kept)
+    for start in reversed([0, *(m.end() for m in _SENTENCE_BREAK.finditer(kept))]):
+        if not _CLOSING.match(kept, start, end):  # the sentence from ``start`` to ``end``
+            return kept[:end].rstrip()
+        end = start
+    return text
 
 
 def fold_accents(text):

@@ -88,11 +88,11 @@ _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)
 
 
 def parse_number(text):
-    """The number ``text`` spells (commas, currency, a fraction a/b, an exponent, a unicode minus allowed), or
-    None."""
+    """The number ``text`` spells (commas, currency, a fraction a/b, an exponent, a scale, a unicode minus allowed),
+    or None. A one-character fraction is spelled a/b by the callers first (``spelled_fractions``)."""
     if text is None:
         return None
-    cleaned = spelled_fractions(str(text)).strip().replace("\u2212", "-")
+    cleaned = str(text).strip().replace("\u2212", "-")
     exponent = 0
     power = _POWER.search(cleaned)
     if power:
