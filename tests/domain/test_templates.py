@@ -67,6 +67,38 @@ def test_numeric_reads_a_fraction_written_as_one_character(reply: str, value: st
     assert NUMERIC["extract_answer"](reply) == Fraction(value)
 
 
+@pytest.mark.parametrize(("reply", "value", "other"), [
+    ("2 hours and 30 minutes", "150", "5/2"), ("1 h 15 min", "75", "5/4"), ("2h30m", "150", "5/2"),
+    ("5 feet, 6 inches", "66", "11/2"), ("3 min 20 s", "200", "10/3"), ("1 minute 30.5 seconds", "181/2", "181/120"),
+    ("1 km 500 m", "1500", "3/2"), ("2 weeks and 3 days", "17", "17/7"), ("5 dollars and 25 cents", "525", "21/4"),
+])
+def test_numeric_reads_a_quantity_written_in_two_units_in_either(reply: str, value: str, other: str) -> None:
+    answer = NUMERIC["extract_answer"](reply)
+    assert (answer, answer.other) == (Fraction(value), Fraction(other))
+    assert NUMERIC["same_number"](answer, Fraction(value)) and NUMERIC["same_number"](answer, Fraction(other))
+    assert not NUMERIC["same_number"](answer, Fraction(value) + 1)
+
+
+@pytest.mark.parametrize(("reply", "value"), [
+    ("3 days and 30 hours", "30"),  # the smaller part is no fraction of the larger: two quantities
+    ("2 hours and 30 km", "30"), ("3 boxes and 24 apples", "24"), ("2 km 30 minutes", "30"),
+])
+def test_numeric_leaves_two_quantities_that_are_not_one(reply: str, value: str) -> None:
+    answer = NUMERIC["extract_answer"](reply)
+    assert answer == Fraction(value) and not hasattr(answer, "other")
+
+
+@pytest.mark.parametrize(("working", "total", "comes_to"), [
+    ("48 in April and 24 in May", "72", True), ("100 minus 30", "70", True), ("100 - 30", "70", True),
+    ("40 hours × $15", "600", True), ("2 + 3 × 4", "14", True), ("24 ÷ 3", "8", True), ("$20 ÷ $80 × 100", "25", True),
+    ("100 minus 30 = 70, as said", "70", True), ("100 minus 30", "130", False), ("40 hours × $15", "55", False),
+    ("70", "70", False),  # one number is no working
+    ("5 divided by 0", "5", False),
+])
+def test_numeric_works_out_the_working_after_a_total(working: str, total: str, comes_to: bool) -> None:
+    assert NUMERIC["_comes_to"](working, Fraction(total)) is comes_to
+
+
 def test_numeric_reference_without_a_number_is_an_error_not_a_zero() -> None:
     with pytest.raises(ValueError, match="holds no number"):
         NUMERIC["Scorer"]().score({"question": "q", "answer": "unknown"}, "4")

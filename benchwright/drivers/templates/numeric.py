@@ -5,12 +5,13 @@ part (a reasoning block skipped; only the last ``<answer>...</answer>`` element 
 self-correction, the corrected part first) by the first rule that finds one: the last ``#### <number>``, the last
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" / "answer: <number>", a number opening
 the reply as its own sentence, its one bold value ("She sold **72 clips**: 48 in April..."), a total said first with its
-parts after it ("72 clips: 48 in April and 24 in May"), else the last number in the reply outside its asides (so "42,
-no wait, 41" is 41 and "72 apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"),
-else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions:
-``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` =
-``600,000,000``, ``$70k`` = ``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale also matches the
-number before it ("$1.5 million" for a reference of 1.5, a question counting in millions). Standard library only;
+parts or working after it ("72 clips: 48 in April and 24 in May", "70 left: 100 minus 30"), else the last number in the
+reply outside its asides (so "42, no wait, 41" is 41 and "72 apples (3 x 24)" is 72) and its closing talk ("Let me know
+if you'd like step 2 again!"), else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers
+compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times
+10^8``, ``600 million`` = ``600,000,000``, ``$70k`` = ``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale
+also matches the number before it ("$1.5 million" for a reference of 1.5, a question counting in millions), and a
+quantity in two units matches it in either ("2 hours and 30 minutes" for 150 or 2.5). Standard library only;
 CONFIG names the ``input`` and ``reference`` columns.
 """
 
@@ -85,6 +86,21 @@ _SENTENCE_END = re.compile(r"(?<=[!?])\s+|\.(?!\d)\s*|\n+")
 # A total and what opens its parts: a colon, a parenthesis, a dash or ", with" after the number and a few words.
 _OPENS_PARTS = re.compile(r"(" + _NUMBER + r")[^\d:(\u2014\u2013]{0,40}?(?::|\(|\u2014|\u2013|\s-\s|,\s*with\b)")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
+# A quantity written in two units: "2 hours and 30 minutes", "1 h 15 min", "5 feet, 6 inches", "3 min 20 s".
+_COMPOUND = re.compile(r"(?<![\w.,/])(\d+)\s?([a-zA-Z]+)\.?,?\s*(?:and\s+)?(\d+(?:\.\d+)?)\s?([a-zA-Z]+)\b")
+_UNIT_NAMES = {name: unit for unit, names in (
+    ("h", "hour hours hr hrs h"), ("min", "minute minutes min mins"), ("s", "second seconds sec secs s"),
+    ("d", "day days"), ("wk", "week weeks"), ("yr", "year years"), ("mo", "month months"), ("ft", "foot feet ft"),
+    ("in", "inch inches in"), ("lb", "pound pounds lb lbs"), ("oz", "ounce ounces oz"), ("usd", "dollar dollars"),
+    ("c", "cent cents"), ("km", "kilometer kilometers kilometre kilometres km"),
+    ("m", "meter meters metre metres m"), ("cm", "centimeter centimeters centimetre centimetres cm"),
+    ("kg", "kilogram kilograms kg"), ("g", "gram grams g")) for name in names.split()}
+_IN_SMALLER = {("h", "min"): 60, ("h", "m"): 60, ("min", "s"): 60, ("d", "h"): 24, ("wk", "d"): 7, ("yr", "mo"): 12,
+               ("ft", "in"): 12, ("lb", "oz"): 16, ("usd", "c"): 100, ("km", "m"): 1000, ("m", "cm"): 100,
+               ("kg", "g"): 1000}
+# The working a total said first may be followed by: "70 left: 100 minus 30", "$600: 40 hours \u00d7 $15".
+_OPERATOR = re.compile(r"(?i)(\bminus\b|\bless\b|\u2212|(?<!\w)-(?!\w)|\btake away\b)|(\btimes\b|\bmultiplied by\b|"
+                       r"\u00d7|\*|\\times|\\cdot|\bx\b)|(\bdivided by\b|\u00f7)|(=)")
 
 
 def parse_number(text):
@@ -117,24 +133,26 @@ def parse_number(text):
 
 
 class _Scaled(Fraction):
-    """A number written with a scale ("1.5 million"): its value, and the number before the scale (``unscaled``), which
-    is what a question asking "how many million..." has as its reference."""
+    """A number with a second reading: one written with a scale ("1.5 million"), whose ``other`` reading is the number
+    before the scale (what a question asking "how many million..." has as its reference), or a quantity written in
+    two units ("2 hours and 30 minutes": 150, in its smaller unit), whose other reading is in its larger unit (2.5)."""
 
-    unscaled: Fraction
+    other: Fraction
 
-    def __new__(cls, value, unscaled):
+    def __new__(cls, value, other):
         self = super().__new__(cls, value)
-        self.unscaled = unscaled
+        self.other = other
         return self
 
 
 def same_number(answer, expected):
-    """Whether the reply's number is the reference's: equal, or equal once one side's scale is left off ("$1.5 million"
-    for a reference of 1.5 when the question counts in millions; "1.5" for a reference of "1.5 million")."""
+    """Whether the reply's number is the reference's: equal, or equal in either one's other reading ("$1.5 million" for
+    a reference of 1.5 when the question counts in millions, "1.5" for a reference of "1.5 million"; "2 hours and 30
+    minutes" for a reference of 150 or of 2.5)."""
     if answer is None or expected is None:
         return False
-    return (answer == expected or getattr(answer, "unscaled", None) == expected
-            or answer == getattr(expected, "unscaled", None))
+    return (answer == expected or getattr(answer, "other", None) == expected
+            or answer == getattr(expected, "other", None))
 
 
 def spelled_fractions(text):
@@ -150,6 +168,24 @@ def spelled_fractions(text):
     return _VULGAR_RUN.sub(spelled, text)
 
 
+def spelled_compounds(text):
+    """``text`` with each quantity written in two units spelled as one number of the smaller ("2 hours and 30 minutes"
+    -> "150 minutes", "5 ft 6 in" -> "66 in"), and each such number's reading in the larger unit ({150: 5/2}). Only
+    units one counts in the other, with the smaller part less than one of the larger ("3 days and 30 hours" stays)."""
+    readings = {}
+
+    def spelled(m):
+        ratio = _IN_SMALLER.get((_UNIT_NAMES.get(m.group(2).lower(), ""), _UNIT_NAMES.get(m.group(4).lower(), "")))
+        small = Fraction(m.group(3))
+        if ratio is None or small >= ratio:
+            return m.group(0)
+        value = int(m.group(1)) * ratio + small
+        readings[value] = value / ratio
+        return f"{value} {m.group(4)}"  # "150 minutes"; "181/2 seconds" for "1 minute 30.5 seconds"
+
+    return _COMPOUND.sub(spelled, text), readings
+
+
 def _last_number(text):
     numbers = _NUMBER_RE.findall(text)
     return parse_number(numbers[-1]) if numbers else None
@@ -163,15 +199,16 @@ def extract_answer(reply):
 def find_answer(reply):
     """(value, rule) for the reply's final numeric answer; (None, None) when it gives none. Only the answer part is
     read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins."""
-    text = spelled_fractions(answer_part(reply, tags=True))
+    text, readings = spelled_compounds(spelled_fractions(answer_part(reply, tags=True)))
     if not text.strip():
         return None, None
     tail = after_correction(text)
-    if tail is not None:
-        value, rule = _find(tail)
-        if value is not None:
-            return value, rule
-    return _find(text)
+    value, rule = _find(tail) if tail is not None else (None, None)
+    if value is None:
+        value, rule = _find(text)
+    if value in readings and not isinstance(value, _Scaled):
+        value = _Scaled(value, readings[value])
+    return value, rule
 
 
 def _find(text):
@@ -236,10 +273,30 @@ def _total_and_parts(text):
     if opened is None:
         return None
     total = parse_number(opened.group(1))
-    parts = [parse_number(n) for n in _NUMBER_RE.findall(first[opened.end():])]
-    if total is None or len(parts) < 2 or None in parts or sum(parts) != total:
-        return None
-    return total
+    return total if total is not None and _comes_to(first[opened.end():], total) else None
+
+
+def _comes_to(working, total):
+    """Whether the numbers in ``working`` (two or more) come to ``total``: added up ("48 in April and 24 in May"), or
+    combined by the operators written between them, multiplying and dividing first ("100 minus 30", "40 hours \u00d7
+    $15 an hour", "24 \u00f7 3"); an "=" ends the working."""
+    terms, count, at = [Fraction(0)], 0, 0  # a sum of products, each multiplied or divided in place
+    for m in _NUMBER_RE.finditer(working):
+        value = parse_number(m.group(0))
+        operator = _OPERATOR.search(working, at, m.start()) if count else None
+        at = m.end()
+        if value is None:
+            return False
+        if operator is not None and operator.lastindex == 4:  # "= 72": the working's own result
+            break
+        count += 1
+        if operator is not None and operator.lastindex in (2, 3):
+            if operator.lastindex == 3 and value == 0:
+                return False
+            terms[-1] = terms[-1] * value if operator.lastindex == 2 else terms[-1] / value
+        else:
+            terms.append(-value if operator is not None and operator.lastindex == 1 else value)
+    return count >= 2 and sum(terms) == total
 
 
 def _last_word_number(text):
