@@ -137,6 +137,23 @@ def test_choice_reads_every_reference_form(row: dict[str, Any], letter: str) -> 
     assert CHOICE["reference_letter"](row) == letter
 
 
+@pytest.mark.parametrize(("reply", "choices", "letter"), [
+    ("- A: ❌\n- B: ✅\n- C: ❌", CHOICES, "B"),
+    ("A: no. B: yes. C: no.", CHOICES, "B"),
+    ("A) Paris is not correct. B) London is correct.", CHOICES, "B"),
+    ("| A | True, False ❌ |\n| B | ✅ |", CHOICES, "B"),  # a mark outweighs the words beside it
+    ("A. Paris\nB. London\nC. Berlin\nD. Madrid", CHOICES, None),  # the options listed, none judged
+    ("A. Yes\nB. No", ["Yes", "No"], None),  # the options listed: "Yes" is A's text, not a verdict
+    ("A. No\nB. Yes", ["Yes", "No"], "B"),  # each word another option's text: read as verdicts
+    ("- A: ✅\n- B: ✅\n- C: ❌", CHOICES, None),  # two ticked
+    ("- A: ❌\n- E: ✅", CHOICES, None),  # no option E
+])
+def test_choice_reads_the_one_option_a_review_ticks(reply: str, choices: list[str], letter: str | None) -> None:
+    assert CHOICE["_ticked_option"](reply, choices) == letter
+    if letter is not None:
+        assert CHOICE["find_letter"](reply, choices) == (letter, "verdicts")
+
+
 def test_choice_text_matches_without_a_latin_letters_accents() -> None:
     """A reply naming a choice without its accents names it (the template's own rendering: one home for the folding
     with exact_match, benchwright/drivers/templates/_reply.py)."""

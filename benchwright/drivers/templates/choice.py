@@ -6,10 +6,10 @@ choice's text. The prompt lists the lettered choices; the letter is read from th
 skipped; only the last ``<answer>...</answer>`` element when it has one; a self-correction's corrected part first) by
 the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer"
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
-"B is correct.", the last one said), a table of the options with one ticked ("| B | \u2705 |"), "B) ..." opening the
-reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of 3 characters or fewer only as the whole
-reply; a Latin letter's accents aside), one lone capital letter in a short reply. An explicit letter always wins over a
-choice's text. Standard library only.
+"B is correct.", the last one said), the options reviewed one by one with one ticked ("| B | \u2705 |", "- B: \u2705",
+"A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of
+3 characters or fewer only as the whole reply; a Latin letter's accents aside), one lone capital letter in a short
+reply. An explicit letter always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
@@ -93,8 +93,9 @@ def find_letter(reply, texts):
     return _find(text, texts)
 
 
-_KEY = (r"(?i:\b(?:answer|option|choice)\b(?:\s+(?:is|would be|should be|must be)\s*:?|\s*:)"
-        r"|\b(?:I(?:'d| would| will)? (?:go with|choose|pick|select)|(?:it|that)(?:'s| is| must be| would be)"
+_KEY = (r"(?i:\b(?:answer|option(?<!each option)(?<!every option)|choice(?<!each choice)(?<!every choice))\b"
+        r"(?:\s+(?:is|would be|should be|must be)\s*:?|\s*:)"
+        r"|\b(?:I(?:'d| would| will)? (?:go with|choose|pick|select|say)|(?:it|that)(?:'s| is| must be| would be)"
         r"|correct (?:one|option|choice|letter) is)\b)")
 # After the key phrase: markup, "option"/"letter", then the letter; a lowercase letter only where it ends the phrase
 # ("Answer: b", "answer is c) berlin"), so "the answer is a bit unclear" is no answer.
@@ -111,10 +112,20 @@ _CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore|(?:that|which|this) lea
 _LETTER_IS = re.compile(r"(?<![A-Za-z'])(?<!(?i:nor|not) )(?<!(?i:if) )(?<!(?i:neither|whether) )"
                         r"[*_(\[]*([A-Z])[*_)\]]*\s+is\s+(?:(?:the\s+)?(?:correct|right|best)"
                         r"(?:\s+(?:answer|choice|option|one))?|the\s+answer)\b")
-# A table of the options with the chosen one ticked: "| B | \u2705 |" ("| B) Carbon dioxide | \u2714 Correct |").
-_TABLE_ROW = re.compile(r"^[ \t]*\|[ \t]*[*_(\[]*([A-Z])[*_)\]]*(?:[ \t]*[).:-][^|\n]*)?[ \t]*\|([^\n]*)$",
-                        re.MULTILINE)
-_TICK = re.compile(r"[\u2705\u2714\u2713\u2611]|^\s*\**(?i:yes|correct)\**\s*$")
+# The options reviewed one by one, each with a verdict, one ticked: a table ("| B | \u2705 |", "| B) Carbon dioxide |
+# \u2714 Correct |"), a list ("- B: \u2705", "**B) 1**: no root mod 3 \u2705", "A. No\nB. Yes") or sentences ("A: no. B:
+# yes."). An option opens its line or follows a sentence's end; its verdict is a tick or a cross anywhere after it, or
+# a word right after it ("B. Yes", "| B | Correct |") or ending it ("... so B is right" is letter_pattern's).
+_OPTION_ITEMS = re.compile(r"(?<=[.;!])\s+(?=[*_(\[]*[A-Z][*_)\]]*\s*[).:]\s)")
+_OPTION_HEAD = re.compile(r"^[ \t]*(?:\|[ \t]*|[-*+\u2022][ \t]+)?[*_(\[]*([A-Z])[*_)\]]*[ \t]*"
+                          r"(?:[).:\u2014\u2013-]|(?=\|))")
+_TICKED = re.compile(r"[\u2705\u2714\u2713\u2611]")
+_CROSSED = re.compile(r"[\u274c\u2717\u2718\u2716\u274e\U0001f6ab]")
+_WORD_VERDICT = re.compile(r"^[\W_]*(?i:(yes|correct|right|true)|(no|incorrect|wrong|false))"
+                           r"(?:[\W_]*$|[\s*_]*[,.;:(|\u2014\u2013-])")
+_ANY_VERDICT = re.compile(r"[\u2705\u2714\u2713\u2611\u274c\u2717\u2718\u2716\u274e\U0001f6ab]"
+                          r"|(?i:\b(?:yes|no|correct|incorrect|right|wrong|true|false)\b)")  # before looking closer
+_LAST_WORD_VERDICT = re.compile(r"(?<!not )(?<!n't )\b(?i:(correct|right)|(incorrect|wrong))[\W_]*$")
 _FINAL_HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer|correct answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -156,10 +167,9 @@ def _find(text, texts):
     said = [x for _, x in spoken if x in valid]
     if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ...", "So C.", "B is correct."
         return said[-1], "letter_pattern"
-    ticked = {m.group(1) for m in _TABLE_ROW.finditer(text)
-              if m.group(1) in valid and any(_TICK.search(cell) for cell in m.group(2).split("|"))}
-    if len(ticked) == 1:  # "| B | \u2705 |" in a table of the options
-        return ticked.pop(), "table"
+    letter = _ticked_option(text, texts)
+    if letter is not None:  # "| B | \u2705 |", "- B: \u2705", "A. No\nB. Yes": the options reviewed, one ticked
+        return letter, "verdicts"
     marker = r"^\s*[*_(\[]*([A-Z])[*_)\]]*\s*[).:\]-]"
     first = next((line for line in text.splitlines() if line.strip()), "")
     lead = re.match(marker, first)  # "B) London", "**C.** 1/C" on line 1 (not a list of the options, one a line)
@@ -179,6 +189,29 @@ def _find(text, texts):
         if len(lone) == 1:
             return lone.pop(), "lone_letter"
     return None, None
+
+
+def _ticked_option(text, texts):
+    """The one option a review of the options ticks (``_OPTION_HEAD``), or None: none or several ticked. A word
+    right after an option that is its own choice's text ("A. Yes" for a choice "Yes") is the option listed, no
+    verdict."""
+    if _ANY_VERDICT.search(text) is None:
+        return None
+    valid = _LETTERS[:len(texts)]
+    ticked, crossed = set(), set()  # type: set[str], set[str]
+    for line in text.splitlines():
+        for item in _OPTION_ITEMS.split(line):
+            head = _OPTION_HEAD.match(item)
+            if head is None or head.group(1) not in valid:
+                continue
+            rest = item[head.end():]
+            if _TICKED.search(rest) or _CROSSED.search(rest):  # a mark says it, whatever the words ("True, False ❌")
+                (ticked if _TICKED.search(rest) else crossed).add(head.group(1))
+                continue
+            word = _WORD_VERDICT.match(rest) or _LAST_WORD_VERDICT.search(rest)
+            if word is not None and _norm(rest) != _norm(texts[valid.index(head.group(1))]):
+                (ticked if word.group(1) else crossed).add(head.group(1))
+    return ticked.pop() if len(ticked) == 1 and not ticked & crossed else None
 
 
 def render_prompt(row):
