@@ -190,6 +190,21 @@ def test_exact_match(reply: str, reference: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": "q", "answer": reference}, reply)["score"] == score
 
 
+@pytest.mark.parametrize(("reply", "answer"), [
+    ("Australia \u2192 Canberra", "Canberra"), ("Capital of Australia = Canberra", "Canberra"),
+    ("**Australia** \u2013 capital: **Canberra**", "Canberra"),
+    ("Canberra \u2014 the capital of Australia since 1913.", "Canberra"),  # the answer first, the restatement after
+    ("Sydney is the largest city, but Canberra is the capital.", "Canberra"),
+    ("Sydney is the largest city, but it is not the capital.", None),  # no answer in the last clause: none read as one
+    ("Final Answer: The final answer is Canberra. I hope it is correct.", "Canberra"),
+    ("Capital of Australia = the capital of Australia", None),  # both sides restate the question
+])
+def test_exact_match_reads_the_answer_beside_a_restatement(reply: str, answer: str | None) -> None:
+    found = EXACT["find_answer"](reply, "What is the capital of Australia?")[0]
+    assert (EXACT["normalize"](found) == EXACT["normalize"](answer)) if answer else found is None or (
+        "canberra" not in EXACT["normalize"](found))
+
+
 @pytest.mark.parametrize(("reply", "score"), [
     ("Paris", 1.0), ("Paris, France", 1.0), ("The capital of France is Paris.", 1.0), ("Lyon, France", 0.0)])
 def test_exact_match_reads_a_reference_qualified_like_an_answer(reply: str, score: float) -> None:

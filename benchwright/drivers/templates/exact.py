@@ -3,14 +3,15 @@
 The answer is read from the reply's answer part (a reasoning block skipped; only the last ``<answer>...</answer>``
 element when it has one; after a self-correction, the corrected part first) by the first rule that finds one: the last
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "Final answer: X" / "The answer is X" (to the end of its
-sentence), a "Final answer" heading's next line, a line whose label restates the question ("- **Capital:**
-Canberra"), a markdown table's first row (its cell that does not restate the question), a fact sheet's first label
-line ("- **Author:** Jane Austen"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply
-when it is one short line, the one **bold** phrase, the part of the first sentence that does not restate the
-question ("The capital of Australia is Canberra.", "Canberra is the capital of Australia."), else the reply's first
-sentence. A chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd say")
-are skipped, and an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when it
-equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, accents, thousands
+sentence; "Final Answer: The final answer is X." too), a "Final answer" heading's next line, a line whose label restates
+the question ("- **Capital:** Canberra", "Australia \u2192 Canberra", "Capital of Australia = Canberra"), a markdown
+table's first row (its cell that does not restate the question), a fact sheet's first label line ("- **Author:** Jane
+Austen"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply when it is one short line,
+the one **bold** phrase, the part of the first sentence that does not restate the question ("The capital of Australia is
+Canberra.", "Canberra is the capital of Australia.", in the clause after a "but" when it has one), else the reply's
+first sentence. A chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd
+say") are skipped, and an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when
+it equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, accents, thousands
 separators and a trailing period dropped).
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
@@ -39,6 +40,9 @@ _PUNCT = str.maketrans("", "", string.punctuation.replace(".", "").replace("-", 
 _ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?:final answer|answer)\b)\**\s*"
                         r"(?:(?i:is|would be)\s*:?|:|[\u2014\u2013]|-(?=\s))\**\s*(.+?)\s*"
                         r"(?:$|(?<=[^\s.])\.(?:\s|$))", re.MULTILINE)
+# The answer phrase said twice, as lm-eval's Minerva prompt has models answer: "Final Answer: The final answer is X. I
+# hope it is correct."
+_SAID_AGAIN = re.compile(r"\A(?i:the\s+)?(?i:final\s+)?(?i:answer)\s+(?i:is)\s*:?\s*")
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
 _RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|year)\s+(?!(?:not|known|also)\b)(.+)$",
@@ -72,6 +76,15 @@ _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|wrote|painted|composed
                             r"directed|designed|built|created|won)\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
 # "Australia's capital: Canberra", "- **Capital:** Canberra" (a line of a list)
 _LABEL = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
+# The question restated, then an arrow, "=" or a dash, then the answer: "Australia \u2192 Canberra", "Capital of
+# Australia = Canberra", "Pride and Prejudice \u2014 Jane Austen".
+_PAIR = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?(.{2,60}?)(?:\*\*|__)?\s*"
+                   r"(?:\u2192|->|=>|=|\s[\u2014\u2013-])\s*(.+)$")
+# A reason after what is said of the subject: "Mars is known as the Red Planet because of its iron oxide."
+_REASON = re.compile(r",|\s(?:because|since|due to|thanks to|owing to|given)\b", re.IGNORECASE)
+# The last clause of a sentence that sets another thing against the answer: "Sydney is the largest city, but Canberra is
+# the capital."
+_BUT_CLAUSE = re.compile(r"(?:,|;)\s*(?:but|while|whereas|yet)\s+(.+)$", re.IGNORECASE)
 # A reply that opens with its thinking ("Hmm, let me think.", "Okay, let's see."): not the answer's sentence.
 _OPENER = re.compile(r"\A\s*(?:(?:(?:hmm+|okay|ok|alright|well)[\s,]+)?(?:let me think(?: about (?:this|it))?|"
                      r"let's see|let me see)|hmm+)[.!\u2026]+\s+", re.IGNORECASE)
@@ -154,9 +167,13 @@ def _unqualified(answer, question):
 
 def _unlabel(line, question):
     """The value of a label line that restates the question ("- **Capital:** Canberra" -> "Canberra"), else None."""
-    label = _LABEL.match(_HEDGE_TAIL.sub("", _ASIDE.sub("", line).strip()).rstrip(".!")) if question else None
-    if label and _restates(label.group(1), question) and not _restates(label.group(2), question):
-        return label.group(2)
+    line = _HEDGE_TAIL.sub("", _ASIDE.sub("", line).strip()).rstrip(".!")
+    for label in (_LABEL.match(line), _PAIR.match(line)) if question else ():
+        if label and (_restates(label.group(1), question) or _restates(label.group(1), question, loose=True)):
+            value = label.group(2).strip(" *_")
+            value = _unlabel(value, question) or value  # "**Australia** \u2013 capital: **Canberra**"
+            if not _restates(value, question):
+                return value
     return None
 
 
@@ -173,6 +190,21 @@ def _table_answer(lines, question):
     return answers[0] if len(answers) == 1 else None
 
 
+def _subject_first(sentence, question):
+    """The answer said first, the question restated after it, in ``sentence`` or in its last clause after "but"
+    ("Canberra is the capital of Australia.", "Jane Austen wrote it, publishing it in 1813.", "Mars is known as the Red
+    Planet because of ...", "Sydney is the largest city, but Canberra is the capital."): its subject match, or None."""
+    clause = _BUT_CLAUSE.search(sentence)
+    for part in (clause.group(1) if clause else None, sentence):
+        subject = _SUBJECT_FIRST.match(part) if part else None
+        said_of = _REASON.split(subject.group(2), maxsplit=1)[0] if subject else ""  # "wrote it, publishing..."
+        said_of = re.sub(r"\A(?:known|also known|referred to|described)\s+as\s+", "", said_of, flags=re.IGNORECASE)
+        if (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
+                and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN)):
+            return subject
+    return None
+
+
 def _first_sentence(text):
     line = next((x for x in text.splitlines() if x.strip()), "")
     first = re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)|\s[\u2014\u2013-]\s|;\s", line.strip(), maxsplit=1)[0]
@@ -187,7 +219,8 @@ def _find(text, question=None):
     for item in reversed(json_answers(text)):  # {"answer": "Canberra"}
         if normalize(item):
             return str(item), "json"
-    said = [_tidy(_unlabel(m.group(1), question) or m.group(1), question) for m in _ANSWER_IS.finditer(text)]
+    said = [_SAID_AGAIN.sub("", m.group(1)) for m in _ANSWER_IS.finditer(text)]
+    said = [_tidy(_unlabel(answer, question) or answer, question) for answer in said]
     said = [answer for answer in said if normalize(answer) and not answer.startswith("|")]  # not a table's header
     if said:  # "**Final answer:** Canberra", "The answer is Canberra." (the last one said)
         return said[-1], "answer_phrase"
@@ -208,9 +241,10 @@ def _find(text, question=None):
         return _tidy(cells, question), "table"
     sheet = [_LABEL.match(_ASIDE.sub("", line).strip()) for line in lines]
     top = sheet[0]
-    if len(lines) > 1 and top is not None and all(sheet) and len(top.group(1).split()) <= 3:
+    if (top is not None and all(sheet) and len(top.group(1).split()) <= 3
+            and (len(lines) > 1 or re.match(r"(?:[-*+\u2022]\s+)?(?:\*\*|__)", lines[0].strip()))):
         # A fact sheet whose labels do not say the question again ("- **Author:** Jane Austen\n- **Published:**
-        # 1813" for "Who wrote...?"): its first line is the answer's.
+        # 1813" for "Who wrote...?", or its one bold label line): its first line is the answer's.
         return _tidy(top.group(2).strip(" *_"), question), "fact_sheet"
     contrast = _CONTRAST.match(re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)", lines[0].strip(), maxsplit=1)[0])
     if contrast and normalize(contrast.group(1)):  # "Sydney is not the capital; Canberra is."
@@ -223,11 +257,7 @@ def _find(text, question=None):
     whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip())
     whole = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!")), question)
     first_clause = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()), question)
-    subject = _SUBJECT_FIRST.match(first)
-    said_of = subject.group(2).split(",", 1)[0] if subject else ""  # "wrote it, publishing it in 1813" -> "it"
-    if not (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
-            and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN)):
-        subject = None
+    subject = _subject_first(first, question)
     short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
     if short and not _RESTATED.search(whole) and not subject and not _restates(whole, question):
         # "Canberra", "canberra.", "**Jane Austen**"
