@@ -72,11 +72,14 @@ _WORD_NUMBER = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[-\s](" + "|".join
 # Asides the last number is not read from while the reply has a number outside them: a parenthetical that shows working
 # without its result or opens an aside ("72 apples (3 boxes \u00d7 24 each)", "(If each box had 25, it would be 75.)";
 # not "(3 \u00d7 24 = 72)" nor "(i.e., 72)", which say the result), and a note on a case that is not the question's
-# ("Note that if one box were missing, it would be 48.").
+# ("Note that if one box were missing, it would be 48."), and how sure the model says it is ("Confidence: 90%", "(95%
+# confident)", as prompts in Humanity's Last Exam's format ask).
 _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not)\b[^()]*\)"
                      r"|\((?=[^()]*\d)(?=[^()]*(?:[+*\u00d7\u00f7\u00b7]|\bx(?=\s*\d)|\\times|\\cdot))[^()=]*\)"
                      r"|(?<![^\s])(?i:note(?: that|:)?|n\.b\.:?|for comparison,?|by the way,?)\s+(?i:if)\b"
-                     r"(?:[^.!?\n]|[.](?=\d))*[.!?]?")
+                     r"(?:[^.!?\n]|[.](?=\d))*[.!?]?"
+                     r"|(?i:\bconfidence(?:\s+level)?)[\s*_]*(?:[:=\u2014\u2013-]|\bis\b)?[\s*_]*\d+(?:\.\d+)?\s*%?"
+                     r"|\b\d+(?:\.\d+)?\s*%\s*(?i:confident|sure|certain)\b")
 _SCALE_END = re.compile(r"(?<=\d)(?:\s?(thousand|million|billion|trillion)|([kKMB]|bn))$")  # as _SCALE writes them
 # A bold number and a unit of up to three words: "**72**", "**$10**", "**72 clips**"; not "**Step 1:**".
 _BOLD_NUMBER = re.compile(r"(\*\*|__)\s*(" + _NUMBER + r")\s*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+){0,2})?\s*[.!]?\s*\1")
