@@ -151,6 +151,30 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
             # A ReAct agent's step (one call a step: the first)
             "calls_react": f"Thought: I should call the tool.\nAction: {cs[0]['name']}\n"
                            f"Action Input: {json.dumps(cs[0]['arguments'])}",
+            # Qwen3-Coder's (and Seed-OSS's) XML, GLM-4.5's keys and values, FunctionGemma's call: every value as text
+            "calls_qwen_xml": "\n".join(
+                f"<tool_call>\n<function={c['name']}>\n" + "".join(
+                    f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+                    for k, v in c["arguments"].items()) + "</function>\n</tool_call>" for c in wire),
+            "calls_glm": "\n".join(
+                f"<tool_call>{c['name']}\n" + "".join(
+                    f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
+                    for k, v in c["arguments"].items()) + "</tool_call>" for c in wire),
+            "calls_function_gemma": "".join(
+                f"<start_function_call>call:{c['name']}{{" + ",".join(
+                    f"{k}:<escape>{v}<escape>" if isinstance(v, str) else f"{k}:{json.dumps(v)}"
+                    for k, v in c["arguments"].items()) + "}<end_function_call>" for c in wire),
+            # gpt-oss's harmony messages, Kimi K2's sections, Functionary's ">>>" lines: the name, then JSON arguments
+            "calls_harmony": "".join(
+                f"<|start|>assistant<|channel|>commentary to=functions.{c['name']} <|constrain|>json<|message|>"
+                f"{json.dumps(c['arguments'])}<|call|>" for c in wire),
+            "calls_kimi": "<|tool_calls_section_begin|>" + "".join(
+                f"<|tool_call_begin|>functions.{c['name']}:{i}<|tool_call_argument_begin|>{json.dumps(c['arguments'])}"
+                f"<|tool_call_end|>" for i, c in enumerate(wire)) + "<|tool_calls_section_end|>",
+            "calls_functionary": "\n".join(f">>>{c['name']}\n{json.dumps(c['arguments'])}" for c in wire),
+            # OpenAI's legacy message: one function_call, its arguments a JSON string
+            "calls_legacy": json.dumps({"role": "assistant", "content": None, "function_call": {
+                "name": wire[0]["name"], "arguments": json.dumps(wire[0]["arguments"])}}),
             # Gemini's code block, its calls on the default API, under the names it was sent (wire)
             "calls_gemini": "```tool_code\n" + "\n".join(
                 f"print(default_api.{c['name']}(" + ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items()) + "))"

@@ -116,7 +116,9 @@ def find_calls(response, row):
     """([(name, arguments)], rule) from what solve() returned: the reply's ``tool_calls`` (rule ``tool_calls``),
     else calls written in the text's answer part (a reasoning block skipped): in ``<tool_call>`` tags or a model's
     own markup (``tool_call_tag``: Hermes/Qwen's tags, Llama's ``<function=...>``, Mistral's ``[TOOL_CALLS]``,
-    DeepSeek's, Claude's ``<invoke>`` XML, a ReAct agent's "Action:"/"Action Input:"), in fenced blocks (``fence``), as
+    DeepSeek's, Claude's ``<invoke>`` XML, a ReAct agent's "Action:"/"Action Input:", Qwen3-Coder's and Seed-OSS's
+    ``<parameter=...>`` XML, GLM-4.5's ``<arg_key>``/``<arg_value>``, FunctionGemma's ``call:name{...}``, gpt-oss's
+    harmony ``to=functions.name``, Kimi K2's sections, Functionary's ``>>>name``), in fenced blocks (``fence``), as
     bare JSON (``json``: an object, a list, or one object per line), or as Python calls ``name(arg=value)``
     (``python_call``, BFCL's own notation; Gemini's ``default_api.name(...)`` too). ([], None) when the reply holds no
     call."""
@@ -154,6 +156,9 @@ def _call_shape(call):
     name = fn.get("name")
     if name is None and isinstance(call.get("function"), str):
         name = call["function"]
+    if name is None and isinstance(call.get("function_call"), dict):  # OpenAI's legacy message shape
+        fn = call["function_call"]
+        name = fn.get("name")
     if name is None:
         name = call.get("tool") or call.get("tool_name")
     if not isinstance(name, str):
@@ -229,16 +234,31 @@ def _python_calls(text, row):
 # name, then its arguments as one JSON object. Llama 3.1's custom tools: <function=name>{...}</function>; Mistral's
 # (v11 tokenizer): [TOOL_CALLS]name[ARGS]{...}; DeepSeek V3/R1's: its tool-call-begin token, "function", its
 # tool-sep token, the name, a ```json block, its tool-call-end token; a ReAct agent's "Action: name" then "Action
-# Input: {...}".
+# Input: {...}"; Functionary's ">>>name" line; gpt-oss's harmony "to=functions.name <|constrain|>json<|message|>";
+# Kimi K2's "<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>".
 _NATIVE_MARKUP = re.compile(r"<function=([\w.\-]+)>"
                             r"|\[TOOL_CALLS\]\s*([\w.\-]+)\s*\[ARGS\]"
                             r"|<\uff5ctool\u2581call\u2581begin\uff5c>\s*function\s*<\uff5ctool\u2581sep\uff5c>\s*([\w.\-]+)"
                             r"\s*(?:```[ \t]*(?:json)?[ \t]*\n?)?"
-                            r"|(?:^|\n)[ \t]*Action:[ \t]*`?([\w.\-]+)`?[ \t]*\n[ \t]*Action Input:[ \t]*")
+                            r"|(?:^|\n)[ \t]*Action:[ \t]*`?([\w.\-]+)`?[ \t]*\n[ \t]*Action Input:[ \t]*"
+                            r"|(?:^|\n)>>>[ \t]*([\w.\-]+)[ \t]*\n"
+                            r"|\bto=functions\.([\w.\-]+)(?:[ \t]*(?:<\|constrain\|>)?[ \t]*json)?"
+                            r"[ \t]*(?:<\|message\|>)?"
+                            r"|<\|tool_call_begin\|>[ \t]*functions\.([\w.\-]+?)(?::\d+)?[ \t]*"
+                            r"<\|tool_call_argument_begin\|>")
 # Claude's XML for calls described in the prompt: <invoke name="..."><parameter name="city">Paris</parameter></invoke>
 # (each value as text: a number, a boolean, a list or an object is read as JSON where it is one).
 _INVOKE = re.compile(r"<invoke\s+name=\"([\w.\-]+)\"\s*>(.*?)</invoke>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</parameter>", re.DOTALL)
+# Calls whose arguments are tagged one by one, each value as text (read as JSON where it is a number, a boolean, a list
+# or an object): Qwen3-Coder's and Seed-OSS's "<function=name><parameter=city>Paris</parameter></function>", GLM-4.5's
+# "<tool_call>name<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>", FunctionGemma's
+# "call:name{city:<escape>Paris<escape>}".
+_TAGGED_CALL = re.compile(r"<function=([\w.\-]+)>((?:(?!</function>).)*?<parameter=.*?)</function>"
+                          r"|<tool_call>\s*([\w.\-]+)\s*((?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>\s*)+)"
+                          r"|\bcall:([\w.\-]+)\{(.*?)\}(?=\s*(?:<end_function_call>|$|call:))", re.DOTALL)
+_TAGGED_ARGUMENT = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>|<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)"
+                              r"</arg_value>|(\w+):(?:<escape>(.*?)<escape>|([^,}]*))", re.DOTALL)
 
 
 def _native_calls(text):
@@ -251,24 +271,33 @@ def _native_calls(text):
         except ValueError:
             continue
         if isinstance(args, dict):
-            calls.append({"name": m.group(1) or m.group(2) or m.group(3) or m.group(4), "arguments": args})
+            calls.append({"name": next(g for g in m.groups() if g), "arguments": args})
     return calls
 
 
+def _typed(value):
+    """An argument written as text: the JSON value it spells ("5", "true", "[1, 2]", "\"Paris\""), else the text itself
+    ("Paris")."""
+    value = value.strip()
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def _invoke_calls(text):
-    """Calls in Claude's XML (``_INVOKE``): each parameter's text, as JSON where it reads as a value other than a
-    string."""
-    calls = []
-    for name, body in _INVOKE.findall(text):
+    """Calls in Claude's XML (``_INVOKE``), each parameter's text typed (``_typed``), or in the markup whose arguments
+    are tagged one by one (``_TAGGED_CALL``)."""
+    calls = [{"name": name, "arguments": {key: _typed(value) for key, value in _PARAMETER.findall(body)}}
+             for name, body in _INVOKE.findall(text)]
+    for m in _TAGGED_CALL.finditer(text):
+        body = m.group(2) or m.group(4) or m.group(6) or ""
         args = {}
-        for key, value in _PARAMETER.findall(body):
-            value = value.strip()
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = value
-            args[key] = parsed if not isinstance(parsed, str) else value
-        calls.append({"name": name, "arguments": args})
+        for a in _TAGGED_ARGUMENT.finditer(body):
+            key = a.group(1) or a.group(3) or a.group(5)
+            value = next((v for v in (a.group(2), a.group(4), a.group(6), a.group(7)) if v is not None), "")
+            args[key.strip()] = _typed(value)
+        calls.append({"name": m.group(1) or m.group(3) or m.group(5), "arguments": args})
     return calls
 
 
