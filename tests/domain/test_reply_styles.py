@@ -90,6 +90,11 @@ def _code_vars(row: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, str
             "full": f"{imports}\n{def_line}\n{body}",
             "full_in_list": "".join(("   " + line if line.strip() else line) + "\n"
                                     for line in f"{imports}\n{def_line}\n{body}".splitlines()),
+            # markdown's indented code block (four spaces, no fence), and indentation in no-break spaces
+            "full_indented": "".join(("    " + line if line.strip() else line) + "\n"
+                                     for line in f"{imports}\n{def_line}\n{body}".splitlines()),
+            "full_nbsp": f"{imports}\n{def_line}\n" + re.sub(r"^ +", lambda m: "\u00a0" * len(m.group()), body,
+                                                             flags=re.MULTILINE),
             "full_tabs": f"{imports}\n{def_line}\n" + re.sub(r"^((?:    )+)", lambda m: "\t" * (len(m.group(1)) // 4),
                                                             body, flags=re.MULTILINE),
             "method_def": f"def {entry}(self, {signature[1:]}" if params else f"def {entry}(self){signature[2:]}",

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 
 from benchwright.drivers.templates._reply import answer_part  # inlined by render()
@@ -57,8 +58,10 @@ def _parses(code):
 
 
 def _detab(code):
-    """Leading tabs as four spaces each, so a tab-indented body can continue a space-indented prompt."""
-    return re.sub(r"^\t+", lambda m: "    " * len(m.group()), code, flags=re.MULTILINE)
+    """Leading tabs as four spaces each, so a tab-indented body can continue a space-indented prompt, and leading
+    no-break spaces (code copied out of a web page) as spaces."""
+    return re.sub(r"^[ \t\u00a0]*[\t\u00a0][ \t\u00a0]*",
+                  lambda m: m.group().replace("\t", "    ").replace("\u00a0", " "), code, flags=re.MULTILINE)
 
 
 def _has_code(code):
@@ -84,7 +87,10 @@ def _usable(code, entry, prompt):
     prompt (HumanEval's completion format), so a body cut down to a blank line or a comment never passes."""
     if not _has_code(code):
         return None
-    for variant in (code, _detab(code)):
+    variants = [code, _detab(code)]
+    if code[:1].isspace() and _defines(textwrap.dedent(_detab(code)), entry):
+        variants.insert(0, textwrap.dedent(_detab(code)))  # a whole program indented as markdown's code block
+    for variant in variants:
         if _defines(variant, entry) or prompt is None:
             if _compiles(variant):
                 return variant
