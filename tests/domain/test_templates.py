@@ -99,6 +99,18 @@ def test_numeric_works_out_the_working_after_a_total(working: str, total: str, c
     assert NUMERIC["_comes_to"](working, Fraction(total)) is comes_to
 
 
+@pytest.mark.parametrize(("reply", "value"), [
+    ("She sold 72 clips. Breakdown: April 48, May 24.", "72"),
+    ("She has 5 apples. She gives away 2, so she has 3 left.", "3"),  # a working that goes on from a given
+    ("She has 5 apples. After giving 2 away, 3 remain.", "3"),
+    ("She had 5 apples, gave away 2 and kept 3.", "3"),
+    ("There were 10 birds. 4 flew off and 6 stayed.", "6"),  # no total's word, no breakdown: a given
+    ("Tom is 12. His sister is 5 years younger, so she is 7.", "7"),
+])
+def test_numeric_tells_a_total_and_its_breakdown_from_a_given_and_its_working(reply: str, value: str) -> None:
+    assert NUMERIC["extract_answer"](reply) == Fraction(value)
+
+
 def test_numeric_reference_without_a_number_is_an_error_not_a_zero() -> None:
     with pytest.raises(ValueError, match="holds no number"):
         NUMERIC["Scorer"]().score({"question": "q", "answer": "unknown"}, "4")

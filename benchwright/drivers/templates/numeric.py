@@ -5,13 +5,14 @@ part (a reasoning block skipped; only the last ``<answer>...</answer>`` element 
 self-correction, the corrected part first) by the first rule that finds one: the last ``#### <number>``, the last
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" / "answer: <number>", a number opening
 the reply as its own sentence, its one bold value ("She sold **72 clips**: 48 in April..."), a total said first with its
-parts or working after it ("72 clips: 48 in April and 24 in May", "70 left: 100 minus 30"), else the last number in the
-reply outside its asides (so "42, no wait, 41" is 41 and "72 apples (3 x 24)" is 72) and its closing talk ("Let me know
-if you'd like step 2 again!"), else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers
-compare exactly as fractions: ``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times
-10^8``, ``600 million`` = ``600,000,000``, ``$70k`` = ``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale
-also matches the number before it ("$1.5 million" for a reference of 1.5, a question counting in millions), and a
-quantity in two units matches it in either ("2 hours and 30 minutes" for 150 or 2.5). Standard library only;
+parts or working after it ("72 clips: 48 in April and 24 in May", "70 left: 100 minus 30", "72 clips in total. That's 48
+in April plus 24 in May."), else the last number in the reply outside its asides (so "42, no wait, 41" is 41 and "72
+apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"), else, in a reply with no
+digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions: ``1,234``, ``1234.0``,
+``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` = ``600,000,000``, ``$70k`` =
+``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale also matches the number before it ("$1.5 million" for a
+reference of 1.5, a question counting in millions), and a quantity in two units matches it in either ("2 hours and 30
+minutes" for 150 or 2.5). Standard library only;
 CONFIG names the ``input`` and ``reference`` columns.
 """
 
@@ -87,7 +88,18 @@ _BOLD_NUMBER = re.compile(r"(\*\*|__)\s*(" + _NUMBER + r")\s*(?:[a-zA-Z]+(?:[ \t
 _CONCLUDES = re.compile(r"(?i)\b(?:so|therefore|thus|hence|in total|altogether|in all|overall|combined)\b[^.!?]*\d")
 _SENTENCE_END = re.compile(r"(?<=[!?])\s+|\.(?!\d)\s*|\n+")
 # A total and what opens its parts: a colon, a parenthesis, a dash or ", with" after the number and a few words.
-_OPENS_PARTS = re.compile(r"(" + _NUMBER + r")[^\d:(\u2014\u2013]{0,40}?(?::|\(|\u2014|\u2013|\s-\s|,\s*with\b)")
+_OPENS_PARTS = re.compile(r"(" + _NUMBER + r")[^\d:(\u2014\u2013,]{0,40}?(?::|\(|\u2014|\u2013|\s-\s|,\s*with\b|"
+                          r",\s*(?:which is|i\.e\.,?|that is,?|namely)\s|,(?=\s*[$\u20ac\u00a3]?\d))")
+# Words that tell a working from a breakdown: "She has 5 apples. She gives away 2, so she has 3 left." is no 5.
+_NOT_PARTS = re.compile(r"(?i)\b(?:so|therefore|thus|hence|altogether|overall|left|remain\w*|leaving|leaves|after|"
+                        r"then|now|answer|result|total|gives?|gave|kept|keeps?|spent|spends?|loses?|lost)\b")
+# What tells a total said first from a given: a total's word in its sentence, or a breakdown's opening after it
+# ("That's 48 in April plus 24 in May.", "Breakdown: ...", "(48 in April, 24 in May.)"), or labelled lines under it.
+_TOTAL_WORD = re.compile(r"(?i)\b(?:in total|altogether|in all|all together|combined|overall|total)\b")
+_OPENS_BREAKDOWN = re.compile(r"(?i)\s*(?:that'?s|that is|this is|(?:here'?s |here is )?(?:the |a )?breakdown|"
+                              r"here'?s how|which is|i\.e\.|namely|made up of|\()")
+_LABELLED = re.compile(r"\s*[^:\n\d]{1,30}:\s*[*_]*\s*[-\u2212$\u20ac\u00a3]?\d")  # "April: 48", "**May:** 24"
+_LIST_MARKER = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+\u2022])[ \t]+", re.MULTILINE)  # "1. April: 48" is no part 1
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 # A quantity written in two units: "2 hours and 30 minutes", "1 h 15 min", "5 feet, 6 inches", "3 min 20 s".
 _COMPOUND = re.compile(r"(?<![\w.,/])(\d+)\s?([a-zA-Z]+)\.?,?\s*(?:and\s+)?(\d+(?:\.\d+)?)\s?([a-zA-Z]+)\b")
@@ -269,14 +281,29 @@ def _bold_result(text):
 
 
 def _total_and_parts(text):
-    """A total said first and its parts after it, in the reply's first sentence: "She sold 72 clips: 48 in April and 24
-    in May.", "72 clips in all (48 in April, 24 in May)"; the parts must add up to the total exactly."""
-    first = _SENTENCE_END.split(text.strip(), 1)[0]
+    """A total said first and its parts or working after it: in the reply's first sentence ("She sold 72 clips: 48 in
+    April and 24 in May.", "72 clips in all (48 in April, 24 in May)", "72, which is 48 + 24"), or, when that sentence
+    holds no other number, in the rest of the reply ("She sold 72 clips. Breakdown: April 48, May 24.", a list of the
+    parts under it); the parts must come to the total exactly (``_comes_to``), and not be a working that goes on from
+    it ("She has 5 apples. She gives away 2, so she has 3 left." is 3: ``_NOT_PARTS``)."""
+    first, *rest = _SENTENCE_END.split(text.strip(), 1)
     opened = _OPENS_PARTS.search(first)
-    if opened is None:
+    # a bare comma opens parts only where no working goes on after it ("She had 5, gave away 2 and kept 3.")
+    if opened is not None and not (first[opened.end() - 1] == "," and _NOT_PARTS.search(first, opened.end())):
+        total = parse_number(opened.group(1))
+        if total is not None and _comes_to(first[opened.end():], total):
+            return total
+    said = _NUMBER_RE.findall(first)
+    if len(said) != 1 or not rest:
         return None
-    total = parse_number(opened.group(1))
-    return total if total is not None and _comes_to(first[opened.end():], total) else None
+    if not (_TOTAL_WORD.search(first) or _OPENS_BREAKDOWN.match(rest[0])
+            or all(_LABELLED.match(line) for line in _LIST_MARKER.sub("", rest[0]).splitlines() if line.strip())):
+        return None  # "There were 10 birds. 4 flew off and 6 stayed." is no total and its parts
+    breakdown = _LIST_MARKER.sub(" ", rest[0])
+    if _NOT_PARTS.search(breakdown):
+        return None
+    total = parse_number(said[0])
+    return total if total is not None and _comes_to(breakdown, total) else None
 
 
 def _comes_to(working, total):
