@@ -217,6 +217,24 @@ def test_exact_match_reads_the_answer_beside_a_restatement(reply: str, answer: s
         "canberra" not in EXACT["normalize"](found))
 
 
+@pytest.mark.parametrize(("question", "reference", "reply", "score"), [
+    ("In which year did the Berlin Wall fall?", "1989", "The Berlin Wall fell on November 9, 1989.", 1.0),
+    ("In which year did the Berlin Wall fall?", "1989", "November 9, 1991", 0.0),  # a date of another year
+    ("In which year did the Berlin Wall fall?", "1989", "It fell in 1989.", 1.0),
+    ("Which date did the Berlin Wall fall?", "November 9, 1989", "1989", 0.0),  # a year is no date
+    ("How many continents are there?", "7", "There are seven continents.", 1.0),
+    ("How many continents are there?", "7", "There are 6 continents.", 0.0),
+    ("How many continents are there?", "7", "Number of continents: 7", 1.0),
+    ("Who wrote the novel 'Pride and Prejudice'?", "Jane Austen", "Jane Austen wrote it in 1813.", 1.0),
+    ("Who wrote the novel 'Pride and Prejudice'?", "Jane Austen",
+     "Pride and Prejudice was written by Jane Austen in 1813.", 1.0),  # "in 1813" is when, not the answer
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "It was Leonardo da Vinci who painted it.", 1.0),
+    ("What is the largest ocean on Earth?", "the Pacific Ocean", "The Pacific Ocean, covering a third of Earth.", 1.0),
+])
+def test_exact_match_dates_counts_and_clefts(question: str, reference: str, reply: str, score: float) -> None:
+    assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
+
+
 @pytest.mark.parametrize(("reply", "score"), [
     ("Paris", 1.0), ("Paris, France", 1.0), ("The capital of France is Paris.", 1.0), ("Lyon, France", 0.0)])
 def test_exact_match_reads_a_reference_qualified_like_an_answer(reply: str, score: float) -> None:

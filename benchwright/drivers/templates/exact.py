@@ -12,7 +12,8 @@ Canberra.", "Canberra is the capital of Australia.", in the clause after a "but"
 first sentence. A chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd
 say") are skipped, and an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when
 it equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, accents, thousands
-separators and a trailing period dropped).
+separators and a trailing period dropped; a count spelled out as its digits), a year also by a date in it ("November 9,
+1989").
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
@@ -47,11 +48,14 @@ _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECA
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
 _RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|year)\s+(?!(?:not|known|also)\b)(.+)$",
                        re.IGNORECASE)
+# ... else the tail after "in" or "on" before a date: "It fell in 1989.", "The wall fell on November 9, 1989."
+_RESTATED_WHEN = re.compile(r"^.*\b(?:in|on)\s+((?:\w+\s+)?\d.*)$", re.IGNORECASE)
 # "I'd say Canberra.", "Definitely Canberra.", "My guess is Canberra.": a short reply's lead-in is not its answer.
 _LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my guess is|my guess would be|probably|"
                       r"definitely|most likely|likely|certainly|surely|that's|that is)\s+", re.IGNORECASE)
 # "... by Leonardo da Vinci in the early 1500s": when it happened, after the answer, is not the answer.
-_WHEN_TAIL = re.compile(r"\s+(?:in|around|circa|c\.|during|from)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
+_WHEN_TAIL = re.compile(r"\s+(?:between\s+\d{3,4}\s+and\s+\d{3,4}|from\s+\d{3,4}\s+to\s+\d{3,4})\s*$"
+                        r"|\s+(?:in|around|circa|c\.|during|from)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
                         r"\d{2,4}(?:s|th century)?\s*$", re.IGNORECASE)
 _PRONOUN = frozenset(("it", "this", "that", "them", "one"))  # "Leonardo da Vinci painted it."
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
@@ -64,22 +68,27 @@ _ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probabl
 # "Canberra, not Sydney", "Canberra, located in the ACT", "Canberra, which ...": an aside after a comma, opened by a
 # word that opens one; not the next item of a list ("red, white, and blue"), a place's region ("Washington, D.C.") or
 # a clause with the answer in it ("Many guess Sydney, but it is Canberra").
-_COMMA_ASIDE = re.compile(r",\s+(?=(?:not|which|who|whose|where|when|located|situated|known|famous|home|founded|built|"
-                          r"named|called|being|the|a|an|as|since|because|although|though|while|also|often|in|on|"
+_COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\b|(?:not|which|who|whose|where|when|located|situated|known|famous|home|"
+                          r"founded|built|named|called|being|the|a|an|as|since|because|although|though|while|also|often|in|on|"
                           r"at|from|with|of|for)\b)")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly)[.!]?\s*$", re.IGNORECASE)  # "Canberra, of course."
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
+_HOW_MANY = re.compile(r"(?i)\bhow (?:many|much)\b")
+_COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
 # The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
-_SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|wrote|painted|composed|discovered|invented|founded|"
-                            r"directed|designed|built|created|won)\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
+_SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remained|wrote|painted|composed|discovered|"
+                            r"invented|founded|directed|designed|built|created|won)\s+(?!(?:not|n't)\b)(.+)$",
+                            re.IGNORECASE)
 # "Australia's capital: Canberra", "- **Capital:** Canberra" (a line of a list)
 _LABEL = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
 # The question restated, then an arrow, "=" or a dash, then the answer: "Australia \u2192 Canberra", "Capital of
 # Australia = Canberra", "Pride and Prejudice \u2014 Jane Austen".
 _PAIR = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?(.{2,60}?)(?:\*\*|__)?\s*"
                    r"(?:\u2192|->|=>|=|\s[\u2014\u2013-])\s*(.+)$")
+# A cleft sentence: "It was Leonardo da Vinci who painted it.", "It is Canberra that is the capital."
+_CLEFT = re.compile(r"^(?:it|that)\s+(?:is|was)\s+(.+?)\s+(?:who|that|which)\s+(.+)$", re.IGNORECASE)
 # A reason after what is said of the subject: "Mars is known as the Red Planet because of its iron oxide."
 _REASON = re.compile(r",|\s(?:because|since|due to|thanks to|owing to|given)\b", re.IGNORECASE)
 # The last clause of a sentence that sets another thing against the answer: "Sydney is the largest city, but Canberra is
@@ -95,6 +104,17 @@ _CONTRAST = re.compile(r"^(?:.+?\s+(?:is|was|are|were|did|does|do)\s*(?:not|n't)
                        r"\s*[;,\u2014\u2013]\s*(?:but\s+)?(?:(?:it'?s|it\s+(?:is|was)|that'?s|that\s+(?:is|was))\s+)?"
                        r"([^,;]+?)(?:\s+(?:is|was|are|were|did|does|do))?[.!]?$", re.IGNORECASE)
 _TABLE_RULE = re.compile(r"^\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?$")  # a markdown table's "|---|---|"
+# A count spelled out, compared as its digits: "Seven" is "7".
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate((
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"))}
+_NUMBER_WORD = re.compile(r"\b(?:" + "|".join(_NUMBER_WORDS) + r")\b")
+# A count and the thing counted that the question names: "7 continents" for "How many continents are there?"
+_COUNTED = re.compile(r"^(\d[\d,.]*|(?i:" + "|".join(_NUMBER_WORDS) + r"))\s+(.+)$")
+# A date whose year a question asks for: "November 9, 1989", "9 November 1989", "in 1989" (normalised)
+_MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
+_DATE_OF_YEAR = re.compile(r"(?:(?:in|on)\s+)?(?:(?:\d{1,2}(?:st|nd|rd|th)?\s+)?(?:" + _MONTHS + r")\s+"
+                           r"(?:\d{1,2}(?:st|nd|rd|th)?\s+)?)?(\d{4})")
 _FILLER = frozenset(("a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "and", "or", "is", "was", "are",
                      "were", "be", "it", "its", "what", "which", "who", "whom", "whose", "when", "where", "how", "did",
                      "does", "do", "has", "have", "had", "this", "that", "as", "with", "from"))
@@ -111,6 +131,7 @@ def normalize(text):
     text = "".join(ch for ch in text if unicodedata.category(ch) != "So" and ch != "\ufe0f")  # "Canberra \u2705"
     text = _ARROWS.sub(" ", text)  # "\u2192 Canberra"
     text = _ARTICLES.sub(" ", text)
+    text = _NUMBER_WORD.sub(lambda m: _NUMBER_WORDS[m.group()], text)
     text = " ".join(text.split())
     return text.rstrip(".").strip()
 
@@ -140,6 +161,8 @@ def _restates(part, question, loose=False):
     if not question:
         return False
     words, asked = _content(part), _content(question) | _SAID_ANSWER
+    if _HOW_MANY.search(question):  # "Number of continents: 7" restates "How many continents...?"
+        asked |= _COUNT_WORDS
     common = len(words & asked)
     if loose:
         return bool(words) and common == len(words)
@@ -162,6 +185,9 @@ def _unqualified(answer, question):
     head, comma, tail = answer.rpartition(",")
     if comma and head.strip() and (_restates(tail, question) or _restates(tail, question, loose=True)):
         return head.strip()
+    counted = _COUNTED.match(answer.strip().rstrip(".!"))
+    if counted and _restates(counted.group(2), question, loose=True):
+        return counted.group(1)  # "7 continents" for "How many continents...?"
     return answer
 
 
@@ -196,13 +222,19 @@ def _subject_first(sentence, question):
     Planet because of ...", "Sydney is the largest city, but Canberra is the capital."): its subject match, or None."""
     clause = _BUT_CLAUSE.search(sentence)
     for part in (clause.group(1) if clause else None, sentence):
-        subject = _SUBJECT_FIRST.match(part) if part else None
+        subject = (_CLEFT.match(part) or _SUBJECT_FIRST.match(part)) if part else None
         said_of = _REASON.split(subject.group(2), maxsplit=1)[0] if subject else ""  # "wrote it, publishing..."
+        said_of = _WHEN_TAIL.sub("", said_of) or said_of  # "painted the Mona Lisa between 1503 and 1519"
         said_of = re.sub(r"\A(?:known|also known|referred to|described)\s+as\s+", "", said_of, flags=re.IGNORECASE)
         if (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
                 and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN)):
             return subject
     return None
+
+
+def _restated(text):
+    """The tail of a sentence that restates the question before its answer (``_RESTATED``, else ``_RESTATED_WHEN``)."""
+    return _RESTATED.search(text) or _RESTATED_WHEN.search(text)
 
 
 def _first_sentence(text):
@@ -259,7 +291,7 @@ def _find(text, question=None):
     first_clause = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()), question)
     subject = _subject_first(first, question)
     short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
-    if short and not _RESTATED.search(whole) and not subject and not _restates(whole, question):
+    if short and not _restated(whole) and not subject and not _restates(whole, question):
         # "Canberra", "canberra.", "**Jane Austen**"
         bold = re.fullmatch(r"\s*\*\*(.+?)\*\*[.!]?\s*", whole)
         return (bold.group(1) if bold else whole), "whole"
@@ -271,8 +303,8 @@ def _find(text, question=None):
     # The clause before the first aside ("... is Canberra, which is well documented"), else the sentence without its
     # last aside ("The colours, from the mast, are blue, white, and red, which ..."), else the whole sentence.
     asides = list(_COMMA_ASIDE.finditer(first))
-    restated = (_RESTATED.search(first_clause) or (asides and _RESTATED.search(first[:asides[-1].start()]))
-                or _RESTATED.search(first))
+    restated = (_restated(first_clause) or (asides and _restated(first[:asides[-1].start()]))
+                or _restated(first))
     if restated and len(_tidy(restated.group(1), question).split()) <= 6:  # "The capital of Australia is Canberra."
         return _tidy(restated.group(1), question), "restated"
     if normalize(first):  # "Canberra. It replaced Melbourne as the seat of government in 1927."
@@ -299,5 +331,8 @@ class Scorer:
         answer = None if found is None else normalize(found)
         # The reference loses what an answer would lose: "Paris, France" asked for France's capital is Paris.
         reference = normalize(_unqualified(str(row[CONFIG["reference"]]), question))
+        if answer is not None and re.fullmatch(r"\d{4}", reference):  # a year asked, a date given: "November 9, 1989"
+            date = _DATE_OF_YEAR.fullmatch(answer)
+            answer = date.group(1) if date else answer
         return {"score": 1.0 if answer is not None and answer == reference else 0.0,
                 "answer": answer, "extracted": answer is not None, "rule": rule}
