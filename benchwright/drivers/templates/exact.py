@@ -155,14 +155,26 @@ def _content(text):
     return {w for w in normalize(re.sub(r"['\u2019]s\b", "", str(text))).split() if w not in _FILLER}
 
 
+def _asked(question):
+    """The question's meaningful words, and the words that restate any question ("the answer"; "number" when it asks
+    how many: "Number of continents: 7"): read once per question (a reply's every line is checked against them)."""
+    cached = _ASKED[0]  # one read of the one slot: threads scoring other rows may replace it meanwhile
+    if cached[0] != question:
+        words = _content(question) | _SAID_ANSWER
+        cached = (question, frozenset(words | _COUNT_WORDS if _HOW_MANY.search(question) else words))
+        _ASKED[0] = cached
+    return cached[1]
+
+
+_ASKED = [(None, frozenset())]  # type: list[tuple[str | None, frozenset[str]]]
+
+
 def _restates(part, question, loose=False):
     """Whether ``part`` says the question again: its meaningful words mostly the question's (or "the answer");
     ``loose``: every one of its words is the question's, however few ("Australia" of "...capital of Australia?")."""
     if not question:
         return False
-    words, asked = _content(part), _content(question) | _SAID_ANSWER
-    if _HOW_MANY.search(question):  # "Number of continents: 7" restates "How many continents...?"
-        asked |= _COUNT_WORDS
+    words, asked = _content(part), _asked(question)
     common = len(words & asked)
     if loose:
         return bool(words) and common == len(words)
@@ -191,13 +203,14 @@ def _unqualified(answer, question):
     return answer
 
 
-def _unlabel(line, question):
-    """The value of a label line that restates the question ("- **Capital:** Canberra" -> "Canberra"), else None."""
+def _unlabel(line, question, nested=False):
+    """The value of a label line that restates the question ("- **Capital:** Canberra" -> "Canberra"), else None;
+    a label in that value is read once more ("**Australia** \u2013 capital: **Canberra**"), no deeper."""
     line = _HEDGE_TAIL.sub("", _ASIDE.sub("", line).strip()).rstrip(".!")
     for label in (_LABEL.match(line), _PAIR.match(line)) if question else ():
         if label and (_restates(label.group(1), question) or _restates(label.group(1), question, loose=True)):
             value = label.group(2).strip(" *_")
-            value = _unlabel(value, question) or value  # "**Australia** \u2013 capital: **Canberra**"
+            value = (None if nested else _unlabel(value, question, nested=True)) or value
             if not _restates(value, question):
                 return value
     return None

@@ -254,7 +254,7 @@ _PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</parameter>", 
 # or an object): Qwen3-Coder's and Seed-OSS's "<function=name><parameter=city>Paris</parameter></function>", GLM-4.5's
 # "<tool_call>name<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>", FunctionGemma's
 # "call:name{city:<escape>Paris<escape>}".
-_TAGGED_CALL = re.compile(r"<function=([\w.\-]+)>((?:(?!</function>).)*?<parameter=.*?)</function>"
+_TAGGED_CALL = re.compile(r"<function=([\w.\-]+)>(\s*<parameter=.*?)</function>"
                           r"|<tool_call>\s*([\w.\-]+)\s*((?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>\s*)+)"
                           r"|\bcall:([\w.\-]+)\{(.*?)\}(?=\s*(?:<end_function_call>|$|call:))", re.DOTALL)
 _TAGGED_ARGUMENT = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>|<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)"
