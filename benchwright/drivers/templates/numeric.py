@@ -102,7 +102,9 @@ _LABELLED = re.compile(r"\s*[^:\n\d]{1,30}:\s*[*_]*\s*[-\u2212$\u20ac\u00a3]?\d"
 _LIST_MARKER = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+\u2022])[ \t]+", re.MULTILINE)  # "1. April: 48" is no part 1
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 # A quantity written in two units: "2 hours and 30 minutes", "1 h 15 min", "5 feet, 6 inches", "3 min 20 s".
-_COMPOUND = re.compile(r"(?<![\w.,/])(\d+)\s?([a-zA-Z]+)\.?,?\s*(?:and\s+)?(\d+(?:\.\d+)?)\s?([a-zA-Z]+)\b")
+# (up to 15 digits a part: a longer run of digits is no such quantity, and int() refuses one past 4,300)
+_COMPOUND = re.compile(r"(?<![\w.,/])(\d{1,15})\s?([a-zA-Z]+)\.?,?\s*(?:and\s+)?(\d{1,15}(?:\.\d{1,15})?)\s?"
+                       r"([a-zA-Z]+)\b")
 _UNIT_NAMES = {name: unit for unit, names in (
     ("h", "hour hours hr hrs h"), ("min", "minute minutes min mins"), ("s", "second seconds sec secs s"),
     ("d", "day days"), ("wk", "week weeks"), ("yr", "year years"), ("mo", "month months"), ("ft", "foot feet ft"),
