@@ -112,10 +112,13 @@ def test_numeric_tells_a_total_and_its_breakdown_from_a_given_and_its_working(re
 
 
 @pytest.mark.parametrize("reply", ["1" * 5000 + " hours and 30 minutes", "2 hours and " + "3" * 5000 + " minutes",
-                                   "She sold " + "7" * 5000 + " clips: 48 in April and 24 in May."])
+                                   "She sold " + "7" * 5000 + " clips: 48 in April and 24 in May.",
+                                   "1" * 5000 + "\u00bd", "1" * 5000])
 def test_numeric_reads_a_hostile_run_of_digits_without_failing(reply: str) -> None:
-    """Python's int() refuses more than 4,300 digits: such a reply is read as no number or another, never an error."""
-    assert NUMERIC["Scorer"]().score({"question": "q", "answer": "30"}, reply)["score"] in (0.0, 1.0)
+    """Python's int() refuses more than 4,300 digits: such a reply is read as no number or another, never an error,
+    and a rule that found digits it could not read is not named as the rule that read the answer."""
+    result = NUMERIC["Scorer"]().score({"question": "q", "answer": "30"}, reply)
+    assert result["score"] in (0.0, 1.0) and (result["rule"] is None) == (result["answer"] is None)
 
 
 def test_numeric_reference_without_a_number_is_an_error_not_a_zero() -> None:

@@ -38,7 +38,7 @@ _SCALE = r"\s?(?:thousand|million|billion|trillion)(?![\w])|(?:[kKMB]|bn)(?![\w]
 _VULGAR = "\u00bd\u2153\u2154\u00bc\u00be\u2155\u2156\u2157\u2158\u2159\u215a\u215b\u215c\u215d\u215e"
 _VULGAR_VALUES = dict(zip(_VULGAR, ((1, 2), (1, 3), (2, 3), (1, 4), (3, 4), (1, 5), (2, 5), (3, 5), (4, 5), (1, 6),
                                     (5, 6), (1, 8), (3, 8), (5, 8), (7, 8)), strict=True))
-_VULGAR_RUN = re.compile(r"(?<![\d,.])(?:(\d{1,3}(?:,\d{3})+|\d+)[ \u2009]?)?([" + _VULGAR + "])")
+_VULGAR_RUN = re.compile(r"(?<![\d,.])(?:(\d{1,3}(?:,\d{3}){1,4}|\d{1,15})[ \u2009]?)?([" + _VULGAR + "])")
 _SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "b": 9, "bn": 9}
 # A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
 # in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
@@ -223,6 +223,8 @@ def find_answer(reply):
     value, rule = _find(tail) if tail is not None else (None, None)
     if value is None:
         value, rule = _find(text)
+    if value is None:
+        return None, None  # a rule found a number it could not read ("111...1" past int()'s 4,300 digits)
     if value in readings and not isinstance(value, _Scaled):
         value = _Scaled(value, readings[value])
     return value, rule
