@@ -4,9 +4,11 @@ scorer called on tricky replies; and template selection from columns and sample 
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -113,12 +115,41 @@ def test_numeric_tells_a_total_and_its_breakdown_from_a_given_and_its_working(re
 
 @pytest.mark.parametrize("reply", ["1" * 5000 + " hours and 30 minutes", "2 hours and " + "3" * 5000 + " minutes",
                                    "She sold " + "7" * 5000 + " clips: 48 in April and 24 in May.",
-                                   "1" * 5000 + "\u00bd", "1" * 5000])
+                                   "1" * 5000 + "\u00bd", "1" * 5000, "1e99999", "6 \u00d7 10^{99999}",
+                                   "7e" + "9" * 5000])
 def test_numeric_reads_a_hostile_run_of_digits_without_failing(reply: str) -> None:
     """Python's int() refuses more than 4,300 digits: such a reply is read as no number or another, never an error,
     and a rule that found digits it could not read is not named as the rule that read the answer."""
     result = NUMERIC["Scorer"]().score({"question": "q", "answer": "30"}, reply)
     assert result["score"] in (0.0, 1.0) and (result["rule"] is None) == (result["answer"] is None)
+
+
+HOSTILE_PIECES = [
+    "9" * 5000, "\u00bd", " hours and ", " minutes", ": ", " minus ", " \u00d7 ", " \u00f7 0", "=", "\n- A: \u2705",
+    "**", "$", "1e99999", " \u00d7 10^{99999}", "\\boxed{", "}", '{"answer": ', "<tool_call>", "call:x{a:",
+    "<function=x>", "<parameter=a>", "</parameter>", "</function>", "November 9, ", "It was ", " who ", "seven",
+    " continents", "Final Answer: The final answer is ", "Confidence: ", "%", "(", ")", "<think>", "</think>", " 10^",
+    "1/0", "0/0", "NaN", "Infinity", "\u00a0", "\t", "\u2192", " = ", "Breakdown: ", "That's ", "\u2212", "-", ".",
+    ",", "1,234\u00bd", "1" * 20,
+]
+
+
+def test_no_reply_fails_a_templates_score() -> None:
+    """A model's reply is the scorer's input, never its failure: 300 replies pieced together from what broke the
+    templates once (a run of digits past int()'s 4,300, an exponent of 99,999, a division by zero, unclosed markup)
+    are each scored by the numeric, multiple-choice, exact-match and tool-call templates without an exception."""
+    samples = Path(__file__).resolve().parents[2] / "benchwright" / "samples"
+    tool_row = json.loads((samples / "toolcall-mini.jsonl").read_text().splitlines()[0])
+    tool = _load(ScorerPlan(template="tool_call",
+                            fields={"input": "question", "functions": "function", "reference": "ground_truth"}, why=""))
+    scorers = [(NUMERIC, {"question": "How many?", "answer": "72"}),
+               (CHOICE, {"question": "q", "choices": ["0", "1", "2", "3"], "answer": 1}),
+               (EXACT, {"question": "In which year did the Berlin Wall fall?", "answer": "1989"}), (tool, tool_row)]
+    pick = random.Random(7)
+    for _ in range(300):
+        reply = "".join(pick.choice(HOSTILE_PIECES) for _ in range(pick.randint(1, 12)))
+        for ns, row in scorers:
+            assert ns["Scorer"]().score(row, reply)["score"] in (0.0, 1.0)
 
 
 def test_numeric_reference_without_a_number_is_an_error_not_a_zero() -> None:

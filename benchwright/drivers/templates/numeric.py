@@ -101,6 +101,10 @@ _OPENS_BREAKDOWN = re.compile(r"(?i)\s*(?:that'?s|that is|this is|(?:here'?s |he
 _LABELLED = re.compile(r"\s*[^:\n\d]{1,30}:\s*[*_]*\s*[-\u2212$\u20ac\u00a3]?\d")  # "April: 48", "**May:** 24"
 _LIST_MARKER = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+\u2022])[ \t]+", re.MULTILINE)  # "1. April: 48" is no part 1
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
+# A number past ~3,600 digits, or an exponent of four digits or more, is no answer: parse_number reads none (Python's
+# int() refuses to spell one past 4,300 digits, and 10 ** 9999999 alone takes seconds).
+_HUGE_EXPONENT = re.compile(r"(?:[eE]|\^\s?\{?)[-+\u2212]?\d{4,}")
+_MAX_BITS = 12_000
 # A quantity written in two units: "2 hours and 30 minutes", "1 h 15 min", "5 feet, 6 inches", "3 min 20 s".
 # (up to 15 digits a part: a longer run of digits is no such quantity, and int() refuses one past 4,300)
 _COMPOUND = re.compile(r"(?<![\w.,/])(\d{1,15})\s?([a-zA-Z]+)\.?,?\s*(?:and\s+)?(\d{1,15}(?:\.\d{1,15})?)\s?"
@@ -126,6 +130,8 @@ def parse_number(text):
     if text is None:
         return None
     cleaned = str(text).strip().replace("\u2212", "-")
+    if _HUGE_EXPONENT.search(cleaned):
+        return None  # "1e99999", "10^{100000}": no answer, and a number int() could not even spell
     exponent = 0
     power = _POWER.search(cleaned)
     if power:
@@ -144,9 +150,10 @@ def parse_number(text):
             value = Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
         return None
-    if scale:
-        return _Scaled(value * Fraction(10) ** exponent, value)
-    return value * Fraction(10) ** exponent
+    scaled = value * Fraction(10) ** exponent
+    if max(scaled.numerator.bit_length(), scaled.denominator.bit_length()) > _MAX_BITS:
+        return None
+    return _Scaled(scaled, value) if scale else scaled
 
 
 class _Scaled(Fraction):
