@@ -271,6 +271,8 @@ def test_exact_match_reads_the_answer_beside_a_restatement(reply: str, answer: s
      "Pride and Prejudice was written by Jane Austen in 1813.", 1.0),  # "in 1813" is when, not the answer
     ("Who painted the Mona Lisa?", "Leonardo da Vinci", "It was Leonardo da Vinci who painted it.", 1.0),
     ("What is the largest ocean on Earth?", "the Pacific Ocean", "The Pacific Ocean, covering a third of Earth.", 1.0),
+    ("What are the legs of a triathlon?", "swimming, cycling and running", "Swimming, cycling and running.", 1.0),
+    ("What are the legs of a triathlon?", "swimming, cycling, and running", "Swimming, cycling, and running.", 1.0),
 ])
 def test_exact_match_dates_counts_and_clefts(question: str, reference: str, reply: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score

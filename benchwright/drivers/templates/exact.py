@@ -66,11 +66,12 @@ _PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great que
 _ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probably|likely|in fact|officially)\s+",
                      re.IGNORECASE)
 # "Canberra, not Sydney", "Canberra, located in the ACT", "Canberra, which ...": an aside after a comma, opened by a
-# word that opens one; not the next item of a list ("red, white, and blue"), a place's region ("Washington, D.C.") or
+# word that opens one or a participle opening a clause ("the Pacific Ocean, covering a third of Earth"); not the next
+# item of a list ("red, white, and blue", "swimming, cycling and running"), a place's region ("Washington, D.C.") or
 # a clause with the answer in it ("Many guess Sydney, but it is Canberra").
-_COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\b|(?:not|which|who|whose|where|when|located|situated|known|famous|home|"
-                          r"founded|built|named|called|being|the|a|an|as|since|because|although|though|while|also|often|in|on|"
-                          r"at|from|with|of|for)\b)")
+_COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|(?:not|which|who|whose|where|when|located|situated|"
+                          r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
+                          r"though|while|also|often|in|on|at|from|with|of|for)\b)")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly)[.!]?\s*$", re.IGNORECASE)  # "Canberra, of course."
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
