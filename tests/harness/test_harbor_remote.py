@@ -127,9 +127,10 @@ async def test_each_task_environment_is_a_sandbox_on_the_runs_backend(remote: Re
 
     assert run["status"] == "ok", run["error"]
     assert run["tasks"]["summary"]["total"] == len(TASKS) and run["tasks"]["summary"]["pass_rate"] == expected
-    scores = {e["data"]["meta"]["sample_id"]: e["data"]["score"] for e in events
-              if e["type"] == "MaterializeTaskResult"}
-    assert scores == {t: expected for t in TASKS}, "harbor's own reward per task"
+    results = {e["data"]["meta"]["sample_id"]: e["data"] for e in events if e["type"] == "MaterializeTaskResult"}
+    scores = {task: result["score"] for task, result in results.items()}
+    errors = {task: result["error"] for task, result in results.items() if result.get("error")}
+    assert scores == {t: expected for t in TASKS}, f"harbor's own reward per task; errors: {errors}"
     created = {e["data"]["sandbox_id"]: e["data"] for e in events if e["type"] == "SandboxCreated"}
     envs = [c for c in created.values() if c["role"] == "harbor_task_env"]
     assert len(envs) == len(TASKS) and {c["backend"] for c in envs} == {remote.backend}
