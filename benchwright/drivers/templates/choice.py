@@ -205,8 +205,9 @@ def _ticked_option(text, texts):
             if head is None or head.group(1) not in valid:
                 continue
             rest = item[head.end():]
-            if _TICKED.search(rest) or _CROSSED.search(rest):  # a mark says it, whatever the words ("True, False ❌")
-                (ticked if _TICKED.search(rest) else crossed).add(head.group(1))
+            tick = _TICKED.search(rest)
+            if tick or _CROSSED.search(rest):  # a mark says it, whatever the words ("True, False ❌")
+                (ticked if tick else crossed).add(head.group(1))
                 continue
             word = _WORD_VERDICT.match(rest) or _LAST_WORD_VERDICT.search(rest)
             if word is not None and _norm(rest) != _norm(texts[valid.index(head.group(1))]):

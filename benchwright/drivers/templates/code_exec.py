@@ -88,8 +88,10 @@ def _usable(code, entry, prompt):
     if not _has_code(code):
         return None
     variants = [code, _detab(code)]
-    if code[:1].isspace() and _defines(textwrap.dedent(_detab(code)), entry):
-        variants.insert(0, textwrap.dedent(_detab(code)))  # a whole program indented as markdown's code block
+    if code[:1].isspace():
+        dedented = textwrap.dedent(variants[1])
+        if _defines(dedented, entry):
+            variants.insert(0, dedented)  # a whole program indented as markdown's code block
     for variant in variants:
         if _defines(variant, entry) or prompt is None:
             if _compiles(variant):

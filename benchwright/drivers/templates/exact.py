@@ -17,6 +17,7 @@ separators and a trailing period dropped; a count spelled out as its digits), a 
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
+import functools
 import re
 import string
 import unicodedata
@@ -92,6 +93,7 @@ _PAIR = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?(.{2,60}?)(?:\*\*|__)?\s*"
 _CLEFT = re.compile(r"^(?:it|that)\s+(?:is|was)\s+(.+?)\s+(?:who|that|which)\s+(.+)$", re.IGNORECASE)
 # A reason after what is said of the subject: "Mars is known as the Red Planet because of its iron oxide."
 _REASON = re.compile(r",|\s(?:because|since|due to|thanks to|owing to|given)\b", re.IGNORECASE)
+_KNOWN_AS = re.compile(r"\A(?:known|also known|referred to|described)\s+as\s+", re.IGNORECASE)
 # The last clause of a sentence that sets another thing against the answer: "Sydney is the largest city, but Canberra is
 # the capital."
 _BUT_CLAUSE = re.compile(r"(?:,|;)\s*(?:but|while|whereas|yet)\s+(.+)$", re.IGNORECASE)
@@ -156,18 +158,12 @@ def _content(text):
     return {w for w in normalize(re.sub(r"['\u2019]s\b", "", str(text))).split() if w not in _FILLER}
 
 
+@functools.lru_cache(maxsize=8)
 def _asked(question):
     """The question's meaningful words, and the words that restate any question ("the answer"; "number" when it asks
     how many: "Number of continents: 7"): read once per question (a reply's every line is checked against them)."""
-    cached = _ASKED[0]  # one read of the one slot: threads scoring other rows may replace it meanwhile
-    if cached[0] != question:
-        words = _content(question) | _SAID_ANSWER
-        cached = (question, frozenset(words | _COUNT_WORDS if _HOW_MANY.search(question) else words))
-        _ASKED[0] = cached
-    return cached[1]
-
-
-_ASKED = [(None, frozenset())]  # type: list[tuple[str | None, frozenset[str]]]
+    words = _content(question) | _SAID_ANSWER
+    return frozenset(words | _COUNT_WORDS if _HOW_MANY.search(question) else words)
 
 
 def _restates(part, question, loose=False):
@@ -239,7 +235,7 @@ def _subject_first(sentence, question):
         subject = (_CLEFT.match(part) or _SUBJECT_FIRST.match(part)) if part else None
         said_of = _REASON.split(subject.group(2), maxsplit=1)[0] if subject else ""  # "wrote it, publishing..."
         said_of = _WHEN_TAIL.sub("", said_of) or said_of  # "painted the Mona Lisa between 1503 and 1519"
-        said_of = re.sub(r"\A(?:known|also known|referred to|described)\s+as\s+", "", said_of, flags=re.IGNORECASE)
+        said_of = _KNOWN_AS.sub("", said_of)  # "is known as the Red Planet"
         if (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
                 and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN)):
             return subject
