@@ -278,6 +278,57 @@ def test_exact_match_dates_counts_and_clefts(question: str, reference: str, repl
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
 
 
+_AUSTEN = "Who wrote the novel 'Pride and Prejudice'?"
+_CAPITAL = "What is the capital of Australia?"
+
+
+@pytest.mark.parametrize(("question", "reference", "reply", "score"), [
+    # a description before the name: the name is the answer
+    (_AUSTEN, "Jane Austen", "The English novelist Jane Austen.", 1.0),
+    (_CAPITAL, "Canberra", "The capital of Australia is the city of Canberra.", 1.0),
+    ("What is the largest ocean on Earth?", "the Pacific Ocean", "The vast Pacific Ocean.", 1.0),
+    # ... but not a name that only ends in the reference, a denial or a relation
+    ("Which English city has a famous Minster?", "York", "New York.", 0.0),
+    ("Which English city has a famous Minster?", "York", "The state of New York.", 0.0),
+    ("Which country?", "Korea", "South Korea", 0.0),
+    (_AUSTEN, "Austen", "Jane Austen.", 0.0),
+    (_CAPITAL, "Canberra", "not Canberra", 0.0),
+    (_AUSTEN, "Jane Austen", "A contemporary of Jane Austen.", 0.0),
+    (_AUSTEN, "Jane Austen", "The English novelist Charlotte Brontë.", 0.0),
+    # surname first
+    (_AUSTEN, "Jane Austen", "Austen, Jane", 1.0),
+    (_AUSTEN, "Jane Austen", "Brontë, Charlotte", 0.0),
+    # the name beside its description in the subject; a list stays a list
+    ("Which planet is known as the Red Planet?", "Mars",
+     "The fourth planet from the Sun, Mars, is called the Red Planet.", 1.0),
+    (_CAPITAL, "Canberra", "The largest city, Sydney, is the capital of Australia.", 0.0),
+    (_AUSTEN, "Jane Austen", "Jane Austen, the English novelist, wrote it.", 1.0),
+    ("What are the legs of a triathlon?", "swimming, cycling and running",
+     "Swimming, cycling and running are the legs of a triathlon.", 1.0),
+    # a guess denied first, then the answer; the denial of the answer itself stays wrong
+    (_CAPITAL, "Canberra", "Not Sydney! The capital is Canberra.", 1.0),
+    (_CAPITAL, "Canberra", "Not Canberra. It's Sydney.", 0.0),
+    (_CAPITAL, "Canberra", "Canberra? No, it's Sydney.", 0.0),
+    (_AUSTEN, "Jane Austen", "Written by Charlotte Brontë, it was first published in 1847.", 0.0),
+    # a role for "who": the subject said to be it
+    (_AUSTEN, "Jane Austen", "Jane Austen is the author.", 1.0),
+    (_AUSTEN, "Jane Austen", "Charlotte Brontë is the author.", 0.0),
+    (_CAPITAL, "Canberra", "Canberra is the one.", 1.0),
+    (_CAPITAL, "Canberra", "Canberra is the author.", 0.0),  # a role answers "Who...?" only
+    # a count before its list, or with what it counts; two counts of it are no answer
+    ("How many continents are there?", "7", "There are 6 continents: Africa, Eurasia, ...", 0.0),
+    ("How many continents are there?", "7", "The Earth has six continents.", 0.0),
+    ("How many continents are there?", "7", "Some say 7 continents, others 6 continents.", 0.0),
+    ("How many continents are there?", "7", "7, continents", 1.0),
+    # since when is not the answer; more said after "and" is not either
+    (_CAPITAL, "Canberra", "Canberra has been the capital since 1913.", 1.0),
+    (_CAPITAL, "Canberra", "Sydney has been the capital since 1788.", 0.0),
+    (_AUSTEN, "Jane Austen", "Pride and Prejudice was written by Jane Austen and published in 1813.", 1.0),
+])
+def test_exact_match_names_descriptions_and_counts(question: str, reference: str, reply: str, score: float) -> None:
+    assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
+
+
 @pytest.mark.parametrize(("reply", "score"), [
     ("Paris", 1.0), ("Paris, France", 1.0), ("The capital of France is Paris.", 1.0), ("Lyon, France", 0.0)])
 def test_exact_match_reads_a_reference_qualified_like_an_answer(reply: str, score: float) -> None:

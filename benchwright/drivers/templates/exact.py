@@ -47,18 +47,20 @@ _ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?
 _SAID_AGAIN = re.compile(r"\A(?i:the\s+)?(?i:final\s+)?(?i:answer)\s+(?i:is)\s*:?\s*")
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|year)\s+(?!(?:not|known|also)\b)(.+)$",
-                       re.IGNORECASE)
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|year|ha(?:s|ve)(?=\s+the\b))\s+"
+                       r"(?!(?:not|known|also)\b)(.+)$", re.IGNORECASE)
 # ... else the tail after "in" or "on" before a date: "It fell in 1989.", "The wall fell on November 9, 1989."
 _RESTATED_WHEN = re.compile(r"^.*\b(?:in|on)\s+((?:\w+\s+)?\d.*)$", re.IGNORECASE)
 # "I'd say Canberra.", "Definitely Canberra.", "My guess is Canberra.": a short reply's lead-in is not its answer.
 _LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my guess is|my guess would be|probably|"
-                      r"definitely|most likely|likely|certainly|surely|that's|that is)\s+", re.IGNORECASE)
+                      r"definitely|most likely|likely|certainly|surely|that's|that is|"
+                      r"you(?:'re| are| might be| may be) thinking of|you mean|"
+                      r"most commonly|commonly|usually|typically|generally|conventionally)\s+", re.IGNORECASE)
 # "... by Leonardo da Vinci in the early 1500s": when it happened, after the answer, is not the answer.
 _WHEN_TAIL = re.compile(r"\s+(?:between\s+\d{3,4}\s+and\s+\d{3,4}|from\s+\d{3,4}\s+to\s+\d{3,4})\s*$"
-                        r"|\s+(?:in|around|circa|c\.|during|from)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
+                        r"|\s+(?:in|around|circa|c\.|during|from|since)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
                         r"\d{2,4}(?:s|th century)?\s*$", re.IGNORECASE)
-_PRONOUN = frozenset(("it", "this", "that", "them", "one"))  # "Leonardo da Vinci painted it."
+_PRONOUN = frozenset(("it", "this", "that", "them", "one", "the one"))  # "Leonardo da Vinci painted it."
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
 # Chat models open with a pleasantry ("Sure! The capital of Australia is Canberra."): not the answer's sentence.
 _PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great question|good question|happy to help)"
@@ -72,7 +74,7 @@ _ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probabl
 # a clause with the answer in it ("Many guess Sydney, but it is Canberra").
 _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|(?:not|which|who|whose|where|when|located|situated|"
                           r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
-                          r"though|while|also|often|in|on|at|from|with|of|for)\b)")
+                          r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing)\b)")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly)[.!]?\s*$", re.IGNORECASE)  # "Canberra, of course."
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
@@ -81,8 +83,10 @@ _COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
 # The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remained|wrote|painted|composed|discovered|"
-                            r"invented|founded|directed|designed|built|created|won)\s+(?!(?:not|n't)\b)(.+)$",
-                            re.IGNORECASE)
+                            r"invented|founded|directed|designed|built|created|won|penned|authored|sculpted|coined|"
+                            r"developed|formulated|proposed|pioneered|introduced|ha(?:s|ve|d)\s+(?:long\s+|always\s+)?"
+                            r"been|(?:has\s+)?(?:serves|served|ranks|ranked|stands|stood|functions|acts)\s+as)"
+                            r"\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
 # "Australia's capital: Canberra", "- **Capital:** Canberra" (a line of a list)
 _LABEL = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
 # The question restated, then an arrow, "=" or a dash, then the answer: "Australia \u2192 Canberra", "Capital of
@@ -93,10 +97,38 @@ _PAIR = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?(.{2,60}?)(?:\*\*|__)?\s*"
 _CLEFT = re.compile(r"^(?:it|that)\s+(?:is|was)\s+(.+?)\s+(?:who|that|which)\s+(.+)$", re.IGNORECASE)
 # A reason after what is said of the subject: "Mars is known as the Red Planet because of its iron oxide."
 _REASON = re.compile(r",|\s(?:because|since|due to|thanks to|owing to|given)\b", re.IGNORECASE)
-_KNOWN_AS = re.compile(r"\A(?:known|also known|referred to|described)\s+as\s+", re.IGNORECASE)
+_KNOWN_AS = re.compile(r"\A(?:(?:also|often|commonly|usually|widely|popularly|sometimes|famously|best)\s+)?"
+                       r"(?:(?:known|referred to|described|regarded)\s+as|called|nicknamed|dubbed)\s+", re.IGNORECASE)
 # The last clause of a sentence that sets another thing against the answer: "Sydney is the largest city, but Canberra is
 # the capital."
 _BUT_CLAUSE = re.compile(r"(?:,|;)\s*(?:but|while|whereas|yet)\s+(.+)$", re.IGNORECASE)
+# A name as a sentence's subject beside its description, the two set apart by commas: "The fourth planet from the Sun,
+# Mars, is ...", "Jane Austen, the English novelist, wrote ...": each word capitalised but a name's particles.
+_NAME_WORD = r"(?:[A-Z\u00c0-\u00de][\w'\u2019.-]*|da|de|del|della|di|du|van|von|der|den|le|la|bin|ibn|al|y|of|the)"
+_NAME = re.compile(_NAME_WORD + r"(?:\s+" + _NAME_WORD + r")*")
+# What "Who wrote/painted ...?" is answered with besides a restatement: "Jane Austen is the author."
+_WHO = re.compile(r"(?i)\Awho\b|\bwho\s+(?:was|is|were|are|wrote|painted|composed|discovered|invented|founded)\b")
+_ROLE = re.compile(r"(?i)\A(?:the\s+)?(?:author|writer|novelist|poet|playwright|painter|artist|composer|inventor|"
+                   r"discoverer|founder|creator|director|architect|sculptor|person)(?:\s+of\s+it)?[.!]?\Z")
+# More said of the answer after "and": "... written by Jane Austen and published in 1813."
+_AND_MORE = re.compile(r"\s+and\s+(?=(?:is|was|are|were|has|have|had|became|remains|comes|came|published|released|"
+                       r"first|later|now|then|still)\b)", re.IGNORECASE)
+# The answer in a participle phrase that opens the reply: "Written by Jane Austen, it was first published in 1813."
+_BY_FIRST = re.compile(r"\A(?:[A-Z][a-z]+(?:ed|en|wn))\s+by\s+([^,]{2,60}?),\s+(?:it|this|the|which)\b")
+# A reply that opens by denying a guess before its answer: "Not Sydney! The capital is Canberra.", "Charlotte
+# Bront\u00eb? No \u2014 it was Jane Austen."
+_DENIED_FIRST = re.compile(r"\A\s*(?:not\s+[^.!?,;\n]{1,40}[.!]+|[^.!?\n]{1,60}\?\s*no\b[.!,:;]?\s*[\u2014\u2013-]?)"
+                           r"\s+", re.IGNORECASE)
+# What may stand before a name that is the answer: "the English novelist Jane Austen", "the planet Mars", "the city of
+# Canberra", "the symbol Au"; a denial, a preposition or a conjunction in it makes it something else ("not Canberra",
+# "a rival of Jane Austen").
+_NOT_DESCRIPTOR = frozenset(("not", "no", "never", "than", "of", "by", "with", "from", "to", "for", "and", "or", "but",
+                             "before", "after", "like", "unlike", "nor", "except", "instead", "rather", "besides",
+                             "about", "against", "versus", "vs", "without", "is", "was", "are", "were", "has", "had",
+                             "in", "on", "at", "near", "beside", "between", "former", "formerly", "ex"))
+_DETERMINERS = frozenset(("the", "a", "an", "its", "his", "her", "their", "our", "this", "that", "one"))
+_PLACE_OF = frozenset(("city", "town", "village", "state", "province", "island", "isle", "kingdom", "republic",
+                       "county", "port", "region", "country", "district", "capital"))
 # A reply that opens with its thinking ("Hmm, let me think.", "Okay, let's see."): not the answer's sentence.
 _OPENER = re.compile(r"\A\s*(?:(?:(?:hmm+|okay|ok|alright|well)[\s,]+)?(?:let me think(?: about (?:this|it))?|"
                      r"let's see|let me see)|hmm+)[.!\u2026]+\s+", re.IGNORECASE)
@@ -114,6 +146,10 @@ _NUMBER_WORDS = {w: str(i) for i, w in enumerate((
 _NUMBER_WORD = re.compile(r"\b(?:" + "|".join(_NUMBER_WORDS) + r")\b")
 # A count and the thing counted that the question names: "7 continents" for "How many continents are there?"
 _COUNTED = re.compile(r"^(\d[\d,.]*|(?i:" + "|".join(_NUMBER_WORDS) + r"))\s+(.+)$")
+_COUNT_NOUN = re.compile(r"\b(\d+(?:,\d{3})*|" + "|".join(_NUMBER_WORDS) + r")\s+([a-z][\w-]*)", re.IGNORECASE)
+# A count before the list of what it counts: "There are 7 continents: Africa, ...", "Seven: Africa, ..."
+_COUNT_FIRST = re.compile(r"\A\W*(?:there\s+(?:are|were)\s+)?(?:\*\*)?(\d+(?:,\d{3})*|" + "|".join(_NUMBER_WORDS)
+                          + r")(?:\*\*)?(?:\s+([a-z][\w\s-]{0,40}?))?\s*(?:\*\*)?:", re.IGNORECASE)
 # A date whose year a question asks for: "November 9, 1989", "9 November 1989", "in 1989" (normalised)
 _MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
 _DATE_OF_YEAR = re.compile(r"(?:(?:in|on)\s+)?(?:(?:\d{1,2}(?:st|nd|rd|th)?\s+)?(?:" + _MONTHS + r")\s+"
@@ -184,6 +220,7 @@ def _tidy(answer, question=None):
     -> "Canberra", "Leonardo da Vinci in the early 1500s" -> "Leonardo da Vinci"."""
     answer = _ADVERB.sub("", answer.strip())
     answer = _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
+    answer = _AND_MORE.split(answer, maxsplit=1)[0]  # "Jane Austen and published in 1813"
     untimed = _WHEN_TAIL.sub("", answer)
     return _unqualified(untimed if untimed.strip() else answer, question)
 
@@ -233,13 +270,61 @@ def _subject_first(sentence, question):
     clause = _BUT_CLAUSE.search(sentence)
     for part in (clause.group(1) if clause else None, sentence):
         subject = (_CLEFT.match(part) or _SUBJECT_FIRST.match(part)) if part else None
-        said_of = _REASON.split(subject.group(2), maxsplit=1)[0] if subject else ""  # "wrote it, publishing..."
+        if subject is None:
+            continue
+        said_of = _REASON.split(subject.group(2), maxsplit=1)[0]  # "wrote it, publishing..."
         said_of = _WHEN_TAIL.sub("", said_of) or said_of  # "painted the Mona Lisa between 1503 and 1519"
-        said_of = _KNOWN_AS.sub("", said_of)  # "is known as the Red Planet"
-        if (subject and len(subject.group(1).split()) <= 6 and not _restates(subject.group(1), question)
-                and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN)):
-            return subject
+        said_of = _KNOWN_AS.sub("", said_of)  # "is known as the Red Planet", "is often called the Red Planet"
+        name = _appositive(subject.group(1))
+        if (len(name.split()) <= 6 and not _restates(name, question)
+                and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN
+                     or bool(question and _WHO.search(question) and _ROLE.match(said_of.strip())))):
+            return name
     return None
+
+
+def _appositive(subject):
+    """The name in a subject that sets it beside its description with commas ("The fourth planet from the Sun, Mars,"
+    -> "Mars"; "Jane Austen, the English novelist," -> "Jane Austen"), else the subject as it is. A description opens
+    with a determiner, so that a list ("Swimming, cycling and running") stays whole."""
+    parts = [part.strip() for part in subject.strip().rstrip(",").split(",")]
+    if len(parts) != 2:
+        return subject
+    names = [part for part in parts if _NAME.fullmatch(part) and part.split()[0].lower() not in _DETERMINERS]
+    described = [part for part in parts if part.split() and part.split()[0].lower() in _DETERMINERS]
+    return names[0] if len(names) == 1 and len(described) == 1 else subject
+
+
+def _named_as(found, reference):
+    """Whether ``found`` names ``reference`` (normalised) after a description of it ("the English novelist Jane
+    Austen", "the planet Mars", "the city of Canberra", "the chemical symbol Au") or surname first ("Austen, Jane").
+    The description's last word is a lower-case noun ("New York" does not name York) and nothing in it denies or
+    relates ("not Canberra", "a rival of Jane Austen")."""
+    text = _ASIDE.sub("", str(found)).strip().rstrip(".!")
+    surname, comma, given = text.partition(", ")
+    if (comma and _NAME.fullmatch(surname) and _NAME.fullmatch(given) and len(surname.split()) == 1
+            and normalize(f"{given} {surname}") == reference):
+        return True
+    words = text.split()
+    for at in range(1, min(len(words), 6)):
+        if normalize(" ".join(words[at:])) != reference:
+            continue
+        head, noun = [word.lower().strip(",;:") for word in words[:at]], words[at - 1]
+        if head[-1] == "of":  # "the city of Canberra"
+            if at < 2 or head[-2] not in _PLACE_OF:
+                return False
+            head, noun = head[:-1], words[at - 2]
+        return noun[:1].islower() and not any(word in _NOT_DESCRIPTOR for word in head)
+    return False
+
+
+def _counted(sentence, question):
+    """The one count in ``sentence`` of the thing a "How many ...?" question counts ("The Earth has seven continents."
+    -> "seven"), else None."""
+    if not (question and _HOW_MANY.search(question)):
+        return None
+    counts = {normalize(n) for n, noun in _COUNT_NOUN.findall(sentence) if _restates(noun, question, loose=True)}
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _restated(text):
@@ -270,10 +355,13 @@ def _find(text, question=None):
         below = [line for line in text[heading.end():].splitlines() if line.strip()]
         if below:
             return below[0], "final_line"
-    text = _OPENER.sub("", _PLEASANTRY.sub("", text))
+    text = _DENIED_FIRST.sub("", _OPENER.sub("", _PLEASANTRY.sub("", text)))
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return None, None
+    count = _COUNT_FIRST.match(lines[0]) if question and _HOW_MANY.search(question) else None
+    if count and (count.group(2) is None or _restates(count.group(2), question, loose=True)):
+        return count.group(1), "restated"  # "There are 7 continents: Africa, ...", "Seven: Africa, ..."
     for line in lines:  # "Australia's capital: Canberra", "- **Capital:** Canberra"
         value = _unlabel(line, question)
         if value is not None:
@@ -291,6 +379,9 @@ def _find(text, question=None):
     contrast = _CONTRAST.match(re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)", lines[0].strip(), maxsplit=1)[0])
     if contrast and normalize(contrast.group(1)):  # "Sydney is not the capital; Canberra is."
         return _tidy(contrast.group(1), question), "contrast"
+    by = _BY_FIRST.match(lines[0].strip())
+    if by:  # "Written by Jane Austen, it was first published in 1813."
+        return _tidy(by.group(1), question), "restated"
     text = _LEAD_IN.sub("", text)  # "I'd say Canberra."
     lines = [line for line in text.splitlines() if line.strip()]
     first = _first_sentence(text)
@@ -298,8 +389,9 @@ def _find(text, question=None):
     # qualifier that restates the question ("Canberra, Australia").
     whole = _HEDGE_TAIL.sub("", _ASIDE.sub("", lines[0]).strip())
     whole = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(whole, maxsplit=1)[0].strip().rstrip(".!")), question)
-    first_clause = _unqualified(_ASIDE.sub("", _COMMA_ASIDE.split(first, maxsplit=1)[0].strip()), question)
-    subject = _subject_first(first, question)
+    first_clause = _AND_MORE.split(_COMMA_ASIDE.split(first, maxsplit=1)[0].strip(), maxsplit=1)[0]
+    first_clause = _unqualified(_ASIDE.sub("", first_clause), question)  # "... is Canberra and has been since 1913"
+    subject = _subject_first(first, question) or _counted(first, question)
     short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
     if short and not _restated(whole) and not subject and not _restates(whole, question):
         # "Canberra", "canberra.", "**Jane Austen**"
@@ -309,7 +401,7 @@ def _find(text, question=None):
     if len(emphasised) == 1:  # "The capital of Australia is **Canberra**, not Sydney."
         return emphasised.pop(), "bold"
     if subject:  # "Canberra is the capital of Australia.", "Jane Austen wrote Pride and Prejudice."
-        return _tidy(subject.group(1), question), "restated"
+        return _tidy(subject, question), "restated"
     # The clause before the first aside ("... is Canberra, which is well documented"), else the sentence without its
     # last aside ("The colours, from the mast, are blue, white, and red, which ..."), else the whole sentence.
     asides = list(_COMMA_ASIDE.finditer(first))
@@ -344,5 +436,6 @@ class Scorer:
         if answer is not None and re.fullmatch(r"\d{4}", reference):  # a year asked, a date given: "November 9, 1989"
             date = _DATE_OF_YEAR.fullmatch(answer)
             answer = date.group(1) if date else answer
-        return {"score": 1.0 if answer is not None and answer == reference else 0.0,
+        right = answer is not None and (answer == reference or _named_as(found, reference))
+        return {"score": 1.0 if right else 0.0,
                 "answer": answer, "extracted": answer is not None, "rule": rule}
