@@ -115,7 +115,8 @@ _LETTER_IS = re.compile(r"(?<![A-Za-z'])(?<!(?i:nor|not) )(?<!(?i:if) )(?<!(?i:n
 # The options reviewed one by one, each with a verdict, one ticked: a table ("| B | \u2705 |", "| B) Carbon dioxide |
 # \u2714 Correct |"), a list ("- B: \u2705", "**B) 1**: no root mod 3 \u2705", "A. No\nB. Yes") or sentences ("A: no. B:
 # yes."). An option opens its line or follows a sentence's end; its verdict is a tick or a cross anywhere after it, or
-# a word right after it ("B. Yes", "| B | Correct |") or ending it ("... so B is right" is letter_pattern's).
+# a word right after it or after its text and a dash or colon ("B. Yes", "| B | Correct |", "B) Jupiter \u2013 yes") or
+# ending it ("... so B is right" is letter_pattern's).
 _OPTION_ITEMS = re.compile(r"(?<=[.;!])\s+(?=[*_(\[]*[A-Z][*_)\]]*\s*[).:]\s)")
 _OPTION_HEAD = re.compile(r"^[ \t]*(?:\|[ \t]*|[-*+\u2022][ \t]+)?[*_(\[]*([A-Z])[*_)\]]*[ \t]*"
                           r"(?:[).:\u2014\u2013-]|(?=\|))")
@@ -209,8 +210,11 @@ def _ticked_option(text, texts):
             if tick or _CROSSED.search(rest):  # a mark says it, whatever the words ("True, False ❌")
                 (ticked if tick else crossed).add(head.group(1))
                 continue
+            own = str(texts[valid.index(head.group(1))]).strip()
+            said = re.match(r"[\s*_]*" + re.escape(own) + r"[\s*_]*(?=[\u2014\u2013:|(-])", rest, re.I) if own else None
+            rest = rest[said.end():] if said else rest  # "B) Jupiter \u2013 yes": the verdict after the option's text
             word = _WORD_VERDICT.match(rest) or _LAST_WORD_VERDICT.search(rest)
-            if word is not None and _norm(rest) != _norm(texts[valid.index(head.group(1))]):
+            if word is not None and (said or _norm(rest) != _norm(own)):
                 (ticked if word.group(1) else crossed).add(head.group(1))
     return ticked.pop() if len(ticked) == 1 and not ticked & crossed else None
 
