@@ -280,6 +280,8 @@ def test_exact_match_dates_counts_and_clefts(question: str, reference: str, repl
 
 _AUSTEN = "Who wrote the novel 'Pride and Prejudice'?"
 _CAPITAL = "What is the capital of Australia?"
+_PRESIDENT = "Who was the first President of the United States?"
+_BOILING = "What is the boiling point of water at sea level, in degrees Celsius?"
 
 
 @pytest.mark.parametrize(("question", "reference", "reply", "score"), [
@@ -324,6 +326,17 @@ _CAPITAL = "What is the capital of Australia?"
     (_CAPITAL, "Canberra", "Canberra has been the capital since 1913.", 1.0),
     (_CAPITAL, "Canberra", "Sydney has been the capital since 1788.", 0.0),
     (_AUSTEN, "Jane Austen", "Pride and Prejudice was written by Jane Austen and published in 1813.", 1.0),
+    # a title or a kind of place before the name, words of the question beside it, where it is found
+    (_PRESIDENT, "George Washington", "General George Washington.", 1.0),
+    (_PRESIDENT, "George Washington", "George Washington, inaugurated in 1789.", 1.0),
+    ("Which is the largest lake in Africa?", "Victoria", "Lake Victoria", 1.0),
+    ("What is the longest river in Africa?", "Nile", "The Congo River.", 0.0),
+    (_BOILING, "100", "100°C.", 1.0),
+    (_BOILING, "100", "Water boils at 100 °C at sea level.", 1.0),
+    (_BOILING, "100", "100 °F", 0.0),
+    ("Is the Nile or the Amazon longer?", "Nile", "Amazon, Nile", 0.0),  # both named, as the question does
+    ("Which country is home to the kangaroo?", "Australia", "Kangaroos are native to Australia.", 1.0),
+    ("Which country is home to the kangaroo?", "Australia", "They're found mainly in New Guinea.", 0.0),
 ])
 def test_exact_match_names_descriptions_and_counts(question: str, reference: str, reply: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score

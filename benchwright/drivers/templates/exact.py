@@ -47,15 +47,17 @@ _ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?
 _SAID_AGAIN = re.compile(r"\A(?i:the\s+)?(?i:final\s+)?(?i:answer)\s+(?i:is)\s*:?\s*")
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|year|ha(?:s|ve)(?=\s+the\b))\s+"
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|they're|year|ha(?:s|ve)(?=\s+the\b))\s+"
                        r"(?!(?:not|known|also)\b)(.+)$", re.IGNORECASE)
-# ... else the tail after "in" or "on" before a date: "It fell in 1989.", "The wall fell on November 9, 1989."
-_RESTATED_WHEN = re.compile(r"^.*\b(?:in|on)\s+((?:\w+\s+)?\d.*)$", re.IGNORECASE)
+# ... else the tail after "in", "on" or "at" before a date or a number: "It fell in 1989.", "The wall fell on November
+# 9, 1989.", "Water boils at 100 \u00b0C."
+_RESTATED_WHEN = re.compile(r"^.*\b(?:in|on|at)\s+((?:\w+\s+)?[*_]*\d.*)$", re.IGNORECASE)
 # "I'd say Canberra.", "Definitely Canberra.", "My guess is Canberra.": a short reply's lead-in is not its answer.
 _LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my guess is|my guess would be|probably|"
                       r"definitely|most likely|likely|certainly|surely|that's|that is|"
                       r"you(?:'re| are| might be| may be) thinking of|you mean|"
-                      r"most commonly|commonly|usually|typically|generally|conventionally)\s+", re.IGNORECASE)
+                      r"most commonly|commonly|usually|typically|generally|conventionally|"
+                      r"mostly|mainly|primarily|chiefly|largely|predominantly)\s+", re.IGNORECASE)
 # "... by Leonardo da Vinci in the early 1500s": when it happened, after the answer, is not the answer.
 _WHEN_TAIL = re.compile(r"\s+(?:between\s+\d{3,4}\s+and\s+\d{3,4}|from\s+\d{3,4}\s+to\s+\d{3,4})\s*$"
                         r"|\s+(?:in|around|circa|c\.|during|from|since)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
@@ -68,11 +70,16 @@ _PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great que
 # "is actually Canberra", "is definitely Canberra": the adverb is not part of the answer.
 _ADVERB = re.compile(r"\A(?:actually|indeed|definitely|certainly|clearly|probably|likely|in fact|officially)\s+",
                      re.IGNORECASE)
+# "Kangaroos are native to Australia.", "They're found in Australia.": where the answer is, not part of it.
+_WHERE_FROM = re.compile(r"\A(?:native|indigenous|endemic|found|located|situated|based|spoken|grown|made)"
+                         r"\s+(?:(?:mainly|mostly|chiefly|only|primarily)\s+)?(?:to|in|on|at)\s+", re.IGNORECASE)
 # "Canberra, not Sydney", "Canberra, located in the ACT", "Canberra, which ...": an aside after a comma, opened by a
-# word that opens one or a participle opening a clause ("the Pacific Ocean, covering a third of Earth"); not the next
+# word that opens one or a participle opening a clause ("the Pacific Ocean, covering a third of Earth", "George
+# Washington, inaugurated in 1789"); not the next
 # item of a list ("red, white, and blue", "swimming, cycling and running"), a place's region ("Washington, D.C.") or
 # a clause with the answer in it ("Many guess Sydney, but it is Canberra").
-_COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|(?:not|which|who|whose|where|when|located|situated|"
+_COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|wn|rn)\s+(?:in|on|at|by|from|as|to|"
+                          r"during|after|before)\b|(?:not|which|who|whose|where|when|located|situated|"
                           r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
                           r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing)\b)")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
@@ -126,6 +133,14 @@ _NOT_DESCRIPTOR = frozenset(("not", "no", "never", "than", "of", "by", "with", "
                              "before", "after", "like", "unlike", "nor", "except", "instead", "rather", "besides",
                              "about", "against", "versus", "vs", "without", "is", "was", "are", "were", "has", "had",
                              "in", "on", "at", "near", "beside", "between", "former", "formerly", "ex"))
+# A capitalised word that describes the name after it: a title or a kind of place ("General George Washington",
+# "Mount Everest"); "New York" does not name York.
+_TITLES = frozenset(("president", "general", "king", "queen", "prince", "princess", "emperor", "empress", "sir",
+                     "dame", "lord", "lady", "saint", "st", "pope", "dr", "professor", "prof", "captain", "admiral",
+                     "chancellor", "senator", "governor", "mount", "mt", "lake", "river", "cape", "isle", "planet"))
+_EITHER = re.compile(r"(?i)\bor\b")
+_BESIDE = frozenset(("at", "in", "on", "of"))  # "100 \u00b0C at sea level"
+_DEGREES = {"c": "celsius", "f": "fahrenheit"}  # "100 \u00b0C", normalised: its sign dropped
 _DETERMINERS = frozenset(("the", "a", "an", "its", "his", "her", "their", "our", "this", "that", "one"))
 _PLACE_OF = frozenset(("city", "town", "village", "state", "province", "island", "isle", "kingdom", "republic",
                        "county", "port", "region", "country", "district", "capital"))
@@ -218,7 +233,7 @@ def _tidy(answer, question=None):
     """A restated answer without a leading adverb, a trailing lower-case aside, a trailing (aside), a qualifier that
     restates the question or when it happened: "actually Canberra, not Sydney" -> "Canberra", "Canberra, Australia"
     -> "Canberra", "Leonardo da Vinci in the early 1500s" -> "Leonardo da Vinci"."""
-    answer = _ADVERB.sub("", answer.strip())
+    answer = _WHERE_FROM.sub("", _ADVERB.sub("", answer.strip()))  # "are native to Australia"
     answer = _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
     answer = _AND_MORE.split(answer, maxsplit=1)[0]  # "Jane Austen and published in 1813"
     untimed = _WHEN_TAIL.sub("", answer)
@@ -314,7 +329,24 @@ def _named_as(found, reference):
             if at < 2 or head[-2] not in _PLACE_OF:
                 return False
             head, noun = head[:-1], words[at - 2]
-        return noun[:1].islower() and not any(word in _NOT_DESCRIPTOR for word in head)
+        return ((noun[:1].islower() or noun.lower().rstrip(".") in _TITLES)
+                and not any(word in _NOT_DESCRIPTOR for word in head))
+    return False
+
+
+def _asked_around(found, reference, question):
+    """Whether ``found`` is ``reference`` with words of the question beside it, at most four on either end: "Nile
+    River" for the longest river's "Nile", "President George Washington" for the first President's, "100 \u00b0C"
+    for a boiling point in degrees Celsius."""
+    words = [_DEGREES.get(word, word) for word in re.sub(r"(?<=\d)([cf])\b", r" \1", normalize(found)).split()]
+    if not question or _EITHER.search(question):  # "The Nile or the Amazon?": "Amazon Nile" is both, not one
+        return False
+    asked = _asked(question) | _BESIDE
+    for start in range(min(5, len(words))):
+        for end in range(len(words), max(start, len(words) - 5), -1):
+            if (start or end < len(words)) and " ".join(words[start:end]) == reference and all(
+                    word in asked for word in words[:start] + words[end:]):
+                return True
     return False
 
 
@@ -436,6 +468,7 @@ class Scorer:
         if answer is not None and re.fullmatch(r"\d{4}", reference):  # a year asked, a date given: "November 9, 1989"
             date = _DATE_OF_YEAR.fullmatch(answer)
             answer = date.group(1) if date else answer
-        right = answer is not None and (answer == reference or _named_as(found, reference))
+        right = answer is not None and (answer == reference or _named_as(found, reference)
+                                        or _asked_around(found, reference, question))
         return {"score": 1.0 if right else 0.0,
                 "answer": answer, "extracted": answer is not None, "rule": rule}
