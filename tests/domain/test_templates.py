@@ -288,6 +288,8 @@ _BOILING = "What is the boiling point of water at sea level, in degrees Celsius?
     # a description before the name: the name is the answer
     (_AUSTEN, "Jane Austen", "The English novelist Jane Austen.", 1.0),
     (_CAPITAL, "Canberra", "The capital of Australia is the city of Canberra.", 1.0),
+    ("Which country is home to the kangaroo?", "Australia", "The capital city of Australia.", 0.0),
+    ("Which state is Albany the capital of?", "New York", "The state of New York.", 1.0),
     ("What is the largest ocean on Earth?", "the Pacific Ocean", "The vast Pacific Ocean.", 1.0),
     # ... but not a name that only ends in the reference, a denial or a relation
     ("Which English city has a famous Minster?", "York", "New York.", 0.0),

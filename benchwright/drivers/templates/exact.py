@@ -143,7 +143,7 @@ _BESIDE = frozenset(("at", "in", "on", "of"))  # "100 \u00b0C at sea level"
 _DEGREES = {"c": "celsius", "f": "fahrenheit"}  # "100 \u00b0C", normalised: its sign dropped
 _DETERMINERS = frozenset(("the", "a", "an", "its", "his", "her", "their", "our", "this", "that", "one"))
 _PLACE_OF = frozenset(("city", "town", "village", "state", "province", "island", "isle", "kingdom", "republic",
-                       "county", "port", "region", "country", "district", "capital"))
+                       "county", "port", "region", "country", "district"))
 # A reply that opens with its thinking ("Hmm, let me think.", "Okay, let's see."): not the answer's sentence.
 _OPENER = re.compile(r"\A\s*(?:(?:(?:hmm+|okay|ok|alright|well)[\s,]+)?(?:let me think(?: about (?:this|it))?|"
                      r"let's see|let me see)|hmm+)[.!\u2026]+\s+", re.IGNORECASE)
@@ -313,8 +313,9 @@ def _appositive(subject):
 def _named_as(found, reference):
     """Whether ``found`` names ``reference`` (normalised) after a description of it ("the English novelist Jane
     Austen", "the planet Mars", "the city of Canberra", "the chemical symbol Au") or surname first ("Austen, Jane").
-    The description's last word is a lower-case noun ("New York" does not name York) and nothing in it denies or
-    relates ("not Canberra", "a rival of Jane Austen")."""
+    The description's last word is a lower-case noun, a title or a kind of place ("New York" does not name York),
+    "of" ends it only after a kind of place ("the capital city of Australia" is not Australia) and nothing in it
+    denies or relates ("not Canberra", "a rival of Jane Austen")."""
     text = _ASIDE.sub("", str(found)).strip().rstrip(".!")
     surname, comma, given = text.partition(", ")
     if (comma and _NAME.fullmatch(surname) and _NAME.fullmatch(given) and len(surname.split()) == 1
@@ -325,10 +326,11 @@ def _named_as(found, reference):
         if normalize(" ".join(words[at:])) != reference:
             continue
         head, noun = [word.lower().strip(",;:") for word in words[:at]], words[at - 1]
-        if head[-1] == "of":  # "the city of Canberra"
-            if at < 2 or head[-2] not in _PLACE_OF:
+        if head[-1] == "of":  # "the city of Canberra"; not "the capital city of Australia"
+            place = head[:-1]
+            if not place or place[-1] not in _PLACE_OF or len(place) > 2 or place[0] not in _DETERMINERS | _PLACE_OF:
                 return False
-            head, noun = head[:-1], words[at - 2]
+            head, noun = place, words[at - 2]
         return ((noun[:1].islower() or noun.lower().rstrip(".") in _TITLES)
                 and not any(word in _NOT_DESCRIPTOR for word in head))
     return False
