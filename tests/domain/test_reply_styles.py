@@ -288,3 +288,27 @@ def test_corpus_size(template: str) -> None:
     assert len(names) == len(set(names)), "style names are unique"
     assert len(names) >= MIN_STYLES, f"{template}: {len(names)} styles, at least {MIN_STYLES} wanted"
     assert len(data["rows"]) >= 3
+
+
+def test_a_reply_to_another_question_never_scores_right() -> None:
+    """Every exact_match style's right reply for one row, scored against each other row: never right. A rule that
+    accepts more than the answer itself (a description before a name, words of the question beside it) must not
+    accept another question's answer (it found "The capital city of Australia." naming Australia)."""
+    data, ns = _load("exact_match"), _namespace("exact_match", _load("exact_match")["plan"])
+    specs = [(spec, _row(spec)) for spec in data["rows"]]
+    replies = []
+    for spec, row in specs:
+        for style in data["styles"]:
+            if style.get("only") and not set(style["only"]) & set(spec.get("tags", [])):
+                continue
+            if set(style.get("skip", [])) & set(spec.get("tags", [])):
+                continue
+            right, wrong = _vars("exact_match", spec, row, style)
+            replies.append((spec["id"], style["name"], str(_reply(style, right, wrong, "right"))))
+    rights = []
+    for spec, row in specs:
+        for source, name, reply in replies:
+            if source != spec["id"] and ns["Scorer"]().score(row, reply)["score"] != 0.0:
+                rights.append(f"{name} written for {source}, scored right for {spec['id']}: {reply!r}")
+    assert len(replies) > 1000
+    assert not rights, "\n".join(rights[:20])
