@@ -284,6 +284,35 @@ _PRESIDENT = "Who was the first President of the United States?"
 _BOILING = "What is the boiling point of water at sea level, in degrees Celsius?"
 
 
+@pytest.mark.parametrize(("reply", "score"), [
+    # the answer in a later sentence, when the first gives none for sure
+    ("Many people assume Sydney. However, the capital of Australia is Canberra.", 1.0),
+    ("Australia is a federation of six states. Its largest cities are Sydney and Melbourne. So the capital of "
+     "Australia is Canberra.", 1.0),
+    ("Okay, so the question is asking about the capital of Australia. I know Sydney is the biggest city, but the "
+     "capital is actually Canberra. It was chosen as a compromise between Sydney and Melbourne.", 1.0),
+    ("Let me think step by step. Australia's major cities include Sydney, Melbourne and Brisbane. The capital, "
+     "however, is Canberra.", 1.0),
+    ("While Sydney is the largest city, Canberra is the capital of Australia.", 1.0),
+    ("Sydney is the largest city and Melbourne the second largest, but neither is the capital.\n\nThe capital of "
+     "Australia is Canberra.", 1.0),
+    ("It's a common misconception that Sydney is the capital. In fact, it's Canberra.", 1.0),
+    ("If you're thinking Sydney, think again \u2014 it's Canberra.", 1.0),
+    ("The capital of Australia? That's Canberra.", 1.0),
+    ("In short: Canberra.", 1.0),
+    ("Canberra is Australia's capital \u2014 not Sydney, as many assume.", 1.0),
+    ("1. Sydney \u2013 largest city\n2. Melbourne \u2013 second largest\n3. Canberra \u2013 the capital \u2705", 1.0),
+    # ... and not a later sentence's other city, nor one it denies
+    ("Canberra. The capital of Australia was Melbourne from 1901 to 1927.", 1.0),  # a bare first answer stands
+    ("Many people assume Canberra. However, the capital of Australia is Sydney.", 0.0),
+    ("It's a common misconception that Canberra is the capital. In fact, it's Sydney.", 0.0),
+    ("While Canberra is the seat of government, Sydney is the capital of Australia.", 0.0),
+    ("Canberra is a planned city. The capital of Australia, however, is Sydney.", 0.0),
+])
+def test_exact_match_reads_a_later_sentence(reply: str, score: float) -> None:
+    assert EXACT["Scorer"]().score({"question": _CAPITAL, "answer": "Canberra"}, reply)["score"] == score
+
+
 @pytest.mark.parametrize(("question", "reference", "reply", "score"), [
     # a description before the name: the name is the answer
     (_AUSTEN, "Jane Austen", "The English novelist Jane Austen.", 1.0),

@@ -55,7 +55,7 @@ _RESTATED_WHEN = re.compile(r"^.*\b(?:in|on|at)\s+((?:\w+\s+)?[*_]*\d.*)$", re.I
 # "I'd say Canberra.", "Definitely Canberra.", "My guess is Canberra.": a short reply's lead-in is not its answer.
 _LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my guess is|my guess would be|probably|"
                       r"definitely|most likely|likely|certainly|surely|that's|that is|"
-                      r"you(?:'re| are| might be| may be) thinking of|you mean|"
+                      r"you(?:'re| are| might be| may be) thinking of|you mean|in short:?|in a word:?|in summary:?|tl;?dr:?|"
                       r"most commonly|commonly|usually|typically|generally|conventionally|"
                       r"mostly|mainly|primarily|chiefly|largely|predominantly)\s+", re.IGNORECASE)
 # "... by Leonardo da Vinci in the early 1500s": when it happened, after the answer, is not the answer.
@@ -95,10 +95,10 @@ _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remaine
                             r"been|(?:has\s+)?(?:serves|served|ranks|ranked|stands|stood|functions|acts)\s+as)"
                             r"\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
 # "Australia's capital: Canberra", "- **Capital:** Canberra" (a line of a list)
-_LABEL = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
+_LABEL = re.compile(r"^(?:(?:[-*+\u2022]|\d{1,2}[.)])\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
 # The question restated, then an arrow, "=" or a dash, then the answer: "Australia \u2192 Canberra", "Capital of
 # Australia = Canberra", "Pride and Prejudice \u2014 Jane Austen".
-_PAIR = re.compile(r"^(?:[-*+\u2022]\s+)?(?:\*\*|__)?(.{2,60}?)(?:\*\*|__)?\s*"
+_PAIR = re.compile(r"^(?:(?:[-*+\u2022]|\d{1,2}[.)])\s+)?(?:\*\*|__)?(.{2,60}?)(?:\*\*|__)?\s*"
                    r"(?:\u2192|->|=>|=|\s[\u2014\u2013-])\s*(.+)$")
 # A cleft sentence: "It was Leonardo da Vinci who painted it.", "It is Canberra that is the capital."
 _CLEFT = re.compile(r"^(?:it|that)\s+(?:is|was)\s+(.+?)\s+(?:who|that|which)\s+(.+)$", re.IGNORECASE)
@@ -144,9 +144,25 @@ _DEGREES = {"c": "celsius", "f": "fahrenheit"}  # "100 \u00b0C", normalised: its
 _DETERMINERS = frozenset(("the", "a", "an", "its", "his", "her", "their", "our", "this", "that", "one"))
 _PLACE_OF = frozenset(("city", "town", "village", "state", "province", "island", "isle", "kingdom", "republic",
                        "county", "port", "region", "country", "district"))
+_DENIAL = re.compile(r"(?i)\A(?:not|never|no)\b")
+# Said of no one thing: "..., but neither is the capital."
+_NO_SUBJECT = frozenset(("neither", "none", "nobody", "no one", "nothing", "either", "both", "all", "each", "this",
+                         "that", "it", "which", "they", "there", "here", "many", "some", "most"))
+# A reply's sentences (and what a dash or a semicolon sets apart), a clause after a subordinate one and what may
+# open one: "So the capital of Australia is Canberra.", "While Sydney is the largest city, Canberra is the capital."
+_SENTENCE_END = re.compile(r"(?<=[^\s.A-Z])[.!?]+(?:\s+|$)|;\s+|\s[\u2014\u2013-]\s|\n+")
+_SUBORDINATE = re.compile(r"(?i)\A(?:while|whilst|although|though|even though|if|whereas|when)\b[^,]{1,80},\s*(.+)$")
+_INSERTED = re.compile(r",\s*(?:however|though|in fact|of course|actually|indeed|therefore|thus|then)\s*,", re.IGNORECASE)
+_CONCLUDES = re.compile(r"\A(?:(?:and\s+)?so|thus|therefore|hence|in fact|actually|instead|rather|but|however|yet|"
+                        r"overall|ultimately|in the end|that said)\b[,:]?\s*", re.IGNORECASE)
+_IT_IS = re.compile(r"\A(?:it'?s|it\s+(?:is|was)|that'?s|that\s+(?:is|was)|the answer is)\s+"
+                    r"(?=[*_\"\u201c]*(?-i:[A-Z0-9\u00c0-\u00de]))(.+)$", re.IGNORECASE)  # a name or a number
 # A reply that opens with its thinking ("Hmm, let me think.", "Okay, let's see."): not the answer's sentence.
-_OPENER = re.compile(r"\A\s*(?:(?:(?:hmm+|okay|ok|alright|well)[\s,]+)?(?:let me think(?: about (?:this|it))?|"
-                     r"let's see|let me see)|hmm+)[.!\u2026]+\s+", re.IGNORECASE)
+_OPENER = re.compile(r"\A\s*(?:(?:(?:hmm+|okay|ok|alright|well)[\s,]+)?(?:let me think(?: about (?:this|it)| step by step|"
+                     r"(?: this| it) through)?|let's think(?: about (?:this|it))?(?: step by step)?|let's see|let me see|"
+                     r"let's break (?:this|it) down)|hmm+)[.!:\u2026]+\s+", re.IGNORECASE)
+# The question said back as a sentence of its own before the answer: "The capital of Australia? That's Canberra."
+_ECHO = re.compile(r"\A\s*([^.!?\n]{3,120})\?\s+(?=\S)")
 # The wrong answer denied, the right one said: "Sydney is not the capital; Canberra is.", "It's not Sydney, it's
 # Canberra.", "Not Sydney, but Canberra."
 _CONTRAST = re.compile(r"^(?:.+?\s+(?:is|was|are|were|did|does|do)\s*(?:not|n't)\b.*?|(?:it'?s\s+|it\s+(?:is|was)\s+)?"
@@ -255,13 +271,19 @@ def _unqualified(answer, question):
 def _unlabel(line, question, nested=False):
     """The value of a label line that restates the question ("- **Capital:** Canberra" -> "Canberra"), else None;
     a label in that value is read once more ("**Australia** \u2013 capital: **Canberra**"), no deeper."""
+    if not question:
+        return None
     line = _HEDGE_TAIL.sub("", _ASIDE.sub("", line).strip()).rstrip(".!")
-    for label in (_LABEL.match(line), _PAIR.match(line)) if question else ():
+    pair = _PAIR.match(line)
+    for label in (_LABEL.match(line), pair):
         if label and (_restates(label.group(1), question) or _restates(label.group(1), question, loose=True)):
             value = label.group(2).strip(" *_")
             value = (None if nested else _unlabel(value, question, nested=True)) or value
-            if not _restates(value, question):
+            if not _restates(value, question) and not _DENIAL.match(value):
                 return value
+    if (pair and not nested and _restates(pair.group(2), question) and not _DENIAL.match(pair.group(2))
+            and normalize(pair.group(1))):
+        return pair.group(1).strip(" *_")  # "3. Canberra \u2013 the capital \u2705": the answer, then what it is
     return None
 
 
@@ -291,7 +313,8 @@ def _subject_first(sentence, question):
         said_of = _WHEN_TAIL.sub("", said_of) or said_of  # "painted the Mona Lisa between 1503 and 1519"
         said_of = _KNOWN_AS.sub("", said_of)  # "is known as the Red Planet", "is often called the Red Planet"
         name = _appositive(subject.group(1))
-        if (len(name.split()) <= 6 and not _restates(name, question)
+        if (len(name.split()) <= 6 and not _restates(name, question) and name.strip(" *_").lower() not in _NO_SUBJECT
+                and not re.search(r"(?i)\b(?:that|it's|it\s+is)\b", name)
                 and (_restates(said_of, question) or said_of.strip(" .!").lower() in _PRONOUN
                      or bool(question and _WHO.search(question) and _ROLE.match(said_of.strip())))):
             return name
@@ -352,6 +375,32 @@ def _asked_around(found, reference, question):
     return False
 
 
+def _later(text, question):
+    """The answer a later sentence gives when the first gives none for sure: the last sentence (or its clause after a
+    "while ...," or a "but") that restates the question beside an answer ("So the capital of Australia is Canberra.",
+    "..., but the capital is actually Canberra.", "While Sydney is the largest city, Canberra is the capital."), else
+    the last that says "it's X" ("In fact, it's Canberra.", "... think again \u2014 it's Canberra.")."""
+    said = says = None
+    for n, sentence in enumerate(_SENTENCE_END.split(_INSERTED.sub("", text))):
+        sentence = _CONCLUDES.sub("", sentence.strip(" *_\t"))
+        parts = [sentence] if n else []  # the first sentence as a whole was read before
+        for clause in (_SUBORDINATE.match(sentence), _BUT_CLAUSE.search(sentence)):
+            if clause:
+                parts.append(_CONCLUDES.sub("", clause.group(1).strip()))
+        for part in parts:
+            subject = _subject_first(part, question)
+            restated = _RESTATED.search(part)
+            it_is = _IT_IS.match(part)
+            if subject:
+                said = subject
+            elif restated and _restates(part[:restated.start(1)], question) and not _restates(restated.group(1),
+                                                                                               question):
+                said = restated.group(1)
+            elif it_is and not _restates(it_is.group(1), question):
+                says = it_is.group(1)
+    return said or says
+
+
 def _counted(sentence, question):
     """The one count in ``sentence`` of the thing a "How many ...?" question counts ("The Earth has seven continents."
     -> "seven"), else None."""
@@ -390,6 +439,9 @@ def _find(text, question=None):
         if below:
             return below[0], "final_line"
     text = _DENIED_FIRST.sub("", _OPENER.sub("", _PLEASANTRY.sub("", text)))
+    echo = _ECHO.match(text)
+    if echo and _restates(echo.group(1), question):  # "The capital of Australia? That's Canberra."
+        text = text[echo.end():]
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return None, None
@@ -441,6 +493,11 @@ def _find(text, question=None):
     asides = list(_COMMA_ASIDE.finditer(first))
     restated = (_restated(first_clause) or (asides and _restated(first[:asides[-1].start()]))
                 or _restated(first))
+    sure = restated and len(_content(restated.string[:restated.start(1)]) & _asked(question or "")) >= 2
+    if not sure and not (_NAME.fullmatch(first.strip(" *_")) or len(first.split()) <= 2):
+        later = _later(text, question)  # "Many people assume Sydney. However, the capital of Australia is Canberra."
+        if later is not None and normalize(later):
+            return _tidy(later, question), "restated"
     if restated and len(_tidy(restated.group(1), question).split()) <= 6:  # "The capital of Australia is Canberra."
         return _tidy(restated.group(1), question), "restated"
     if normalize(first):  # "Canberra. It replaced Melbourne as the seat of government in 1927."
