@@ -119,6 +119,8 @@ def unlatex(text):
     """``text`` with LaTeX text wrappers unwrapped (``\\text{Paris}`` -> ``Paris``), ``\\frac{a}{b}`` as ``a/b``,
     ``{,}`` as ``,`` and math delimiters and spacing commands dropped."""
     text = str(text)
+    if "\\" not in text:  # every rewrite below but the "{,}" one starts at a backslash
+        return text.replace("{,}", ",")
     for _ in range(3):  # nested wrappers: \textbf{\text{x}}
         text = re.sub(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}", r"\1", text)
     text = re.sub(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"\1/\2", text)
