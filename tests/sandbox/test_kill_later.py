@@ -131,7 +131,10 @@ async def test_a_batch_runtime_left_for_its_sandbox_to_reap(backend: LocalBacken
         assert runtime.returncode is None  # not waited for
     await backend.kill(info.sandbox_id, remains="later")
     await settle_kills()
-    assert runtime.returncode is not None and runtime.returncode < 0
+    # Reaped either way. Its exit code may be 0: the host closes the runtime's stdin and then asks the sandbox's helper
+    # to kill it, and a runtime reading the end of its input can exit before the helper's SIGKILL lands (one CI
+    # rehearsal in session 49: returncode 0 with reap=True).
+    assert runtime.returncode is not None
     assert _pids_of_uid(info.metadata["sandbox_uid"]) == []
 
 
