@@ -308,6 +308,7 @@ _BOILING = "What is the boiling point of water at sea level, in degrees Celsius?
     ("It's a common misconception that Canberra is the capital. In fact, it's Sydney.", 0.0),
     ("While Canberra is the seat of government, Sydney is the capital of Australia.", 0.0),
     ("Canberra is a planned city. The capital of Australia, however, is Sydney.", 0.0),
+    ("Many people assume Canberra. Sydney is the largest city.", 0.0),  # who assumes it does not name it
 ])
 def test_exact_match_reads_a_later_sentence(reply: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": _CAPITAL, "answer": "Canberra"}, reply)["score"] == score
