@@ -156,6 +156,7 @@ _NO_SUBJECT = frozenset(("neither", "none", "nobody", "no one", "nothing", "eith
                          "that", "it", "which", "they", "there", "here", "many", "some", "most"))
 # A reply's sentences (and what a dash or a semicolon sets apart), a clause after a subordinate one and what may
 # open one: "So the capital of Australia is Canberra.", "While Sydney is the largest city, Canberra is the capital."
+LATER_SENTENCES = 60
 _SENTENCE_END = re.compile(r"(?<=[^\s.A-Z])[.!?]+(?:\s+|$)|;\s+|\s[\u2014\u2013-]\s|\n+")
 _SUBORDINATE = re.compile(r"(?i)\A(?:while|whilst|although|though|even though|if|whereas|when)\b[^,]{1,80},\s*(.+)$")
 _INSERTED = re.compile(r",\s*(?:however|though|in fact|of course|actually|indeed|therefore|thus|then)\s*,",
@@ -386,26 +387,28 @@ def _later(text, question):
     """The answer a later sentence gives when the first gives none for sure: the last sentence (or its clause after a
     "while ...," or a "but") that restates the question beside an answer ("So the capital of Australia is Canberra.",
     "..., but the capital is actually Canberra.", "While Sydney is the largest city, Canberra is the capital."), else
-    the last that says "it's X" ("In fact, it's Canberra.", "... think again \u2014 it's Canberra.")."""
-    said = says = None
-    for n, sentence in enumerate(_SENTENCE_END.split(_INSERTED.sub("", text))):
-        sentence = _CONCLUDES.sub("", sentence.strip(" *_\t"))
+    the last that says "it's X" ("In fact, it's Canberra.", "... think again \u2014 it's Canberra."). Read from the
+    end, the last ``LATER_SENTENCES`` only: a reply's conclusion closes it, and a long one costs no more to read."""
+    says = None
+    sentences = _SENTENCE_END.split(_INSERTED.sub("", text))
+    for n in range(len(sentences) - 1, max(-1, len(sentences) - 1 - LATER_SENTENCES), -1):
+        sentence = _CONCLUDES.sub("", sentences[n].strip(" *_\t"))
         parts = [sentence] if n else []  # the first sentence as a whole was read before
         for clause in (_SUBORDINATE.match(sentence), _BUT_CLAUSE.search(sentence)):
             if clause:
                 parts.append(_CONCLUDES.sub("", clause.group(1).strip()))
-        for part in parts:
+        for part in reversed(parts):
             subject = _subject_first(part, question)
-            restated = _restated(part)
-            it_is = _IT_IS.match(part)
             if subject:
-                said = subject
-            elif restated and _restates(part[:restated.start(1)], question) and not _restates(restated.group(1),
-                                                                                               question):
-                said = restated.group(1)
-            elif it_is and not _restates(it_is.group(1), question):
+                return subject
+            restated = _restated(part)
+            if restated and _restates(part[:restated.start(1)], question) and not _restates(restated.group(1),
+                                                                                           question):
+                return restated.group(1)
+            it_is = _IT_IS.match(part)
+            if says is None and it_is and not _restates(it_is.group(1), question):
                 says = it_is.group(1)
-    return said or says
+    return says
 
 
 def _counted(sentence, question):
