@@ -179,6 +179,25 @@ def test_choice_extracts_the_letter_robustly(reply: str, letter: str | None) -> 
     assert CHOICE["extract_letter"](reply, CHOICES) == expected
 
 
+@pytest.mark.parametrize(("reply", "letter"), [
+    # several letters named: the one in the last clause, the one an elimination leaves, the only one that fits
+    ("Although Berlin (C) is a capital too, the capital of the UK is London (B).", "B"),
+    ("Hmm, C is Berlin, which is a capital, but B (London) is the UK's.", "B"),
+    ("While A and C are capitals, B is the UK's.", "B"),
+    ("Let me go through the options. (A) Paris \u2013 France. (C) Berlin \u2013 Germany. That leaves (B) London.", "B"),
+    ("Among A, B, C and D, only B fits.", "B"),
+    # ... not a clause that denies, nor two letters left, nor a short reply that doubts its one letter
+    ("A is close, but B is wrong.", None),
+    ("While A is possible, C and D are not.", None),
+    ("That leaves A and B.", None),
+    ("Only A is wrong.", None),
+    ("Although B looks tempting, it isn't right.", None),
+    ("Although many pick C, I'm unsure.", None),
+])
+def test_choice_reads_the_last_clause_and_an_elimination(reply: str, letter: str | None) -> None:
+    assert CHOICE["extract_letter"](reply, CHOICES) == letter
+
+
 @pytest.mark.parametrize(("row", "letter"), [
     ({"question": "q", "choices": CHOICES, "answer": 1}, "B"),
     ({"question": "q", "choices": CHOICES, "answer": "2"}, "C"),

@@ -6,10 +6,11 @@ choice's text. The prompt lists the lettered choices; the letter is read from th
 skipped; only the last ``<answer>...</answer>`` element when it has one; a self-correction's corrected part first) by
 the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer"
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
-"B is correct.", the last one said), the options reviewed one by one with one ticked ("| B | \u2705 |", "- B: \u2705",
-"A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the whole text of exactly one choice (a choice of
-3 characters or fewer only as the whole reply; a Latin letter's accents aside), one lone capital letter in a short
-reply. An explicit letter always wins over a choice's text. Standard library only.
+"That leaves (B) Jupiter.", "B is correct.", the last one said), the options reviewed one by one with one ticked ("| B
+| \u2705 |", "- B: \u2705", "A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the one letter of
+the last clause ("Although C ..., B is ..."), the whole text of exactly one choice (a choice of 3 characters or fewer
+only as the whole reply; a Latin letter's accents aside), one lone capital letter in a short reply that does not deny
+or doubt. An explicit letter always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
@@ -107,6 +108,10 @@ _KEY_LETTER = re.compile(_KEY + _AFTER + r"(?:([A-Z])(?![A-Za-z0-9'])"
 _CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore|(?:that|which|this) leaves(?: (?:us with|only))?|"
                          r"leaving(?: only)?)\b[,:]?\s*[*_(\[]*\s*(?:(?i:option|choice|letter)\s*)?[*_(\[]*"
                          r"([A-Z])[*_)\]]*[.!]?[*_]*[ \t]*$", re.MULTILINE)
+# An elimination's end with the letter's own text after it, or "only B fits": "That leaves (B) Jupiter.", "Among A, B,
+# C and D, only B fits." (the text is checked to be the letter's own choice: "That leaves A and B." is no answer).
+_LEAVES = re.compile(r"\b(?i:(?:that|which|this) leaves(?: (?:us with|only))?|leaving(?: only)?|only)\s+[*_(\[]*"
+                     r"([A-Z])[*_)\]]*[).:]?\s*([^\n]{0,300}?)[.!]*[*_]*[ \t]*$", re.MULTILINE)
 # The letter said to be right: "B is correct.", "**B** is the right answer", "(C) is the best choice"; not "neither A
 # nor C is correct", "if A is correct".
 _LETTER_IS = re.compile(r"(?<![A-Za-z'])(?<!(?i:nor|not) )(?<!(?i:if) )(?<!(?i:neither|whether) )"
@@ -164,7 +169,8 @@ def _find(text, texts):
             return letter, "final_line"
     spoken = sorted([(m.start(), m.group(1) or m.group(2).upper()) for m in _KEY_LETTER.finditer(text)]
                     + [(m.start(), m.group(1)) for m in _CONCLUDING.finditer(text)]
-                    + [(m.start(), m.group(1)) for m in _LETTER_IS.finditer(text)])
+                    + [(m.start(), m.group(1)) for m in _LETTER_IS.finditer(text)]
+                    + [(m.start(), m.group(1)) for m in _LEAVES.finditer(text) if _leaves(m, texts)])
     said = [x for _, x in spoken if x in valid]
     if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ...", "So C.", "B is correct."
         return said[-1], "letter_pattern"
@@ -180,16 +186,51 @@ def _find(text, texts):
         found = set(re.findall(pattern, text)) & set(valid)
         if len(found) == 1:
             return found.pop(), "letter_pattern"
+    letter = _last_clause_letter(text, texts)
+    if letter is not None:  # "Although Saturn (C) has rings, the largest is Jupiter (B).", "..., but B is larger."
+        return letter, "letter_pattern"
     said_text = _norm(text)
     named = [i for i, t in enumerate(texts) if _norm(t) and (
         re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text) if len(_norm(t)) > 3 else _norm(t) == said_text)]
     if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
         return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them)
-    if len(text.split()) <= 20:  # a short reply naming one letter: "Option D", "I'd say B, London"
+    # A short reply naming one letter: "Option D", "I'd say B, London"; not one that denies or doubts ("Only A is
+    # wrong.", "Although B looks tempting, it isn't right.").
+    if len(text.split()) <= 20 and not _DOUBT.search(text):
         lone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", text)) & set(valid) - {"I"}
         if len(lone) == 1:
             return lone.pop(), "lone_letter"
     return None, None
+
+
+_DOUBT = re.compile(r"(?i)\b(?:not|wrong|incorrect|false|unsure|doubt|double-check)\b|n't\b")
+
+
+def _leaves(match, texts):
+    """Whether a ``_LEAVES`` match says its letter alone: nothing after it but its choice's text or "fits"."""
+    after, index = _norm(match.group(2)), _LETTERS.find(match.group(1))
+    return (not after or after in ("fits", "works", "remains", "is left", "is correct", "is right", "fits best")
+            or (index < len(texts) and after == _norm(texts[index])))
+
+
+def _last_clause_letter(text, texts):
+    """The one letter in the reply's last clause when the reply names several: the last sentence's part after its
+    last "but", or after an opening "Although/While ...," clause ("Although Saturn (C) has rings, the largest planet
+    is Jupiter (B).", "C is Saturn, which is large, but B (Jupiter) is the largest."), else None. The choices' own
+    texts are read past ("None of the above", "True, False", a sentence of their own)."""
+    valid = _LETTERS[:len(texts)]
+    for choice in sorted((str(t).strip() for t in texts if len(str(t).strip()) > 1), key=len, reverse=True):
+        text = re.sub(re.escape(choice), " ", text, flags=re.IGNORECASE)
+    last = re.split(r"(?<=[.!?])\s+", text.strip())[-1]
+    clause = re.split(r"(?i),?\s+but\s+", last)[-1]
+    if clause == last:
+        opening = re.match(r"(?i)(?:although|though|even though|while|whilst|whereas)\b[^,]{1,120},\s*(.+)$", last)
+        clause = opening.group(1) if opening else None
+    if clause is None or re.search(r"(?i)\b(?:not|no|neither|none|nor|wrong|incorrect|false|isn't|aren't|unlikely)\b"
+                                   r"|n't\b", clause):
+        return None  # "A is close, but B is wrong."
+    found = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", clause)) & set(valid) - {"I"}
+    return found.pop() if len(found) == 1 else None
 
 
 def _ticked_option(text, texts):
