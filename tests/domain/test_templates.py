@@ -113,6 +113,17 @@ def test_numeric_tells_a_total_and_its_breakdown_from_a_given_and_its_working(re
     assert NUMERIC["extract_answer"](reply) == Fraction(value)
 
 
+@pytest.mark.parametrize(("question", "reply", "value"), [
+    # a question that asks for a total tells a total said first from a given
+    ("How many clips did Natalia sell altogether in April and May?",
+     "Natalia sold 72 clips. In April she sold 48 and in May 24.", "72"),
+    ("How many birds stayed?", "There were 10 birds. 4 flew off and 6 stayed.", "6"),
+    ("How many apples does she have left in total?", "She has 5 apples. She gives away 2, so she has 3 left.", "3"),
+])
+def test_numeric_reads_a_total_the_question_asks_for(question: str, reply: str, value: str) -> None:
+    assert NUMERIC["find_answer"](reply, question)[0] == Fraction(value)
+
+
 @pytest.mark.parametrize("reply", ["1" * 5000 + " hours and 30 minutes", "2 hours and " + "3" * 5000 + " minutes",
                                    "She sold " + "7" * 5000 + " clips: 48 in April and 24 in May.",
                                    "1" * 5000 + "\u00bd", "1" * 5000, "1e99999", "6 \u00d7 10^{99999}",

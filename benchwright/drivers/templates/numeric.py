@@ -220,16 +220,18 @@ def extract_answer(reply):
     return find_answer(reply)[0]
 
 
-def find_answer(reply):
+def find_answer(reply, question=None):
     """(value, rule) for the reply's final numeric answer; (None, None) when it gives none. Only the answer part is
-    read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins."""
+    read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins.
+    ``question``: the prompt, when known; a question that asks for a total ("How many ... altogether?") tells a total
+    said first from a given ("She sold 72 clips. In April she sold 48 and in May 24.")."""
     text, readings = spelled_compounds(spelled_fractions(answer_part(reply, tags=True)))
     if not text.strip():
         return None, None
     tail = after_correction(text)
-    value, rule = _find(tail) if tail is not None else (None, None)
+    value, rule = _find(tail, question) if tail is not None else (None, None)
     if value is None:
-        value, rule = _find(text)
+        value, rule = _find(text, question)
     if value is None:
         return None, None  # a rule found a number it could not read ("111...1" past int()'s 4,300 digits)
     if value in readings and not isinstance(value, _Scaled):
@@ -237,7 +239,7 @@ def find_answer(reply):
     return value, rule
 
 
-def _find(text):
+def _find(text, question=None):
     found = _HASHES.findall(unlatex(text))
     if found:  # "#### 72"
         return parse_number(found[-1]), "hashes"
@@ -266,7 +268,7 @@ def _find(text):
     value = _bold_result(said)
     if value is not None:
         return value, "bold"
-    value = _total_and_parts(said)
+    value = _total_and_parts(said, question)
     if value is not None:
         return value, "total_and_parts"
     value = _last_number(_ASIDES.sub(" ", said))
@@ -291,12 +293,13 @@ def _bold_result(text):
     return values.pop()
 
 
-def _total_and_parts(text):
+def _total_and_parts(text, question=None):
     """A total said first and its parts or working after it: in the reply's first sentence ("She sold 72 clips: 48 in
     April and 24 in May.", "72 clips in all (48 in April, 24 in May)", "72, which is 48 + 24"), or, when that sentence
     holds no other number, in the rest of the reply ("She sold 72 clips. Breakdown: April 48, May 24.", a list of the
     parts under it); the parts must come to the total exactly (``_comes_to``), and not be a working that goes on from
-    it ("She has 5 apples. She gives away 2, so she has 3 left." is 3: ``_NOT_PARTS``)."""
+    it ("She has 5 apples. She gives away 2, so she has 3 left." is 3: ``_NOT_PARTS``). A first sentence with no
+    total's word is a total when the question asks for one ("How many clips did Natalia sell altogether?")."""
     first, *rest = _SENTENCE_END.split(text.strip(), 1)
     opened = _OPENS_PARTS.search(first)
     # a bare comma opens parts only where no working goes on after it ("She had 5, gave away 2 and kept 3.")
@@ -307,7 +310,7 @@ def _total_and_parts(text):
     said = _NUMBER_RE.findall(first)
     if len(said) != 1 or not rest:
         return None
-    if not (_TOTAL_WORD.search(first) or _OPENS_BREAKDOWN.match(rest[0])
+    if not (_TOTAL_WORD.search(first) or _OPENS_BREAKDOWN.match(rest[0]) or _TOTAL_WORD.search(question or "")
             or all(_LABELLED.match(line) for line in _LIST_MARKER.sub("", rest[0]).splitlines() if line.strip())):
         return None  # "There were 10 birds. 4 flew off and 6 stayed." is no total and its parts
     breakdown = _LIST_MARKER.sub(" ", rest[0])
@@ -408,6 +411,6 @@ class Scorer:
         expected = reference_number(row[CONFIG["reference"]])
         if expected is None:
             raise ValueError(f"reference {row[CONFIG['reference']]!r} holds no number")
-        answer, rule = find_answer(response)
+        answer, rule = find_answer(response, self.extract(row))
         return {"score": 1.0 if same_number(answer, expected) else 0.0, "answer": spell(answer),
                 "reference": spell(expected), "extracted": answer is not None, "rule": rule}
