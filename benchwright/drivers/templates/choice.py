@@ -220,7 +220,7 @@ def _last_clause_letter(text, texts):
     texts are read past ("None of the above", "True, False", a sentence of their own)."""
     valid = _LETTERS[:len(texts)]
     for choice in sorted((str(t).strip() for t in texts if len(str(t).strip()) > 1), key=len, reverse=True):
-        text = re.sub(re.escape(choice), " ", text, flags=re.IGNORECASE)
+        text = re.sub(r"(?<!\w)" + re.escape(choice) + r"(?!\w)", " ", text, flags=re.IGNORECASE)
     last = re.split(r"(?<=[.!?])\s+", text.strip())[-1]
     clause = re.split(r"(?i),?\s+but\s+", last)[-1]
     if clause == last:

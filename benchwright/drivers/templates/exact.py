@@ -76,9 +76,9 @@ _WHERE_FROM = re.compile(r"\A(?:native|indigenous|endemic|found|located|situated
                          r"\s+(?:(?:mainly|mostly|chiefly|only|primarily)\s+)?(?:to|in|on|at)\s+", re.IGNORECASE)
 # "Canberra, not Sydney", "Canberra, located in the ACT", "Canberra, which ...": an aside after a comma, opened by a
 # word that opens one or a participle opening a clause ("the Pacific Ocean, covering a third of Earth", "George
-# Washington, inaugurated in 1789"); not the next
-# item of a list ("red, white, and blue", "swimming, cycling and running"), a place's region ("Washington, D.C.") or
-# a clause with the answer in it ("Many guess Sydney, but it is Canberra").
+# Washington, inaugurated in 1789"); not the next item of a list ("red, white, and blue", "swimming, cycling and
+# running"), a place's region ("Washington, D.C.") or a clause with the answer in it ("Many guess Sydney, but it is
+# Canberra").
 _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|wn|rn)\s+(?:in|on|at|by|from|as|to|"
                           r"during|after|before)\b|(?:not|which|who|whose|where|when|located|situated|"
                           r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
@@ -371,9 +371,9 @@ def _asked_around(found, reference, question):
     """Whether ``found`` is ``reference`` with words of the question beside it, at most four on either end: "Nile
     River" for the longest river's "Nile", "President George Washington" for the first President's, "100 \u00b0C"
     for a boiling point in degrees Celsius."""
-    words = [_DEGREES.get(word, word) for word in re.sub(r"(?<=\d)([cf])\b", r" \1", normalize(found)).split()]
     if not question or _EITHER.search(question):  # "The Nile or the Amazon?": "Amazon Nile" is both, not one
         return False
+    words = [_DEGREES.get(word, word) for word in re.sub(r"(?<=\d)([cf])\b", r" \1", normalize(found)).split()]
     asked = _asked(question) | _BESIDE
     for start in range(min(5, len(words))):
         for end in range(len(words), max(start, len(words) - 5), -1):
@@ -538,7 +538,7 @@ class Scorer:
             date = _DATE_OF_YEAR.fullmatch(answer)
             answer = date.group(1) if date else answer
         # A name after its description, or beside words of the question, in what a rule read as the answer; not in a
-        # first sentence taken whole for want of one ("Tourists love Sydney." does not name Sydney).
+        # first sentence taken whole for want of an answer, whose words before a name describe nothing.
         right = answer is not None and (answer == reference or (rule != "first_sentence" and (
             _named_as(found, reference) or _asked_around(found, reference, question))))
         return {"score": 1.0 if right else 0.0,
