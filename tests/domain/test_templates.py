@@ -399,6 +399,9 @@ def test_exact_match_reads_a_later_sentence(reply: str, score: float) -> None:
     ("Is the Nile or the Amazon longer?", "Nile", "Amazon, Nile", 0.0),  # both named, as the question does
     ("Which country is home to the kangaroo?", "Australia", "Kangaroos are native to Australia.", 1.0),
     ("Which country is home to the kangaroo?", "Australia", "They're found mainly in New Guinea.", 0.0),
+    (_AUSTEN, "Jane Austen", "It's Jane Austen's novel, published in 1813.", 1.0),
+    (_AUSTEN, "Jane Austen", "It's Charlotte Brontë's novel.", 0.0),
+    ("Whose novel is 'Emma'?", "Jane Austen's", "Jane Austen's", 1.0),  # a possessive reference is read as it is
 ])
 def test_exact_match_names_descriptions_and_counts(question: str, reference: str, reply: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score

@@ -370,10 +370,11 @@ def _named_as(found, reference):
 def _asked_around(found, reference, question):
     """Whether ``found`` is ``reference`` with words of the question beside it, at most four on either end: "Nile
     River" for the longest river's "Nile", "President George Washington" for the first President's, "100 \u00b0C"
-    for a boiling point in degrees Celsius."""
+    for a boiling point in degrees Celsius, "Jane Austen's novel" for who wrote the novel."""
     if not question or _EITHER.search(question):  # "The Nile or the Amazon?": "Amazon Nile" is both, not one
         return False
-    words = [_DEGREES.get(word, word) for word in re.sub(r"(?<=\d)([cf])\b", r" \1", normalize(found)).split()]
+    said = normalize(re.sub(r"['\u2019]s\b", "", str(found)))  # "Jane Austen's novel" for "Who wrote the novel...?"
+    words = [_DEGREES.get(word, word) for word in re.sub(r"(?<=\d)([cf])\b", r" \1", said).split()]
     asked = _asked(question) | _BESIDE
     for start in range(min(5, len(words))):
         for end in range(len(words), max(start, len(words) - 5), -1):
