@@ -195,6 +195,12 @@ def _render(template: str, values: dict[str, Any]) -> str:
     return template.format(**{k: v for k, v in values.items() if isinstance(v, str)})
 
 
+def _applies(style: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """Whether ``style`` runs on the row ``spec``: its ``only`` tags (one of them) and none of its ``skip`` tags."""
+    tags = set(spec.get("tags", []))
+    return (not style.get("only") or bool(set(style["only"]) & tags)) and not set(style.get("skip", [])) & tags
+
+
 def _cases() -> list[Any]:
     out = []
     for template in TEMPLATES:
@@ -204,9 +210,7 @@ def _cases() -> list[Any]:
         for spec in data["rows"]:
             row = _row(spec)
             for style in data["styles"]:
-                if style.get("only") and not set(style["only"]) & set(spec.get("tags", [])):
-                    continue
-                if set(style.get("skip", [])) & set(spec.get("tags", [])):
+                if not _applies(style, spec):
                     continue
                 out.append(pytest.param(template, data["plan"], spec, row, style,
                                         id=f"{template}-{style['name']}-{spec['id']}"))
@@ -293,15 +297,15 @@ def test_corpus_size(template: str) -> None:
 def test_a_reply_to_another_question_never_scores_right() -> None:
     """Every exact_match style's right reply for one row, scored against each other row: never right. A rule that
     accepts more than the answer itself (a description before a name, words of the question beside it) must not
-    accept another question's answer (it found "The capital city of Australia." naming Australia)."""
-    data, ns = _load("exact_match"), _namespace("exact_match", _load("exact_match")["plan"])
+    accept another question's answer, nor a guess a reply denies (it found "Many people assume Sydney. The capital of
+    Australia is Canberra." scored right for the decoy row, Australia's largest city)."""
+    data = _load("exact_match")
+    ns = _namespace("exact_match", data["plan"])
     specs = [(spec, _row(spec)) for spec in data["rows"]]
     replies = []
     for spec, row in specs:
         for style in data["styles"]:
-            if style.get("only") and not set(style["only"]) & set(spec.get("tags", [])):
-                continue
-            if set(style.get("skip", [])) & set(spec.get("tags", [])):
+            if not _applies(style, spec):
                 continue
             right, wrong = _vars("exact_match", spec, row, style)
             replies.append((spec["id"], style["name"], str(_reply(style, right, wrong, "right"))))
