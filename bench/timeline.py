@@ -22,7 +22,8 @@ included, and how many were in flight) and how late the worker's event loop was 
 
 Sources: the run's log (each event's commit time), the workflow's history (Temporal's own times) and the marks (the
 worker's activations and activity starts as its Python code sees them, the batch, the scorer runtime, the model calls
-the scorer asked for and the SUT calls made for them, the sandboxes' disposal, the API's run view and narration, the
+the scorer asked for and the SUT calls made for them, the workflow's code in an activation and Temporal's answer to
+the activation's completion, the sandboxes' disposal, the API's run view and narration, the
 loop probe). The marks cost a line-buffered write each (three per model call) and the probe a wake-up a millisecond,
 so the marked runs are slightly slower than ``bench/materialize.py``'s.
 """
@@ -110,6 +111,7 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
         return None
 
     terminal = (by_type.get("PipelineFinished") or [None])[0]
+    since_atomize = atomized or answered
     batch_end = when(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "materialize_batch", last=True)
     calls = [t for t, _, lab in ours if lab.startswith("model call ")]
     return {
@@ -118,6 +120,9 @@ def milestones(*, launched: float, answered: float, events: list[dict], hist: li
         "its workflow instance made": _first(ours, "workflow instance made <"),
         "quick phases start": _first(ours, "activity quick_phases >"),
         "Atomize completed (log)": atomized,
+        "the quick phases' activation": _first(ours, "activation resolve_activity >", after=since_atomize),
+        "its workflow code done": _first(ours, "workflow code <", after=since_atomize),
+        "its commands taken by Temporal": _first(ours, "activation completed to the server <", after=since_atomize),
         "batch activity started (history)": when(EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED, "materialize_batch"),
         "batch starts in the worker": _first(ours, "batch >"),
         "scorer runtime ready": _first(ours, "scorer runtime start <"),

@@ -1,14 +1,15 @@
 """Time marks for ``bench/timeline.py``, in every process of the stack it starts (this directory is put first on their
 ``PYTHONPATH``, so Python imports this file as it starts). Inert unless ``BENCHWRIGHT_BENCH_MARKS`` names a file.
 
-When it does, a few functions of the worker and the API are wrapped as their modules are imported, and each call
-appends ``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 µs): the worker's Temporal activations,
-the sandboxed workflow instances it makes and its activity starts, the batch activity's preamble (hand-off, model
-proxy, call limit) and the Materialize batch, its sandbox's opening (snapshot, egress proxy, create, spawn), the scorer
-runtime's start and end, every model call a batch's scorer asks for and the SUT client's call it makes (its start and
-end), the batch's commits of results, a sandbox's disposal (its kill, its SandboxKilled, its backend's close), the warm
-pool's takes and refills, and the run view and narration the API reads for a long poll's answer; and a probe on the
-worker's event loop for as long as a batch runs (how late a 1 ms timer fires).
+When it does, a few functions of the worker and the API are wrapped as their modules are imported, and each call appends
+``<unix time> <pid> <label>`` to that file (one line-buffered write, ~3 µs): the worker's Temporal activations, the
+sandboxed workflow instances it makes, their code in each activation and Temporal's answer to its completion, its
+activity starts, the batch activity's preamble (hand-off, model proxy, call limit) and the Materialize batch, its
+sandbox's opening (snapshot, egress proxy, create, spawn), the scorer runtime's start and end, every model call a
+batch's scorer asks for and the SUT client's call it makes (its start and end), the batch's commits of results, a
+sandbox's disposal (its kill, its SandboxKilled, its backend's close), the warm pool's takes and refills, and the run
+view and narration the API reads for a long poll's answer; and a probe on the worker's event loop for as long as a batch
+runs (how late a 1 ms timer fires).
 Nothing of the product is changed to take them; the marks cost what a write costs (the probe a wake-up a
 millisecond), so the timeline's own run is a little slower than an unmarked one. With ``BENCHWRIGHT_BENCH_PGTRACE``
 naming a directory, every Postgres connection a process opens also writes libpq's trace of its messages there.
@@ -97,6 +98,8 @@ def _with_loop_probe(fn: Callable[..., Any]) -> Callable[..., Any]:
 _WRAPPED: dict[str, Sequence[tuple[str, str | Callable[[tuple[Any, ...]], str], bool]]] = {
     "temporalio.worker._workflow": [("_WorkflowWorker._handle_activation", _activation_label, True),
                                     ("_WorkflowWorker._create_workflow_instance", "workflow instance made", True)],
+    "temporalio.worker.workflow_sandbox._runner": [("_Instance.activate", "workflow code", True)],
+    "temporalio.bridge.worker": [("Worker.complete_workflow_activation", "activation completed to the server", True)],
     "temporalio.worker._activity": [("_ActivityWorker._handle_start_activity_task", _activity_label, False)],
     "benchwright.runs.materialize": [("run_batch", "batch", True), ("append_checking", "results commit", True)],
     "benchwright.llm.sut": [("OpenAICompatibleSut.complete", _sut_call_label, True)],
