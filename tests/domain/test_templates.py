@@ -237,6 +237,45 @@ def test_choice_reads_the_one_option_a_review_ticks(reply: str, choices: list[st
         assert CHOICE["find_letter"](reply, choices) == (letter, "verdicts")
 
 
+PLANETS = ["Earth", "Jupiter", "Saturn", "Mars"]
+RULINGS = ["Once a church has been recognized, its tax-exempt status can never be revoked.",
+           "State-sponsored prayer is prohibited, but voluntary prayer before school is allowed."]
+
+
+@pytest.mark.parametrize(("reply", "choices", "letter"), [
+    # a choice's text in a clause that denies it is no answer (each read C, a false right for C, before)
+    ("Saturn isn't it.", PLANETS, None),
+    ("I don't think it's Saturn.", PLANETS, None),
+    ("Saturn is not the largest planet.", PLANETS, None),
+    ("C is Saturn, but it is not the largest.", PLANETS, None),
+    ("Saturn is big. It has rings, but it is not the largest.", PLANETS, None),
+    ("Many people think Saturn.", PLANETS, None),
+    # the one text left when the others are denied or set aside
+    ("Saturn is not the largest planet; that would be Jupiter.", PLANETS, "B"),
+    ("Definitely not Jupiter \u2014 it's Saturn.", PLANETS, "C"),
+    ("Jupiter is the largest, not Saturn.", PLANETS, "B"),
+    ("Saturn? No. Jupiter.", PLANETS, "B"),
+    ("Many people think Saturn, but it's actually Jupiter.", PLANETS, "B"),
+    ("Although Saturn is huge, Jupiter is bigger.", PLANETS, "B"),
+    ("Jupiter. Saturn is the second largest.", PLANETS, "B"),
+    # words that only look like a denial
+    ("Jupiter, no doubt.", PLANETS, "B"),
+    ("Jupiter is not only the largest planet, it is the most massive.", PLANETS, "B"),
+    ("Jupiter. Not Saturn.", PLANETS, "B"),
+    # a choice's own words never deny it: "never" and "but" are the second ruling's text
+    ("It's the first one: once a church has been recognized, its tax-exempt status can never be revoked.", RULINGS,
+     "A"),
+    ("State-sponsored prayer is prohibited, but voluntary prayer before school is allowed.", RULINGS, "B"),
+    # two texts, neither denied: no answer
+    ("Jupiter and Saturn are both gas giants.", PLANETS, None),
+    # the one letter after an opening "Between ..." clause, not one the clause denies
+    ("It's definitely not A or D. Between B and C, B is larger.", PLANETS, "B"),
+    ("Between B and C, neither is right.", PLANETS, None),
+])
+def test_choice_text_a_reply_denies_is_no_answer(reply: str, choices: list[str], letter: str | None) -> None:
+    assert CHOICE["extract_letter"](reply, choices) == letter
+
+
 def test_choice_text_matches_without_a_latin_letters_accents() -> None:
     """A reply naming a choice without its accents names it (the template's own rendering: one home for the folding
     with exact_match, benchwright/drivers/templates/_reply.py)."""

@@ -8,9 +8,10 @@ the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the w
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
 "That leaves (B) Jupiter.", "B is correct.", the last one said), the options reviewed one by one with one ticked ("| B
 | \u2705 |", "- B: \u2705", "A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the one letter of
-the last clause ("Although C ..., B is ..."), the whole text of exactly one choice (a choice of 3 characters or fewer
-only as the whole reply; a Latin letter's accents aside), one lone capital letter in a short reply that does not deny
-or doubt. An explicit letter always wins over a choice's text. Standard library only.
+the last clause ("Although C ..., B is ...", "Between B and C, B is ..."), the whole text of exactly one choice the
+reply does not deny ("not Saturn", "Saturn? No.", "Many people think Saturn") or set aside ("Although Saturn ...,"; a
+choice of 3 characters or fewer only as the whole reply; a Latin letter's accents aside), one lone capital letter in a
+short reply that does not deny or doubt. An explicit letter always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
@@ -189,11 +190,9 @@ def _find(text, texts):
     letter = _last_clause_letter(text, texts)
     if letter is not None:  # "Although Saturn (C) has rings, the largest is Jupiter (B).", "..., but B is larger."
         return letter, "letter_pattern"
-    said_text = _norm(text)
-    named = [i for i, t in enumerate(texts) if _norm(t) and (
-        re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text) if len(_norm(t)) > 3 else _norm(t) == said_text)]
+    named = _named_choices(text, texts)
     if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
-        return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them)
+        return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them), not denied
     # A short reply naming one letter: "Option D", "I'd say B, London"; not one that denies or doubts ("Only A is
     # wrong.", "Although B looks tempting, it isn't right.").
     if len(text.split()) <= 20 and not _DOUBT.search(text):
@@ -201,6 +200,51 @@ def _find(text, texts):
         if len(lone) == 1:
             return lone.pop(), "lone_letter"
     return None, None
+
+
+_DENIES = re.compile(r"(?i)\b(?:not(?! only)|no(?! doubt| question)|nope|never|neither|nor|wrong|incorrect|false|"
+                     r"rule[sd]? out|eliminat\w*|(?:people|many|some|most|you) (?:might |may |would |often )?"
+                     r"(?:think|assume|believe|guess|say))\b|n't\b")
+_ASKED_AND_DENIED = re.compile(r"(?i)(?:^|(?<=[.!?\n]))([^.!?\n]*)\?\s*(?=(?:no|nope|not)\b)")  # "Saturn? No."
+_CLAUSES = re.compile(r"[.!?;:\u2014\u2013]+(?=\s|$)|\s-+\s|,|\n")
+_ASIDE_OPENING = re.compile(r"(?i)^(?:although|though|even though|while|whilst|whereas)\b")
+
+
+def _named_choices(text, texts):
+    """The choices whose whole text the reply names and does not deny. A clause that denies ("not Saturn", "Saturn
+    isn't it", "I don't think it's Saturn", "Many people think Saturn") takes its choices out, and so does one that
+    opens on "but" and denies without naming one ("C is Saturn, but it is not the largest.") and a question denied
+    next ("Saturn? No."); an opening "Although/While ..." clause's choices are set beside the answer, not given as
+    it. A first sentence that is one choice's text alone is the answer ("Jupiter. Saturn is the second largest."). A
+    short choice ("is", "1") counts only as the whole reply."""
+    said_text = _norm(text)
+    named = {i for i, t in enumerate(texts) if _norm(t) and (
+        re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text) if len(_norm(t)) > 3 else _norm(t) == said_text)}
+    if len(named) < 2 and not _DENIES.search(text):
+        return sorted(named)
+    marked = text  # each named choice's text as a mark of its own, so that its words are not read as the clause's
+    for i in sorted(named, key=lambda i: -len(texts[i])):
+        words = re.escape(str(texts[i]).strip().rstrip(".!?")).replace("\\ ", r"\s+")
+        if len(_norm(texts[i])) > 3:
+            marked = re.sub(r"(?<!\w)" + words + r"(?!\w)", f"\x00{i}\x00", marked, flags=re.IGNORECASE)
+
+    def marks(part):
+        return {int(i) for i in re.findall(r"\x00(\d+)\x00", part)}
+
+    denied = {i for asked in _ASKED_AND_DENIED.findall(marked) for i in marks(asked)}
+    before = set()  # type: set[int]
+    for clause in _CLAUSES.split(marked):
+        here, clause = marks(clause), clause.strip()
+        if _DENIES.search(clause):
+            denied |= here or (before if re.match(r"(?i)but\b", clause) else set())
+        elif _ASIDE_OPENING.match(clause):
+            denied |= here
+        before = here or before  # "but it ..." is the last choice named
+    first = re.match(r"\s*([^.!?\n]+)[.!]\s", text + " ")
+    bare = [i for i in named - denied if first and _norm(texts[i]) == _norm(first.group(1))]
+    if len(bare) == 1:  # "Jupiter. Saturn is the second largest."
+        return bare
+    return sorted(named - denied)
 
 
 _DOUBT = re.compile(r"(?i)\b(?:not|wrong|incorrect|false|unsure|doubt|double-check)\b|n't\b")
@@ -224,7 +268,8 @@ def _last_clause_letter(text, texts):
     last = re.split(r"(?<=[.!?])\s+", text.strip())[-1]
     clause = re.split(r"(?i),?\s+but\s+", last)[-1]
     if clause == last:
-        opening = re.match(r"(?i)(?:although|though|even though|while|whilst|whereas)\b[^,]{1,120},\s*(.+)$", last)
+        opening = re.match(r"(?i)(?:although|though|even though|while|whilst|whereas|between|of|among|out of|"
+                           r"comparing)\b[^,]{1,120},\s*(.+)$", last)
         clause = opening.group(1) if opening else None
     if clause is None or re.search(r"(?i)\b(?:not|no|neither|none|nor|wrong|incorrect|false|isn't|aren't|unlikely)\b"
                                    r"|n't\b", clause):
