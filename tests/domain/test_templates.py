@@ -446,6 +446,52 @@ def test_exact_match_names_descriptions_and_counts(question: str, reference: str
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
 
 
+_ELEMENT = "Which element has atomic number 1?"
+_LARGEST_OCEAN = "What is the largest ocean on Earth?"
+
+
+@pytest.mark.parametrize(("question", "reference", "reply", "score"), [
+    # the one name a short sentence gives besides the question's own
+    ("What language is spoken in Brazil?", "Portuguese", "In Brazil, people speak Portuguese.", 1.0),
+    ("What language is spoken in Brazil?", "Portuguese", "In Brazil, people speak Spanish.", 0.0),
+    ("Which planet is known as the Red Planet?", "Mars", "Mars gets its nickname from its reddish colour.", 1.0),
+    (_PRESIDENT, "George Washington", "George Washington took office in 1789.", 1.0),
+    (_LARGEST_OCEAN, "the Pacific Ocean", "The Pacific covers about a third of Earth's surface.", 1.0),
+    ("In which year did the Berlin Wall fall?", "1989", "It came down in 1989.", 1.0),  # a number asked: no name read
+    # ... and none where a second name, a denial, who thinks so or what the subject is said to be tells otherwise
+    (_CAPITAL, "Canberra", "Canberra is the author.", 0.0),
+    (_CAPITAL, "Canberra", "Most people think Canberra.", 0.0),
+    ("What is the largest city in Australia?", "Sydney", "Most people think Sydney is the capital.", 0.0),
+    (_LARGEST_OCEAN, "the Pacific Ocean", "The Atlantic, second to the Pacific.", 0.0),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "Leonardo da Vinci's student painted it.", 0.0),
+    ("What is the longest river in Africa?", "Nile", "The Amazon beats the Nile.", 0.0),
+    (_PRESIDENT, "George Washington", "John Adams served under George Washington.", 0.0),
+    (_AUSTEN, "Jane Austen", "Charlotte Brontë admired Jane Austen's style.", 0.0),
+    # a symbol glossed in brackets, or a name with its symbol
+    (_ELEMENT, "Hydrogen", "H (hydrogen)", 1.0),
+    (_ELEMENT, "Hydrogen", "Hydrogen (H).", 1.0),
+    (_ELEMENT, "Hydrogen", "H (helium)", 0.0),
+    (_ELEMENT, "Hydrogen", "He (not hydrogen)", 0.0),
+    ("Which element has the chemical symbol Au?", "Gold", "Au (gold)", 1.0),
+    # the subject that has what is asked; what belongs to it
+    (_ELEMENT, "Hydrogen", "Hydrogen has atomic number 1.", 1.0),
+    (_ELEMENT, "Hydrogen", "Atomic number 1 belongs to hydrogen.", 1.0),
+    (_ELEMENT, "Hydrogen", "Atomic number 1 belongs to helium.", 0.0),
+    # a possessive, a role, the reference's own word of the question left out, asides
+    (_AUSTEN, "Jane Austen", "That would be Jane Austen's work.", 1.0),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "It's Leonardo da Vinci's masterpiece.", 1.0),
+    (_AUSTEN, "Jane Austen", "Novelist Jane Austen.", 1.0),
+    (_LARGEST_OCEAN, "the Pacific Ocean", "The Pacific is the largest ocean.", 1.0),
+    (_LARGEST_OCEAN, "the Pacific Ocean", "Pacific Ocean, by far.", 1.0),
+    ("What is the closest star to Earth?", "the Sun", "Our Sun is the closest star.", 1.0),
+    ("What is the closest star to Earth?", "the Sun", "The closest star is the Sun itself.", 1.0),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "Leonardo da Vinci, around 1503.", 1.0),
+])
+def test_exact_match_reads_one_name_a_gloss_and_a_work(question: str, reference: str, reply: str,
+                                                        score: float) -> None:
+    assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
+
+
 @pytest.mark.parametrize(("reply", "score"), [
     ("Paris", 1.0), ("Paris, France", 1.0), ("The capital of France is Paris.", 1.0), ("Lyon, France", 0.0)])
 def test_exact_match_reads_a_reference_qualified_like_an_answer(reply: str, score: float) -> None:

@@ -8,12 +8,14 @@ the question ("- **Capital:** Canberra", "Australia \u2192 Canberra", "Capital o
 table's first row (its cell that does not restate the question), a fact sheet's first label line ("- **Author:** Jane
 Austen"), a denial and its correction ("It's not Sydney, it's Canberra."), the whole reply when it is one short line,
 the one **bold** phrase, the part of the first sentence that does not restate the question ("The capital of Australia is
-Canberra.", "Canberra is the capital of Australia.", in the clause after a "but" when it has one), else the reply's
-first sentence. A chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd
-say") are skipped, and an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when
-it equals the reference after normalising (lowercase; punctuation, articles, markup, emoji, arrows, accents, thousands
-separators and a trailing period dropped; a count spelled out as its digits), a year also by a date in it ("November 9,
-1989").
+Canberra.", "Canberra is the capital of Australia.", in the clause after a "but" when it has one), the one name a short
+sentence gives besides the question's own ("In Brazil, people speak Portuguese."), else the reply's first sentence. A
+chat model's opening pleasantry ("Sure!", "Hmm, let me think.") and a short reply's lead-in ("I'd say") are skipped, and
+an answer loses a qualifier that restates the question ("Canberra, Australia"). It matches when it equals the reference
+after normalising (lowercase; punctuation, articles, markup, emoji, arrows, accents, thousands separators and a trailing
+period dropped; a count spelled out as its digits), a year also by a date in it ("November 9, 1989"), a name also after
+its description, beside words of the question, as the owner of a work a "Who ...?" question asks about ("Jane Austen's
+novel") or glossing a symbol ("H (hydrogen)").
 Standard library only. CONFIG names the columns: ``input`` (the prompt) and ``reference``.
 """
 
@@ -22,6 +24,19 @@ import re
 import string
 import unicodedata
 
+from benchwright.drivers.templates._names import (  # inlined by render()
+    _DETERMINERS,
+    _GLOSSED,
+    _NAME,
+    _NATIONALITY,
+    _NOT_A_NAME,
+    _NOT_DESCRIPTOR,
+    _PLACE_OF,
+    _POSSESSIVE,
+    _TITLES,
+    _WHO_SAYS,
+    _WORK,
+)
 from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
     answer_part,
@@ -47,7 +62,8 @@ _ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?
 _SAID_AGAIN = re.compile(r"\A(?i:the\s+)?(?i:final\s+)?(?i:answer)\s+(?i:is)\s*:?\s*")
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|they're|year|ha(?:s|ve)(?=\s+the\b))\s+"
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|they're|year|belongs\s+to|"
+                       r"ha(?:s|ve)(?=\s+the\b))\s+"
                        r"(?!(?:not|known|also)\b)(.+)$", re.IGNORECASE)
 # ... else the tail after "in", "on" or "at" before a date or a number: "It fell in 1989.", "The wall fell on November
 # 9, 1989.", "Water boils at 100 \u00b0C."
@@ -82,9 +98,11 @@ _WHERE_FROM = re.compile(r"\A(?:native|indigenous|endemic|found|located|situated
 _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|wn|rn)\s+(?:in|on|at|by|from|as|to|"
                           r"during|after|before)\b|(?:not|which|who|whose|where|when|located|situated|"
                           r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
-                          r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing)\b)")
+                          r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing|around|circa|c\.|"
+                          r"about|approximately|roughly)\b)")
+# "Canberra, of course.", "Pacific Ocean, by far."
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
-                         r"certainly)[.!]?\s*$", re.IGNORECASE)  # "Canberra, of course."
+                         r"certainly|by far|easily|for sure|no doubt)[.!]?\s*$", re.IGNORECASE)
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
 _HOW_MANY = re.compile(r"(?i)\bhow (?:many|much)\b")
 _COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
@@ -92,8 +110,8 @@ _COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remained|wrote|painted|composed|discovered|"
                             r"invented|founded|directed|designed|built|created|won|penned|authored|sculpted|coined|"
-                            r"developed|formulated|proposed|pioneered|introduced|ha(?:s|ve|d)\s+(?:long\s+|always\s+)?"
-                            r"been|(?:has\s+)?(?:serves|served|ranks|ranked|stands|stood|functions|acts)\s+as)"
+                            r"developed|formulated|proposed|pioneered|introduced|ha(?:s|ve|d)(?:\s+(?:long\s+|always\s+)?"
+                            r"been)?|(?:has\s+)?(?:serves|served|ranks|ranked|stands|stood|functions|acts)\s+as)"
                             r"\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
 # "Australia's capital: Canberra", "- **Capital:** Canberra" (a line of a list)
 _LABEL = re.compile(r"^(?:(?:[-*+\u2022]|\d{1,2}[.)])\s+)?(?:\*\*|__)?([^:*_]{2,60}?)(?:\*\*|__)?:(?:\*\*|__)?\s+(.+)$")
@@ -110,10 +128,6 @@ _KNOWN_AS = re.compile(r"\A(?:(?:also|often|commonly|usually|widely|popularly|so
 # The last clause of a sentence that sets another thing against the answer: "Sydney is the largest city, but Canberra is
 # the capital."
 _BUT_CLAUSE = re.compile(r"(?:,|;)\s*(?:but|while|whereas|yet)\s+(.+)$", re.IGNORECASE)
-# A name as a sentence's subject beside its description, the two set apart by commas: "The fourth planet from the Sun,
-# Mars, is ...", "Jane Austen, the English novelist, wrote ...": each word capitalised but a name's particles.
-_NAME_WORD = r"(?:[A-Z\u00c0-\u00de][\w'\u2019.-]*|da|de|del|della|di|du|van|von|der|den|le|la|bin|ibn|al|y|of|the)"
-_NAME = re.compile(_NAME_WORD + r"(?:\s+" + _NAME_WORD + r")*")
 # What "Who wrote/painted ...?" is answered with besides a restatement: "Jane Austen is the author."
 _WHO = re.compile(r"(?i)\Awho\b|\bwho\s+(?:was|is|were|are|wrote|painted|composed|discovered|invented|founded)\b")
 _ROLE = re.compile(r"(?i)\A(?:the\s+)?(?:author|writer|novelist|poet|playwright|painter|artist|composer|inventor|"
@@ -127,30 +141,11 @@ _BY_FIRST = re.compile(r"\A(?:[A-Z][a-z]+(?:ed|en|wn))\s+by\s+([^,]{2,60}?),\s+(
 # Bront\u00eb? No \u2014 it was Jane Austen."
 _DENIED_FIRST = re.compile(r"\A\s*(?:not\s+[^.!?,;\n]{1,40}[.!]+|[^.!?\n]{1,60}\?\s*no\b[.!,:;]?\s*[\u2014\u2013-]?)"
                            r"\s+", re.IGNORECASE)
-# What may stand before a name that is the answer: "the English novelist Jane Austen", "the planet Mars", "the city of
-# Canberra", "the symbol Au"; a denial, a preposition or a conjunction in it makes it something else ("not Canberra",
-# "a rival of Jane Austen").
-_NOT_DESCRIPTOR = frozenset(("not", "no", "never", "than", "of", "by", "with", "from", "to", "for", "and", "or", "but",
-                             "before", "after", "like", "unlike", "nor", "except", "instead", "rather", "besides",
-                             "about", "against", "versus", "vs", "without", "is", "was", "are", "were", "has", "had",
-                             "in", "on", "at", "near", "beside", "between", "former", "formerly", "ex",
-                             # who says it, not what it is: "Many people assume Sydney."
-                             "many", "some", "most", "people", "others", "everyone", "anyone", "someone", "nobody",
-                             "think", "thinks", "assume", "assumes", "say", "says", "said", "guess", "guesses",
-                             "believe", "believes", "suggest", "suggests", "claim", "claims", "pick", "picks",
-                             "choose", "chooses", "mean", "means", "mention", "mentions"))
-# A capitalised word that describes the name after it: a title or a kind of place ("General George Washington",
-# "Mount Everest"); "New York" does not name York.
-_TITLES = frozenset(("president", "general", "king", "queen", "prince", "princess", "emperor", "empress", "sir",
-                     "dame", "lord", "lady", "saint", "st", "pope", "dr", "professor", "prof", "captain", "admiral",
-                     "chancellor", "senator", "governor", "mount", "mt", "lake", "river", "cape", "isle", "planet"))
 _EITHER = re.compile(r"(?i)\bor\b")
 _BESIDE = frozenset(("at", "in", "on", "of"))  # "100 \u00b0C at sea level"
 _DEGREES = {"c": "celsius", "f": "fahrenheit"}  # "100 \u00b0C", normalised: its sign dropped
-_DETERMINERS = frozenset(("the", "a", "an", "its", "his", "her", "their", "our", "this", "that", "one"))
-_PLACE_OF = frozenset(("city", "town", "village", "state", "province", "island", "isle", "kingdom", "republic",
-                       "county", "port", "region", "country", "district"))
 _DENIAL = re.compile(r"(?i)\A(?:not|never|no)\b")
+_NUMBER_ASKED = re.compile(r"(?i)\s*(?:when|how|(?:in\s+)?(?:what|which)\s+(?:year|date|day|month|century))\b")
 # Said of no one thing: "..., but neither is the capital."
 _NO_SUBJECT = frozenset(("neither", "none", "nobody", "no one", "nothing", "either", "both", "all", "each", "this",
                          "that", "it", "which", "they", "there", "here", "many", "some", "most"))
@@ -260,6 +255,7 @@ def _tidy(answer, question=None):
     answer = _WHERE_FROM.sub("", _ADVERB.sub("", answer.strip()))  # "are native to Australia"
     answer = _ASIDE.sub("", _COMMA_ASIDE.split(answer, maxsplit=1)[0]).strip()
     answer = _AND_MORE.split(answer, maxsplit=1)[0]  # "Jane Austen and published in 1813"
+    answer = re.sub(r"(?i)\s+(?:itself|himself|herself|themselves)[.!]?\Z", "", answer)  # "the Sun itself"
     untimed = _WHEN_TAIL.sub("", answer)
     return _unqualified(untimed if untimed.strip() else answer, question)
 
@@ -362,26 +358,37 @@ def _named_as(found, reference):
             if not place or place[-1] not in _PLACE_OF or len(place) > 2 or place[0] not in _DETERMINERS | _PLACE_OF:
                 return False
             head, noun = place, words[at - 2]
-        return ((noun[:1].islower() or noun.lower().rstrip(".") in _TITLES)
-                and not any(word in _NOT_DESCRIPTOR for word in head))
+        return ((noun[:1].islower() or noun.lower().rstrip(".") in _TITLES or set(head) <= _POSSESSIVE)
+                and not any(word in _NOT_DESCRIPTOR for word in head)
+                and all(word[:1].islower() or _NATIONALITY.fullmatch(word) or word.lower().rstrip(".") in _TITLES
+                        for word in words[1:at]))  # another name in it: "The Amazon beats the Nile."
     return False
 
 
 def _asked_around(found, reference, question):
     """Whether ``found`` is ``reference`` with words of the question beside it, at most four on either end: "Nile
     River" for the longest river's "Nile", "President George Washington" for the first President's, "100 \u00b0C"
-    for a boiling point in degrees Celsius, "Jane Austen's novel" for who wrote the novel."""
+    for a boiling point in degrees Celsius, "Jane Austen's novel" for who wrote the novel; or the reference is
+    ``found`` with such words ("The Pacific" for "the Pacific Ocean" asked for the largest ocean)."""
     if not question or _EITHER.search(question):  # "The Nile or the Amazon?": "Amazon Nile" is both, not one
         return False
     said = normalize(re.sub(r"['\u2019]s\b", "", str(found)))  # "Jane Austen's novel" for "Who wrote the novel...?"
     words = [_DEGREES.get(word, word) for word in re.sub(r"(?<=\d)([cf])\b", r" \1", said).split()]
     asked = _asked(question) | _BESIDE
-    for start in range(min(5, len(words))):
-        for end in range(len(words), max(start, len(words) - 5), -1):
-            if (start or end < len(words)) and " ".join(words[start:end]) == reference and all(
-                    word in asked for word in words[:start] + words[end:]):
-                return True
+    for longer, shorter in ((words, reference.split()), (reference.split(), words)):  # "The Pacific" for its Ocean
+        for start in range(min(5, len(longer))):
+            for end in range(len(longer), max(start, len(longer) - 5), -1):
+                if (start or end < len(longer)) and longer[start:end] == shorter and all(
+                        word in asked for word in longer[:start] + longer[end:]):
+                    return True
     return False
+
+
+def _possessor(found, reference, question):
+    """Whether ``found`` is the reference's work for a "Who wrote/painted ...?" question ("Jane Austen's novel",
+    "Leonardo da Vinci's most famous painting")."""
+    work = _WORK.match(_ASIDE.sub("", str(found)).strip().rstrip(".!"))
+    return bool(work and question and _WHO.search(question) and normalize(work.group(1)) == reference)
 
 
 def _later(text, question):
@@ -410,6 +417,38 @@ def _later(text, question):
             if says is None and it_is and not _restates(it_is.group(1), question):
                 says = it_is.group(1)
     return says
+
+
+def _one_name(sentence, question):
+    """The one name a short sentence (300 characters at most) gives besides the question's own ("In Brazil, people speak
+    Portuguese." -> Portuguese; "Mars gets its nickname from its colour." -> Mars; a name opening it only before a
+    lower-case word, not "Swimming, cycling and running."), else None: two names, a possessive ("Jane Austen's
+    novel" is ``_possessor``'s), a sentence that is not a clause (fewer than two lower-case words but a name's
+    particles: "The river Nile.", "\u2192 Leonardo da Vinci"), that denies or says who thinks so ("Most people think
+    Sydney."), that says its subject is something not asked ("Canberra is the author."), or a question asking for a
+    number or a date."""
+    lower = [w for w in re.findall(r"\b[a-z][\w'-]*", sentence[:301]) if not _NAME.fullmatch(w)]  # not "da" in a name
+    if (not question or len(sentence) > 300 or len(lower) < 2 or _NUMBER_ASKED.match(question) or set(lower) & _WHO_SAYS
+            or re.search(r"(?i)\b(?:not|no|never|nor)\b|n't\b", sentence)):
+        return None
+    said = _SUBJECT_FIRST.match(sentence)
+    if (said and not _content(said.group(2)) & _asked(question)
+            and re.match(r"(?i)\s+(?:is|was|are|were|became|remains|remained|ha[sd]|have)\b", sentence[said.end(1):])):
+        return None
+    names = []
+    for found in _NAME.finditer(sentence):
+        words = found.group().split()
+        while words and (re.sub(r"\W", "", words[0].lower()) in _NOT_A_NAME or words[0].lower() in _FILLER):
+            words.pop(0)  # "It's Jane Austen's", "In Brazil", "The Nile"
+        while words and words[-1].lower() in _FILLER:
+            words.pop()
+        name = " ".join(words)
+        if len(name) < 2 or not name[:1].isupper() or _restates(name, question, loose=True):
+            continue
+        names.append((name, bool(found.start() or re.match(r"\s+[a-z]", sentence[found.end():]))))
+        if len(names) > 1 or re.search(r"['\u2019]s\Z", name):
+            return None
+    return names[0][0] if names and names[0][1] else None
 
 
 def _counted(sentence, question):
@@ -491,6 +530,9 @@ def _find(text, question=None):
     subject = _subject_first(first, question) or _counted(first, question)
     short = len(lines) == 1 and whole == first_clause and len(whole.split()) <= 8
     if short and not _restated(whole) and not subject and not _restates(whole, question):
+        name = _one_name(whole, question)
+        if name is not None and name != whole.strip(" *_"):  # "In Brazil, people speak Portuguese."
+            return name, "restated"
         # "Canberra", "canberra.", "**Jane Austen**"
         bold = re.fullmatch(r"\s*\*\*(.+?)\*\*[.!]?\s*", whole)
         return (bold.group(1) if bold else whole), "whole"
@@ -509,6 +551,9 @@ def _find(text, question=None):
         later = _later(text, question)  # "Many people assume Sydney. However, the capital of Australia is Canberra."
         if later is not None and normalize(later):
             return _tidy(later, question), "restated"
+    name = None if sure else _one_name(first_clause, question)
+    if name is not None:  # "George Washington took office in 1789.", "Mars earns that title thanks to its soil."
+        return _tidy(name, question), "restated"
     if restated and len(_tidy(restated.group(1), question).split()) <= 6:  # "The capital of Australia is Canberra."
         return _tidy(restated.group(1), question), "restated"
     if normalize(first):  # "Canberra. It replaced Melbourne as the seat of government in 1927."
@@ -541,6 +586,12 @@ class Scorer:
         # A name after its description, or beside words of the question, in what a rule read as the answer; not in a
         # first sentence taken whole for want of an answer, whose words before a name describe nothing.
         right = answer is not None and (answer == reference or (rule != "first_sentence" and (
-            _named_as(found, reference) or _asked_around(found, reference, question))))
+            _named_as(found, reference) or _asked_around(found, reference, question)
+            or _possessor(found, reference, question))))
+        glossed = (_GLOSSED.match(answer_part(response, tags=True).strip())
+                   if not right and rule in ("whole", "first_sentence") else None)
+        if glossed and min(len(normalize(glossed.group(1))), len(normalize(glossed.group(2)))) <= 3:
+            said = [normalize(part) for part in glossed.groups() if not _DENIAL.match(part.strip())]
+            right, answer = (True, reference) if reference in said else (right, answer)  # "H (hydrogen)"
         return {"score": 1.0 if right else 0.0,
                 "answer": answer, "extracted": answer is not None, "rule": rule}
