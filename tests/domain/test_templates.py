@@ -276,6 +276,18 @@ def test_choice_text_a_reply_denies_is_no_answer(reply: str, choices: list[str],
     assert CHOICE["extract_letter"](reply, choices) == letter
 
 
+@pytest.mark.parametrize(("reply", "letter"), [
+    ("Answer: 2", "C"),  # a choice's text after an answer phrase, however short
+    ("The answer is 2.", "C"),
+    ("**Final answer:** 3", "D"),
+    ("The answer is B.", "B"),  # an explicit letter is still a letter
+    ("The answer is 5.", None),  # no choice's text
+    ("Mars has 2 moons.", None),  # a short choice's text in prose is no answer
+])
+def test_choice_reads_a_choice_text_after_an_answer_phrase(reply: str, letter: str | None) -> None:
+    assert CHOICE["extract_letter"](reply, ["0", "1", "2", "3"]) == letter
+
+
 def test_choice_text_matches_without_a_latin_letters_accents() -> None:
     """A reply naming a choice without its accents names it (the template's own rendering: one home for the folding
     with exact_match, benchwright/drivers/templates/_reply.py)."""

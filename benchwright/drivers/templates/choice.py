@@ -6,12 +6,13 @@ choice's text. The prompt lists the lettered choices; the letter is read from th
 skipped; only the last ``<answer>...</answer>`` element when it has one; a self-correction's corrected part first) by
 the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer"
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
-"That leaves (B) Jupiter.", "B is correct.", the last one said), the options reviewed one by one with one ticked ("| B
-| \u2705 |", "- B: \u2705", "A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the one letter of
-the last clause ("Although C ..., B is ...", "Between B and C, B is ..."), the whole text of exactly one choice the
-reply does not deny ("not Saturn", "Saturn? No.", "Many people think Saturn") or set aside ("Although Saturn ...,"; a
-choice of 3 characters or fewer only as the whole reply; a Latin letter's accents aside), one lone capital letter in a
-short reply that does not deny or doubt. An explicit letter always wins over a choice's text. Standard library only.
+"That leaves (B) Jupiter.", "B is correct.", the last one said), the options reviewed one by one with one ticked ("| B |
+\u2705 |", "- B: \u2705", "A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the one letter of the
+last clause ("Although C ..., B is ...", "Between B and C, B is ..."), an answer phrase followed by a choice's whole
+text ("Answer: 2", "The answer is Paris."), the whole text of exactly one choice the reply does not deny ("not Saturn",
+"Saturn? No.", "Many people think Saturn") or set aside ("Although Saturn ...,"; a choice of 3 characters or fewer only
+as the whole reply; a Latin letter's accents aside), one lone capital letter in a short reply that does not deny or
+doubt. An explicit letter always wins over a choice's text. Standard library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
@@ -133,6 +134,9 @@ _WORD_VERDICT = re.compile(r"^[\W_]*(?i:(yes|correct|right|true)|(no|incorrect|w
 _ANY_VERDICT = re.compile(r"[\u2705\u2714\u2713\u2611\u274c\u2717\u2718\u2716\u274e\U0001f6ab]"
                           r"|(?i:\b(?:yes|no|correct|incorrect|right|wrong|true|false)\b)")  # before looking closer
 _LAST_WORD_VERDICT = re.compile(r"(?<!not )(?<!n't )\b(?i:(correct|right)|(incorrect|wrong))[\W_]*$")
+# An answer phrase and what follows it to the end of its sentence or line, read as a choice's whole text.
+_ANSWER_VALUE = re.compile(r"(?i:\b(?:final answer|correct answer|answer)\b)[*_]*(?:\s+(?:is|would be)\s*:?|\s*:)[*_]*"
+                           r"\s*([^\n]{1,300}?)\s*(?:[.!](?:\s|$)|$)", re.MULTILINE)
 _FINAL_HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer|correct answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -190,6 +194,10 @@ def _find(text, texts):
     letter = _last_clause_letter(text, texts)
     if letter is not None:  # "Although Saturn (C) has rings, the largest is Jupiter (B).", "..., but B is larger."
         return letter, "letter_pattern"
+    for value in reversed(_ANSWER_VALUE.findall(text)):  # "Answer: 2", "The answer is Paris." (a choice's text)
+        letter = _letter_in(value.strip(" *_"), texts)
+        if letter is not None:
+            return letter, "choice_text"
     named = _named_choices(text, texts)
     if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
         return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them), not denied
