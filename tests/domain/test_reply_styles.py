@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -126,6 +127,9 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
         cs = [{"name": c["name"], "arguments": {k: styled(v) for k, v in c["arguments"].items()}} for c in cs]
         wire = [{"name": c["name"].replace(".", "_"), "arguments": c["arguments"]} for c in cs]
         py = [f"{c['name']}(" + ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items()) + ")" for c in cs]
+        # Python that parses: an argument named like a keyword gets PEP 8's trailing underscore ("from_")
+        pep8 = [f"{c['name']}(" + ", ".join(f"{k}_={v!r}" if keyword.iskeyword(k) else f"{k}={v!r}"
+                                            for k, v in c["arguments"].items()) + ")" for c in cs]
         return {
             "native": [{"id": f"call_{i}", "type": "function",
                         "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
@@ -137,7 +141,7 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
                                                                          "arguments": json.dumps(c["arguments"])}}
                                         for c in cs]),
             "calls_params": json.dumps([{"function": c["name"], "parameters": c["arguments"]} for c in cs]),
-            "calls_py": "\n".join(py), "calls_py_list": "[" + ", ".join(py) + "]",
+            "calls_py": "\n".join(py), "calls_py_list": "[" + ", ".join(py) + "]", "calls_py_pep8": "\n".join(pep8),
             "spaced_json": "\n".join(json.dumps(c, indent=4).replace(": ", " :   ") for c in cs),
             "calls_wire_json": json.dumps(wire), "calls_cut": json.dumps(cs)[:len(json.dumps(cs[0])) // 2],
             # A model's own markup, as a server without its tool parser passes it on (the names it was sent: wire).
@@ -156,6 +160,8 @@ def _tool_vars(row: dict[str, Any], spec: dict[str, Any], args_style: str) -> tu
             # A ReAct agent's step (one call a step: the first)
             "calls_react": f"Thought: I should call the tool.\nAction: {cs[0]['name']}\n"
                            f"Action Input: {json.dumps(cs[0]['arguments'])}",
+            # A LangChain JSON agent's action (one call a step: the first)
+            "calls_langchain": json.dumps({"action": cs[0]["name"], "action_input": cs[0]["arguments"]}),
             # Qwen3-Coder's (and Seed-OSS's) XML, GLM-4.5's keys and values, FunctionGemma's call: every value as text
             "calls_qwen_xml": "\n".join(
                 f"<tool_call>\n<function={c['name']}>\n" + "".join(

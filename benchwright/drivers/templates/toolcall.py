@@ -5,10 +5,10 @@ The row holds the user's request (a string or a list of chat messages), the func
 call(s): ``{"name": ..., "arguments": {...}}``, a list of those, or BFCL's ``[{"<name>": {"<arg>": [allowed
 values...]}}]`` (an empty string among the allowed values marks the argument optional). The request carries the
 functions as ``tools``; the model's ``tool_calls`` (or, failing those, calls written in its text's answer part:
-``<tool_call>`` tags or a model's own markup, fenced or bare JSON, Python ``name(arg=value)``; see ``find_calls``) are
-compared structurally: names equal, arguments equal after normalising each value to the type the function's schema
-declares ("1" and 1 for an integer, "true" for a boolean), objects and multiple calls order-insensitive. Standard
-library only.
+``<tool_call>`` tags or a model's own markup, fenced or bare JSON, Python ``name(arg=value)``, ``from_=`` for a
+parameter ``from``; see ``find_calls``) are compared structurally: names equal, arguments equal after normalising each
+value to the type the function's schema declares ("1" and 1 for an integer, "true" for a boolean), objects and multiple
+calls order-insensitive. Standard library only.
 CONFIG: ``input``, ``functions`` and ``reference`` columns.
 """
 
@@ -159,11 +159,11 @@ def _call_shape(call):
     if name is None and isinstance(call.get("function_call"), dict):  # OpenAI's legacy message shape
         fn = call["function_call"]
         name = fn.get("name")
-    if name is None:
-        name = call.get("tool") or call.get("tool_name")
+    if name is None:  # LangChain's agents: {"tool_name", "tool_input"}, {"action", "action_input"}
+        name = call.get("tool") or call.get("tool_name") or call.get("action")
     if not isinstance(name, str):
         return None
-    for key in ("arguments", "parameters", "args", "tool_input", "input"):
+    for key in ("arguments", "parameters", "args", "tool_input", "action_input", "input"):
         if key in fn:
             return name, fn[key]
         if key in call:
@@ -198,6 +198,13 @@ def _json_calls(text):
     return calls
 
 
+def _param(name, params):
+    """A keyword argument's parameter: a Python keyword written with PEP 8's trailing underscore ("from_", the way a
+    model writes Python that parses) is the parameter "from" when the function has no "from_"."""
+    base = name[:-1] if name.endswith("_") else None
+    return base if base and keyword.iskeyword(base) and base in params and name not in params else name
+
+
 def _python_calls(text, row):
     """Calls written as Python, ``math.factorial(number=5)`` (BFCL's notation), with literal arguments."""
     fns = {}
@@ -223,7 +230,8 @@ def _python_calls(text, row):
                     continue
                 order = list((fn.get("parameters") or {}).get("properties") or {})
                 args = {order[k]: ast.literal_eval(a) for k, a in enumerate(node.args) if k < len(order)}
-                args.update({kw.arg.removesuffix("__kw"): ast.literal_eval(kw.value) for kw in node.keywords if kw.arg})
+                args.update({_param(kw.arg.removesuffix("__kw"), order): ast.literal_eval(kw.value)
+                             for kw in node.keywords if kw.arg})
             except (SyntaxError, ValueError, TypeError):
                 continue
             found.append((m.start(), {"name": fn["name"], "arguments": args}))
