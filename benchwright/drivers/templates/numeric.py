@@ -6,18 +6,22 @@ self-correction, the corrected part first) by the first rule that finds one: the
 ``\\boxed{...}``, a JSON ``{"answer": ...}``, the last "the answer is <number>" / "answer: <number>", a number opening
 the reply as its own sentence, its one bold value ("She sold **72 clips**: 48 in April..."), a total said first with its
 parts or working after it ("72 clips: 48 in April and 24 in May", "70 left: 100 minus 30", "72 clips in total. That's 48
-in April plus 24 in May."), else the last number in the reply outside its asides (so "42, no wait, 41" is 41 and "72
-apples (3 x 24)" is 72) and its closing talk ("Let me know if you'd like step 2 again!"), else, in a reply with no
-digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions: ``1,234``, ``1234.0``,
-``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` = ``600,000,000``, ``$70k`` =
-``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale also matches the number before it ("$1.5 million" for a
-reference of 1.5, a question counting in millions), and a quantity in two units matches it in either ("2 hours and 30
-minutes" for 150 or 2.5). Standard library only;
+in April plus 24 in May."), else a count spelled out in the last sentence of what the question asks about ("She makes
+eighteen dollars a day."), else the last number in the reply outside its asides (so "42, no wait, 41" is 41 and "72
+apples (3 x 24)" is 72), its closing talk ("Let me know if you'd like step 2 again!") and what follows the answer with
+no number of its own (a check, an explanation, the question's givens restated), none in a reply cut off mid-sentence,
+else, in a reply with no digits, the last count spelled out ("eight legs"). Numbers compare exactly as fractions:
+``1,234``, ``1234.0``, ``$1,234``, ``\\frac{3}{4}`` = ``0.75``, ``6e8`` = ``6 \\times 10^8``, ``600 million`` =
+``600,000,000``, ``$70k`` = ``70,000``, ``3\u00bd`` = ``3.5``; a number written with a scale also matches the number
+before it ("$1.5 million" for a reference of 1.5, a question counting in millions), and a quantity in two units matches
+it in either ("2 hours and 30 minutes" for 150 or 2.5). Standard library only;
 CONFIG names the ``input`` and ``reference`` columns.
 """
 
+import functools
 import re
 from fractions import Fraction
+from itertools import islice
 
 from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
@@ -81,6 +85,24 @@ _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not
                      r"(?:[^.!?\n]|[.](?=\d))*[.!?]?"
                      r"|(?i:\bconfidence(?:\s+level)?)[\s*_]*(?:[:=\u2014\u2013-]|\bis\b)?[\s*_]*\d+(?:\.\d+)?\s*%?"
                      r"|\b\d+(?:\.\d+)?\s*%\s*(?i:confident|sure|certain)\b")
+# A parenthetical that explains a number said before it (``_outside_asides``), and what tells one that says a result.
+_PAREN = re.compile(r"\(([^()]*)\)")
+_RESULT_WORD = re.compile(r"(?i)\b(?:so|therefore|thus|hence|total|altogether|in all|answer)\b")
+# What opens a check of the answer or an explanation of it, at a line's or a sentence's start (``_without_afterword``):
+# "Check: 9 \u00d7 2 = 18 \u2713", "Let me verify: ...", "To double-check, ...", "That is 48 in April plus 24 in May.",
+# "Here's why: ...", "**Step-by-step:**".
+_AFTERWORD = re.compile(r"(?im)(?:^|(?<=[.!?])[ \t]+)[ \t>*_#-]*(?:(?:sanity |quick |double[- ])?check(?:ing)?\b|"
+                        r"verif(?:y|ying|ication)\b|let(?:'s| me| us) (?:double[- ])?(?:check|verify|confirm)\b|"
+                        r"to (?:double[- ])?(?:check|verify|confirm)\b|that'?s\b|that is\b|this is because\b|"
+                        r"here'?s (?:why|how)\b|(?:explanation|reasoning|why|step[- ]by[- ]step)\s*[*_]*:)")
+# The words before a count of the reply's own parts, not of what the question asks about: "the two ways", "in two
+# steps".
+_OWN_PARTS = re.compile(r"(?i)\b(?:the|these|those|all|both|of|in|into|with|first|last|next|other)\s+\Z")
+# A reply cut off mid-sentence (at max_tokens): it ends on an operator or a word no sentence ends on ("Now we multiply
+# the", "Total = 48 +", "so"); not on a number, a unit, a closing "**" or a full stop.
+_CUT_OFF = re.compile(r"(?:[-+=/\u2212\u00d7\u00f7(,:]|(?<!\*)\*|\\times|\\cdot|\b(?i:the|a|an|and|or|of|to|so|by|with|"
+                      r"we|is|are|was|were|which|then|than|into|from|at|because|since|if|our|their|its|multiply|"
+                      r"divide|add|subtract))\s*\Z")
 _SCALE_END = re.compile(r"(?<=\d)(?:\s?(thousand|million|billion|trillion)|([kKMB]|bn))$")  # as _SCALE writes them
 # A bold number and a unit of up to three words: "**72**", "**$10**", "**72 clips**"; not "**Step 1:**".
 _BOLD_NUMBER = re.compile(r"(\*\*|__)\s*(" + _NUMBER + r")\s*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+){0,2})?\s*[.!]?\s*\1")
@@ -100,6 +122,8 @@ _OPENS_BREAKDOWN = re.compile(r"(?i)\s*(?:that'?s|that is|this is|(?:here'?s |he
                               r"here'?s how|which is|i\.e\.|namely|made up of|\()")
 _LABELLED = re.compile(r"\s*[^:\n\d]{1,30}:\s*[*_]*\s*[-\u2212$\u20ac\u00a3]?\d")  # "April: 48", "**May:** 24"
 _LIST_MARKER = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+\u2022])[ \t]+", re.MULTILINE)  # "1. April: 48" is no part 1
+# A price or size of each one, which multiplies the count before it: "9 eggs at $2 each", "9 sprints of 60 meters each".
+_EACH = re.compile(r"\b(?:at|of)\s+(?=[$\u20ac\u00a3]?\d[\d,.]*(?:\s+[a-zA-Z]+){0,2}\s+(?:each|apiece)\b)")
 _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)\}?$")
 # A number past ~3,600 digits, or an exponent of four digits or more, is no answer: parse_number reads none (Python's
 # int() refuses to spell one past 4,300 digits, and 10 ** 9999999 alone takes seconds).
@@ -129,7 +153,18 @@ def parse_number(text):
     or None. A one-character fraction is spelled a/b by the callers first (``spelled_fractions``)."""
     if text is None:
         return None
-    cleaned = str(text).strip().replace("\u2212", "-")
+    text = str(text)
+    return _remembered(text) if len(text) <= 64 else _parse(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered(text):
+    """``_parse`` of a short string, remembered: a run's replies and questions say the same numbers again and again."""
+    return _parse(text)
+
+
+def _parse(text):
+    cleaned = text.strip().replace("\u2212", "-")
     if _HUGE_EXPONENT.search(cleaned):
         return None  # "1e99999", "10^{100000}": no answer, and a number int() could not even spell
     exponent = 0
@@ -258,6 +293,10 @@ def _find(text, question=None):
             return value, "json"
     plain = unlatex(text)
     found = list(_ANSWER_IS.finditer(plain))
+    last = found[-1] if found else None
+    if last and _cut_off(plain) and _OPENS_WORKING.match(plain, last.end(1)) and not _CLAUSE_END.search(
+            plain, last.end(1)) and _worked_out(last.group(1), plain[last.end(1):]) == last.group(1):
+        found.pop()  # the reply was cut off in the working this one opens: "**Step 3:** Total = 48 +" says no 48
     if found:  # "The answer is 18", "**Final answer:** $1,234", the last one said
         return parse_number(_worked_out(found[-1].group(1), plain[found[-1].end(1):])), "answer_phrase"
     lead = _LEADING.match(plain)
@@ -271,13 +310,88 @@ def _find(text, question=None):
     value = _total_and_parts(said, question)
     if value is not None:
         return value, "total_and_parts"
-    value = _last_number(_ASIDES.sub(" ", said))
+    if _cut_off(said):
+        return None, None  # "... 5. Price per egg: $2\n\nNow we multiply the": its last number is no answer
+    kept = _outside_asides(_without_afterword(said, question))
+    value = _spelled_result(kept, question)
+    if value is not None:
+        return value, "number_words"
+    value = _last_number(kept)
     if value is None:
         value = _last_number(plain)
     if value is not None:
         return value, "last_number"
     value = _last_word_number(plain)
     return (value, "number_words") if value is not None else (None, None)
+
+
+def _cut_off(text):
+    """Whether ``text`` ends mid-sentence (``_CUT_OFF``), read from its last characters only."""
+    return _CUT_OFF.search(text.rstrip()[-64:]) is not None
+
+
+def _outside_asides(text):
+    """``text`` without its asides (``_ASIDES``) and without each parenthetical that explains the number said before it
+    with two numbers or more: "So she makes $18 per day. (That's 16 - 3 - 4 = 9 eggs sold at $2 each.)", "25% ($20
+    off the original $80)", "-7\u00b0C (12 degrees below the noon reading of 5\u00b0C)". Not one that says a result: a
+    working's result at its end ("(3 \u00d7 24 = 72)", "(= 72)"), one number ("(150 minutes)", "(i.e., 72)"), or a
+    conclusion ("(so 18 in all)")."""
+
+    def aside(m):
+        inner = m.group(1)
+        if (len(_NUMBER_RE.findall(inner)) < 2 or _RESULT_WORD.search(inner)
+                or ("=" in inner and _LONE.match(inner.rsplit("=", 1)[1].rstrip(" .")))):
+            return m.group(0)
+        return " "
+
+    return _PAREN.sub(aside, _ASIDES.sub(" ", text))
+
+
+@functools.lru_cache(maxsize=8)
+def _givens(question):
+    """The numbers the question states, in digits or words ("16 eggs", "three for breakfast"): what a reply restates."""
+    values = {parse_number(n) for n in _NUMBER_RE.findall(question or "")[:200]}
+    return frozenset(values | {_last_word_number(m.group(0)) for m in _WORD_NUMBER.finditer(question or "")})
+
+
+def _without_afterword(text, question=None):
+    """``text`` without what follows its answer and brings no number of its own: a check or an explanation after it
+    (``_AFTERWORD``) whose numbers are all said before it or given by the question ("... so she makes $18 per day.
+    Check: 9 \u00d7 2 = 18 \u2713 and 3 + 4 + 9 = 16 \u2713"; "... for a total of 72 clips. That is 48 in April plus 24
+    in May."), or that works out the number said before it ("540 meters a week. That's 9 sprints of 60 meters each.");
+    and closing sentences that restate two or more of the question's givens and nothing else ("Janet makes $18 every
+    day. Her ducks lay 16 eggs, she eats 3 and bakes with 4, and she sells each for $2."). Not a check that finds a
+    new number ("... 16. Check: 9 \u00d7 2 = 18, not 16" is 16), nor a last sentence that says one given ("... so she
+    sold 48 in April."), nor one that says a working's result ("She sells 9 eggs at $2 each. That's $18.")."""
+    scan = _LIST_MARKER.sub(lambda m: " " * len(m.group(0)), text)  # "1. Sprints per session: 3" has no number 1
+    if not _AFTERWORD.search(scan) and len(_SENTENCE_END.split(scan.strip(" \t\n.!?*_"), maxsplit=1)) < 2:
+        return text  # one sentence and no check: nothing follows the answer (and no number need be read)
+    found = list(islice(_NUMBER_RE.finditer(scan), 2001))
+    if not 2 <= len(found) <= 2000:  # nothing to drop; or no reply a model writes
+        return text
+    numbers = [(m.start(), parse_number(m.group(0))) for m in found]
+    givens = _givens(question)
+    cut = len(text)
+    for marker in list(_AFTERWORD.finditer(scan, numbers[0][0]))[::-1][:5]:  # the last ones, the earliest cut kept
+        before = [value for at, value in numbers if at < marker.start()]
+        after = [value for at, value in numbers if marker.start() <= at < cut]
+        if before and not (set(after) <= set(before) | givens or _comes_to(scan[marker.start():cut], before[-1])):
+            break
+        cut = marker.start() if before else cut
+    last, restated, kept, end = sum(at < cut for at, _ in numbers) - 1, 0, cut, cut
+    for sentence in reversed([0, *(m.end() for m in _SENTENCE_END.finditer(scan, 0, cut))]):
+        if end - sentence > 1000 or _CONCLUDES.search(scan, sentence, end):  # "So 5 red and 7 blue become 5.": a
+            break  # conclusion, not a restatement (and a run-on "sentence" is no restatement either)
+        while last >= 0 and numbers[last][0] >= sentence and restated <= 40:  # the closing sentences' numbers
+            if numbers[last][1] not in givens:
+                return text[:kept]
+            last, restated = last - 1, restated + 1
+        end = sentence
+        if last < 0 or restated > 40:  # nothing said before them: they may well hold the answer
+            break
+        if restated >= 2:
+            kept = sentence
+    return text[:kept]
 
 
 def _bold_result(text):
@@ -323,7 +437,8 @@ def _total_and_parts(text, question=None):
 def _comes_to(working, total):
     """Whether the numbers in ``working`` (two or more) come to ``total``: added up ("48 in April and 24 in May"), or
     combined by the operators written between them, multiplying and dividing first ("100 minus 30", "40 hours \u00d7
-    $15 an hour", "24 \u00f7 3"); an "=" ends the working."""
+    $15 an hour", "24 \u00f7 3", "9 sprints of 60 meters each"); an "=" ends the working."""
+    working = _EACH.sub("\u00d7 ", working)  # "9 sprints of 60 meters each": 9 \u00d7 60
     terms, count, at = [Fraction(0)], 0, 0  # a sum of products, each multiplied or divided in place
     for m in _NUMBER_RE.finditer(working):
         value = parse_number(m.group(0))
@@ -334,6 +449,8 @@ def _comes_to(working, total):
         if operator is not None and operator.lastindex == 4:  # "= 72": the working's own result
             break
         count += 1
+        if count > 100:  # no breakdown a model writes (and 200 KB of "(1 2 " would take seconds to add up)
+            return False
         if operator is not None and operator.lastindex in (2, 3):
             if operator.lastindex == 3 and value == 0:
                 return False
@@ -341,6 +458,26 @@ def _comes_to(working, total):
         else:
             terms.append(-value if operator is not None and operator.lastindex == 1 else value)
     return count >= 2 and sum(terms) == total
+
+
+def _spelled_result(text, question=None):
+    """The count spelled out in the reply's last sentence, when that sentence has no digits and one such count, of
+    what the question asks about (the word after it is one of the question's: "She sells 9 eggs. She makes eighteen
+    dollars a day." for "How much in dollars ...?"); None else. Not "one" (prose is full of it), nor a count of the
+    reply's own parts ("There are two ways to check this.", "in two steps", "the two methods agree")."""
+    last = _SENTENCE_END.split(text.rstrip(" \t\n*_.!"))[-1]
+    if not question or re.search(r"\d", last):
+        return None
+    asked = {word.rstrip("s") for word in re.findall(r"[a-z]+", question.lower())}  # "dollars" counts "dollar"
+
+    def counts_asked(m):
+        noun = re.match(r"[ \t]+([a-zA-Z]+)", last[m.end():])
+        return (noun is not None and noun.group(1).lower().rstrip("s") in asked
+                and (m.group(3) or "").lower() not in ("one", "zero")
+                and not _OWN_PARTS.search(last, max(0, m.start() - 12), m.start()))
+
+    counts = [m for m in _WORD_NUMBER.finditer(last) if counts_asked(m)]
+    return _last_word_number(counts[0].group(0)) if len(counts) == 1 else None
 
 
 def _last_word_number(text):
