@@ -230,6 +230,13 @@ def test_choice_reads_every_reference_form(row: dict[str, Any], letter: str) -> 
     ("A. No\nB. Yes", ["Yes", "No"], "B"),  # each word another option's text: read as verdicts
     ("- A: ✅\n- B: ✅\n- C: ❌", CHOICES, None),  # two ticked
     ("- A: ❌\n- E: ✅", CHOICES, None),  # no option E
+    # each option a heading, its verdict opening the line below it
+    ("### Option A: Paris\n❌ Incorrect\n\n### Option B: London\n✅ Correct — the capital.", CHOICES, "B"),
+    ("**Option A**\nWrong.\n\n**Option B**\nCorrect, as the question asks.", CHOICES, "B"),
+    ("### Option A: Paris\nNo other city is older.\n\n### Option B: London\nNo.", CHOICES, None),  # no verdict
+    # a sentence after the option's text that says its verdict first
+    ("A. Paris - This is incorrect because it is in France.\nB. London - This is correct.", CHOICES, "B"),
+    ("A. Paris - It is true that Paris is large.\nB. London - It is big.", CHOICES, None),
 ])
 def test_choice_reads_the_one_option_a_review_ticks(reply: str, choices: list[str], letter: str | None) -> None:
     assert CHOICE["_ticked_option"](reply, choices) == letter

@@ -7,12 +7,13 @@ skipped; only the last ``<answer>...</answer>`` element when it has one; a self-
 the first rule that finds one: a JSON ``{"answer": "C"}``, ``\\boxed{C}``, the whole reply a letter, a "Final answer"
 heading's next line, an answer phrase ("The answer is **B**", "Answer: b", "I'd go with C", "So C.", "That leaves C.",
 "That leaves (B) Jupiter.", "B is correct.", the last one said), the options reviewed one by one with one ticked ("| B |
-\u2705 |", "- B: \u2705", "A. No" then "B. Yes"), "B) ..." opening the reply, one "(B)"/"**B**", the one letter of the
-last clause ("Although C ..., B is ...", "Between B and C, B is ..."), an answer phrase followed by a choice's whole
-text ("Answer: 2", "The answer is Paris."), the whole text of exactly one choice the reply does not deny ("not Saturn",
-"Saturn? No.", "Many people think Saturn") or set aside ("Although Saturn ...,"; a choice of 3 characters or fewer only
-as the whole reply; a Latin letter's accents aside), one lone capital letter in a short reply that does not deny or
-doubt. An explicit letter always wins over a choice's text. Standard library only.
+\u2705 |", "- B: \u2705", "A. No" then "B. Yes", "### Option B: Jupiter" then "\u2705 Correct"), "B) ..." opening the
+reply, one "(B)"/"**B**", the one letter of the last clause ("Although C ..., B is ...", "Between B and C, B is ..."),
+an answer phrase followed by a choice's whole text ("Answer: 2", "The answer is Paris."), the whole text of exactly one
+choice the reply does not deny ("not Saturn", "Saturn? No.", "Many people think Saturn") or set aside ("Although Saturn
+...,"; a choice of 3 characters or fewer only as the whole reply; a Latin letter's accents aside), one lone capital
+letter in a short reply that does not deny or doubt. An explicit letter always wins over a choice's text. Standard
+library only.
 CONFIG: ``input`` and ``reference`` columns, and either ``choices`` (one column) or ``letters`` (column per letter).
 """
 
@@ -125,12 +126,13 @@ _LETTER_IS = re.compile(r"(?<![A-Za-z'])(?<!(?i:nor|not) )(?<!(?i:if) )(?<!(?i:n
 # a word right after it or after its text and a dash or colon ("B. Yes", "| B | Correct |", "B) Jupiter \u2013 yes") or
 # ending it ("... so B is right" is letter_pattern's).
 _OPTION_ITEMS = re.compile(r"(?<=[.;!])\s+(?=[*_(\[]*[A-Z][*_)\]]*\s*[).:]\s)")
-_OPTION_HEAD = re.compile(r"^[ \t]*(?:\|[ \t]*|[-*+\u2022][ \t]+)?[*_(\[]*([A-Z])[*_)\]]*[ \t]*"
-                          r"(?:[).:\u2014\u2013-]|(?=\|))")
+_OPTION_HEAD = re.compile(r"^[ \t]*(?:\|[ \t]*|[-*+\u2022][ \t]+|#{1,6}[ \t]+)?[*_]*(?:(?i:option|choice)[ \t]+)?"
+                          r"[*_(\[]*([A-Z])[*_)\]]*[ \t]*(?:[).:\u2014\u2013-]|(?=\|)|(?=[*_]*[ \t]*$))")
 _TICKED = re.compile(r"[\u2705\u2714\u2713\u2611]")
 _CROSSED = re.compile(r"[\u274c\u2717\u2718\u2716\u274e\U0001f6ab]")
-_WORD_VERDICT = re.compile(r"^[\W_]*(?i:(yes|correct|right|true)|(no|incorrect|wrong|false))"
-                           r"(?:[\W_]*$|[\s*_]*[,.;:(|\u2014\u2013-])")
+_WORD_VERDICT = re.compile(r"^[\W_]*(?i:(?:this|it|that)(?:'s|\s+is)\s+)?"
+                           r"(?i:(yes|correct|right|true)|(no|incorrect|wrong|false))"
+                           r"(?:[\W_]*$|[\s*_]*[,.;:(|\u2014\u2013-]|\s+(?i:because|since|as)\b)")
 _ANY_VERDICT = re.compile(r"[\u2705\u2714\u2713\u2611\u274c\u2717\u2718\u2716\u274e\U0001f6ab]"
                           r"|(?i:\b(?:yes|no|correct|incorrect|right|wrong|true|false)\b)")  # before looking closer
 _LAST_WORD_VERDICT = re.compile(r"(?<!not )(?<!n't )\b(?i:(correct|right)|(incorrect|wrong))[\W_]*$")
@@ -294,15 +296,24 @@ def _ticked_option(text, texts):
         return None
     valid = _LETTERS[:len(texts)]
     ticked, crossed = set(), set()  # type: set[str], set[str]
+    pending = None  # an option's heading line with no verdict on it: its verdict opens the next line
     for line in text.splitlines():
+        if pending and line.strip() and _OPTION_HEAD.match(line) is None:
+            word = _TICKED.match(line.strip()) or _CROSSED.match(line.strip()) or _WORD_VERDICT.match(line)
+            if word is not None:  # "### Option B: Jupiter" then "\u2705 Correct \u2014 it is the largest."
+                tick = _TICKED.match(line.strip()) or (word.re is _WORD_VERDICT and word.group(1))
+                (ticked if tick else crossed).add(pending)
+        pending = None if line.strip() else pending
         for item in _OPTION_ITEMS.split(line):
             head = _OPTION_HEAD.match(item)
             if head is None or head.group(1) not in valid:
                 continue
+            pending = head.group(1)
             rest = item[head.end():]
             tick = _TICKED.search(rest)
             if tick or _CROSSED.search(rest):  # a mark says it, whatever the words ("True, False ❌")
                 (ticked if tick else crossed).add(head.group(1))
+                pending = None
                 continue
             own = str(texts[valid.index(head.group(1))]).strip()
             said = re.match(r"[\s*_]*" + re.escape(own) + r"[\s*_]*(?=[\u2014\u2013:|(-])", rest, re.I) if own else None
@@ -310,6 +321,7 @@ def _ticked_option(text, texts):
             word = _WORD_VERDICT.match(rest) or _LAST_WORD_VERDICT.search(rest)
             if word is not None and (said or _norm(rest) != _norm(own)):
                 (ticked if word.group(1) else crossed).add(head.group(1))
+                pending = None
     return ticked.pop() if len(ticked) == 1 and not ticked & crossed else None
 
 
