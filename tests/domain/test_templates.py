@@ -465,6 +465,31 @@ def test_exact_match_names_descriptions_and_counts(question: str, reference: str
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
 
 
+@pytest.mark.parametrize(("question", "reference", "reply", "score"), [
+    # typography chat models write: a curly apostrophe, a citation marker, an unspaced dash, fields after a bar
+    (_CAPITAL, "Canberra", "It\u2019s Canberra.", 1.0),
+    (_CAPITAL, "Canberra", "It\u2019s Sydney.", 0.0),
+    (_CAPITAL, "Canberra", "Canberra[1]\n\n[1] Australian Government.", 1.0),
+    (_CAPITAL, "Canberra", "Canberra.[^2]", 1.0),
+    (_CAPITAL, "Canberra", "Capital: Canberra | Population: ~460,000", 1.0),
+    (_CAPITAL, "Canberra", "Canberra\u2014not Sydney!", 1.0),
+    (_CAPITAL, "Canberra", "Sydney\u2014not Canberra!", 0.0),
+    # a role as the one label of a "Who ...?" reply
+    (_AUSTEN, "Jane Austen", "Author: Jane Austen", 1.0),
+    (_AUSTEN, "Jane Austen", "Author: Charlotte Brontë", 0.0),
+])
+def test_exact_match_reads_the_typography_chat_models_write(question: str, reference: str, reply: str,
+                                                             score: float) -> None:
+    assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score
+
+
+def test_a_curly_apostrophe_reads_as_a_straight_one_in_every_template() -> None:
+    assert CHOICE["extract_letter"]("A and C do not fit the question, and neither does D. I\u2019d go with B.",
+                                    CHOICES) == "B"
+    assert NUMERIC["find_answer"]("So James runs 540 meters a week. That\u2019s 9 sprints of 60 meters each.",
+                                  "How many total meters does he run a week?")[0] == 540
+
+
 _ELEMENT = "Which element has atomic number 1?"
 _LARGEST_OCEAN = "What is the largest ocean on Earth?"
 

@@ -49,3 +49,11 @@ _NOT_A_NAME = frozenset(("i", "it", "its", "he", "she", "we", "you", "they", "th
                          "lets", "so", "now", "first", "then", "also", "however", "actually", "sure", "yes", "okay",
                          "ok", "hmm", "note", "according", "based", "given", "since", "because", "if", "while",
                          "although", "why", "can", "could", "would", "should", "will", "may", "might", "must"))
+# What "Who wrote/painted ...?" is answered with besides a restatement: "Jane Austen is the author."
+_WHO = re.compile(r"(?i)\Awho\b|\bwho\s+(?:was|is|were|are|wrote|painted|composed|discovered|invented|founded)\b")
+_ROLE = re.compile(r"(?i)\A(?:the\s+)?(?:author|writer|novelist|poet|playwright|painter|artist|composer|inventor|"
+                   r"discoverer|founder|creator|director|architect|sculptor|person)(?:\s+of\s+it)?[.!]?\Z")
+# Said of no one thing: "..., but neither is the capital."
+_NO_SUBJECT = frozenset(("neither", "none", "nobody", "no one", "nothing", "either", "both", "all", "each", "this",
+                         "that", "it", "which", "they", "there", "here", "many", "some", "most"))
+_PRONOUN = frozenset(("it", "this", "that", "them", "one", "the one"))  # "Leonardo da Vinci painted it."

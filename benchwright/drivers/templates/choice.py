@@ -27,6 +27,7 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
     boxed,
     fold_accents,
     json_answers,
+    plain_apostrophes,
     unlatex,
 )
 
@@ -86,7 +87,7 @@ def extract_letter(reply, texts):
 def find_letter(reply, texts):
     """(letter, rule) for the reply's choice: (None, None) when it commits to none. Only the answer part is read
     (a reasoning block is skipped); after a self-correction ("A... wait, actually C") the corrected part wins."""
-    text = answer_part(reply, tags=True)
+    text = plain_apostrophes(answer_part(reply, tags=True))
     if not text.strip():
         return None, None
     tail = after_correction(text)

@@ -29,11 +29,15 @@ from benchwright.drivers.templates._names import (  # inlined by render()
     _GLOSSED,
     _NAME,
     _NATIONALITY,
+    _NO_SUBJECT,
     _NOT_A_NAME,
     _NOT_DESCRIPTOR,
     _PLACE_OF,
     _POSSESSIVE,
+    _PRONOUN,
+    _ROLE,
     _TITLES,
+    _WHO,
     _WHO_SAYS,
     _WORK,
 )
@@ -43,6 +47,7 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
     boxed,
     fold_accents,
     json_answers,
+    plain_apostrophes,
     unlatex,
 )
 
@@ -79,7 +84,6 @@ _LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my gu
 _WHEN_TAIL = re.compile(r"\s+(?:between\s+\d{3,4}\s+and\s+\d{3,4}|from\s+\d{3,4}\s+to\s+\d{3,4})\s*$"
                         r"|\s+(?:in|around|circa|c\.|during|from|since)\s+(?:the\s+)?(?:(?:early|mid|late)[-\s]+)?"
                         r"\d{2,4}(?:s|th century)?\s*$", re.IGNORECASE)
-_PRONOUN = frozenset(("it", "this", "that", "them", "one", "the one"))  # "Leonardo da Vinci painted it."
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")
 # Chat models open with a pleasantry ("Sure! The capital of Australia is Canberra."): not the answer's sentence.
 _PLEASANTRY = re.compile(r"\A\s*(?:sure|certainly|of course|absolutely|great question|good question|happy to help)"
@@ -128,10 +132,6 @@ _KNOWN_AS = re.compile(r"\A(?:(?:also|often|commonly|usually|widely|popularly|so
 # The last clause of a sentence that sets another thing against the answer: "Sydney is the largest city, but Canberra is
 # the capital."
 _BUT_CLAUSE = re.compile(r"(?:,|;)\s*(?:but|while|whereas|yet)\s+(.+)$", re.IGNORECASE)
-# What "Who wrote/painted ...?" is answered with besides a restatement: "Jane Austen is the author."
-_WHO = re.compile(r"(?i)\Awho\b|\bwho\s+(?:was|is|were|are|wrote|painted|composed|discovered|invented|founded)\b")
-_ROLE = re.compile(r"(?i)\A(?:the\s+)?(?:author|writer|novelist|poet|playwright|painter|artist|composer|inventor|"
-                   r"discoverer|founder|creator|director|architect|sculptor|person)(?:\s+of\s+it)?[.!]?\Z")
 # More said of the answer after "and": "... written by Jane Austen and published in 1813."
 _AND_MORE = re.compile(r"\s+and\s+(?=(?:is|was|are|were|has|have|had|became|remains|comes|came|published|released|"
                        r"first|later|now|then|still)\b)", re.IGNORECASE)
@@ -146,9 +146,6 @@ _BESIDE = frozenset(("at", "in", "on", "of"))  # "100 \u00b0C at sea level"
 _DEGREES = {"c": "celsius", "f": "fahrenheit"}  # "100 \u00b0C", normalised: its sign dropped
 _DENIAL = re.compile(r"(?i)\A(?:not|never|no)\b")
 _NUMBER_ASKED = re.compile(r"(?i)\s*(?:when|how|(?:in\s+)?(?:what|which)\s+(?:year|date|day|month|century))\b")
-# Said of no one thing: "..., but neither is the capital."
-_NO_SUBJECT = frozenset(("neither", "none", "nobody", "no one", "nothing", "either", "both", "all", "each", "this",
-                         "that", "it", "which", "they", "there", "here", "many", "some", "most"))
 # A reply's sentences (and what a dash or a semicolon sets apart), a clause after a subordinate one and what may
 # open one: "So the capital of Australia is Canberra.", "While Sydney is the largest city, Canberra is the capital."
 LATER_SENTENCES = 60
@@ -199,7 +196,7 @@ def normalize(text):
     only in their accents (a model that drops them, a dataset that does) name the same thing. Other scripts keep their
     marks (Japanese "\u304c" is not "\u304b")."""
     text = fold_accents(unlatex(str(text)).strip().casefold())
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", re.sub(r"\[\^?\d{1,3}\]", "", text))  # "Canberra[1]": a citation
     text = text.translate(_PUNCT)
     text = "".join(ch for ch in text if unicodedata.category(ch) != "So" and ch != "\ufe0f")  # "Canberra \u2705"
     text = _ARROWS.sub(" ", text)  # "\u2192 Canberra"
@@ -212,7 +209,7 @@ def normalize(text):
 def find_answer(reply, question=None):
     """(answer, rule): the reply's answer as written (None when it gives none) and the rule that found it.
     ``question``: the prompt, when known; it tells a sentence or label that restates it from the answer beside it."""
-    text = answer_part(reply, tags=True)
+    text = plain_apostrophes(answer_part(reply, tags=True))
     if not text.strip():
         return None, None
     tail = after_correction(text)
@@ -281,7 +278,7 @@ def _unlabel(line, question, nested=False):
     pair = _PAIR.match(line)
     for label in (_LABEL.match(line), pair):
         if label and (_restates(label.group(1), question) or _restates(label.group(1), question, loose=True)):
-            value = label.group(2).strip(" *_")
+            value = re.split(r"\s\|\s", label.group(2))[0].strip(" *_")  # "Capital: Canberra | Population: ..."
             value = (None if nested else _unlabel(value, question, nested=True)) or value
             if not _restates(value, question) and not _DENIAL.match(value):
                 return value
@@ -467,7 +464,7 @@ def _restated(text):
 
 def _first_sentence(text):
     line = next((x for x in text.splitlines() if x.strip()), "")
-    first = re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)|\s[\u2014\u2013-]\s|;\s", line.strip(), maxsplit=1)[0]
+    first = re.split(r"(?<=[^\s.A-Z])[.!?](?:\s|$)|\s[\u2014\u2013-]\s|\u2014|;\s", line.strip(), maxsplit=1)[0]
     # "Au (from the Latin aurum)." -> Au; "Canberra, of course." -> Canberra
     return _HEDGE_TAIL.sub("", _ASIDE.sub("", first).strip()).strip().rstrip(".!")
 
@@ -508,7 +505,8 @@ def _find(text, question=None):
     sheet = [_LABEL.match(_ASIDE.sub("", line).strip()) for line in lines]
     top = sheet[0]
     if (top is not None and all(sheet) and len(top.group(1).split()) <= 3
-            and (len(lines) > 1 or re.match(r"(?:[-*+\u2022]\s+)?(?:\*\*|__)", lines[0].strip()))):
+            and (len(lines) > 1 or re.match(r"(?:[-*+\u2022]\s+)?(?:\*\*|__)", lines[0].strip())
+                 or (question and _WHO.search(question) and _ROLE.match(top.group(1).strip())))):  # "Author: X"
         # A fact sheet whose labels do not say the question again ("- **Author:** Jane Austen\n- **Published:**
         # 1813" for "Who wrote...?", or its one bold label line): its first line is the answer's.
         return _tidy(top.group(2).strip(" *_"), question), "fact_sheet"

@@ -28,6 +28,7 @@ from benchwright.drivers.templates._reply import (  # inlined by render()
     answer_part,
     boxed,
     json_answers,
+    plain_apostrophes,
     unlatex,
     without_closing,
 )
@@ -260,7 +261,7 @@ def find_answer(reply, question=None):
     read (a reasoning block is skipped); after a self-correction ("41... wait, 42") the corrected part wins.
     ``question``: the prompt, when known; a question that asks for a total ("How many ... altogether?") tells a total
     said first from a given ("She sold 72 clips. In April she sold 48 and in May 24.")."""
-    text, readings = spelled_compounds(spelled_fractions(answer_part(reply, tags=True)))
+    text, readings = spelled_compounds(spelled_fractions(plain_apostrophes(answer_part(reply, tags=True))))
     if not text.strip():
         return None, None
     tail = after_correction(text)
