@@ -653,6 +653,10 @@ def test_code_mbpp_style() -> None:
     assert "assert square(3) == 9" in ns["Scorer"]().extract(row)
     assert ns["Scorer"]().score(row, "```python\ndef square(x):\n    return x * x\n```")["score"] == 1.0
     assert ns["Scorer"]().score(row, "```python\ndef square(x):\n    return x + x\n```")["score"] == 0.0
+    # a class-based solution (LeetCode's shape): the asserts' square() is its method, as for HumanEval's entry point
+    solution = "```python\nclass Solution:\n    def square(self, x):\n        return x {} x\n```"
+    assert ns["Scorer"]().score(row, solution.format("*"))["score"] == 1.0
+    assert ns["Scorer"]().score(row, solution.format("+"))["score"] == 0.0
 
 
 @pytest.mark.parametrize(("rows", "template"), [
@@ -681,6 +685,8 @@ def test_rendered_templates_are_standalone_with_the_shared_rules_inlined(templat
     source = render_plan(ScorerPlan(template=template, fields=fields, why=""))
     assert not re.search(r"^\s*(?:from|import)\s+benchwright", source, re.MULTILINE)  # runs with no package beside it
     assert source.count("# --- inlined from benchwright/drivers/templates/_reply.py by render() ---") == 1
+    names = source.count("# --- inlined from benchwright/drivers/templates/_names.py by render() ---")
+    assert names == (1 if template == "exact_match" else 0)
     assert "def answer_part(" in source
     compile(source, "task_impl.py", "exec")
 

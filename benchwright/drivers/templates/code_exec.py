@@ -186,7 +186,8 @@ def build_program(row, completion):
         setup = str(row.get(CONFIG.get("setup", "test_setup_code")) or "")
         tests = row[CONFIG["test"]]
         tests = "\n".join(tests) if isinstance(tests, list) else str(tests)
-        return f"{setup}\n{_without_main_guard(completion)}\n\n{tests}\n"
+        entry = mbpp_entry(row)
+        return f"{setup}\n{_without_main_guard(completion)}\n{_method_alias(completion, entry)}\n{tests}\n"
     prompt = str(row[CONFIG["input"]])
     entry = str(row[CONFIG["entry_point"]])
     defines = _defines(completion, entry)
@@ -194,12 +195,17 @@ def build_program(row, completion):
         # A whole program: keep the prompt's imports and helpers, let the completion's definition win.
         completion = _without_main_guard(completion)
         body = f"{prompt}\n    pass\n\n{completion}" if _stub_only(prompt) else f"{prompt}\n\n{completion}"
-        if defines == "method":  # a class-based solution: the entry point is the method of its class
-            cls = _class_of(completion, entry)
-            body += f"\n\n{entry} = {cls}().{entry}\n" if cls else ""
+        body += _method_alias(completion, entry) if defines == "method" else ""
     else:
         body = prompt + completion  # a body continuing the prompt's signature (HumanEval's completion format)
     return f"{body}\n\n{row[CONFIG['test']]}\n\ncheck({entry})\n"
+
+
+def _method_alias(code, entry):
+    """For a class-based solution (LeetCode's ``class Solution``), the line that makes the entry point its class's
+    method, so the tests' ``entry(...)`` calls it; "" when ``code`` defines ``entry`` as a function or not at all."""
+    cls = _class_of(code, entry) if entry and _defines(code, entry) == "method" else None
+    return f"\n\n{entry} = {cls}().{entry}\n" if cls else ""
 
 
 def _class_of(code, entry):
