@@ -530,6 +530,13 @@ _LARGEST_OCEAN = "What is the largest ocean on Earth?"
     ("What is the closest star to Earth?", "the Sun", "Our Sun is the closest star.", 1.0),
     ("What is the closest star to Earth?", "the Sun", "The closest star is the Sun itself.", 1.0),
     ("Who painted the Mona Lisa?", "Leonardo da Vinci", "Leonardo da Vinci, around 1503.", 1.0),
+    # what a symbol stands for, either way round; where a name is, after it
+    ("Which element has the chemical symbol Au?", "Gold", "Au stands for gold.", 1.0),
+    ("What is the chemical symbol for gold?", "Au", "Au stands for gold.", 1.0),
+    ("What is the chemical symbol for gold?", "Au", "Ag stands for gold.", 0.0),
+    ("What is the tallest mountain in the world?", "Mount Everest", "Mount Everest in the Himalayas.", 1.0),
+    ("What is the tallest mountain in the world?", "Mount Everest", "K2 in the Karakoram.", 0.0),
+    ("Which English city is known for its potteries?", "Stoke on Trent", "Stoke on Trent", 1.0),  # a name's own "on"
 ])
 def test_exact_match_reads_one_name_a_gloss_and_a_work(question: str, reference: str, reply: str,
                                                         score: float) -> None:

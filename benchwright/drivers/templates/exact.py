@@ -67,7 +67,7 @@ _ANSWER_IS = re.compile(r"(?i:(?<!long )(?<!longer )(?<!detailed )(?<!full )\b(?
 _SAID_AGAIN = re.compile(r"\A(?i:the\s+)?(?i:final\s+)?(?i:answer)\s+(?i:is)\s*:?\s*")
 _HEADING = re.compile(r"^[#*_\s]*(?:final answer|answer)[#*_:\s]*$", re.IGNORECASE | re.MULTILINE)
 # The tail after a sentence's last "is/was/by/...": "Pride and Prejudice was written by Jane Austen." -> Jane Austen
-_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|they're|year|belongs\s+to|"
+_RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|they're|year|belongs\s+to|stands\s+for|"
                        r"ha(?:s|ve)(?=\s+the\b))\s+"
                        r"(?!(?:not|known|also)\b)(.+)$", re.IGNORECASE)
 # ... else the tail after "in", "on" or "at" before a date or a number: "It fell in 1989.", "The wall fell on November
@@ -105,6 +105,8 @@ _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|w
                           r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing|around|circa|c\.|"
                           r"about|approximately|roughly)\b)")
 # "Canberra, of course.", "Pacific Ocean, by far."
+# Where a name is, after it: "Mount Everest in the Himalayas" (compared without it; "Stoke on Trent" stays whole).
+_WHERE_TAIL = re.compile(r"(?<=[A-Za-z])\s+(?:in|on|near)\s+(?:the\s+)?[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*){0,3}\s*$")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly|by far|easily|for sure|no doubt)[.!]?\s*$", re.IGNORECASE)
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
@@ -113,7 +115,7 @@ _COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
 # The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remained|wrote|painted|composed|discovered|"
-                            r"invented|founded|directed|designed|built|created|won|penned|authored|sculpted|coined|"
+                            r"invented|founded|directed|designed|built|created|won|penned|authored|sculpted|coined|stands\s+for|"
                             r"developed|formulated|proposed|pioneered|introduced|ha(?:s|ve|d)(?:\s+(?:long\s+|always\s+)?"
                             r"been)?|(?:has\s+)?(?:serves|served|ranks|ranked|stands|stood|functions|acts)\s+as)"
                             r"\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
@@ -585,7 +587,7 @@ class Scorer:
         # first sentence taken whole for want of an answer, whose words before a name describe nothing.
         right = answer is not None and (answer == reference or (rule != "first_sentence" and (
             _named_as(found, reference) or _asked_around(found, reference, question)
-            or _possessor(found, reference, question))))
+            or _possessor(found, reference, question) or normalize(_WHERE_TAIL.sub("", str(found))) == reference)))
         glossed = (_GLOSSED.match(answer_part(response, tags=True).strip())
                    if not right and rule in ("whole", "first_sentence") else None)
         if glossed and min(len(normalize(glossed.group(1))), len(normalize(glossed.group(2)))) <= 3:
