@@ -361,7 +361,8 @@ def _without_afterword(text, question=None):
     Check: 9 \u00d7 2 = 18 \u2713 and 3 + 4 + 9 = 16 \u2713"; "... for a total of 72 clips. That is 48 in April plus 24
     in May."), or that works out the number said before it ("540 meters a week. That's 9 sprints of 60 meters each.");
     and closing sentences that restate two or more of the question's givens and nothing else ("Janet makes $18 every
-    day. Her ducks lay 16 eggs, she eats 3 and bakes with 4, and she sells each for $2."). Not a check that finds a
+    day. Her ducks lay 16 eggs, she eats 3 and bakes with 4, and she sells each for $2."), or one given in a sentence
+    that says the question's own again ("... which is $18. Her ducks lay 16 eggs per day."). Not a check that finds a
     new number ("... 16. Check: 9 \u00d7 2 = 18, not 16" is 16), nor a last sentence that says one given ("... so she
     sold 48 in April."), nor one that says a working's result ("She sells 9 eggs at $2 each. That's $18.")."""
     scan = _LIST_MARKER.sub(lambda m: " " * len(m.group(0)), text)  # "1. Sprints per session: 3" has no number 1
@@ -381,6 +382,7 @@ def _without_afterword(text, question=None):
         cut = marker.start() if before else cut
     last, restated, kept, end = sum(at < cut for at, _ in numbers) - 1, 0, cut, cut
     for sentence in reversed([0, *(m.end() for m in _SENTENCE_END.finditer(scan, 0, cut))]):
+        piece = scan[sentence:end]
         if end - sentence > 1000 or _CONCLUDES.search(scan, sentence, end):  # "So 5 red and 7 blue become 5.": a
             break  # conclusion, not a restatement (and a run-on "sentence" is no restatement either)
         while last >= 0 and numbers[last][0] >= sentence and restated <= 40:  # the closing sentences' numbers
@@ -390,9 +392,17 @@ def _without_afterword(text, question=None):
         end = sentence
         if last < 0 or restated > 40:  # nothing said before them: they may well hold the answer
             break
-        if restated >= 2:
+        if restated >= 2 or (restated and _echoes(piece, question)):
             kept = sentence
     return text[:kept]
+
+
+def _echoes(sentence, question):
+    """Whether ``sentence`` says a sentence of the question again, nearly word for word: at least four words, all but
+    one of them the question's ("Her ducks lay 16 eggs per day." after the answer to Janet's question)."""
+    words = re.findall(r"[a-z0-9]+", sentence.lower())
+    asked = set(re.findall(r"[a-z0-9]+", (question or "").lower()))
+    return len(words) >= 4 and sum(word not in asked for word in words) <= 1
 
 
 def _bold_result(text):
