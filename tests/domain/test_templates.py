@@ -490,6 +490,29 @@ def test_a_curly_apostrophe_reads_as_a_straight_one_in_every_template() -> None:
                                   "How many total meters does he run a week?")[0] == 540
 
 
+_TRIVIAQA = {"aliases": ["Washington, D.C.", "Washington DC", "District of Columbia"], "normalized_aliases":
+             ["washington d c", "washington dc", "district of columbia"], "normalized_value": "washington d c",
+             "type": "WikipediaEntity", "value": "Washington, D.C."}
+
+
+@pytest.mark.parametrize(("reference", "reply", "score"), [
+    (_TRIVIAQA, "District of Columbia", 1.0),  # TriviaQA's answer object: any alias
+    (_TRIVIAQA, "The capital is Washington, D.C.", 1.0),
+    (_TRIVIAQA, "New York City", 0.0),
+    (json.dumps(_TRIVIAQA), "Washington DC", 1.0),  # the same object as a CSV's text
+    (["Roberta Flack", "Lori Lieberman"], "Lori Lieberman", 1.0),  # Natural Questions: a list of answers
+    (["Roberta Flack", "Lori Lieberman"], "The Fugees", 0.0),
+    ('["Roberta Flack", "Lori Lieberman"]', "Roberta Flack.", 1.0),
+    ({"text": ["Denver Broncos", "Denver Broncos"], "answer_start": [177, 177]}, "The Denver Broncos", 1.0),  # SQuAD
+    ("[citation needed]", "citation needed", 1.0),  # a string that is no JSON stays a string
+    ([], "anything", 0.0),
+    ([[[]]] * 1000, "anything", 0.0),
+])
+def test_exact_match_reads_every_form_of_a_reference(reference: Any, reply: str, score: float) -> None:
+    row = {"question": "What is the capital of the United States?", "answer": reference}
+    assert EXACT["Scorer"]().score(row, reply)["score"] == score
+
+
 _ELEMENT = "Which element has atomic number 1?"
 _LARGEST_OCEAN = "What is the largest ocean on Earth?"
 
@@ -692,8 +715,9 @@ def test_rendered_templates_are_standalone_with_the_shared_rules_inlined(templat
     source = render_plan(ScorerPlan(template=template, fields=fields, why=""))
     assert not re.search(r"^\s*(?:from|import)\s+benchwright", source, re.MULTILINE)  # runs with no package beside it
     assert source.count("# --- inlined from benchwright/drivers/templates/_reply.py by render() ---") == 1
-    names = source.count("# --- inlined from benchwright/drivers/templates/_names.py by render() ---")
-    assert names == (1 if template == "exact_match" else 0)
+    for shared in ("_names", "_reference"):  # exact_match's own shared parts
+        marker = f"# --- inlined from benchwright/drivers/templates/{shared}.py by render() ---"
+        assert source.count(marker) == (1 if template == "exact_match" else 0)
     assert "def answer_part(" in source
     compile(source, "task_impl.py", "exec")
 

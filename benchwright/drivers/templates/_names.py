@@ -57,3 +57,5 @@ _ROLE = re.compile(r"(?i)\A(?:the\s+)?(?:author|writer|novelist|poet|playwright|
 _NO_SUBJECT = frozenset(("neither", "none", "nobody", "no one", "nothing", "either", "both", "all", "each", "this",
                          "that", "it", "which", "they", "there", "here", "many", "some", "most"))
 _PRONOUN = frozenset(("it", "this", "that", "them", "one", "the one"))  # "Leonardo da Vinci painted it."
+# Where a name is, after it: "Mount Everest in the Himalayas" (compared without it; "Stoke on Trent" stays whole).
+_WHERE_TAIL = re.compile(r"(?<=[A-Za-z])\s+(?:in|on|near)\s+(?:the\s+)?[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*){0,3}\s*$")

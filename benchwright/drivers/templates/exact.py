@@ -37,10 +37,12 @@ from benchwright.drivers.templates._names import (  # inlined by render()
     _PRONOUN,
     _ROLE,
     _TITLES,
+    _WHERE_TAIL,
     _WHO,
     _WHO_SAYS,
     _WORK,
 )
+from benchwright.drivers.templates._reference import reference_texts  # inlined by render()
 from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
     answer_part,
@@ -105,8 +107,6 @@ _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|w
                           r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing|around|circa|c\.|"
                           r"about|approximately|roughly)\b)")
 # "Canberra, of course.", "Pacific Ocean, by far."
-# Where a name is, after it: "Mount Everest in the Himalayas" (compared without it; "Stoke on Trent" stays whole).
-_WHERE_TAIL = re.compile(r"(?<=[A-Za-z])\s+(?:in|on|near)\s+(?:the\s+)?[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*){0,3}\s*$")
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly|by far|easily|for sure|no doubt)[.!]?\s*$", re.IGNORECASE)
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
@@ -115,7 +115,8 @@ _COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
 # The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remained|wrote|painted|composed|discovered|"
-                            r"invented|founded|directed|designed|built|created|won|penned|authored|sculpted|coined|stands\s+for|"
+                            r"invented|founded|directed|designed|built|created|won|penned|authored|sculpted|coined|sang|"
+                            r"recorded|performed|stands\s+for|"
                             r"developed|formulated|proposed|pioneered|introduced|ha(?:s|ve|d)(?:\s+(?:long\s+|always\s+)?"
                             r"been)?|(?:has\s+)?(?:serves|served|ranks|ranked|stands|stood|functions|acts)\s+as)"
                             r"\s+(?!(?:not|n't)\b)(.+)$", re.IGNORECASE)
@@ -577,21 +578,22 @@ class Scorer:
     def score(self, row, response):
         question = self.extract(row)
         found, rule = find_answer(response, question)
-        answer = None if found is None else normalize(found)
-        # The reference loses what an answer would lose: "Paris, France" asked for France's capital is Paris.
-        reference = normalize(_unqualified(str(row[CONFIG["reference"]]), question))
-        if answer is not None and re.fullmatch(r"\d{4}", reference):  # a year asked, a date given: "November 9, 1989"
-            date = _DATE_OF_YEAR.fullmatch(answer)
-            answer = date.group(1) if date else answer
-        # A name after its description, or beside words of the question, in what a rule read as the answer; not in a
-        # first sentence taken whole for want of an answer, whose words before a name describe nothing.
-        right = answer is not None and (answer == reference or (rule != "first_sentence" and (
-            _named_as(found, reference) or _asked_around(found, reference, question)
-            or _possessor(found, reference, question) or normalize(_WHERE_TAIL.sub("", str(found))) == reference)))
+        said = None if found is None else normalize(found)
+        loose = rule != "first_sentence"  # a first sentence taken whole for want of an answer describes no name
         glossed = (_GLOSSED.match(answer_part(response, tags=True).strip())
-                   if not right and rule in ("whole", "first_sentence") else None)
-        if glossed and min(len(normalize(glossed.group(1))), len(normalize(glossed.group(2)))) <= 3:
-            said = [normalize(part) for part in glossed.groups() if not _DENIAL.match(part.strip())]
-            right, answer = (True, reference) if reference in said else (right, answer)  # "H (hydrogen)"
-        return {"score": 1.0 if right else 0.0,
-                "answer": answer, "extracted": answer is not None, "rule": rule}
+                   if rule in ("whole", "first_sentence") else None)
+        glosses = [normalize(g) for g in glossed.groups() if not _DENIAL.match(g.strip())] if glossed else []
+        # Any of the reference's texts (TriviaQA's aliases, Natural Questions' answers), each losing what an answer
+        # would lose: "Paris, France" asked for France's capital is Paris.
+        for text in reference_texts(row[CONFIG["reference"]]):
+            reference = normalize(_unqualified(text, question))
+            date = _DATE_OF_YEAR.fullmatch(said or "") if re.fullmatch(r"\d{4}", reference) else None
+            answer = date.group(1) if date else said  # a year asked, a date given: "November 9, 1989"
+            # A name after its description, beside words of the question, as a work's owner, or where it is.
+            if answer is not None and (answer == reference or (loose and (
+                    _named_as(found, reference) or _asked_around(found, reference, question) or _possessor(
+                        found, reference, question) or normalize(_WHERE_TAIL.sub("", str(found))) == reference))):
+                return {"score": 1.0, "answer": answer, "extracted": True, "rule": rule}
+            if reference in glosses and min(len(g) for g in glosses) <= 3:  # "H (hydrogen)"
+                return {"score": 1.0, "answer": reference, "extracted": True, "rule": rule}
+        return {"score": 0.0, "answer": said, "extracted": said is not None, "rule": rule}
