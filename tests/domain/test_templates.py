@@ -284,6 +284,17 @@ def test_choice_text_a_reply_denies_is_no_answer(reply: str, choices: list[str],
 
 
 @pytest.mark.parametrize(("reply", "letter"), [
+    ("C is Saturn, but it is not the largest.", None),  # "but" denies what the question asks: no answer
+    ("C is Saturn, but it isn't the answer.", None),  # ... or that it is the answer
+    ("Jupiter is the largest, but it's not the hottest.", "B"),  # ... not something else the question never asks
+    ("Jupiter is the largest planet, but not the densest.", "B"),
+])
+def test_choice_text_a_but_clause_denies_what_the_question_asks(reply: str, letter: str | None) -> None:
+    question = "Which is the largest planet in the Solar System?"
+    assert CHOICE["extract_letter"](reply, PLANETS, question) == letter
+
+
+@pytest.mark.parametrize(("reply", "letter"), [
     ("Answer: 2", "C"),  # a choice's text after an answer phrase, however short
     ("The answer is 2.", "C"),
     ("**Final answer:** 3", "D"),

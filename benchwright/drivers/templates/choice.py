@@ -79,12 +79,12 @@ def _norm(text):
     return " ".join(re.sub(r"[^\w\s]", " ", fold_accents(str(text).casefold())).split())
 
 
-def extract_letter(reply, texts):
+def extract_letter(reply, texts, question=None):
     """The letter the reply chooses among len(texts) choices, or None when it commits to none (or several)."""
-    return find_letter(reply, texts)[0]
+    return find_letter(reply, texts, question)[0]
 
 
-def find_letter(reply, texts):
+def find_letter(reply, texts, question=None):
     """(letter, rule) for the reply's choice: (None, None) when it commits to none. Only the answer part is read
     (a reasoning block is skipped); after a self-correction ("A... wait, actually C") the corrected part wins."""
     text = plain_apostrophes(answer_part(reply, tags=True))
@@ -92,10 +92,10 @@ def find_letter(reply, texts):
         return None, None
     tail = after_correction(text)
     if tail is not None:
-        letter, rule = _find(tail, texts)
+        letter, rule = _find(tail, texts, question)
         if letter is not None:
             return letter, rule
-    return _find(text, texts)
+    return _find(text, texts, question)
 
 
 _KEY = (r"(?i:\b(?:answer|option(?<!each option)(?<!every option)|choice(?<!each choice)(?<!every choice))\b"
@@ -157,7 +157,7 @@ def _letter_in(value, texts):
     return valid[norm.index(_norm(value))] if _norm(value) and norm.count(_norm(value)) == 1 else None
 
 
-def _find(text, texts):
+def _find(text, texts, question=None):
     valid = _LETTERS[:len(texts)]
     for value in reversed(json_answers(text)):  # {"answer": "C"}
         letter = _letter_in(str(value), texts)
@@ -201,7 +201,7 @@ def _find(text, texts):
         letter = _letter_in(value.strip(" *_"), texts)
         if letter is not None:
             return letter, "choice_text"
-    named = _named_choices(text, texts)
+    named = _named_choices(text, texts, question)
     if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
         return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them), not denied
     # A short reply naming one letter: "Option D", "I'd say B, London"; not one that denies or doubts ("Only A is
@@ -221,10 +221,11 @@ _CLAUSES = re.compile(r"[.!?;:\u2014\u2013]+(?=\s|$)|\s-+\s|,|\n")
 _ASIDE_OPENING = re.compile(r"(?i)^(?:although|though|even though|while|whilst|whereas)\b")
 
 
-def _named_choices(text, texts):
+def _named_choices(text, texts, question=None):
     """The choices whose whole text the reply names and does not deny. A clause that denies ("not Saturn", "Saturn
     isn't it", "I don't think it's Saturn", "Many people think Saturn") takes its choices out, and so does one that
-    opens on "but" and denies without naming one ("C is Saturn, but it is not the largest.") and a question denied
+    opens on "but" and denies what the question asks without naming one ("C is Saturn, but it is not the largest.";
+    not "Jupiter is the largest, but not the densest.") and a question denied
     next ("Saturn? No."); an opening "Although/While ..." clause's choices are set beside the answer, not given as
     it. A first sentence that is one choice's text alone is the answer ("Jupiter. Saturn is the second largest."). A
     short choice ("is", "1") counts only as the whole reply."""
@@ -246,8 +247,9 @@ def _named_choices(text, texts):
     before = set()  # type: set[int]
     for clause in _CLAUSES.split(marked):
         here, clause = marks(clause), clause.strip()
-        if _DENIES.search(clause):
-            denied |= here or (before if re.match(r"(?i)but\b", clause) else set())
+        if _DENIES.search(clause):  # "..., but it is not the largest" denies what the question asks, "..., but not
+            asked = question is None or bool(_words(clause) & (_words(question) | _VERDICT_WORDS))  # the densest" ...
+            denied |= here or (before if re.match(r"(?i)but\b", clause) and asked else set())
         elif _ASIDE_OPENING.match(clause):
             denied |= here
         before = here or before  # "but it ..." is the last choice named
@@ -258,6 +260,13 @@ def _named_choices(text, texts):
     return sorted(named - denied)
 
 
+def _words(text):
+    """The words of ``text`` of four letters or more, lower-cased: what tells a clause about the question's subject."""
+    return set(re.findall(r"[a-z]{4,}", str(text).lower()))
+
+
+# What a clause says of the answer whatever the question: "..., but it isn't right."
+_VERDICT_WORDS = frozenset(("answer", "correct", "right", "choice", "option", "true", "best"))
 _DOUBT = re.compile(r"(?i)\b(?:not|wrong|incorrect|false|unsure|doubt|double-check)\b|n't\b")
 
 
@@ -350,6 +359,6 @@ class Scorer:
     def score(self, row, response):
         texts, _ = choices_of(row)
         expected = reference_letter(row)
-        answer, rule = find_letter(response, texts)
+        answer, rule = find_letter(response, texts, str(row[CONFIG["input"]]))
         return {"score": 1.0 if answer == expected else 0.0, "answer": answer, "reference": expected,
                 "extracted": answer is not None, "rule": rule}
