@@ -195,7 +195,7 @@ def build_program(row, completion):
         # A whole program: keep the prompt's imports and helpers, let the completion's definition win.
         completion = _without_main_guard(completion)
         body = f"{prompt}\n    pass\n\n{completion}" if _stub_only(prompt) else f"{prompt}\n\n{completion}"
-        body += _method_alias(completion, entry) if defines == "method" else ""
+        body += _method_alias(completion, entry)  # "" unless a class of it defines the entry point
     else:
         body = prompt + completion  # a body continuing the prompt's signature (HumanEval's completion format)
     return f"{body}\n\n{row[CONFIG['test']]}\n\ncheck({entry})\n"
