@@ -94,6 +94,41 @@ def test_numeric_keeps_a_conclusion_that_says_the_questions_numbers() -> None:
     assert _read("Janet sells 9 eggs at $2, which is $18. Her ducks lay 16 eggs per day.") == 18
 
 
+ROBE = "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?"
+WENG = ("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she "
+        "earn?")
+
+
+@pytest.mark.parametrize(("reply", "question", "value"), [
+    # a given bolded as the question is said again: the result after it is read
+    ("Janet's ducks lay **16 eggs** a day. She eats 3 and bakes with 4, which leaves 9 eggs. At $2 each, she makes $18 "
+     "every day.", JANET, "18"),
+    # ... but a bolded given that is the result, in a sentence of the reply's own, is read
+    ("Tom ends up with **7** marbles: 5 red and 7 blue make 12, and he gives 5 of them away.", MARBLES, "7"),
+    # the result sentence ending on a given said with the question's own word after it ("50 minutes")
+    ("Weng earned $10 for 50 minutes of babysitting ($12/hour × 50/60 hour).", WENG, "10"),
+    ("She earned $10 in 50 minutes.", WENG, "10"),
+    # ... not past a given said otherwise, nor to a number the question gives
+    ("She babysat for 50 minutes and earned 12.", WENG, "12"),
+    ("After 50 minutes she had earned $12 for 50 minutes.", WENG, "50"),
+    # a step's result ("leaves 9", "= 9") the working after a dash goes on from
+    ("$18 daily — 16 eggs minus 3 minus 4 leaves 9, at $2 apiece.", JANET, "18"),
+    ("$20 daily — 16 eggs minus 3 minus 4 leaves 9, at $2 apiece.", JANET, "2"),  # it does not come to 20: no total
+    # a bold result with its unit (and full stop) inside the bold
+    ("📌 April: 48 clips\n📌 May: half of 48 = 24 clips\n\n➡️ Total = 48 + 24 = **72 clips**", JANET, "72"),
+    ("**72 clips.**\n\nIn April she sold **48**, and in May half as many, **24**.", JANET, "72"),
+    ("**1.** She eats 3.\n**2.** She bakes with 4.\n\nSo she sells 9 eggs for $18.", JANET, "18"),  # a list, no 1
+    # a total said first "in total:", its parts after the colon; "In total: 3" alone is still an answer phrase
+    ("It takes 3 bolts in total: 2 bolts of blue fiber and 1 of white.", ROBE, "3"),
+    ("Blue: 2 bolts. White: 1 bolt.\n\nIn total: 3 bolts.", ROBE, "3"),
+    # a closing note with a number of its own
+    ("**Janet makes $18 per day.**\n\n_Note: this assumes she sells all 9 remaining eggs._", JANET, "18"),
+    ("She sells 9 eggs.\n\n**Assumption:** every one of the 9 is sold at $2, so $18.", JANET, "18"),  # it concludes
+])
+def test_numeric_reads_the_result_past_a_restated_given_or_a_note(reply: str, question: str, value: str) -> None:
+    assert _read(reply, question) == Fraction(value)
+
+
 @pytest.mark.parametrize("reply", [
     "Let's solve this step by step.\n\n1. Eggs laid: 16\n2. Eaten for breakfast: 3\n3. Used for muffins: 4\n"
     "4. Remaining eggs: 16 - 3 - 4 = 9\n5. Price per egg: $2\n\nNow we multiply the",

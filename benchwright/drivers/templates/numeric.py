@@ -23,6 +23,7 @@ import re
 from fractions import Fraction
 from itertools import islice
 
+from benchwright.drivers.templates._quantities import spelled_compounds, spelled_fractions  # inlined by render()
 from benchwright.drivers.templates._reply import (  # inlined by render()
     after_correction,
     answer_part,
@@ -39,11 +40,6 @@ SYSTEM_PROMPT = ("Solve the problem step by step. End your reply with the final 
 
 # A scale after a number: "600 million", "70 thousand", "$70k", "$1.5M", "$2bn"; not "5 km", "3 MB" nor "thousandths".
 _SCALE = r"\s?(?:thousand|million|billion|trillion)(?![\w])|(?:[kKMB]|bn)(?![\w])"
-# A fraction written as one character: "3\u00bd cups", "\u00be of the pie" (after a whole number, or alone).
-_VULGAR = "\u00bd\u2153\u2154\u00bc\u00be\u2155\u2156\u2157\u2158\u2159\u215a\u215b\u215c\u215d\u215e"
-_VULGAR_VALUES = dict(zip(_VULGAR, ((1, 2), (1, 3), (2, 3), (1, 4), (3, 4), (1, 5), (2, 5), (3, 5), (4, 5), (1, 6),
-                                    (5, 6), (1, 8), (3, 8), (5, 8), (7, 8)), strict=True))
-_VULGAR_RUN = re.compile(r"(?<![\d,.])(?:(\d{1,3}(?:,\d{3}){1,4}|\d{1,15})[ \u2009]?)?([" + _VULGAR + "])")
 _SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "b": 9, "bn": 9}
 # A number as models write it: a sign, a currency symbol, thousands separators (commas, or no-break or thin spaces as
 # in "70\u202f000"; not plain spaces: "5 100" may be two numbers), decimals, a fraction a/b, a scientific exponent
@@ -61,14 +57,14 @@ _ANSWER_IS = re.compile(r"(?:(?<!long )(?<!longer )(?<!detailed )(?<!full )answe
                         + _NUMBER + ")", re.IGNORECASE)
 # "72.", "**72**\n\nWorking: ...", "72 apples. Tom's 3 boxes hold 24 each." (a unit of a word or two before its period)
 _LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+)?[*_]*)?"
-                      r"(?:[.!]?\Z|[.!]?\s*\n|[.!]\s)")
+                      r"(?:[.!]?[*_]*\Z|[.!]?[*_]*[ \t]*\n|[.!]\s)")
 # The working an answer phrase's number may open: "The answer is 60 + 12 = 72", "Total = 120 - 45 = **75**",
 # "2^{10} = 1024". It runs to the clause's end (a line's, a sentence's, ", " or ";"); its result is the last side of the
 # chain that is a number alone (a unit after it allowed: "= 36 apples", "= 12 m^2"), so "72 = 60 + 12" is 72 too.
 _OPENS_WORKING = re.compile(r"\s*(?:[-+=*/^\u2212\u00d7\u00f7\u00b7]|x\s*\d|\\(?:times|cdot|div)(?![a-zA-Z]))")
 _CLAUSE_END = re.compile(r"\n|;|,\s|\.(?!\d)")
 _UNIT = r"(?!x\s*\d)[a-zA-Z\u00b0][a-zA-Z\u00b0\s/]*(?:\^\{?\d\}?)?"  # "apples", "m^2"; not the "x 4" of "3 x 4"
-_LONE = re.compile(r"[\s*_$]*(" + _NUMBER + r")[\s*_$%]*(?:" + _UNIT + r")?\Z")
+_LONE = re.compile(r"[\s*_$]*(" + _NUMBER + r")[\s*_$%]*(?:" + _UNIT + r")?[*_]*\Z")
 # A count spelled out ("A spider has eight legs.", "twenty-four"), read only from a reply with no digits at all.
 _UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
           "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
@@ -88,6 +84,8 @@ _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not
                      r"|\b\d+(?:\.\d+)?\s*%\s*(?i:confident|sure|certain)\b")
 # A parenthetical that explains a number said before it (``_outside_asides``), and what tells one that says a result.
 _PAREN = re.compile(r"\(([^()]*)\)")
+# A closing note on its own line, to the reply's end: "_Note: this assumes she sells all 9 remaining eggs._"
+_NOTE = re.compile(r"(?<=\n)[ \t>*_]*(?i:note|n\.b\.|assum\w*|caveat|disclaimer)\b[^:\n]{0,20}:[\s\S]*\Z")
 _RESULT_WORD = re.compile(r"(?i)\b(?:so|therefore|thus|hence|total|altogether|in all|answer)\b")
 # What opens a check of the answer or an explanation of it, at a line's or a sentence's start (``_without_afterword``):
 # "Check: 9 \u00d7 2 = 18 \u2713", "Let me verify: ...", "To double-check, ...", "That is 48 in April plus 24 in May.",
@@ -130,23 +128,9 @@ _POWER = re.compile(r"\s?(?:x|\u00d7|\\times|\*)\s?10\s?\^\s?\{?([-+\u2212]?\d+)
 # int() refuses to spell one past 4,300 digits, and 10 ** 9999999 alone takes seconds).
 _HUGE_EXPONENT = re.compile(r"(?:[eE]|\^\s?\{?)[-+\u2212]?\d{4,}")
 _MAX_BITS = 12_000
-# A quantity written in two units: "2 hours and 30 minutes", "1 h 15 min", "5 feet, 6 inches", "3 min 20 s".
-# (up to 15 digits a part: a longer run of digits is no such quantity, and int() refuses one past 4,300)
-_COMPOUND = re.compile(r"(?<![\w.,/])(\d{1,15})\s?([a-zA-Z]+)\.?,?\s*(?:and\s+)?(\d{1,15}(?:\.\d{1,15})?)\s?"
-                       r"([a-zA-Z]+)\b")
-_UNIT_NAMES = {name: unit for unit, names in (
-    ("h", "hour hours hr hrs h"), ("min", "minute minutes min mins"), ("s", "second seconds sec secs s"),
-    ("d", "day days"), ("wk", "week weeks"), ("yr", "year years"), ("mo", "month months"), ("ft", "foot feet ft"),
-    ("in", "inch inches in"), ("lb", "pound pounds lb lbs"), ("oz", "ounce ounces oz"), ("usd", "dollar dollars"),
-    ("c", "cent cents"), ("km", "kilometer kilometers kilometre kilometres km"),
-    ("m", "meter meters metre metres m"), ("cm", "centimeter centimeters centimetre centimetres cm"),
-    ("kg", "kilogram kilograms kg"), ("g", "gram grams g")) for name in names.split()}
-_IN_SMALLER = {("h", "min"): 60, ("h", "m"): 60, ("min", "s"): 60, ("d", "h"): 24, ("wk", "d"): 7, ("yr", "mo"): 12,
-               ("ft", "in"): 12, ("lb", "oz"): 16, ("usd", "c"): 100, ("km", "m"): 1000, ("m", "cm"): 100,
-               ("kg", "g"): 1000}
 # The working a total said first may be followed by: "70 left: 100 minus 30", "$600: 40 hours \u00d7 $15".
 _OPERATOR = re.compile(r"(?i)(\bminus\b|\bless\b|\u2212|(?<!\w)-(?!\w)|\btake away\b)|(\btimes\b|\bmultiplied by\b|"
-                       r"\u00d7|\*|\\times|\\cdot|\bx\b)|(\bdivided by\b|\u00f7)|(=)")
+                       r"\u00d7|\*|\\times|\\cdot|\bx\b)|(\bdivided by\b|\u00f7)|(=|\bleav(?:es|ing)\b)")
 
 
 def parse_number(text):
@@ -215,37 +199,6 @@ def same_number(answer, expected):
             or answer == getattr(expected, "other", None))
 
 
-def spelled_fractions(text):
-    """``text`` with each fraction written as one character spelled as a/b: "3\u00bd" -> "7/2", "\u00be" -> "3/4"
-    (read by the number rules like any fraction; a text without one is returned as it is, at the cost of one scan)."""
-    if _VULGAR_RUN.search(text) is None:
-        return text
-
-    def spelled(m):
-        value = Fraction(*_VULGAR_VALUES[m.group(2)]) + (int(m.group(1).replace(",", "")) if m.group(1) else 0)
-        return f"{value.numerator}/{value.denominator}"
-
-    return _VULGAR_RUN.sub(spelled, text)
-
-
-def spelled_compounds(text):
-    """``text`` with each quantity written in two units spelled as one number of the smaller ("2 hours and 30 minutes"
-    -> "150 minutes", "5 ft 6 in" -> "66 in"), and each such number's reading in the larger unit ({150: 5/2}). Only
-    units one counts in the other, with the smaller part less than one of the larger ("3 days and 30 hours" stays)."""
-    readings = {}
-
-    def spelled(m):
-        ratio = _IN_SMALLER.get((_UNIT_NAMES.get(m.group(2).lower(), ""), _UNIT_NAMES.get(m.group(4).lower(), "")))
-        small = Fraction(m.group(3))
-        if ratio is None or small >= ratio:
-            return m.group(0)
-        value = int(m.group(1)) * ratio + small
-        readings[value] = value / ratio
-        return f"{value} {m.group(4)}"  # "150 minutes"; "181/2 seconds" for "1 minute 30.5 seconds"
-
-    return _COMPOUND.sub(spelled, text), readings
-
-
 def _last_number(text):
     numbers = _NUMBER_RE.findall(text)
     return parse_number(numbers[-1]) if numbers else None
@@ -293,7 +246,7 @@ def _find(text, question=None):
         if value is not None:
             return value, "json"
     plain = unlatex(text)
-    found = list(_ANSWER_IS.finditer(plain))
+    found = [m for m in _ANSWER_IS.finditer(plain) if not _total_said_first(plain, m)]
     last = found[-1] if found else None
     if last and _cut_off(plain) and _OPENS_WORKING.match(plain, last.end(1)) and not _CLAUSE_END.search(
             plain, last.end(1)) and _worked_out(last.group(1), plain[last.end(1):]) == last.group(1):
@@ -305,7 +258,7 @@ def _find(text, question=None):
         # "72. I got there by adding the 2 parts." (the answer first, an explanation after)
         return parse_number(lead.group(1)), "leading_number"
     said = without_closing(plain)
-    value = _bold_result(said)
+    value = _bold_result(said, question)
     if value is not None:
         return value, "bold"
     value = _total_and_parts(said, question)
@@ -317,7 +270,7 @@ def _find(text, question=None):
     value = _spelled_result(kept, question)
     if value is not None:
         return value, "number_words"
-    value = _last_number(kept)
+    value = _last_unrestated(kept, question)
     if value is None:
         value = _last_number(plain)
     if value is not None:
@@ -336,7 +289,8 @@ def _outside_asides(text):
     with two numbers or more: "So she makes $18 per day. (That's 16 - 3 - 4 = 9 eggs sold at $2 each.)", "25% ($20
     off the original $80)", "-7\u00b0C (12 degrees below the noon reading of 5\u00b0C)". Not one that says a result: a
     working's result at its end ("(3 \u00d7 24 = 72)", "(= 72)"), one number ("(150 minutes)", "(i.e., 72)"), or a
-    conclusion ("(so 18 in all)")."""
+    conclusion ("(so 18 in all)"). And without a closing note that concludes nothing ("_Note: this assumes she sells
+    all 9 remaining eggs._")."""
 
     def aside(m):
         inner = m.group(1)
@@ -345,6 +299,9 @@ def _outside_asides(text):
             return m.group(0)
         return " "
 
+    note = _NOTE.search(text)
+    if note is not None and not _CONCLUDES.search(note.group(0)):  # a closing note; not one that concludes ("so $18")
+        text = text[:note.start()]
     return _PAREN.sub(aside, _ASIDES.sub(" ", text))
 
 
@@ -405,17 +362,65 @@ def _echoes(sentence, question):
     return len(words) >= 4 and sum(word not in asked for word in words) <= 1
 
 
-def _bold_result(text):
+def _bold_result(text, question=None):
     """The reply's bold number, the way chat models mark their result ("Natalia sold **72 clips** altogether: 48 in
     April and 24 in May."), when it bolds one value only and no later sentence concludes with a number of its own
-    ("In April she sold **48**. So she sold 72 in all." is 72: the last number rule's)."""
+    ("In April she sold **48**. So she sold 72 in all." is 72: the last number rule's); not a given of the question in
+    a sentence that says the question's own again ("Janet's ducks lay **16 eggs** a day. ... she makes $18.")."""
     found = list(_BOLD_NUMBER.finditer(text))
     values = {parse_number(m.group(2)) for m in found}
     if len(values) != 1 or None in values:
         return None
+    if next(iter(values)) in _givens(question) and _echoes(text[slice(*_sentence_at(text, found[0]))], question):
+        return None
     if any(_CONCLUDES.search(s) for s in _SENTENCE_END.split(text[found[-1].end():])[1:]):  # sentences after its
         return None
     return values.pop()
+
+
+def _sentence_at(text, m):
+    """Where the sentence of ``text`` that match ``m`` is in starts and ends (looking back 1,000 characters at most)."""
+    starts = [e.end() for e in _SENTENCE_END.finditer(text, max(0, m.start() - 1000), m.start())]
+    end = _SENTENCE_END.search(text, m.end())
+    return starts[-1] if starts else max(0, m.start() - 1000), end.start() if end else len(text)
+
+
+def _total_said_first(text, m):
+    """Whether answer phrase ``m`` is "in total:" after a number of its sentence, its parts after the colon: "It takes
+    3 bolts in total: 2 of blue and 1 of white." (the total and its parts rule's, not 2)."""
+    return text[max(0, m.start() - 3):m.start()].lower() == "in " and _NUMBER_RE.search(
+        text, _sentence_at(text, m)[0], m.start()) is not None
+
+
+def _last_unrestated(text, question=None):
+    """``text``'s last number; but when its last sentence says the question's givens again with the question's word
+    after them ("50 minutes"), the number before them the question does not give: "Weng earned $10 for 50 minutes of
+    babysitting." is 10."""
+    found = list(_NUMBER_RE.finditer(text, max(0, len(text) - 2000)))
+    if not found:
+        return _last_number(text)
+    start, _ = _sentence_at(text, found[-1])
+    said = _given_words(question)
+    for m in reversed(found):
+        value = parse_number(m.group(0))
+        if m.start() < start:
+            break
+        if value not in said:
+            return value  # the last number the question does not give
+        word = re.match(r"[\s$]*([a-zA-Z]+)", text[m.end():m.end() + 40])
+        if word is None or word.group(1).lower() not in said[value]:
+            break  # a given said otherwise ("Finally, 7 are left."): it may be the answer
+    return parse_number(found[-1].group(0))
+
+
+@functools.lru_cache(maxsize=8)
+def _given_words(question):
+    """Each number the question states and the words right after it ("50 minutes of": 50 -> {"minutes"})."""
+    said: dict = {}
+    for m in islice(_NUMBER_RE.finditer(question or ""), 200):
+        word = re.match(r"[\s$]*([a-zA-Z]+)", question[m.end():m.end() + 40])
+        said.setdefault(parse_number(m.group(0)), set()).add(word.group(1).lower() if word else "")
+    return said
 
 
 def _total_and_parts(text, question=None):
@@ -457,8 +462,11 @@ def _comes_to(working, total):
         at = m.end()
         if value is None:
             return False
-        if operator is not None and operator.lastindex == 4:  # "= 72": the working's own result
-            break
+        if operator is not None and operator.lastindex == 4:  # "= 72", "leaves 9": the working's own result
+            if sum(terms) != value or sum(terms) == total:
+                break
+            terms = [value]  # a step's result the working goes on from: "16 minus 7 leaves 9, at $2 apiece"
+            continue
         count += 1
         if count > 100:  # no breakdown a model writes (and 200 KB of "(1 2 " would take seconds to add up)
             return False
