@@ -204,6 +204,9 @@ def test_choice_extracts_the_letter_robustly(reply: str, letter: str | None) -> 
     ("Only A is wrong.", None),
     ("Although B looks tempting, it isn't right.", None),
     ("Although many pick C, I'm unsure.", None),
+    # a lower-case letter in brackets after "option", said to be right; not one said not to be
+    ("I believe option (b) is right.", "B"),
+    ("Not option (b) is right.", None),
 ])
 def test_choice_reads_the_last_clause_and_an_elimination(reply: str, letter: str | None) -> None:
     assert CHOICE["extract_letter"](reply, CHOICES) == letter

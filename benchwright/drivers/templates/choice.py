@@ -116,10 +116,11 @@ _CONCLUDING = re.compile(r"\b(?i:so|thus|hence|therefore|(?:that|which|this) lea
 # C and D, only B fits." (the text is checked to be the letter's own choice: "That leaves A and B." is no answer).
 _LEAVES = re.compile(r"\b(?i:(?:that|which|this) leaves(?: (?:us with|only))?|leaving(?: only)?|only)\s+[*_(\[]*"
                      r"([A-Z])[*_)\]]*[).:]?\s*([^\n]{0,300}?)[.!]*[*_]*[ \t]*$", re.MULTILINE)
-# The letter said to be right: "B is correct.", "**B** is the right answer", "(C) is the best choice"; not "neither A
-# nor C is correct", "if A is correct".
+# The letter said to be right: "B is correct.", "**B** is the right answer", "(C) is the best choice", a lower-case one
+# in brackets after "option" ("option (b) is right"); not "neither A nor C is correct", "if A is correct".
 _LETTER_IS = re.compile(r"(?<![A-Za-z'])(?<!(?i:nor|not) )(?<!(?i:if) )(?<!(?i:neither|whether) )"
-                        r"[*_(\[]*([A-Z])[*_)\]]*\s+is\s+(?:(?:the\s+)?(?:correct|right|best)"
+                        r"(?:[*_(\[]*([A-Z])|(?i:option|choice)\s+[*_]*\(([a-z])\))[*_)\]]*\s+is\s+"
+                        r"(?:(?:the\s+)?(?:correct|right|best)"
                         r"(?:\s+(?:answer|choice|option|one))?|the\s+answer)\b")
 # The options reviewed one by one, each with a verdict, one ticked: a table ("| B | \u2705 |", "| B) Carbon dioxide |
 # \u2714 Correct |"), a list ("- B: \u2705", "**B) 1**: no root mod 3 \u2705", "A. No\nB. Yes") or sentences ("A: no. B:
@@ -177,7 +178,7 @@ def _find(text, texts, question=None):
             return letter, "final_line"
     spoken = sorted([(m.start(), m.group(1) or m.group(2).upper()) for m in _KEY_LETTER.finditer(text)]
                     + [(m.start(), m.group(1)) for m in _CONCLUDING.finditer(text)]
-                    + [(m.start(), m.group(1)) for m in _LETTER_IS.finditer(text)]
+                    + [(m.start(), m.group(1) or m.group(2).upper()) for m in _LETTER_IS.finditer(text)]
                     + [(m.start(), m.group(1)) for m in _LEAVES.finditer(text) if _leaves(m, texts)])
     said = [x for _, x in spoken if x in valid]
     if said:  # "The answer is **B**", "Answer: b", "I'd go with C", "it's B: ...", "So C.", "B is correct."
