@@ -74,7 +74,7 @@ _RESTATED = re.compile(r"^.*\b(?:is|was|are|were|be|by|called|named|it's|that's|
                        r"(?!(?:not|known|also)\b)(.+)$", re.IGNORECASE)
 # ... else the tail after "in", "on" or "at" before a date or a number: "It fell in 1989.", "The wall fell on November
 # 9, 1989.", "Water boils at 100 \u00b0C."
-_RESTATED_WHEN = re.compile(r"^.*\b(?:in|on|at)\s+((?:\w+\s+)?[*_]*\d.*)$", re.IGNORECASE)
+_RESTATED_WHEN = re.compile(r"^.*\b(?:in|on|at)\s+((?:[*_]*\w+\s+)?[*_]*\d.*)$", re.IGNORECASE)
 # "I'd say Canberra.", "Definitely Canberra.", "My guess is Canberra.": a short reply's lead-in is not its answer.
 _LEAD_IN = re.compile(r"\A(?:I'd say|I would say|I think|I believe|I guess|my guess is|my guess would be|probably|"
                       r"definitely|most likely|likely|certainly|surely|that's|that is|"
@@ -98,14 +98,14 @@ _WHERE_FROM = re.compile(r"\A(?:native|indigenous|endemic|found|located|situated
                          r"\s+(?:(?:mainly|mostly|chiefly|only|primarily)\s+)?(?:to|in|on|at)\s+", re.IGNORECASE)
 # "Canberra, not Sydney", "Canberra, located in the ACT", "Canberra, which ...": an aside after a comma, opened by a
 # word that opens one or a participle opening a clause ("the Pacific Ocean, covering a third of Earth", "George
-# Washington, inaugurated in 1789"); not the next item of a list ("red, white, and blue", "swimming, cycling and
-# running"), a place's region ("Washington, D.C.") or a clause with the answer in it ("Many guess Sydney, but it is
-# Canberra").
+# Washington, inaugurated in 1789", "Leonardo da Vinci, probably between 1503 and 1519"); not the next item of a list
+# ("red, white, and blue", "swimming, cycling and running"), a place's region ("Washington, D.C.") or a clause with the
+# answer in it ("Many guess Sydney, but it is Canberra").
 _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|wn|rn)\s+(?:in|on|at|by|from|as|to|"
                           r"during|after|before)\b|(?:not|which|who|whose|where|when|located|situated|"
                           r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
                           r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing|around|circa|c\.|"
-                          r"about|approximately|roughly)\b)")
+                          r"about|approximately|roughly|probably|possibly|likely|perhaps|presumably)\b)")
 # "Canberra, of course.", "Pacific Ocean, by far."
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly|by far|easily|for sure|no doubt)[.!]?\s*$", re.IGNORECASE)
