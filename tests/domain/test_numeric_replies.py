@@ -117,6 +117,7 @@ WENG = ("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minu
     # a bold result with its unit (and full stop) inside the bold
     ("📌 April: 48 clips\n📌 May: half of 48 = 24 clips\n\n➡️ Total = 48 + 24 = **72 clips**", JANET, "72"),
     ("**72 clips.**\n\nIn April she sold **48**, and in May half as many, **24**.", JANET, "72"),
+    ("**72 clips.**\r\n\r\nIn April she sold **48**, and in May **24**.", JANET, "72"),  # CRLF line ends
     ("**1.** She eats 3.\n**2.** She bakes with 4.\n\nSo she sells 9 eggs for $18.", JANET, "18"),  # a list, no 1
     # a total said first "in total:", its parts after the colon; "In total: 3" alone is still an answer phrase
     ("It takes 3 bolts in total: 2 bolts of blue fiber and 1 of white.", ROBE, "3"),

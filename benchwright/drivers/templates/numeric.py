@@ -57,7 +57,7 @@ _ANSWER_IS = re.compile(r"(?:(?<!long )(?<!longer )(?<!detailed )(?<!full )answe
                         + _NUMBER + ")", re.IGNORECASE)
 # "72.", "**72**\n\nWorking: ...", "72 apples. Tom's 3 boxes hold 24 each." (a unit of a word or two before its period)
 _LEADING = re.compile(r"\A[\s*_]*(" + _NUMBER + r")[\s*_]*(?:[a-zA-Z]+(?:[ \t]+[a-zA-Z]+)?[*_]*)?"
-                      r"(?:[.!]?[*_]*\Z|[.!]?[*_]*[ \t]*\n|[.!]\s)")
+                      r"(?:[.!]?[*_]*\Z|[.!]?[*_]*\s*\n|[.!]\s)")
 # The working an answer phrase's number may open: "The answer is 60 + 12 = 72", "Total = 120 - 45 = **75**",
 # "2^{10} = 1024". It runs to the clause's end (a line's, a sentence's, ", " or ";"); its result is the last side of the
 # chain that is a number alone (a unit after it allowed: "= 36 apples", "= 12 m^2"), so "72 = 60 + 12" is 72 too.
