@@ -474,6 +474,13 @@ def test_exact_match_reads_a_later_sentence(reply: str, score: float) -> None:
     (_AUSTEN, "Jane Austen", "It's Jane Austen's novel, published in 1813.", 1.0),
     (_AUSTEN, "Jane Austen", "It's Charlotte Brontë's novel.", 0.0),
     ("Whose novel is 'Emma'?", "Jane Austen's", "Jane Austen's", 1.0),  # a possessive reference is read as it is
+    # a hedge after a comma: no part of the answer before a lower-case word, another guess before a name
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "Leonardo da Vinci, probably between 1503 and 1519.", 1.0),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "Leonardo da Vinci, most likely in Florence.", 1.0),
+    (_CAPITAL, "Canberra", "Canberra, probably the least known capital.", 1.0),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "It was Leonardo da Vinci, possibly Michelangelo.", 0.0),
+    (_CAPITAL, "Canberra", "Sydney, maybe Canberra.", 0.0),  # a false right before session 51
+    (_CAPITAL, "Canberra", "Sydney, perhaps Canberra.", 0.0),
 ])
 def test_exact_match_names_descriptions_and_counts(question: str, reference: str, reply: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score

@@ -105,7 +105,7 @@ _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|w
                           r"during|after|before)\b|(?:not|which|who|whose|where|when|located|situated|"
                           r"known|famous|home|founded|built|named|called|being|the|a|an|as|since|because|although|"
                           r"though|while|also|often|in|on|at|from|with|of|for|due|thanks|owing|around|circa|c\.|"
-                          r"about|approximately|roughly|probably|possibly|likely|perhaps|presumably)\b)")
+                          r"about|approximately|roughly)\b|(?:probably|possibly|(?:most\s+)?likely|perhaps|presumably)\s+(?![A-Z]))")
 # "Canberra, of course.", "Pacific Ocean, by far."
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
                          r"certainly|by far|easily|for sure|no doubt)[.!]?\s*$", re.IGNORECASE)
@@ -341,8 +341,8 @@ def _named_as(found, reference):
     """Whether ``found`` names ``reference`` (normalised) after a description of it ("the English novelist Jane
     Austen", "the planet Mars", "the city of Canberra", "the chemical symbol Au") or surname first ("Austen, Jane").
     The description's last word is a lower-case noun, a title or a kind of place ("New York" does not name York),
-    "of" ends it only after a kind of place ("the capital city of Australia" is not Australia) and nothing in it
-    denies or relates ("not Canberra", "a rival of Jane Austen")."""
+    "of" ends it only after a kind of place ("the capital city of Australia" is not Australia), nothing in it
+    denies or relates ("not Canberra", "a rival of Jane Austen") and no comma parts it ("Sydney, maybe Canberra")."""
     text = _ASIDE.sub("", str(found)).strip().rstrip(".!")
     surname, comma, given = text.partition(", ")
     if (comma and _NAME.fullmatch(surname) and _NAME.fullmatch(given) and len(surname.split()) == 1
@@ -359,7 +359,7 @@ def _named_as(found, reference):
                 return False
             head, noun = place, words[at - 2]
         return ((noun[:1].islower() or noun.lower().rstrip(".") in _TITLES or set(head) <= _POSSESSIVE)
-                and not any(word in _NOT_DESCRIPTOR for word in head)
+                and not any(word in _NOT_DESCRIPTOR for word in head) and "," not in "".join(words[:at - 1])
                 and all(word[:1].islower() or _NATIONALITY.fullmatch(word) or word.lower().rstrip(".") in _TITLES
                         for word in words[1:at]))  # another name in it: "The Amazon beats the Nile."
     return False
