@@ -481,6 +481,11 @@ def test_exact_match_reads_a_later_sentence(reply: str, score: float) -> None:
     ("Who painted the Mona Lisa?", "Leonardo da Vinci", "It was Leonardo da Vinci, possibly Michelangelo.", 0.0),
     (_CAPITAL, "Canberra", "Sydney, maybe Canberra.", 0.0),  # a false right before session 51
     (_CAPITAL, "Canberra", "Sydney, perhaps Canberra.", 0.0),
+    # a short reply torn between two answers gives none (the first two read Canberra before session 51)
+    (_CAPITAL, "Canberra", "Canberra? Or Sydney?", 0.0),
+    (_CAPITAL, "Canberra", "Sydney, or is it Canberra?", 0.0),
+    (_CAPITAL, "Canberra", "Canberra, or maybe Sydney.", 0.0),
+    (_CAPITAL, "Canberra", "Canberra, I'm fairly sure.", 1.0),  # sure of one: its answer
 ])
 def test_exact_match_names_descriptions_and_counts(question: str, reference: str, reply: str, score: float) -> None:
     assert EXACT["Scorer"]().score({"question": question, "answer": reference}, reply)["score"] == score

@@ -24,6 +24,16 @@ import re
 import string
 import unicodedata
 
+from benchwright.drivers.templates._counts import (  # inlined by render()
+    _COUNT_FIRST,
+    _COUNT_NOUN,
+    _COUNT_WORDS,
+    _COUNTED,
+    _DATE_OF_YEAR,
+    _HOW_MANY,
+    _NUMBER_WORD,
+    _NUMBER_WORDS,
+)
 from benchwright.drivers.templates._names import (  # inlined by render()
     _DETERMINERS,
     _GLOSSED,
@@ -108,10 +118,11 @@ _COMMA_ASIDE = re.compile(r",\s+(?=[a-z]+ing\s+(?!and\b|or\b)\w|[a-z]+(?:ed|en|w
                           r"about|approximately|roughly)\b|(?:probably|possibly|(?:most\s+)?likely|perhaps|presumably)\s+(?![A-Z]))")
 # "Canberra, of course.", "Pacific Ocean, by far."
 _HEDGE_TAIL = re.compile(r",\s*(?:of course|obviously|naturally|surely|I (?:think|believe)|probably|definitely|"
-                         r"certainly|by far|easily|for sure|no doubt)[.!]?\s*$", re.IGNORECASE)
+                         r"certainly|by far|easily|for sure|no doubt|I'?m (?:(?:fairly|pretty|quite|almost) )?"
+                         r"(?:sure|certain|confident))[.!]?\s*$", re.IGNORECASE)
+# A second guess offered beside the first: "Canberra? Or Sydney?", "Sydney, or is it Canberra?", "or maybe Sydney".
+_OR_ELSE = re.compile(r"(?i)\?\s*or\b|\bor\s+(?:is|was)\s+it\b|\bor\s+(?:maybe|perhaps|possibly)\b")
 _SAID_ANSWER = frozenset(("answer", "correct", "right", "final"))  # "Canberra is the answer."
-_HOW_MANY = re.compile(r"(?i)\bhow (?:many|much)\b")
-_COUNT_WORDS = frozenset(("number", "count", "total", "amount"))
 # The answer first, the question restated after it: "Canberra is the capital of Australia.", "Jane Austen wrote
 # Pride and Prejudice." Told from "The capital of Australia is Canberra." by the question's words.
 _SUBJECT_FIRST = re.compile(r"^(.+?)\s+(?:is|was|are|were|became|remains|remained|wrote|painted|composed|discovered|"
@@ -173,21 +184,6 @@ _CONTRAST = re.compile(r"^(?:.+?\s+(?:is|was|are|were|did|does|do)\s*(?:not|n't)
                        r"\s*[;,\u2014\u2013]\s*(?:but\s+)?(?:(?:it'?s|it\s+(?:is|was)|that'?s|that\s+(?:is|was))\s+)?"
                        r"([^,;]+?)(?:\s+(?:is|was|are|were|did|does|do))?[.!]?$", re.IGNORECASE)
 _TABLE_RULE = re.compile(r"^\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?$")  # a markdown table's "|---|---|"
-# A count spelled out, compared as its digits: "Seven" is "7".
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate((
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"))}
-_NUMBER_WORD = re.compile(r"\b(?:" + "|".join(_NUMBER_WORDS) + r")\b")
-# A count and the thing counted that the question names: "7 continents" for "How many continents are there?"
-_COUNTED = re.compile(r"^(\d[\d,.]*|(?i:" + "|".join(_NUMBER_WORDS) + r"))\s+(.+)$")
-_COUNT_NOUN = re.compile(r"\b(\d+(?:,\d{3})*|" + "|".join(_NUMBER_WORDS) + r")\s+([a-z][\w-]*)", re.IGNORECASE)
-# A count before the list of what it counts: "There are 7 continents: Africa, ...", "Seven: Africa, ..."
-_COUNT_FIRST = re.compile(r"\A\W*(?:there\s+(?:are|were)\s+)?(?:\*\*)?(\d+(?:,\d{3})*|" + "|".join(_NUMBER_WORDS)
-                          + r")(?:\*\*)?(?:\s+([a-z][\w\s-]{0,40}?))?\s*(?:\*\*)?:", re.IGNORECASE)
-# A date whose year a question asks for: "November 9, 1989", "9 November 1989", "in 1989" (normalised)
-_MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
-_DATE_OF_YEAR = re.compile(r"(?:(?:in|on)\s+)?(?:(?:\d{1,2}(?:st|nd|rd|th)?\s+)?(?:" + _MONTHS + r")\s+"
-                           r"(?:\d{1,2}(?:st|nd|rd|th)?\s+)?)?(\d{4})")
 _FILLER = frozenset(("a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "and", "or", "is", "was", "are",
                      "were", "be", "it", "its", "what", "which", "who", "whom", "whose", "when", "where", "how", "did",
                      "does", "do", "has", "have", "had", "this", "that", "as", "with", "from"))
@@ -213,8 +209,8 @@ def find_answer(reply, question=None):
     """(answer, rule): the reply's answer as written (None when it gives none) and the rule that found it.
     ``question``: the prompt, when known; it tells a sentence or label that restates it from the answer beside it."""
     text = plain_apostrophes(answer_part(reply, tags=True))
-    if not text.strip():
-        return None, None
+    if not text.strip() or (len(text) <= 300 and _OR_ELSE.search(text) and not _EITHER.search(question or "")):
+        return None, None  # empty, or a short reply torn between two answers
     tail = after_correction(text)
     if tail is not None:
         answer, rule = _find(tail, question)
