@@ -207,6 +207,12 @@ def test_choice_extracts_the_letter_robustly(reply: str, letter: str | None) -> 
     # a lower-case letter in brackets after "option", said to be right; not one said not to be
     ("I believe option (b) is right.", "B"),
     ("Not option (b) is right.", None),
+    # a short reply's one letter past the letters it denies or sets aside; none when it denies them all
+    ("B, not C.", "B"),
+    ("Not A. B.", "B"),
+    ("B (though C is close).", "B"),
+    ("Not A, not B.", None),
+    ("Only A is wrong.", None),
 ])
 def test_choice_reads_the_last_clause_and_an_elimination(reply: str, letter: str | None) -> None:
     assert CHOICE["extract_letter"](reply, CHOICES) == letter

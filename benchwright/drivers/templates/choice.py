@@ -205,10 +205,12 @@ def _find(text, texts, question=None):
     named = _named_choices(text, texts, question)
     if len(named) == 1:  # exactly one choice's whole text: "The capital is Madrid." (a short one, "is" or "1",
         return valid[named[0]], "choice_text"  # only as the whole reply: prose is full of them), not denied
-    # A short reply naming one letter: "Option D", "I'd say B, London"; not one that denies or doubts ("Only A is
+    # A short reply naming one letter: "Option D", "I'd say B, London", past the letters it denies or sets aside
+    # ("B, not C.", "Not B. C.", "B (though C is close)."); not one that denies or doubts otherwise ("Only A is
     # wrong.", "Although B looks tempting, it isn't right.").
-    if len(text.split()) <= 20 and not _DOUBT.search(text):
-        lone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", text)) & set(valid) - {"I"}
+    kept = _SET_ASIDE.sub(" ", text)
+    if len(text.split()) <= 20 and not _DOUBT.search(kept):
+        lone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", kept)) & set(valid) - {"I"}
         if len(lone) == 1:
             return lone.pop(), "lone_letter"
     return None, None
@@ -268,6 +270,7 @@ def _words(text):
 
 # What a clause says of the answer whatever the question: "..., but it isn't right."
 _VERDICT_WORDS = frozenset(("answer", "correct", "right", "choice", "option", "true", "best"))
+_SET_ASIDE = re.compile(r"(?i:\bnot)\s+[*_(\[]*[A-Z](?![A-Za-z'])[*_)\]]*|\((?=[^()]*[a-z]{2})[^()]*\)")
 _DOUBT = re.compile(r"(?i)\b(?:not|wrong|incorrect|false|unsure|doubt|double-check)\b|n't\b")
 
 
