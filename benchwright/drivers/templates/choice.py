@@ -208,8 +208,8 @@ def _find(text, texts, question=None):
     # A short reply naming one letter: "Option D", "I'd say B, London", past the letters it denies or sets aside
     # ("B, not C.", "Not B. C.", "B (though C is close)."); not one that denies or doubts otherwise ("Only A is
     # wrong.", "Although B looks tempting, it isn't right.").
-    kept = _SET_ASIDE.sub(" ", text)
-    if len(text.split()) <= 20 and not _DOUBT.search(kept):
+    kept = _SET_ASIDE.sub(" ", text) if len(text.split()) <= 20 else ""
+    if kept and not _DOUBT.search(kept):
         lone = set(re.findall(r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])", kept)) & set(valid) - {"I"}
         if len(lone) == 1:
             return lone.pop(), "lone_letter"
