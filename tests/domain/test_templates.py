@@ -266,6 +266,9 @@ RULINGS = ["Once a church has been recognized, its tax-exempt status can never b
     ("C is Saturn, but it is not the largest.", PLANETS, None),
     ("Saturn is big. It has rings, but it is not the largest.", PLANETS, None),
     ("Many people think Saturn.", PLANETS, None),
+    # a choice ranked after the answer is set beside it
+    ("Jupiter is the largest, followed by Saturn.", PLANETS, "B"),
+    ("Jupiter is the largest planet, well ahead of Saturn.", PLANETS, "B"),
     # the one text left when the others are denied or set aside
     ("Saturn is not the largest planet; that would be Jupiter.", PLANETS, "B"),
     ("Definitely not Jupiter \u2014 it's Saturn.", PLANETS, "C"),

@@ -221,6 +221,9 @@ _DENIES = re.compile(r"(?i)\b(?:not(?! only)|no(?! doubt| question)|nope|never|n
                      r"(?:think|assume|believe|guess|say))\b|n't\b")
 _ASKED_AND_DENIED = re.compile(r"(?i)(?:^|(?<=[.!?\n]))([^.!?\n]*)\?\s*(?=(?:no|nope|not)\b)")  # "Saturn? No."
 _CLAUSES = re.compile(r"[.!?;:\u2014\u2013]+(?=\s|$)|\s-+\s|,|\n")
+# A clause that ranks its choices after the answer: "..., followed by Saturn.", "..., well ahead of Saturn."
+_RANKED_AFTER = re.compile(r"(?i)(?:and\s+)?(?:(?:well|far|just|closely)\s+)?"
+                           r"(?:followed\s+(?:closely\s+)?by|ahead\s+of)\b")
 _ASIDE_OPENING = re.compile(r"(?i)^(?:although|though|even though|while|whilst|whereas)\b")
 
 
@@ -228,10 +231,10 @@ def _named_choices(text, texts, question=None):
     """The choices whose whole text the reply names and does not deny. A clause that denies ("not Saturn", "Saturn
     isn't it", "I don't think it's Saturn", "Many people think Saturn") takes its choices out, and so does one that
     opens on "but" and denies what the question asks without naming one ("C is Saturn, but it is not the largest.";
-    not "Jupiter is the largest, but not the densest.") and a question denied
-    next ("Saturn? No."); an opening "Although/While ..." clause's choices are set beside the answer, not given as
-    it. A first sentence that is one choice's text alone is the answer ("Jupiter. Saturn is the second largest."). A
-    short choice ("is", "1") counts only as the whole reply."""
+    not "Jupiter is the largest, but not the densest.") and a question denied next ("Saturn? No."); an opening
+    "Although/While ..." clause's choices are set beside the answer, not given as it, and so are those a clause ranks
+    after it ("Jupiter is the largest, followed by Saturn."). A first sentence that is one choice's text alone is the
+    answer ("Jupiter. Saturn is the second largest."). A short choice ("is", "1") counts only as the whole reply."""
     said_text = _norm(text)
     named = {i for i, t in enumerate(texts) if _norm(t) and (
         re.search(r"\b" + re.escape(_norm(t)) + r"\b", said_text) if len(_norm(t)) > 3 else _norm(t) == said_text)}
@@ -253,7 +256,7 @@ def _named_choices(text, texts, question=None):
         if _DENIES.search(clause):  # "..., but it is not the largest" denies what the question asks, "..., but not
             asked = question is None or bool(_words(clause) & (_words(question) | _VERDICT_WORDS))  # the densest" ...
             denied |= here or (before if re.match(r"(?i)but\b", clause) and asked else set())
-        elif _ASIDE_OPENING.match(clause):
+        elif _ASIDE_OPENING.match(clause) or _RANKED_AFTER.match(clause):
             denied |= here
         before = here or before  # "but it ..." is the last choice named
     first = re.match(r"\s*([^.!?\n]+)[.!]\s", text + " ")
