@@ -94,6 +94,7 @@ def test_numeric_keeps_a_conclusion_that_says_the_questions_numbers() -> None:
     assert _read("Janet sells 9 eggs at $2, which is $18. Her ducks lay 16 eggs per day.") == 18
 
 
+SHIRT = "A shirt costs $25. It is on sale for 20% off. What is the sale price in dollars?"
 ROBE = "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?"
 WENG = ("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she "
         "earn?")
@@ -122,6 +123,14 @@ WENG = ("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minu
     # a total said first "in total:", its parts after the colon; "In total: 3" alone is still an answer phrase
     ("It takes 3 bolts in total: 2 bolts of blue fiber and 1 of white.", ROBE, "3"),
     ("Blue: 2 bolts. White: 1 bolt.\n\nIn total: 3 bolts.", ROBE, "3"),
+    # a closing clause that compares the result with a given
+    ("It costs $20 on sale, $5 less than its $25 price.", SHIRT, "20"),
+    ("The sale price is $20, which is 80% of the original $25.", SHIRT, "20"),
+    ("$20 — that's $5 off the $25 price.", SHIRT, "20"),
+    ("She makes $18 a day, $14 less than if she sold all 16 eggs.", JANET, "18"),
+    # ... not a clause that says the result itself
+    ("She sells 9 eggs, which is $18.", JANET, "18"),
+    ("The discount is $5 on the $25 shirt, so it costs $20, $5 less than its price.", SHIRT, "20"),
     # a closing note with a number of its own
     ("**Janet makes $18 per day.**\n\n_Note: this assumes she sells all 9 remaining eggs._", JANET, "18"),
     ("She sells 9 eggs.\n\n**Assumption:** every one of the 9 is sold at $2, so $18.", JANET, "18"),  # it concludes

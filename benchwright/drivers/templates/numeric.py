@@ -86,6 +86,12 @@ _ASIDES = re.compile(r"\(\s*(?i:if|e\.g\.|since|because|assuming|for example|not
 _PAREN = re.compile(r"\(([^()]*)\)")
 # A closing note on its own line, to the reply's end: "_Note: this assumes she sells all 9 remaining eggs._"
 _NOTE = re.compile(r"(?<=\n)[ \t>*_]*(?i:note|n\.b\.|assum\w*|caveat|disclaimer)\b[^:\n]{0,20}:[\s\S]*\Z")
+# A closing clause that compares the answer with a given: "$20, $5 less than its $25 price.", "$20, which is 80% of
+# the original $25.", "$20 \u2014 that's $5 off the $25 price."
+_COMPARED = re.compile(r"(?:,|\s[\u2014\u2013-])\s+(?:[^,.!?\n]|[,.](?=\d))*?(?:\b(?:less|more|fewer|greater|cheaper)"
+                       r"\s+than\b|\b(?:off|of)\s+(?:the|its|her|his|their)\s+(?:original\s+|full\s+|regular\s+)?"
+                       r"[$\u20ac\u00a3]?\d)(?:[^.!?\n]|\.(?=\d))*[.!?]*\s*\Z")
+_BY_HOW_MUCH = re.compile(r"\W+[$\u20ac\u00a3]?\d[\d,.]*\s*(?:[a-z]+\s+)?(?:less|more|fewer|greater|cheaper)\s+than\b")
 _RESULT_WORD = re.compile(r"(?i)\b(?:so|therefore|thus|hence|total|altogether|in all|answer)\b")
 # What opens a check of the answer or an explanation of it, at a line's or a sentence's start (``_without_afterword``):
 # "Check: 9 \u00d7 2 = 18 \u2713", "Let me verify: ...", "To double-check, ...", "That is 48 in April plus 24 in May.",
@@ -393,9 +399,14 @@ def _total_said_first(text, m):
 
 
 def _last_unrestated(text, question=None):
-    """``text``'s last number; but when its last sentence says the question's givens again with the question's word
-    after them ("50 minutes"), the number before them the question does not give: "Weng earned $10 for 50 minutes of
-    babysitting." is 10."""
+    """``text``'s last number, before a closing clause that compares it with a given (``_COMPARED``); but when its last
+    sentence says the question's givens again with the question's word after them ("50 minutes"), the number before
+    them the question does not give: "Weng earned $10 for 50 minutes of babysitting." is 10."""
+    compared = _COMPARED.search(text, max(0, len(text) - 300))
+    cut, clause = (compared.start(), compared.group(0)) if compared is not None else (0, "")
+    if clause and _NUMBER_RE.search(text, 0, cut) and (_BY_HOW_MUCH.match(clause) or any(
+            parse_number(n) in _givens(question) for n in _NUMBER_RE.findall(clause))):
+        text = text[:cut]  # "$20, $5 less than its $25 price", "$20, $5 less than its price": 20
     found = list(_NUMBER_RE.finditer(text, max(0, len(text) - 2000)))
     if not found:
         return _last_number(text)
