@@ -81,10 +81,10 @@ async def test_full_disk_gives_clear_errors_keeps_the_store_whole_and_the_run_re
     await wait_for(lambda: "the store's disk is full" in log.read_text(errors="replace"),
                    "the worker reported the full disk", 120, every_s=0.2)
     async with stack.http() as http:
-        # The worker frees a little as it gives up writing (a warm sandbox it could not make is removed, and made
-        # again a second or more later): the launch first takes whatever is free again, so that its write finds the
-        # disk full (a launch answered 201 once in a CI rehearsal, the filler's space freed meanwhile). At most
-        # three times: a store that keeps accepting launches on a full disk fails here.
+        # A launch answered 201 once in a CI rehearsal: something had freed space since the disk filled (plausibly
+        # the worker removing a warm sandbox it could not make; not confirmed). So the launch first takes whatever is
+        # free again, so that its write finds the disk full. At most three times: a store that keeps accepting
+        # launches on a full disk fails here.
         for attempt in range(3):
             fill(stack.settings.data_dir / f"filler-{attempt}")
             refused = await http.post("/v1/runs", json=body)
