@@ -314,8 +314,8 @@ def _outside_asides(text):
 @functools.lru_cache(maxsize=8)
 def _givens(question):
     """The numbers the question states, in digits or words ("16 eggs", "three for breakfast"): what a reply restates."""
-    values = {parse_number(n) for n in _NUMBER_RE.findall(question or "")[:200]}
-    return frozenset(values | {_last_word_number(m.group(0)) for m in _WORD_NUMBER.finditer(question or "")})
+    words = {_last_word_number(m.group(0)) for m in _WORD_NUMBER.finditer(question or "")}
+    return frozenset(set(_given_words(question)) | words)  # the digits' values read once, with their next words
 
 
 def _without_afterword(text, question=None):
